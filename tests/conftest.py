@@ -1,0 +1,33 @@
+"""Fixtures shared by the whole suite."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tidings.store import MemoryStore, Store
+
+STORE_KINDS = ["memory", "lmdb"]
+
+
+def make_store(kind: str, path: Path) -> Store:
+    """A fresh store of ``kind`` ("memory" or "lmdb") with its data under ``path``."""
+    if kind == "memory":
+        return MemoryStore()
+    if kind == "lmdb":
+        from tidings.store.backends.lmdb import LmdbStore
+
+        return LmdbStore(path / "store")
+    raise ValueError(kind)
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """Every store backend in turn: one suite runs against all of them."""
+    s = make_store(request.param, tmp_path)
+    try:
+        yield s
+    finally:
+        s.close()

@@ -1,0 +1,270 @@
+"""Every error Tidings raises, server side and client side, in one hierarchy.
+
+::
+
+    TidingsError                      base; .status (HTTP), .retriable
+    ├── BadRequest                    400  the caller's mistake; nothing was changed
+    │   ├── InvalidName               400  namespace/topic name not [A-Za-z0-9_-]{1,128}
+    │   ├── InvalidProperties         400  topic properties (e.g. ttl) not valid
+    │   ├── InvalidMessageId          400  not a 20-byte id / 40-char hex id
+    │   ├── InvalidTransaction        400  encoded transaction snapshot cannot be decoded
+    │   ├── TimeoutTooLarge           400  begin() asked for more than the maximum timeout
+    │   └── EmptyPublish              400  publish with neither messages nor a write pointer
+    ├── Forbidden                     403
+    │   └── ProducerFenced            403  a newer epoch of this transactional id exists
+    ├── NotFound                      404
+    │   ├── TopicNotFound             404
+    │   └── TransactionNotFound       404  write pointer unknown to the transaction service
+    ├── Conflict                      409
+    │   ├── TopicAlreadyExists        409
+    │   └── TransactionConflict       409  write conflict detected at commit
+    ├── TransactionNotInProgress      410  the transaction already ended; subclasses say how
+    │   ├── TransactionCommitted      410
+    │   ├── TransactionAborted        410
+    │   ├── TransactionInvalid        410  invalidated (explicitly or by timeout)
+    │   └── TransactionTimedOut       410  its timeout passed before commit
+    ├── PayloadTooLarge               413
+    ├── UnsupportedMediaType          415
+    ├── ServerError                   500  a bug or a storage failure (retriable)
+    ├── ServiceUnavailable            503  e.g. the transaction role is not running here
+    └── ClientError                        raised only by the client, never sent on the wire
+        ├── TidingsConnectionError         cannot reach the server (retriable)
+        ├── RequestTimeout                 no answer in time (retriable)
+        └── TransactionFailure             a client transaction failed and was rolled back
+
+The server answers every error as ``{"error": message, "type": ClassName}`` with the
+class's status; the client maps ``type`` back to the same class (falling back to the
+status when ``type`` is unknown), so both sides raise the same exception.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "BadRequest",
+    "ClientError",
+    "Conflict",
+    "EmptyPublish",
+    "Forbidden",
+    "InvalidMessageId",
+    "InvalidName",
+    "InvalidProperties",
+    "InvalidTransaction",
+    "NotFound",
+    "PayloadTooLarge",
+    "ProducerFenced",
+    "RequestTimeout",
+    "ServerError",
+    "ServiceUnavailable",
+    "TidingsConnectionError",
+    "TidingsError",
+    "TimeoutTooLarge",
+    "TopicAlreadyExists",
+    "TopicNotFound",
+    "TransactionAborted",
+    "TransactionCommitted",
+    "TransactionConflict",
+    "TransactionFailure",
+    "TransactionInvalid",
+    "TransactionNotFound",
+    "TransactionNotInProgress",
+    "TransactionTimedOut",
+    "UnsupportedMediaType",
+    "error_for",
+]
+
+
+class TidingsError(Exception):
+    """Base of every Tidings error.
+
+    ``status`` is the HTTP status the server answers with; ``retriable`` says whether
+    sending the same request again can succeed without the caller changing anything.
+    """
+
+    status: ClassVar[int] = 500
+    retriable: ClassVar[bool] = False
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.__class__.__name__)
+        self.message = message or self.__class__.__name__
+
+    def to_json(self) -> dict[str, str]:
+        """The JSON error body the server sends for this error."""
+        return {"error": self.message, "type": type(self).__name__}
+
+
+class BadRequest(TidingsError):
+    """The request is malformed or invalid; nothing was changed."""
+
+    status = 400
+
+
+class InvalidName(BadRequest):
+    """A namespace or topic name is not 1-128 characters of ``[A-Za-z0-9_-]``."""
+
+
+class InvalidProperties(BadRequest):
+    """Topic properties are not valid (unknown keys, ttl not a positive integer...)."""
+
+
+class InvalidMessageId(BadRequest):
+    """A message id is not 20 bytes (or 40 hex characters)."""
+
+
+class InvalidTransaction(BadRequest):
+    """An encoded transaction snapshot cannot be decoded."""
+
+
+class TimeoutTooLarge(BadRequest):
+    """A transaction asked for a timeout above the configured maximum (or not positive)."""
+
+
+class EmptyPublish(BadRequest):
+    """A publish carried neither messages nor a transaction write pointer."""
+
+
+class Forbidden(TidingsError):
+    """The caller may not do this."""
+
+    status = 403
+
+
+class ProducerFenced(Forbidden):
+    """A newer epoch of this transactional id was registered; this producer is a zombie."""
+
+
+class NotFound(TidingsError):
+    """The named thing does not exist."""
+
+    status = 404
+
+
+class TopicNotFound(NotFound):
+    """The topic does not exist in the namespace."""
+
+
+class TransactionNotFound(NotFound):
+    """The transaction service does not know this write pointer."""
+
+
+class Conflict(TidingsError):
+    """The request conflicts with the current state."""
+
+    status = 409
+
+
+class TopicAlreadyExists(Conflict):
+    """A topic of that name exists already."""
+
+
+class TransactionConflict(Conflict):
+    """A transaction that committed after this one began wrote one of the same change keys."""
+
+
+class TransactionNotInProgress(TidingsError):
+    """The transaction is no longer in progress; the subclass says how it ended."""
+
+    status = 410
+
+
+class TransactionCommitted(TransactionNotInProgress):
+    """The transaction has already committed."""
+
+
+class TransactionAborted(TransactionNotInProgress):
+    """The transaction has already been aborted."""
+
+
+class TransactionInvalid(TransactionNotInProgress):
+    """The transaction was invalidated; its writes are never visible."""
+
+
+class TransactionTimedOut(TransactionNotInProgress):
+    """The transaction's timeout passed before it committed; it is now invalid."""
+
+
+class PayloadTooLarge(TidingsError):
+    """The request body is larger than the server accepts."""
+
+    status = 413
+
+
+class UnsupportedMediaType(TidingsError):
+    """The request's Content-Type is neither application/json nor avro/binary."""
+
+    status = 415
+
+
+class ServerError(TidingsError):
+    """The server failed (a bug or a storage failure); the request may be retried."""
+
+    status = 500
+    retriable = True
+
+
+class ServiceUnavailable(TidingsError):
+    """The service (or the part asked for, e.g. transactions) is not available here now."""
+
+    status = 503
+    retriable = True
+
+
+class ClientError(TidingsError):
+    """Raised by the client itself; never sent on the wire."""
+
+    status = 0
+
+
+class TidingsConnectionError(ClientError):
+    """The server could not be reached."""
+
+    retriable = True
+
+
+class RequestTimeout(ClientError):
+    """The server did not answer in time."""
+
+    retriable = True
+
+
+class TransactionFailure(ClientError):
+    """A client-side transaction failed; its messages were rolled back and it was aborted."""
+
+
+def _all_wire_errors() -> dict[str, type[TidingsError]]:
+    found: dict[str, type[TidingsError]] = {}
+    stack: list[type[TidingsError]] = [TidingsError]
+    while stack:
+        cls = stack.pop()
+        if not issubclass(cls, ClientError):
+            found[cls.__name__] = cls
+        stack.extend(cls.__subclasses__())
+    return found
+
+
+_BY_STATUS: dict[int, type[TidingsError]] = {
+    400: BadRequest,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    410: TransactionNotInProgress,
+    413: PayloadTooLarge,
+    415: UnsupportedMediaType,
+    503: ServiceUnavailable,
+}
+
+
+def error_for(status: int, body: object) -> TidingsError:
+    """Rebuild the exception a server error response stands for (used by the client)."""
+    message = ""
+    type_name = None
+    if isinstance(body, dict):
+        raw_message = body.get("error")
+        message = raw_message if isinstance(raw_message, str) else ""
+        raw_type = body.get("type")
+        type_name = raw_type if isinstance(raw_type, str) else None
+    cls = _all_wire_errors().get(type_name or "")
+    if cls is None or cls.status != status:
+        cls = _BY_STATUS.get(status, ServerError if status >= 500 else BadRequest)
+    return cls(message or f"HTTP {status}")

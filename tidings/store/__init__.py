@@ -1,0 +1,6 @@
+"""Ordered key-value tables: the :class:`Store` interface and its backends."""
+
+from tidings.store.backend import TABLES, ReadView, Store, WriteView
+from tidings.store.backends.memory import MemoryStore
+
+__all__ = ["TABLES", "MemoryStore", "ReadView", "Store", "WriteView"]

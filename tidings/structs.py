@@ -1,0 +1,183 @@
+"""Small immutable value types shared by every layer (server, client, core, Spark).
+
+They hold data only; encodings live in ``tidings.codec`` and ``tidings.tx.codec``.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from tidings.errors import InvalidMessageId
+
+__all__ = [
+    "Message",
+    "MessageId",
+    "ProducerInfo",
+    "Record",
+    "RollbackInfo",
+    "TopicMetadata",
+    "TopicStats",
+    "Transaction",
+    "TransactionState",
+]
+
+_ID = struct.Struct(">QHQH")
+MESSAGE_ID_SIZE = _ID.size  # 20
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class MessageId:
+    """A message's position in its topic: ``publish_ts | seq | write_ts | p_seq``.
+
+    Ids compare (and their 20-byte forms sort) exactly in the order every consumer sees.
+    ``write_ts`` and ``p_seq`` are 0 unless the message was stored in the Payload Table.
+    """
+
+    publish_ts: int
+    seq: int
+    write_ts: int = 0
+    p_seq: int = 0
+
+    def to_bytes(self) -> bytes:
+        """The 20-byte big-endian form (byte order equals id order)."""
+        return _ID.pack(self.publish_ts, self.seq, self.write_ts, self.p_seq)
+
+    @property
+    def hex(self) -> str:
+        """The 40-character lower-case hex form used in URLs, JSON and the CLI."""
+        return self.to_bytes().hex()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> MessageId:
+        """Parse the 20-byte form; raises :class:`InvalidMessageId` on any other length."""
+        if len(raw) != MESSAGE_ID_SIZE:
+            raise InvalidMessageId(f"a message id is {MESSAGE_ID_SIZE} bytes, got {len(raw)}")
+        return cls(*_ID.unpack(raw))
+
+    @classmethod
+    def from_hex(cls, text: str) -> MessageId:
+        """Parse the 40-character hex form; raises :class:`InvalidMessageId`."""
+        if len(text) != 2 * MESSAGE_ID_SIZE:
+            raise InvalidMessageId(f"a message id is 40 hex characters, got {len(text)}")
+        try:
+            raw = bytes.fromhex(text)
+        except ValueError:
+            raise InvalidMessageId(f"not a hex message id: {text!r}") from None
+        return cls.from_bytes(raw)
+
+    def __str__(self) -> str:
+        return self.hex
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A message to publish: a payload plus optional key, headers and a shorter TTL.
+
+    ``ttl`` (seconds) may only shorten the topic's TTL for this one message.
+    """
+
+    payload: bytes
+    key: bytes | None = None
+    headers: Mapping[str, bytes] = field(default_factory=dict)
+    ttl: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A consumed message. ``publish_time`` is milliseconds since the epoch.
+
+    ``write_pointer`` is the transaction that published it (None if non-transactional);
+    it is negative when that transaction was rolled back (seen only by
+    non-transactional consumers).
+    """
+
+    id: MessageId
+    payload: bytes
+    key: bytes | None = None
+    headers: Mapping[str, bytes] = field(default_factory=dict)
+    write_pointer: int | None = None
+
+    @property
+    def publish_time(self) -> int:
+        """Publish time in milliseconds since the epoch (from the id)."""
+        return self.id.publish_ts
+
+
+@dataclass(frozen=True, slots=True)
+class TopicMetadata:
+    """A topic as the Metadata Table holds it. ``ttl`` is in seconds."""
+
+    namespace: str
+    name: str
+    ttl: int
+    generation: int
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackInfo:
+    """What a transactional publish wrote, enough to roll exactly those entries back.
+
+    Mirrors seed 000's PublishResponse: the entries are the Message Table rows from
+    ``(start_ts, start_seq)`` to ``(end_ts, end_seq)`` inclusive, all carrying
+    ``write_pointer``.
+    """
+
+    write_pointer: int
+    start_ts: int
+    start_seq: int
+    end_ts: int
+    end_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    """A transaction snapshot (Tephra): what the holder of ``write_pointer`` may see.
+
+    ``invalid`` and ``in_progress`` are sorted ascending.
+    """
+
+    read_pointer: int
+    write_pointer: int
+    invalid: tuple[int, ...] = ()
+    in_progress: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionState:
+    """The transaction service's state: ``in_progress`` maps write pointer to expiry (ms)."""
+
+    read_pointer: int
+    last_write_pointer: int
+    in_progress: Mapping[int, int]
+    invalid: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerInfo:
+    """A registered transactional id (KIP-98): its producer id and current epoch."""
+
+    transactional_id: str
+    producer_id: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicStats:
+    """A topic's live contents and traffic, as ``GET .../topics/{t}/stats`` reports them."""
+
+    namespace: str
+    topic: str
+    message_count: int
+    bytes: int
+    oldest_id: MessageId | None
+    newest_id: MessageId | None
+    oldest_time: int | None
+    newest_time: int | None
+    messages_published: int
+    bytes_published: int
+    fetches: int
+    publish_rate: float
+    fetch_rate: float
