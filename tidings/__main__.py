@@ -1,0 +1,5 @@
+"""``python -m tidings`` runs the ``tidings`` command."""
+
+from tidings.cli import main
+
+main()

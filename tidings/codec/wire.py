@@ -1,0 +1,549 @@
+"""Request and response bodies of the REST API, in JSON and Avro binary (seed 000).
+
+The server decodes what clients send and the client decodes what the server answers
+with the same functions, so the two cannot drift. Three media:
+
+- ``application/json``: Avro ``bytes`` fields are standard base64 strings; a JSON number
+  in ``startFrom`` is a timestamp in ms. Extra fields (``extras`` on publish, ``key`` and
+  ``headers`` on messages) are additions a seed-only client simply ignores.
+- ``avro/binary``: exactly the seed's schemas, so a seed-only client works unchanged.
+- ``avro/binary; schema=tidings``: the seed's schemas extended with message keys,
+  headers and per-message TTLs (``*_EXT`` below). Avro binary carries no field names, so
+  the extension needs its own media type rather than optional fields.
+
+Every decoder raises :class:`~tidings.errors.BadRequest` (never anything else) for a
+body it cannot accept.
+"""
+
+from __future__ import annotations
+
+import binascii
+import enum
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import fastavro
+import orjson
+
+from tidings.errors import BadRequest, InvalidMessageId, UnsupportedMediaType
+from tidings.structs import MESSAGE_ID_SIZE, Message, MessageId, Record, RollbackInfo
+
+__all__ = [
+    "AVRO",
+    "AVRO_EXT",
+    "JSON",
+    "ConsumeRequest",
+    "Media",
+    "PublishRequest",
+    "b64decode",
+    "b64encode",
+    "decode_consume_request",
+    "decode_messages",
+    "decode_publish_request",
+    "decode_rollback_info",
+    "encode_consume_request",
+    "encode_messages",
+    "encode_publish_request",
+    "encode_rollback_info",
+    "media_for",
+]
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+class Media(enum.Enum):
+    """A body encoding; ``value`` is the Content-Type the server answers with."""
+
+    JSON = "application/json"
+    AVRO = "avro/binary"
+    AVRO_EXT = "avro/binary; schema=tidings"
+
+
+JSON, AVRO, AVRO_EXT = Media.JSON, Media.AVRO, Media.AVRO_EXT
+
+
+def media_for(content_type: str | None) -> Media:
+    """The medium a Content-Type header names; no header means JSON.
+
+    Raises :class:`UnsupportedMediaType` for anything else.
+    """
+    if not content_type:
+        return JSON
+    main, _, params = content_type.partition(";")
+    main = main.strip().lower()
+    if main == "application/json":
+        return JSON
+    if main == "avro/binary":
+        for param in params.split(";"):
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "schema" and value.strip().strip('"').lower() == "tidings":
+                return AVRO_EXT
+        return AVRO
+    raise UnsupportedMediaType(
+        f"unsupported Content-Type {content_type!r}; use application/json or avro/binary"
+    )
+
+
+# --- Avro schemas (seed 000 "REST API"; *_EXT add keys, headers, per-message ttl) ---
+
+_EXTRAS = {
+    "type": "record",
+    "name": "MessageExtras",
+    "fields": [
+        {"name": "key", "type": ["null", "bytes"], "default": None},
+        {"name": "headers", "type": {"type": "map", "values": "bytes"}, "default": {}},
+        {"name": "ttl", "type": ["null", "long"], "default": None},
+    ],
+}
+PUBLISH_REQUEST = fastavro.parse_schema(
+    {
+        "type": "record",
+        "name": "PublishRequest",
+        "fields": [
+            {"name": "transactionWritePointer", "type": ["long", "null"]},
+            {"name": "messages", "type": {"type": "array", "items": "bytes"}},
+        ],
+    }
+)
+PUBLISH_REQUEST_EXT = fastavro.parse_schema(
+    {
+        "type": "record",
+        "name": "PublishRequest",
+        "fields": [
+            {"name": "transactionWritePointer", "type": ["long", "null"]},
+            {"name": "messages", "type": {"type": "array", "items": "bytes"}},
+            {
+                "name": "extras",
+                "type": ["null", {"type": "array", "items": _EXTRAS}],
+                "default": None,
+            },
+        ],
+    }
+)
+PUBLISH_RESPONSE = fastavro.parse_schema(
+    {
+        "type": "record",
+        "name": "PublishResponse",
+        "fields": [
+            {"name": "transactionWritePointer", "type": ["long", "null"]},
+            {"name": "startTimestamp", "type": "long"},
+            {"name": "startSequenceId", "type": "int"},
+            {"name": "endTimestamp", "type": "long"},
+            {"name": "endSequenceId", "type": "int"},
+        ],
+    }
+)
+CONSUME_REQUEST = fastavro.parse_schema(
+    {
+        "type": "record",
+        "name": "ConsumeRequest",
+        "fields": [
+            {"name": "startFrom", "type": ["bytes", "long", "null"]},
+            {"name": "inclusive", "type": "boolean", "default": True},
+            {"name": "limit", "type": ["int", "null"]},
+            {"name": "transaction", "type": ["bytes", "null"]},
+        ],
+    }
+)
+MESSAGES = fastavro.parse_schema(
+    {
+        "type": "array",
+        "items": {
+            "type": "record",
+            "name": "Message",
+            "fields": [
+                {"name": "id", "type": "bytes"},
+                {"name": "payload", "type": "bytes"},
+            ],
+        },
+    }
+)
+MESSAGES_EXT = fastavro.parse_schema(
+    {
+        "type": "array",
+        "items": {
+            "type": "record",
+            "name": "Message",
+            "fields": [
+                {"name": "id", "type": "bytes"},
+                {"name": "payload", "type": "bytes"},
+                {"name": "key", "type": ["null", "bytes"], "default": None},
+                {"name": "headers", "type": {"type": "map", "values": "bytes"}, "default": {}},
+            ],
+        },
+    }
+)
+
+#: Every Avro schema of the API by name, for docs and the OpenAPI document.
+SCHEMAS: dict[str, Any] = {
+    "PublishRequest": PUBLISH_REQUEST,
+    "PublishRequestExt": PUBLISH_REQUEST_EXT,
+    "PublishResponse": PUBLISH_RESPONSE,
+    "ConsumeRequest": CONSUME_REQUEST,
+    "Messages": MESSAGES,
+    "MessagesExt": MESSAGES_EXT,
+}
+
+
+# --- helpers ---
+
+
+def b64encode(raw: bytes) -> str:
+    """Standard base64 with padding, no newline."""
+    return binascii.b2a_base64(raw, newline=False).decode("ascii")
+
+
+def b64decode(text: object, what: str) -> bytes:
+    """Strict standard base64; :class:`BadRequest` naming ``what`` otherwise."""
+    if not isinstance(text, str):
+        raise BadRequest(f"{what} must be a base64 string")
+    try:
+        return binascii.a2b_base64(text, strict_mode=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest(f"{what} is not valid base64") from None
+
+
+def _avro_read(body: bytes, schema: Any, what: str) -> Any:
+    buf = io.BytesIO(body)
+    try:
+        value = fastavro.schemaless_reader(buf, schema, None)
+    except Exception as exc:  # fastavro raises many types on garbage; all mean "bad body"
+        raise BadRequest(f"malformed Avro {what}: {type(exc).__name__}") from None
+    if buf.tell() != len(body):
+        raise BadRequest(f"malformed Avro {what}: trailing bytes")
+    return value
+
+
+def _avro_write(value: Any, schema: Any) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, schema, value)
+    return buf.getvalue()
+
+
+def _json_object(body: bytes, what: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(body) if body else {}
+    except orjson.JSONDecodeError:
+        raise BadRequest(f"malformed JSON {what}") from None
+    if not isinstance(value, dict):
+        raise BadRequest(f"the {what} must be a JSON object")
+    return value
+
+
+def _int(value: object, what: str, lo: int, hi: int, *, optional: bool) -> int | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise BadRequest(f"{what} must be an integer in [{lo}, {hi}]")
+    return value
+
+
+# --- publish / store ---
+
+
+@dataclass(frozen=True, slots=True)
+class PublishRequest:
+    """A decoded publish or store body."""
+
+    write_pointer: int | None
+    records: list[Record]
+
+
+def _record(payload: bytes, extras: Mapping[str, Any] | None) -> Record:
+    if extras is None:
+        return Record(payload)
+    key = extras.get("key")
+    headers = extras.get("headers") or {}
+    ttl = extras.get("ttl")
+    return Record(payload, key, headers, ttl)
+
+
+def _check_extras_json(raw: object, n: int) -> list[dict[str, Any]] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or len(raw) != n:
+        raise BadRequest("extras must be null or a list as long as messages")
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(raw):
+        if item is None:
+            out.append({})
+            continue
+        if not isinstance(item, dict):
+            raise BadRequest(f"extras[{i}] must be an object or null")
+        key = item.get("key")
+        headers_raw = item.get("headers") or {}
+        if not isinstance(headers_raw, dict):
+            raise BadRequest(f"extras[{i}].headers must be an object of base64 strings")
+        headers = {
+            str(k): b64decode(v, f"extras[{i}].headers[{k!r}]") for k, v in headers_raw.items()
+        }
+        ttl = _int(item.get("ttl"), f"extras[{i}].ttl", 1, INT64_MAX, optional=True)
+        out.append(
+            {
+                "key": None if key is None else b64decode(key, f"extras[{i}].key"),
+                "headers": headers,
+                "ttl": ttl,
+            }
+        )
+    return out
+
+
+def _check_extras_avro(raw: list[dict[str, Any]] | None, n: int) -> None:
+    if raw is None:
+        return
+    if len(raw) != n:
+        raise BadRequest("extras must be null or a list as long as messages")
+    for i, item in enumerate(raw):
+        ttl = item.get("ttl")
+        if ttl is not None and ttl < 1:
+            raise BadRequest(f"extras[{i}].ttl must be a positive number of seconds")
+
+
+def decode_publish_request(body: bytes, media: Media) -> PublishRequest:
+    """Decode a ``publish``/``store`` body (seed's PublishRequest, plus ``extras``)."""
+    if media is JSON:
+        obj = _json_object(body, "publish request")
+        wp = _int(
+            obj.get("transactionWritePointer"),
+            "transactionWritePointer",
+            INT64_MIN,
+            INT64_MAX,
+            optional=True,
+        )
+        raw_messages = obj.get("messages", [])
+        if not isinstance(raw_messages, list):
+            raise BadRequest("messages must be a list of base64 strings")
+        payloads = [b64decode(m, f"messages[{i}]") for i, m in enumerate(raw_messages)]
+        extras = _check_extras_json(obj.get("extras"), len(payloads))
+    else:
+        schema = PUBLISH_REQUEST_EXT if media is AVRO_EXT else PUBLISH_REQUEST
+        value = _avro_read(body, schema, "publish request")
+        wp = value["transactionWritePointer"]
+        payloads = value["messages"]
+        extras = value.get("extras")
+        _check_extras_avro(extras, len(payloads))
+    if extras is None:
+        return PublishRequest(wp, [Record(p) for p in payloads])
+    return PublishRequest(wp, [_record(p, e) for p, e in zip(payloads, extras, strict=True)])
+
+
+def _has_extras(r: Record) -> bool:
+    return r.key is not None or bool(r.headers) or r.ttl is not None
+
+
+def encode_publish_request(
+    write_pointer: int | None, records: Sequence[Record], media: Media
+) -> bytes:
+    """Encode a ``publish``/``store`` body; ``extras`` only when some record needs them.
+
+    Plain ``avro/binary`` cannot carry keys, headers or ttl: a record with any of them
+    raises ValueError there (use ``AVRO_EXT``).
+    """
+    needs_extras = any(_has_extras(r) for r in records)
+    if media is JSON:
+        obj: dict[str, Any] = {
+            "transactionWritePointer": write_pointer,
+            "messages": [b64encode(r.payload) for r in records],
+        }
+        if needs_extras:
+            obj["extras"] = [
+                {
+                    "key": None if r.key is None else b64encode(r.key),
+                    "headers": {k: b64encode(v) for k, v in r.headers.items()},
+                    "ttl": r.ttl,
+                }
+                for r in records
+            ]
+        return orjson.dumps(obj)
+    if media is AVRO and needs_extras:
+        raise ValueError("plain avro/binary cannot carry keys, headers or ttl; use AVRO_EXT")
+    value: dict[str, Any] = {
+        "transactionWritePointer": write_pointer,
+        "messages": [r.payload for r in records],
+    }
+    if media is AVRO_EXT:
+        value["extras"] = (
+            [{"key": r.key, "headers": dict(r.headers), "ttl": r.ttl} for r in records]
+            if needs_extras
+            else None
+        )
+        return _avro_write(value, PUBLISH_REQUEST_EXT)
+    return _avro_write(value, PUBLISH_REQUEST)
+
+
+# --- publish response = rollback request ---
+
+
+def encode_rollback_info(info: RollbackInfo, media: Media) -> bytes:
+    """The transactional publish response, which is also the rollback request body."""
+    value = {
+        "transactionWritePointer": info.write_pointer,
+        "startTimestamp": info.start_ts,
+        "startSequenceId": info.start_seq,
+        "endTimestamp": info.end_ts,
+        "endSequenceId": info.end_seq,
+    }
+    if media is JSON:
+        return orjson.dumps(value)
+    return _avro_write(value, PUBLISH_RESPONSE)
+
+
+def decode_rollback_info(body: bytes, media: Media) -> RollbackInfo:
+    """Decode a rollback body (the publish response, echoed back)."""
+    if media is JSON:
+        obj = _json_object(body, "rollback request")
+    else:
+        obj = _avro_read(body, PUBLISH_RESPONSE, "rollback request")
+    wp = _int(
+        obj.get("transactionWritePointer"), "transactionWritePointer", 1, INT64_MAX, optional=False
+    )
+    start_ts = _int(obj.get("startTimestamp"), "startTimestamp", 0, INT64_MAX, optional=False)
+    end_ts = _int(obj.get("endTimestamp"), "endTimestamp", 0, INT64_MAX, optional=False)
+    start_seq = _int(obj.get("startSequenceId"), "startSequenceId", 0, 0xFFFF, optional=False)
+    end_seq = _int(obj.get("endSequenceId"), "endSequenceId", 0, 0xFFFF, optional=False)
+    return RollbackInfo(
+        cast(int, wp), cast(int, start_ts), cast(int, start_seq), cast(int, end_ts),
+        cast(int, end_seq),
+    )
+
+
+# --- poll ---
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumeRequest:
+    """A decoded poll body: ``start`` is a message id, a timestamp (ms) or None."""
+
+    start: MessageId | int | None = None
+    inclusive: bool = True
+    limit: int | None = None
+    transaction: bytes | None = None
+
+
+def _start_from_bytes(raw: bytes) -> MessageId:
+    if len(raw) != MESSAGE_ID_SIZE:
+        raise InvalidMessageId(f"startFrom must be a {MESSAGE_ID_SIZE}-byte message id")
+    return MessageId.from_bytes(raw)
+
+
+def decode_consume_request(body: bytes, media: Media) -> ConsumeRequest:
+    """Decode a poll body; an empty body means "from the oldest, default limit"."""
+    if media is JSON:
+        obj = _json_object(body, "poll request")
+        raw_start = obj.get("startFrom")
+        start: MessageId | int | None
+        if raw_start is None:
+            start = None
+        elif isinstance(raw_start, str):
+            start = _start_from_bytes(b64decode(raw_start, "startFrom"))
+        else:
+            start = _int(raw_start, "startFrom", 0, INT64_MAX, optional=False)
+        inclusive = obj.get("inclusive", True)
+        if not isinstance(inclusive, bool):
+            raise BadRequest("inclusive must be a boolean")
+        limit = _int(obj.get("limit"), "limit", 1, INT32_MAX, optional=True)
+        raw_tx = obj.get("transaction")
+        tx = None if raw_tx is None else b64decode(raw_tx, "transaction")
+        return ConsumeRequest(start, inclusive, limit, tx)
+    if not body:
+        return ConsumeRequest()
+    value = _avro_read(body, CONSUME_REQUEST, "poll request")
+    raw = value["startFrom"]
+    if isinstance(raw, bytes):
+        start = _start_from_bytes(raw)
+    elif raw is None:
+        start = None
+    else:
+        start = _int(raw, "startFrom", 0, INT64_MAX, optional=False)
+    limit = value["limit"]
+    if limit is not None and limit < 1:
+        raise BadRequest("limit must be a positive integer")
+    return ConsumeRequest(start, bool(value["inclusive"]), limit, value["transaction"])
+
+
+def encode_consume_request(req: ConsumeRequest, media: Media) -> bytes:
+    """Encode a poll body."""
+    start: bytes | int | None = (
+        req.start.to_bytes() if isinstance(req.start, MessageId) else req.start
+    )
+    if media is JSON:
+        return orjson.dumps(
+            {
+                "startFrom": b64encode(start) if isinstance(start, bytes) else start,
+                "inclusive": req.inclusive,
+                "limit": req.limit,
+                "transaction": None if req.transaction is None else b64encode(req.transaction),
+            }
+        )
+    # A long startFrom must be written as the union's long branch, not bytes.
+    value = {
+        "startFrom": start,
+        "inclusive": req.inclusive,
+        "limit": req.limit,
+        "transaction": req.transaction,
+    }
+    return _avro_write(value, CONSUME_REQUEST)
+
+
+def encode_messages(messages: Sequence[Message], media: Media) -> bytes:
+    """Encode a poll response (seed's Message array, extended per ``media``)."""
+    if media is JSON:
+        return orjson.dumps(
+            [
+                {
+                    "id": b64encode(m.id.to_bytes()),
+                    "payload": b64encode(m.payload),
+                    "key": None if m.key is None else b64encode(m.key),
+                    "headers": {k: b64encode(v) for k, v in m.headers.items()},
+                }
+                for m in messages
+            ]
+        )
+    if media is AVRO_EXT:
+        return _avro_write(
+            [
+                {"id": m.id.to_bytes(), "payload": m.payload, "key": m.key, "headers": m.headers}
+                for m in messages
+            ],
+            MESSAGES_EXT,
+        )
+    return _avro_write([{"id": m.id.to_bytes(), "payload": m.payload} for m in messages], MESSAGES)
+
+
+def decode_messages(body: bytes, media: Media) -> list[Message]:
+    """Decode a poll response (used by the client)."""
+    if media is JSON:
+        try:
+            items = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise BadRequest("malformed JSON poll response") from None
+        if not isinstance(items, list):
+            raise BadRequest("a poll response is a JSON list")
+        out = []
+        for item in items:
+            if not isinstance(item, dict):
+                raise BadRequest("a poll response item must be an object")
+            key = item.get("key")
+            headers = item.get("headers") or {}
+            out.append(
+                Message(
+                    MessageId.from_bytes(b64decode(item.get("id"), "id")),
+                    b64decode(item.get("payload"), "payload"),
+                    None if key is None else b64decode(key, "key"),
+                    {str(k): b64decode(v, "header") for k, v in headers.items()},
+                )
+            )
+        return out
+    schema = MESSAGES_EXT if media is AVRO_EXT else MESSAGES
+    return [
+        Message(
+            MessageId.from_bytes(item["id"]),
+            item["payload"],
+            item.get("key"),
+            item.get("headers") or {},
+        )
+        for item in _avro_read(body, schema, "poll response")
+    ]
