@@ -16,10 +16,10 @@ others in the same group are unaffected.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
-from typing import Protocol, TypeVar
+from typing import Protocol, Self, TypeVar
 
 __all__ = [
     "TABLES",
@@ -73,6 +73,16 @@ class WriteView(ReadView, Protocol):
         """Remove keys in ``[start, stop)``, at most ``limit`` of them (the lowest first).
 
         Returns how many were removed.
+        """
+        ...
+
+    def put_many(self, table: str, items: Iterable[tuple[bytes, bytes]]) -> None:
+        """Set every ``key`` to its ``value``, in order; a later duplicate key wins.
+
+        The same as calling :meth:`put` for each item, but much faster for large
+        batches (publishing a 500-message batch writes through here): backends insert
+        in bulk (LMDB: one cursor, ``putmulti``). Items in ascending key order are the
+        fastest case.
         """
         ...
 
@@ -130,7 +140,7 @@ class Store(abc.ABC):
         with self.read() as view:
             return view.last_below(table, bound, floor)
 
-    def __enter__(self) -> Store:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, contextmanager
 from typing import TypeVar
@@ -88,6 +88,19 @@ class _WriteView(_View):
             bisect.insort(t.keys, key)
         t.values[key] = bytes(value)
 
+    def put_many(self, table: str, items: Iterable[tuple[bytes, bytes]]) -> None:
+        t = self._own(table)
+        new: list[bytes] = []
+        for key, value in items:
+            key = bytes(key)
+            if key not in t.values:
+                new.append(key)
+            t.values[key] = bytes(value)
+        if new:
+            # Timsort merges the sorted table and the (usually sorted) new run in O(n).
+            t.keys.extend(new)
+            t.keys.sort()
+
     def delete(self, table: str, key: bytes) -> bool:
         t = self._own(table)
         key = bytes(key)
@@ -100,7 +113,7 @@ class _WriteView(_View):
     def delete_range(self, table: str, start: bytes, stop: bytes, limit: int | None = None) -> int:
         t = self._own(table)
         lo = bisect.bisect_left(t.keys, start)
-        hi = bisect.bisect_left(t.keys, stop)
+        hi = max(bisect.bisect_left(t.keys, stop), lo)  # stop <= start: an empty range
         if limit is not None:
             hi = min(hi, lo + max(limit, 0))
         for key in t.keys[lo:hi]:
