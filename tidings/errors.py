@@ -9,12 +9,14 @@
     │   ├── InvalidMessageId          400  not a 20-byte id / 40-char hex id
     │   ├── InvalidTransaction        400  encoded transaction snapshot cannot be decoded
     │   ├── TimeoutTooLarge           400  begin() asked for more than the maximum timeout
+    │   ├── InvalidProducer           400  bad transactional id / epoch, or not its transaction
     │   └── EmptyPublish              400  publish with neither messages nor a write pointer
     ├── Forbidden                     403
     │   └── ProducerFenced            403  a newer epoch of this transactional id exists
     ├── NotFound                      404
     │   ├── TopicNotFound             404
-    │   └── TransactionNotFound       404  write pointer unknown to the transaction service
+    │   ├── TransactionNotFound       404  write pointer unknown to the transaction service
+    │   └── ProducerNotFound          404  transactional id never registered
     ├── Conflict                      409
     │   ├── TopicAlreadyExists        409
     │   └── TransactionConflict       409  write conflict detected at commit
@@ -49,11 +51,13 @@ __all__ = [
     "Forbidden",
     "InvalidMessageId",
     "InvalidName",
+    "InvalidProducer",
     "InvalidProperties",
     "InvalidTransaction",
     "NotFound",
     "PayloadTooLarge",
     "ProducerFenced",
+    "ProducerNotFound",
     "RequestTimeout",
     "ServerError",
     "ServiceUnavailable",
@@ -120,6 +124,10 @@ class TimeoutTooLarge(BadRequest):
     """A transaction asked for a timeout above the configured maximum (or not positive)."""
 
 
+class InvalidProducer(BadRequest):
+    """A transactional id or epoch is malformed or missing, or the transaction is not its own."""
+
+
 class EmptyPublish(BadRequest):
     """A publish carried neither messages nor a transaction write pointer."""
 
@@ -146,6 +154,10 @@ class TopicNotFound(NotFound):
 
 class TransactionNotFound(NotFound):
     """The transaction service does not know this write pointer."""
+
+
+class ProducerNotFound(NotFound):
+    """The transactional id was never registered (``register_producer`` comes first)."""
 
 
 class Conflict(TidingsError):

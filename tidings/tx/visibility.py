@@ -38,9 +38,7 @@ def is_visible(tx: Transaction, write_pointer: int) -> bool:
         return True
     if write_pointer <= 0 or write_pointer > tx.read_pointer:
         return False
-    return not _contains(tx.invalid, write_pointer) and not _contains(
-        tx.in_progress, write_pointer
-    )
+    return not _contains(tx.invalid, write_pointer) and not _contains(tx.in_progress, write_pointer)
 
 
 def classify(tx: Transaction, write_pointer: int) -> int:

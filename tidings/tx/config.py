@@ -1,0 +1,40 @@
+"""Settings of the transaction manager."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["TxConfig"]
+
+
+@dataclass(frozen=True)
+class TxConfig:
+    """How the transaction manager behaves; times are in seconds.
+
+    ``snapshot_every`` counts log records: after that many, a background snapshot
+    truncates the log (recovery then replays at most about that many records).
+    ``sync=False`` skips the fsync of each group commit: acknowledged changes then
+    survive a crash of the process (the data is in the OS page cache) but not a crash
+    of the machine. ``history_size`` bounds how many ended transactions are remembered
+    to answer "already committed/aborted" rather than "not found".
+    """
+
+    default_timeout: float = 30.0
+    max_timeout: float = 3600.0
+    sweep_interval: float = 1.0
+    snapshot_every: int = 10_000
+    sync: bool = True
+    history_size: int = 100_000
+
+    def __post_init__(self) -> None:
+        for name in ("default_timeout", "max_timeout", "sweep_interval"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"TxConfig.{name} must be a positive number, got {value!r}")
+        if self.default_timeout > self.max_timeout:
+            raise ValueError("TxConfig.default_timeout is above max_timeout")
+        if self.snapshot_every < 1:
+            raise ValueError("TxConfig.snapshot_every must be at least 1")
+        if self.history_size < 0:
+            raise ValueError("TxConfig.history_size must not be negative")

@@ -1,0 +1,288 @@
+"""The transaction manager: the state machine, made thread-safe, durable and timed.
+
+Every call runs the same way (``_run``): under one lock, read the clock, let the state
+machine decide and apply, and append the resulting records to the log; then, outside the
+lock, wait for the group commit that covers them. Calls that change nothing (errors,
+``state()``) wait for the records already appended, so nothing a caller is told rests on
+a change that could still be lost. A background thread runs the timeout sweep and takes
+snapshots when the log has grown by ``snapshot_every`` records.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import TypeVar
+
+from tidings.clock import Clock, SystemClock
+from tidings.errors import BadRequest, ServiceUnavailable, TidingsError, TimeoutTooLarge
+from tidings.structs import ProducerInfo, Transaction, TransactionState
+from tidings.tx.config import TxConfig
+from tidings.tx.durable import TxStorage
+from tidings.tx.log import WriteAheadLog
+from tidings.tx.records import encode_record
+from tidings.tx.state import Result, TxStateMachine
+
+__all__ = ["TransactionManager"]
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+class TransactionManager:
+    """Tephra-style transaction service with KIP-98 transactional ids; thread-safe.
+
+    ``data_dir=None`` keeps everything in memory (tests, examples); otherwise every
+    acknowledged change is in the write-ahead log under ``data_dir`` before the call
+    returns. Call :meth:`start` before use and :meth:`close` after (or use ``with``).
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str] | None,
+        config: TxConfig = TxConfig(),  # noqa: B008  (frozen, so sharing it is safe)
+        clock: Clock | None = None,
+    ) -> None:
+        self.data_dir = None if data_dir is None else Path(data_dir)
+        self.config = config
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._lock = threading.Lock()
+        self._state = TxStateMachine(config.history_size)
+        self._storage: TxStorage | None = None
+        self._wal: WriteAheadLog | None = None
+        self._started = False
+        self._closed = False
+        self._since_snapshot = 0
+        self._snapshot_mutex = threading.Lock()
+        self._wake = threading.Condition()
+        self._snapshot_due = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Recover from ``data_dir`` and start the sweeper; idempotent."""
+        with self._lock:
+            if self._closed:
+                raise ServiceUnavailable("the transaction manager was closed")
+            if self._started:
+                return
+            if self.data_dir is not None:
+                storage = TxStorage(
+                    self.data_dir, sync=self.config.sync, history_size=self.config.history_size
+                )
+                self._state = storage.open()
+                self._storage, self._wal = storage, storage.wal
+            self._started = True
+        self._thread = threading.Thread(
+            target=self._maintain, name="tidings-tx-maintenance", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the sweeper, flush the log and release ``data_dir``; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        with self._snapshot_mutex:
+            if self._storage is not None:
+                self._storage.close()
+
+    def __enter__(self) -> TransactionManager:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- transactions --------------------------------------------------------------------
+
+    def begin(
+        self,
+        timeout: float | None = None,
+        *,
+        transactional_id: str | None = None,
+        epoch: int | None = None,
+    ) -> Transaction:
+        """Start a transaction; its snapshot says what it may see (seconds of ``timeout``)."""
+        timeout_ms = self._timeout_ms(timeout)
+        result = self._run(lambda now: self._state.begin(now, timeout_ms, transactional_id, epoch))
+        assert result.transaction is not None
+        return result.transaction
+
+    def commit(
+        self,
+        write_pointer: int,
+        changes: Iterable[bytes] = (),
+        *,
+        transactional_id: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        """Commit, unless a transaction that committed since this one began wrote a key of
+        ``changes`` (:class:`~tidings.errors.TransactionConflict`; it stays in progress)."""
+        _check_pointer(write_pointer)
+        keys = _materialize(changes)
+        self._run(lambda now: self._state.commit(now, write_pointer, keys, transactional_id, epoch))
+
+    def abort(
+        self,
+        write_pointer: int,
+        *,
+        transactional_id: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        """End a transaction whose writes the client has rolled back; idempotent."""
+        _check_pointer(write_pointer)
+        self._run(lambda now: self._state.abort(write_pointer, transactional_id, epoch))
+
+    def invalidate(self, write_pointer: int) -> None:
+        """Move an in-progress transaction to the invalid list; idempotent."""
+        _check_pointer(write_pointer)
+        self._run(lambda now: self._state.invalidate(write_pointer))
+
+    def state(self) -> TransactionState:
+        """Read pointer, last write pointer, in-progress expiries (ms) and invalid list."""
+        with self._lock:
+            self._check_running()
+            view = self._state.view()
+            wal = self._wal
+            seq = 0 if wal is None else wal.tail
+        if wal is not None:
+            wal.sync(seq)  # report nothing that could still be lost
+        return view
+
+    def register_producer(self, transactional_id: str) -> ProducerInfo:
+        """Register (again) a transactional id: new epoch, predecessor fenced (KIP-98)."""
+        result = self._run(lambda now: self._state.register(transactional_id))
+        assert result.producer is not None
+        return result.producer
+
+    def prune(self, *, below: int | None = None, ids: Iterable[int] = ()) -> list[int]:
+        """Drop invalid ids below ``below`` and/or those in ``ids``; returns the removed."""
+        wanted = _materialize(ids)
+        return list(self._run(lambda now: self._state.prune(below, wanted)).ids)
+
+    def expire(self) -> list[int]:
+        """One timeout sweep: expired in-progress transactions become invalid."""
+        return list(self._run(lambda now: self._state.expire(now)).ids)
+
+    def take_snapshot(self) -> None:
+        """Write a snapshot and start a new log (the old one is deleted)."""
+        with self._snapshot_mutex:
+            storage = self._storage
+            if storage is None:
+                self._check_running()
+                return
+            generation, path = storage.new_log()
+            with self._lock:
+                self._check_running()
+                image = self._state.export()
+                storage.wal.rotate(path)
+                storage.rotated(generation)
+                self._since_snapshot = 0
+            storage.finish_snapshot(generation, image)
+
+    # -- the one way every call runs -----------------------------------------------------
+
+    def _run(self, op: Callable[[int], Result]) -> Result:
+        with self._lock:
+            self._check_running()
+            try:
+                result = op(self._clock.now_ms())
+            except TidingsError as exc:
+                result = Result(error=exc)
+            wal = self._wal
+            seq = 0 if wal is None else self._append(wal, result)
+        if wal is not None:
+            wal.sync(seq)
+        if result.error is not None:
+            raise result.error
+        return result
+
+    def _append(self, wal: WriteAheadLog, result: Result) -> int:
+        if not result.records:
+            return wal.tail
+        seq = wal.append([encode_record(r) for r in result.records])
+        self._since_snapshot += len(result.records)
+        if self._since_snapshot >= self.config.snapshot_every and not self._snapshot_due:
+            with self._wake:
+                self._snapshot_due = True
+                self._wake.notify_all()
+        return seq
+
+    def _check_running(self) -> None:
+        if self._closed:
+            raise ServiceUnavailable("the transaction manager is closed")
+        if not self._started:
+            raise ServiceUnavailable("the transaction manager is not started")
+
+    def _timeout_ms(self, timeout: float | None) -> int:
+        if timeout is None:
+            timeout = self.config.default_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise BadRequest(f"a timeout is a number of seconds, got {timeout!r}")
+        if not math.isfinite(timeout) or timeout <= 0 or timeout > self.config.max_timeout:
+            raise TimeoutTooLarge(f"timeout {timeout} s is not in (0, {self.config.max_timeout}] s")
+        return max(1, round(timeout * 1000))
+
+    # -- background work -----------------------------------------------------------------
+
+    def _maintain(self) -> None:
+        interval = self.config.sweep_interval
+        next_sweep = time.monotonic() + interval
+        while True:
+            with self._wake:
+                while not self._stopping and not self._snapshot_due:
+                    remaining = next_sweep - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._wake.wait(remaining)
+                if self._stopping:
+                    return
+                snapshot_due, self._snapshot_due = self._snapshot_due, False
+            try:
+                if snapshot_due:
+                    self.take_snapshot()
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + interval
+                    expired = self.expire()
+                    if expired:
+                        log.info("timed out %d transactions: %s", len(expired), expired[:10])
+            except ServiceUnavailable:
+                return
+            except Exception:
+                log.exception("transaction maintenance failed; retrying in %s s", interval)
+                next_sweep = time.monotonic() + interval
+                with self._wake:  # back off, also from a snapshot that keeps failing
+                    if not self._stopping:
+                        self._wake.wait(interval)
+
+
+def _check_pointer(write_pointer: object) -> None:
+    if isinstance(write_pointer, bool) or not isinstance(write_pointer, int):
+        raise BadRequest(f"a write pointer is an integer, got {write_pointer!r}")
+
+
+def _materialize(items: Iterable[_T]) -> tuple[_T, ...]:
+    if isinstance(items, str | bytes | bytearray | memoryview):
+        raise BadRequest("expected a collection, got a single string")
+    return tuple(items)

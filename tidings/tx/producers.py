@@ -1,0 +1,94 @@
+"""Transactional ids, producer ids and epochs (KIP-98), as a pure table.
+
+A transactional id is the name a producer keeps across restarts. Registering it hands out
+the same producer id every time and a new, higher epoch; a call carrying an older epoch
+comes from a zombie and is fenced. The table only decides; the state machine logs
+:class:`~tidings.tx.records.Register` records and applies them here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from tidings.errors import InvalidProducer, ProducerFenced, ProducerNotFound
+from tidings.structs import ProducerInfo
+
+__all__ = ["MAX_TRANSACTIONAL_ID", "ProducerTable", "validate_transactional_id"]
+
+#: Longest transactional id accepted, in UTF-8 bytes (Kafka's are short names too).
+MAX_TRANSACTIONAL_ID = 255
+
+
+def validate_transactional_id(transactional_id: object) -> str:
+    """``transactional_id`` if it is 1-255 UTF-8 bytes of printable text, else InvalidProducer."""
+    if not isinstance(transactional_id, str) or not transactional_id:
+        raise InvalidProducer("a transactional id is a non-empty string")
+    if not transactional_id.isprintable():
+        raise InvalidProducer("a transactional id must be printable text")
+    try:
+        size = len(transactional_id.encode())
+    except UnicodeEncodeError:
+        raise InvalidProducer("a transactional id must be valid Unicode text") from None
+    if size > MAX_TRANSACTIONAL_ID:
+        raise InvalidProducer(f"a transactional id is at most {MAX_TRANSACTIONAL_ID} bytes")
+    return transactional_id
+
+
+class ProducerTable:
+    """Every registered transactional id with its producer id and current epoch."""
+
+    def __init__(self) -> None:
+        self._by_tid: dict[str, ProducerInfo] = {}
+        self.next_producer_id = 1
+
+    def __len__(self) -> int:
+        return len(self._by_tid)
+
+    def __iter__(self) -> Iterator[ProducerInfo]:
+        return iter(self._by_tid.values())
+
+    def get(self, transactional_id: str) -> ProducerInfo | None:
+        return self._by_tid.get(transactional_id)
+
+    def next_registration(self, transactional_id: str) -> ProducerInfo:
+        """What registering ``transactional_id`` now yields (not applied)."""
+        tid = validate_transactional_id(transactional_id)
+        current = self._by_tid.get(tid)
+        if current is None:
+            return ProducerInfo(tid, self.next_producer_id, 0)
+        return ProducerInfo(tid, current.producer_id, current.epoch + 1)
+
+    def apply(self, info: ProducerInfo) -> ProducerInfo | None:
+        """Record ``info`` as current; returns the registration it replaces, if any."""
+        previous = self._by_tid.get(info.transactional_id)
+        self._by_tid[info.transactional_id] = info
+        self.next_producer_id = max(self.next_producer_id, info.producer_id + 1)
+        return previous
+
+    def check(self, transactional_id: str | None, epoch: int | None) -> ProducerInfo | None:
+        """The caller's registration, or None for a call without a transactional id.
+
+        Fencing comes before everything else, so a zombie learns it is one whatever the
+        state of the transaction it names (KIP-98).
+        """
+        if transactional_id is None:
+            if epoch is not None:
+                raise InvalidProducer("an epoch was given without a transactional id")
+            return None
+        info = self._by_tid.get(transactional_id)
+        if info is None:
+            validate_transactional_id(transactional_id)
+            raise ProducerNotFound(f"transactional id {transactional_id!r} is not registered")
+        if epoch is None or isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise InvalidProducer(f"transactional id {transactional_id!r} needs its epoch")
+        if epoch < info.epoch:
+            raise ProducerFenced(
+                f"transactional id {transactional_id!r} epoch {epoch} was fenced "
+                f"by epoch {info.epoch}"
+            )
+        if epoch > info.epoch:
+            raise InvalidProducer(
+                f"transactional id {transactional_id!r} has no epoch {epoch} "
+                f"(current: {info.epoch})"
+            )
+        return info

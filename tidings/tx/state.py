@@ -1,0 +1,401 @@
+"""The transaction service's state machine (Tephra's TransactionManager, without I/O).
+
+Every operation takes the current time as an argument, decides, and either returns an
+error without touching anything or returns the records it applied. ``apply`` is the only
+mutator, so replaying the log through it rebuilds exactly the state the records left.
+The manager adds locking, the log and threads; tests drive this class with plain ints.
+
+State kept:
+
+- ``last_write_pointer``: the highest pointer handed out (begin or commit);
+- ``read_pointer``: the highest committed write pointer;
+- ``in_progress``: write pointer -> expiry and owner, in begin (= pointer) order;
+- ``invalid``: timed-out, invalidated and fenced pointers, until pruned;
+- committed change sets, only while an older transaction is still in progress;
+- a bounded history of how recent transactions ended (to tell "already committed" from
+  "unknown");
+- the transactional ids (``producers.py``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from tidings.errors import (
+    BadRequest,
+    InvalidProducer,
+    ServerError,
+    TidingsError,
+    TransactionAborted,
+    TransactionCommitted,
+    TransactionConflict,
+    TransactionInvalid,
+    TransactionNotFound,
+    TransactionTimedOut,
+)
+from tidings.structs import ProducerInfo, Transaction, TransactionState
+from tidings.tx.producers import ProducerTable
+from tidings.tx.records import Abort, Begin, Commit, Invalidate, Outcome, Prune, Record, Register
+
+__all__ = ["MAX_POINTER", "InProgress", "Result", "StateImage", "TxStateMachine"]
+
+#: Write pointers are signed 64-bit everywhere they are stored.
+MAX_POINTER = 2**63 - 1
+#: Pointers are ``ms x 1,000,000``: a million begins per ms before the counter runs ahead.
+POINTERS_PER_MS = 1_000_000
+
+_ENDED_INVALID = frozenset({Outcome.INVALIDATED, Outcome.TIMED_OUT, Outcome.FENCED})
+
+
+class InProgress(NamedTuple):
+    """An open transaction: when it expires and which producer (0: none) began it."""
+
+    expiry_ms: int
+    producer_id: int = 0
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What an operation did: the records it applied and what to tell the caller."""
+
+    records: tuple[Record, ...] = ()
+    error: TidingsError | None = None
+    transaction: Transaction | None = None
+    producer: ProducerInfo | None = None
+    ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StateImage:
+    """A copy of the whole state, for snapshots (all sequences in ascending/log order)."""
+
+    last_write_pointer: int
+    read_pointer: int
+    next_producer_id: int
+    in_progress: tuple[tuple[int, InProgress], ...]
+    invalid: tuple[int, ...]
+    history: tuple[tuple[int, Outcome], ...]
+    change_sets: tuple[tuple[int, tuple[bytes, ...]], ...]
+    producers: tuple[ProducerInfo, ...]
+
+
+class TxStateMachine:
+    """The pure core of the transaction manager; not thread-safe (the manager locks)."""
+
+    def __init__(self, history_size: int = 100_000) -> None:
+        self.history_size = history_size
+        self.last_write_pointer = 0
+        self.read_pointer = 0
+        self.in_progress: OrderedDict[int, InProgress] = OrderedDict()
+        self.invalid: set[int] = set()
+        self.producers = ProducerTable()
+        self._invalid_sorted: tuple[int, ...] | None = ()
+        self._history: dict[int, Outcome] = {}
+        self._history_order: deque[int] = deque()
+        self._change_sets: OrderedDict[int, tuple[bytes, ...]] = OrderedDict()
+        self._last_commit_of: dict[bytes, int] = {}
+
+    # -- queries -------------------------------------------------------------------------
+
+    def invalid_ids(self) -> tuple[int, ...]:
+        if self._invalid_sorted is None:
+            self._invalid_sorted = tuple(sorted(self.invalid))
+        return self._invalid_sorted
+
+    def outcome(self, write_pointer: int) -> Outcome | None:
+        """How ``write_pointer`` ended, if the history (or the invalid list) knows."""
+        outcome = self._history.get(write_pointer)
+        if outcome is None and write_pointer in self.invalid:
+            return Outcome.INVALIDATED
+        return outcome
+
+    def view(self) -> TransactionState:
+        return TransactionState(
+            read_pointer=self.read_pointer,
+            last_write_pointer=self.last_write_pointer,
+            in_progress={wp: tx.expiry_ms for wp, tx in self.in_progress.items()},
+            invalid=self.invalid_ids(),
+        )
+
+    def change_set_count(self) -> int:
+        return len(self._change_sets)
+
+    # -- decisions -----------------------------------------------------------------------
+
+    def begin(
+        self,
+        now_ms: int,
+        timeout_ms: int,
+        transactional_id: str | None = None,
+        epoch: int | None = None,
+    ) -> Result:
+        producer = self.producers.check(transactional_id, epoch)
+        wp = self._next_pointer(now_ms)
+        tx = Transaction(self.read_pointer, wp, self.invalid_ids(), tuple(self.in_progress))
+        if producer is None:
+            record = Begin(wp, now_ms + timeout_ms)
+        else:
+            record = Begin(wp, now_ms + timeout_ms, producer.producer_id, producer.epoch)
+        self.apply(record)
+        return Result((record,), transaction=tx)
+
+    def commit(
+        self,
+        now_ms: int,
+        write_pointer: int,
+        changes: Iterable[bytes] = (),
+        transactional_id: str | None = None,
+        epoch: int | None = None,
+    ) -> Result:
+        producer = self.producers.check(transactional_id, epoch)
+        entry = self.in_progress.get(write_pointer)
+        if entry is None:
+            return Result(error=self._ended_error(write_pointer, "commit"))
+        _check_owner(write_pointer, entry, producer)
+        keys = _change_keys(changes)
+        if now_ms >= entry.expiry_ms:
+            record: Record = Invalidate(write_pointer, Outcome.TIMED_OUT)
+            self.apply(record)
+            error = TransactionTimedOut(f"transaction {write_pointer} timed out; it is invalid")
+            return Result((record,), error=error)
+        for key in keys:
+            committed = self._last_commit_of.get(key)
+            if committed is not None and committed > write_pointer:
+                return Result(error=TransactionConflict(_conflict_message(write_pointer, key)))
+        record = Commit(write_pointer, self._next_pointer(now_ms), keys)
+        self.apply(record)
+        return Result((record,))
+
+    def abort(
+        self,
+        write_pointer: int,
+        transactional_id: str | None = None,
+        epoch: int | None = None,
+    ) -> Result:
+        producer = self.producers.check(transactional_id, epoch)
+        entry = self.in_progress.get(write_pointer)
+        if entry is None:
+            outcome = self.outcome(write_pointer)
+            if outcome is Outcome.ABORTED or outcome in _ENDED_INVALID:
+                return Result()  # already aborted, or its data is skipped anyway
+            return Result(error=self._ended_error(write_pointer, "abort"))
+        _check_owner(write_pointer, entry, producer)
+        return self._applied(Abort(write_pointer))
+
+    def invalidate(self, write_pointer: int) -> Result:
+        if write_pointer not in self.in_progress:
+            if write_pointer in self.invalid or self.outcome(write_pointer) in _ENDED_INVALID:
+                return Result()
+            return Result(error=self._ended_error(write_pointer, "invalidate"))
+        return self._applied(Invalidate(write_pointer, Outcome.INVALIDATED))
+
+    def expire(self, now_ms: int) -> Result:
+        expired = [wp for wp, tx in self.in_progress.items() if now_ms >= tx.expiry_ms]
+        records = tuple(Invalidate(wp, Outcome.TIMED_OUT) for wp in expired)
+        for record in records:
+            self.apply(record)
+        return Result(records, ids=tuple(expired))
+
+    def prune(self, below: int | None = None, ids: Iterable[int] = ()) -> Result:
+        removed: set[int] = set()
+        if below is not None:
+            _check_pointer(below, "below")
+            removed.update(wp for wp in self.invalid if wp < below)
+        for wp in ids:
+            _check_pointer(wp, "ids")
+            if wp in self.invalid:
+                removed.add(wp)
+        if not removed:
+            return Result()
+        record = Prune(tuple(sorted(removed)))
+        self.apply(record)
+        return Result((record,), ids=record.ids)
+
+    def register(self, transactional_id: str) -> Result:
+        info = self.producers.next_registration(transactional_id)
+        record = Register(info.transactional_id, info.producer_id, info.epoch)
+        self.apply(record)
+        return Result((record,), producer=info)
+
+    # -- the one mutator -----------------------------------------------------------------
+
+    def apply(self, record: Record) -> None:
+        """Apply one record (fresh, or replayed from the log)."""
+        _APPLY[type(record)](self, record)
+
+    def _apply_begin(self, r: Begin) -> None:
+        self.last_write_pointer = max(self.last_write_pointer, r.write_pointer)
+        self.in_progress[r.write_pointer] = InProgress(r.expiry_ms, r.producer_id, r.epoch)
+
+    def _apply_commit(self, r: Commit) -> None:
+        self.last_write_pointer = max(self.last_write_pointer, r.commit_pointer)
+        self.in_progress.pop(r.write_pointer, None)
+        self.read_pointer = max(self.read_pointer, r.write_pointer)
+        self._remember(r.write_pointer, Outcome.COMMITTED)
+        if r.changes and self.in_progress:
+            # Only transactions that began before this commit can conflict with it.
+            self._change_sets[r.commit_pointer] = r.changes
+            for key in r.changes:
+                self._last_commit_of[key] = r.commit_pointer
+        self._trim_change_sets()
+
+    def _apply_abort(self, r: Abort) -> None:
+        self.in_progress.pop(r.write_pointer, None)
+        self._remember(r.write_pointer, Outcome.ABORTED)
+        self._trim_change_sets()
+
+    def _apply_invalidate(self, r: Invalidate) -> None:
+        self.in_progress.pop(r.write_pointer, None)
+        self.invalid.add(r.write_pointer)
+        self._invalid_sorted = None
+        self._remember(r.write_pointer, r.reason)
+        self._trim_change_sets()
+
+    def _apply_prune(self, r: Prune) -> None:
+        self.invalid.difference_update(r.ids)
+        self._invalid_sorted = None
+
+    def _apply_register(self, r: Register) -> None:
+        info = ProducerInfo(r.transactional_id, r.producer_id, r.epoch)
+        previous = self.producers.apply(info)
+        if previous is None:
+            return
+        # KIP-98: the new holder starts clean; what the old one left open may have data
+        # out there, so it is invalidated rather than aborted.
+        left = [wp for wp, tx in self.in_progress.items() if tx.producer_id == r.producer_id]
+        for wp in left:
+            self._apply_invalidate(Invalidate(wp, Outcome.FENCED))
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _applied(self, record: Record) -> Result:
+        self.apply(record)
+        return Result((record,))
+
+    def _next_pointer(self, now_ms: int) -> int:
+        pointer = max(self.last_write_pointer + 1, now_ms * POINTERS_PER_MS)
+        if pointer > MAX_POINTER:
+            raise ServerError("write pointers exhausted (is the clock far in the future?)")
+        return pointer
+
+    def _remember(self, write_pointer: int, outcome: Outcome) -> None:
+        if self.history_size <= 0:
+            return
+        if write_pointer not in self._history:
+            self._history_order.append(write_pointer)
+        self._history[write_pointer] = outcome
+        while len(self._history_order) > self.history_size:
+            del self._history[self._history_order.popleft()]
+
+    def _trim_change_sets(self) -> None:
+        oldest = next(iter(self.in_progress), None)
+        sets = self._change_sets
+        while sets:
+            commit_pointer = next(iter(sets))
+            if oldest is not None and commit_pointer > oldest:
+                return
+            _, keys = sets.popitem(last=False)
+            for key in keys:
+                if self._last_commit_of.get(key) == commit_pointer:
+                    del self._last_commit_of[key]
+
+    def _ended_error(self, write_pointer: int, verb: str) -> TidingsError:
+        outcome = self.outcome(write_pointer)
+        prefix = f"cannot {verb} transaction {write_pointer}"
+        if outcome is Outcome.COMMITTED:
+            return TransactionCommitted(f"{prefix}: it has already committed")
+        if outcome is Outcome.ABORTED:
+            return TransactionAborted(f"{prefix}: it was aborted")
+        if outcome is Outcome.TIMED_OUT:
+            return TransactionTimedOut(f"{prefix}: it timed out and is invalid")
+        if outcome is Outcome.FENCED:
+            return TransactionInvalid(
+                f"{prefix}: it was invalidated when its transactional id was registered again"
+            )
+        if outcome is Outcome.INVALIDATED:
+            return TransactionInvalid(f"{prefix}: it was invalidated")
+        return TransactionNotFound(f"{prefix}: no such transaction (or too old to remember)")
+
+    # -- snapshots -----------------------------------------------------------------------
+
+    def export(self) -> StateImage:
+        return StateImage(
+            last_write_pointer=self.last_write_pointer,
+            read_pointer=self.read_pointer,
+            next_producer_id=self.producers.next_producer_id,
+            in_progress=tuple(self.in_progress.items()),
+            invalid=self.invalid_ids(),
+            history=tuple((wp, self._history[wp]) for wp in self._history_order),
+            change_sets=tuple(self._change_sets.items()),
+            producers=tuple(self.producers),
+        )
+
+    @classmethod
+    def from_image(cls, image: StateImage, history_size: int = 100_000) -> TxStateMachine:
+        state = cls(history_size)
+        state.last_write_pointer = image.last_write_pointer
+        state.read_pointer = image.read_pointer
+        for wp, tx in sorted(image.in_progress):
+            state.in_progress[wp] = tx
+        state.invalid = set(image.invalid)
+        state._invalid_sorted = None
+        for wp, outcome in image.history:
+            state._remember(wp, outcome)
+        for commit_pointer, keys in sorted(image.change_sets):
+            state._change_sets[commit_pointer] = keys
+            for key in keys:
+                state._last_commit_of[key] = commit_pointer
+        for info in image.producers:
+            state.producers.apply(info)
+        state.producers.next_producer_id = max(
+            state.producers.next_producer_id, image.next_producer_id
+        )
+        return state
+
+
+_APPLY: dict[type, Callable[[TxStateMachine, Record], None]] = {
+    Begin: TxStateMachine._apply_begin,  # type: ignore[dict-item]
+    Commit: TxStateMachine._apply_commit,  # type: ignore[dict-item]
+    Abort: TxStateMachine._apply_abort,  # type: ignore[dict-item]
+    Invalidate: TxStateMachine._apply_invalidate,  # type: ignore[dict-item]
+    Prune: TxStateMachine._apply_prune,  # type: ignore[dict-item]
+    Register: TxStateMachine._apply_register,  # type: ignore[dict-item]
+}
+
+
+def _check_owner(write_pointer: int, tx: InProgress, producer: ProducerInfo | None) -> None:
+    # A call without a transactional id is the anonymous (or admin) path and may end any
+    # transaction; a call naming one may only end that producer's own transactions.
+    if producer is not None and tx.producer_id != producer.producer_id:
+        raise InvalidProducer(
+            f"transaction {write_pointer} was not begun by transactional id "
+            f"{producer.transactional_id!r}"
+        )
+
+
+def _check_pointer(value: object, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"{name}: write pointers are integers, got {value!r}")
+
+
+def _change_keys(changes: Iterable[bytes]) -> tuple[bytes, ...]:
+    if isinstance(changes, bytes | bytearray | memoryview | str):
+        raise BadRequest("changes is a collection of byte strings, not one string")
+    keys: set[bytes] = set()
+    for key in changes:
+        if not isinstance(key, bytes | bytearray | memoryview):
+            raise BadRequest(f"change keys are bytes, got {type(key).__name__}")
+        keys.add(bytes(key))
+    return tuple(sorted(keys))
+
+
+def _conflict_message(write_pointer: int, key: bytes) -> str:
+    shown = key[:32].hex() + ("..." if len(key) > 32 else "")
+    return (
+        f"transaction {write_pointer} conflicts: change key {shown} was written by a "
+        "transaction that committed after it began"
+    )
