@@ -1,0 +1,266 @@
+"""Values of the Message, Payload and Metadata tables. Pure functions over bytes.
+
+A Message Table or Payload Table value is one flags byte, then the optional fields in a
+fixed order, then the payload, so the payload is a plain slice of the stored value::
+
+    flags (1)             version (high 3 bits) | which fields follow (low 5 bits)
+    t (8, signed)         if FLAG_T: the transaction write pointer (seed 000 column "t")
+    expires_at (8)        if FLAG_EXPIRY: per-message expiry, ms since the epoch
+    key                   if FLAG_KEY: varint length + bytes
+    headers               if FLAG_HEADERS: varint count, then per header varint length +
+                          UTF-8 name, varint length + value
+    payload               if FLAG_P: the rest of the value (seed 000 column "p")
+
+``t`` sits at a fixed offset (1..9) so a rollback rewrites eight bytes and copies the
+rest (seed 000, "Rollback of Published Message"). An entry without ``p`` is a Payload
+Table pointer: its messages are the Payload Table rows under ``abs(t)``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping
+from typing import NamedTuple
+
+__all__ = [
+    "FLAG_EXPIRY",
+    "FLAG_HEADERS",
+    "FLAG_KEY",
+    "FLAG_P",
+    "FLAG_T",
+    "PLAIN",
+    "POINTER",
+    "TX_PLAIN",
+    "VERSION",
+    "StoredValue",
+    "TopicState",
+    "decode_next_topic_id",
+    "decode_state",
+    "decode_topic_record",
+    "decode_value",
+    "encode_next_topic_id",
+    "encode_state",
+    "encode_topic_record",
+    "encode_value",
+    "payload_header",
+    "read_write_pointer",
+    "with_write_pointer",
+]
+
+VERSION = 1
+FLAG_T = 0x01
+FLAG_P = 0x02
+FLAG_EXPIRY = 0x04
+FLAG_KEY = 0x08
+FLAG_HEADERS = 0x10
+_FLAG_MASK = 0x1F
+_VERSION_BITS = VERSION << 5
+
+#: Flags byte of a non-transactional message without extras (the common case).
+PLAIN = _VERSION_BITS | FLAG_P
+#: Flags byte of a transactional message without extras.
+TX_PLAIN = _VERSION_BITS | FLAG_T | FLAG_P
+#: Flags byte of a Payload Table pointer entry (``t`` only).
+POINTER = _VERSION_BITS | FLAG_T
+
+_I64 = struct.Struct(">q")
+_U64 = struct.Struct(">Q")
+_PLAIN_BYTE = bytes([PLAIN])
+
+
+class StoredValue(NamedTuple):
+    """A decoded Message Table / Payload Table value."""
+
+    write_pointer: int | None
+    payload: bytes | None
+    key: bytes | None
+    headers: dict[str, bytes]
+    expires_at: int | None
+
+
+def payload_header(write_pointer: int | None = None) -> bytes:
+    """The bytes before the payload of a message without extras.
+
+    ``payload_header(wp) + payload`` equals ``encode_value(payload, wp)``; the publish
+    path builds values this way, one concatenation per message.
+    """
+    if write_pointer is None:
+        return _PLAIN_BYTE
+    return bytes([TX_PLAIN]) + _I64.pack(write_pointer)
+
+
+def encode_value(
+    payload: bytes | None,
+    write_pointer: int | None = None,
+    key: bytes | None = None,
+    headers: Mapping[str, bytes] | None = None,
+    expires_at: int | None = None,
+) -> bytes:
+    """Encode one value; ``payload=None`` makes a pointer entry (then ``t`` is required)."""
+    flags = _VERSION_BITS
+    parts: list[bytes] = []
+    if write_pointer is not None:
+        flags |= FLAG_T
+        parts.append(_I64.pack(write_pointer))
+    elif payload is None:
+        raise ValueError("an entry without a payload must carry a write pointer")
+    if expires_at is not None:
+        flags |= FLAG_EXPIRY
+        parts.append(_U64.pack(expires_at))
+    if key is not None:
+        flags |= FLAG_KEY
+        parts.append(_varint(len(key)))
+        parts.append(key)
+    if headers:
+        flags |= FLAG_HEADERS
+        parts.append(_varint(len(headers)))
+        for name, value in headers.items():
+            raw = name.encode("utf-8")
+            parts.extend((_varint(len(raw)), raw, _varint(len(value)), value))
+    if payload is not None:
+        flags |= FLAG_P
+        parts.append(payload)
+    return bytes([flags]) + b"".join(parts)
+
+
+def decode_value(value: bytes) -> StoredValue:
+    """Decode a value written by :func:`encode_value`; ValueError if it is not one."""
+    if not value:
+        raise ValueError("empty value")
+    flags = value[0]
+    if flags >> 5 != VERSION:
+        raise ValueError(f"unknown value version {flags >> 5}")
+    pos = 1
+    write_pointer = expires_at = None
+    key = None
+    headers: dict[str, bytes] = {}
+    if flags & FLAG_T:
+        (write_pointer,) = _I64.unpack_from(value, pos)
+        pos += 8
+    if flags & FLAG_EXPIRY:
+        (expires_at,) = _U64.unpack_from(value, pos)
+        pos += 8
+    if flags & FLAG_KEY:
+        size, pos = _read_varint(value, pos)
+        key, pos = _take(value, pos, size)
+    if flags & FLAG_HEADERS:
+        count, pos = _read_varint(value, pos)
+        for _ in range(count):
+            size, pos = _read_varint(value, pos)
+            raw, pos = _take(value, pos, size)
+            size, pos = _read_varint(value, pos)
+            headers[raw.decode("utf-8")], pos = _take(value, pos, size)
+    if flags & FLAG_P:
+        payload: bytes | None = value[pos:]
+    elif pos != len(value):
+        raise ValueError("trailing bytes after the fields of a pointer entry")
+    else:
+        payload = None
+    return StoredValue(write_pointer, payload, key, headers, expires_at)
+
+
+def read_write_pointer(value: bytes) -> int | None:
+    """The ``t`` of a value without decoding the rest."""
+    if value[0] & FLAG_T:
+        return int(_I64.unpack_from(value, 1)[0])
+    return None
+
+
+def with_write_pointer(value: bytes, write_pointer: int) -> bytes:
+    """``value`` with its ``t`` replaced (rollback stores ``-t``); ValueError if no ``t``."""
+    if not value[0] & FLAG_T:
+        raise ValueError("value carries no write pointer")
+    return value[:1] + _I64.pack(write_pointer) + value[9:]
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _read_varint(value: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(value) or shift > 63:
+            raise ValueError("truncated or overlong varint")
+        byte = value[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _take(value: bytes, pos: int, size: int) -> tuple[bytes, int]:
+    end = pos + size
+    if end > len(value):
+        raise ValueError("value truncated")
+    return value[pos:end], end
+
+
+# --- Metadata Table ---------------------------------------------------------------
+
+
+class TopicState(NamedTuple):
+    """What the publish and fetch paths need about a topic, in one fixed-size record.
+
+    ``generation`` is negative once the topic is deleted. The ``last_*`` fields are the
+    last assigned Message Table ``(publish_ts, seq)`` and Payload Table
+    ``(write_ts, p_seq)``; new keys start after them even if the clock went backwards
+    (DESIGN.md invariant 1: max(now, last)).
+    """
+
+    generation: int
+    ttl: int
+    last_ts: int = 0
+    last_seq: int = 0
+    last_write_ts: int = 0
+    last_p_seq: int = 0
+
+
+_STATE = struct.Struct(">BiQQHQH")
+_STATE_VERSION = 1
+
+
+def encode_state(state: TopicState) -> bytes:
+    """The 33-byte form of a :class:`TopicState`."""
+    return _STATE.pack(_STATE_VERSION, *state)
+
+
+def decode_state(raw: bytes) -> TopicState:
+    """Inverse of :func:`encode_state`."""
+    version, *fields = _STATE.unpack(raw)
+    if version != _STATE_VERSION:
+        raise ValueError(f"unknown topic state version {version}")
+    return TopicState(*fields)
+
+
+def encode_topic_record(topic_id: int, properties: Mapping[str, str]) -> bytes:
+    """A topic's record: its id (kept across delete and re-create) and its properties."""
+    return json.dumps(
+        {"id": topic_id, "properties": dict(properties)}, sort_keys=True, separators=(",", ":")
+    ).encode("utf-8")
+
+
+def decode_topic_record(raw: bytes) -> tuple[int, dict[str, str]]:
+    """``(topic_id, properties)`` of a topic record."""
+    data = json.loads(raw)
+    return int(data["id"]), {str(k): str(v) for k, v in data["properties"].items()}
+
+
+_U32 = struct.Struct(">I")
+
+
+def encode_next_topic_id(topic_id: int) -> bytes:
+    """The value of the topic id counter."""
+    return _U32.pack(topic_id)
+
+
+def decode_next_topic_id(raw: bytes) -> int:
+    """Inverse of :func:`encode_next_topic_id`."""
+    return int(_U32.unpack(raw)[0])

@@ -1,0 +1,191 @@
+"""The read side: scan a topic's Message Table rows in order and expand them into messages.
+
+Seed 000 "Consuming": scan the Message Table in ascending order from a start id or
+timestamp; a row with ``p`` is one message; a row without ``p`` stands for the Payload
+Table rows stored under its ``t``, which expand in place. A transactional reader skips
+entries of invalid and rolled-back transactions and stops at the first entry whose
+transaction is in progress (invariant 3, via :func:`tidings.tx.visibility.classify`);
+entries without ``t`` are always visible. A non-transactional reader sees everything.
+
+Retention (seed 000 "Message Retention"): the scan never starts below ``now - ttl``, a
+Payload Table row written before that is skipped too, and so is a message past its own
+expiry, so what a reader sees does not depend on whether the cleaner has run yet.
+
+Everything here reads one consistent :class:`~tidings.store.backend.ReadView` and does no
+other I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from tidings.codec import keys, values
+from tidings.codec.values import FLAG_P, FLAG_T, PLAIN, TX_PLAIN, TopicState
+from tidings.store.backend import ReadView
+from tidings.structs import Message, MessageId, Transaction
+from tidings.tx.visibility import Visibility, classify
+
+__all__ = ["fetch_messages", "retention_cutoff"]
+
+_MESSAGES = "messages"
+_PAYLOADS = "payloads"
+_TAIL = struct.Struct(">QH")
+_I64 = struct.Struct(">q")
+_SKIP = Visibility.SKIP
+_BLOCK = Visibility.BLOCK
+
+
+def retention_cutoff(state: TopicState, now: int) -> int:
+    """The oldest timestamp (ms) a topic still holds: ``now - ttl``."""
+    return max(now - state.ttl * 1000, 0)
+
+
+def fetch_messages(
+    view: ReadView,
+    topic_id: int,
+    state: TopicState,
+    now: int,
+    start: MessageId | int | None,
+    inclusive: bool,
+    limit: int,
+    transaction: Transaction | None,
+) -> list[Message]:
+    """At most ``limit`` messages of one topic generation, in id order.
+
+    ``start`` is a message id, a timestamp (ms), or None for the oldest live message;
+    ``inclusive`` says whether a message at exactly ``start`` is returned. A limit may
+    stop inside a Payload Table expansion; fetching again exclusively from the last id
+    returned resumes right after it.
+    """
+    generation = state.generation
+    cutoff = retention_cutoff(state, now)
+    prefix, stop = keys.generation_range(topic_id, generation)
+    out: list[Message] = []
+    reader = _Reader(view, topic_id, generation, cutoff, now, transaction, out, limit)
+    if isinstance(start, MessageId):
+        if start.publish_ts >= cutoff:
+            first = prefix + keys.ts_seq(start.publish_ts, start.seq)
+            value = view.get(_MESSAGES, first)
+            # The entry the id points into: resume inside it (or just after it).
+            if value is not None and not reader.entry(
+                first, value, (start.write_ts, start.p_seq), inclusive
+            ):
+                return out
+            scan_from = first + b"\0"
+        else:
+            scan_from = prefix + keys.ts_seq(cutoff, 0)
+    else:
+        ts = cutoff if start is None else max(start if inclusive else start + 1, cutoff)
+        scan_from = prefix + keys.ts_seq(ts, 0)
+    if len(out) >= limit:
+        return out
+
+    # Locals, not globals, in the per-message loop: this is the consumer hot path.
+    append, new_message, new_id = out.append, Message, MessageId
+    unpack_tail, unpack_i64 = _TAIL.unpack_from, _I64.unpack_from
+    plain, tx_plain = PLAIN, TX_PLAIN if transaction is None else -1
+    for key, value in view.scan(_MESSAGES, scan_from, stop):
+        flags = value[0]
+        # Fast paths for the two common shapes; everything else goes through entry().
+        if flags == plain:
+            ts, seq = unpack_tail(key, 8)
+            append(new_message(new_id(ts, seq), value[1:]))
+        elif flags == tx_plain:
+            ts, seq = unpack_tail(key, 8)
+            (wp,) = unpack_i64(value, 1)
+            append(new_message(new_id(ts, seq), value[9:], None, {}, wp))
+        elif not reader.entry(key, value, None, True):
+            break
+        if len(out) >= limit:
+            break
+    return out
+
+
+class _Reader:
+    """Expands one Message Table entry at a time into the output list."""
+
+    __slots__ = ("cutoff", "generation", "limit", "now", "out", "topic_id", "tx", "view")
+
+    def __init__(
+        self,
+        view: ReadView,
+        topic_id: int,
+        generation: int,
+        cutoff: int,
+        now: int,
+        tx: Transaction | None,
+        out: list[Message],
+        limit: int,
+    ) -> None:
+        self.view = view
+        self.topic_id = topic_id
+        self.generation = generation
+        self.cutoff = cutoff
+        self.now = now
+        self.tx = tx
+        self.out = out
+        self.limit = limit
+
+    def entry(
+        self, key: bytes, value: bytes, resume: tuple[int, int] | None, inclusive: bool
+    ) -> bool:
+        """Append the messages of one entry; False if a transactional reader must stop.
+
+        ``resume`` is the ``(write_ts, p_seq)`` of a start id inside this entry: only
+        messages at (``inclusive``) or after it are appended.
+        """
+        flags = value[0]
+        wp = None
+        if flags & FLAG_T:
+            (wp,) = _I64.unpack_from(value, 1)
+            if self.tx is not None:
+                visibility = classify(self.tx, wp)
+                if visibility == _SKIP:
+                    return True
+                if visibility == _BLOCK:
+                    return False
+        ts, seq = _TAIL.unpack_from(key, 8)
+        if flags & FLAG_P:
+            if resume is not None and (resume != (0, 0) or not inclusive):
+                return True  # the start id is at or after this entry's single message
+            if flags in (PLAIN, TX_PLAIN):
+                self.out.append(
+                    Message(MessageId(ts, seq), value[1 if wp is None else 9 :], write_pointer=wp)
+                )
+                return True
+            stored = values.decode_value(value)
+            if stored.expires_at is not None and stored.expires_at <= self.now:
+                return True
+            payload = stored.payload if stored.payload is not None else b""
+            self.out.append(Message(MessageId(ts, seq), payload, stored.key, stored.headers, wp))
+            return True
+        if wp is not None:
+            self._expand(ts, seq, wp, resume, inclusive)
+        return True
+
+    def _expand(
+        self, ts: int, seq: int, wp: int, resume: tuple[int, int] | None, inclusive: bool
+    ) -> None:
+        # Payload rows are keyed by the positive pointer; a rolled-back entry (-t) still
+        # expands for non-transactional readers (seed 000: repeatable reads).
+        prefix, stop = keys.write_pointer_range(self.topic_id, self.generation, abs(wp))
+        start = prefix if resume is None else prefix + keys.ts_seq(*resume)
+        skip = None if resume is None or inclusive else start
+        out, cutoff, now, limit = self.out, self.cutoff, self.now, self.limit
+        for pkey, pvalue in self.view.scan(_PAYLOADS, start, stop):
+            if pkey == skip:
+                continue
+            write_ts, p_seq = _TAIL.unpack_from(pkey, 16)
+            if write_ts < cutoff:
+                continue
+            message_id = MessageId(ts, seq, write_ts, p_seq)
+            if pvalue[0] == PLAIN:
+                out.append(Message(message_id, pvalue[1:], write_pointer=wp))
+            else:
+                stored = values.decode_value(pvalue)
+                if stored.expires_at is not None and stored.expires_at <= now:
+                    continue
+                payload = stored.payload if stored.payload is not None else b""
+                out.append(Message(message_id, payload, stored.key, stored.headers, wp))
+            if len(out) >= limit:
+                return

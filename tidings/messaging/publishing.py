@@ -1,0 +1,227 @@
+"""The write side: encode a batch, then assign its keys inside the store's write.
+
+Encoding (:func:`encode_batch`) is pure and runs on the caller's thread, before the
+write is queued, so the store's single writer does as little as possible per message:
+build keys, hand them to ``put_many``, store the topic's new last position. Key
+assignment happens in that same write function, after reading the topic's last
+position in the same transaction, so keys become visible in the order they are assigned
+(DESIGN.md invariant 1; seed 000 "Publishing").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from tidings.clock import Clock
+from tidings.codec import keys, values
+from tidings.errors import BadRequest
+from tidings.messaging.sequencing import assign
+from tidings.messaging.topics import Topics
+from tidings.store.backend import WriteView
+from tidings.structs import Record, RollbackInfo
+
+__all__ = [
+    "MAX_WRITE_POINTER",
+    "EncodedBatch",
+    "check_rollback_info",
+    "check_write_pointer",
+    "encode_batch",
+    "publish_fn",
+    "rollback_fn",
+    "store_fn",
+]
+
+_META = "metadata"
+_MESSAGES = "messages"
+_PAYLOADS = "payloads"
+MAX_WRITE_POINTER = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedBatch:
+    """A batch's stored values (in order), which of them expire early, and its size."""
+
+    values: list[bytes]
+    expiries: list[tuple[int, int]]  # (index in values, expires_at ms)
+    size: int
+
+
+def check_write_pointer(write_pointer: object) -> int:
+    """A write pointer must be a positive int64: negative ones mean "rolled back"."""
+    if (
+        isinstance(write_pointer, bool)
+        or not isinstance(write_pointer, int)
+        or not 0 < write_pointer <= MAX_WRITE_POINTER
+    ):
+        raise BadRequest(f"a write pointer is a positive 64-bit integer, got {write_pointer!r}")
+    return write_pointer
+
+
+def encode_batch(
+    messages: Sequence[Record | bytes], write_pointer: int | None, now: int
+) -> EncodedBatch:
+    """Encode every message's stored value; BadRequest for anything malformed.
+
+    ``now`` (ms) anchors per-message TTLs: an expiry is absolute, measured on the wall
+    clock from when the message was accepted.
+    """
+    header = values.payload_header(write_pointer)
+    try:
+        # The common case, plain payloads: one concatenation per message, no branches.
+        encoded = [header + m for m in messages]  # type: ignore[operator]
+        return EncodedBatch(encoded, [], sum(map(len, messages)))  # type: ignore[arg-type]
+    except TypeError:
+        pass
+    encoded = []
+    expiries: list[tuple[int, int]] = []
+    size = 0
+    for i, message in enumerate(messages):
+        if isinstance(message, bytes | bytearray | memoryview):
+            payload = bytes(message)
+            encoded.append(header + payload)
+        elif isinstance(message, Record):
+            payload = _bytes(message.payload, "payload")
+            expires_at = None
+            if message.ttl is not None:
+                if isinstance(message.ttl, bool) or not isinstance(message.ttl, int):
+                    raise BadRequest(f"message ttl must be an integer, got {message.ttl!r}")
+                if message.ttl <= 0:
+                    raise BadRequest(f"message ttl must be positive, got {message.ttl}")
+                expires_at = min(now + message.ttl * 1000, MAX_WRITE_POINTER)
+                expiries.append((i, expires_at))
+            encoded.append(
+                values.encode_value(
+                    payload,
+                    write_pointer,
+                    key=None if message.key is None else _bytes(message.key, "key"),
+                    headers=_headers(message.headers),
+                    expires_at=expires_at,
+                )
+            )
+        else:
+            raise BadRequest(f"a message is bytes or a Record, got {type(message).__name__}")
+        size += len(payload)
+    return EncodedBatch(encoded, expiries, size)
+
+
+def _bytes(value: object, what: str) -> bytes:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    raise BadRequest(f"message {what} must be bytes, got {type(value).__name__}")
+
+
+def _headers(headers: object) -> dict[str, bytes]:
+    if not isinstance(headers, Mapping):
+        raise BadRequest(f"message headers must be a mapping, got {type(headers).__name__}")
+    out: dict[str, bytes] = {}
+    for name, value in headers.items():
+        if not isinstance(name, str):
+            raise BadRequest(f"header names must be strings, got {name!r}")
+        out[name] = _bytes(value, f"header {name!r}")
+    return out
+
+
+def publish_fn(
+    topics: Topics,
+    clock: Clock,
+    namespace: str,
+    topic: str,
+    batch: EncodedBatch,
+    write_pointer: int | None,
+) -> Callable[[WriteView], RollbackInfo | None]:
+    """The write function of a publish: direct messages, or (no messages and a write
+    pointer) one pointer entry standing for the Payload Table rows of that pointer."""
+    rows = batch.values
+    if not rows:
+        assert write_pointer is not None
+        rows = [values.encode_value(None, write_pointer)]
+
+    def publish(view: WriteView) -> RollbackInfo | None:
+        ref = topics.resolve(view, namespace, topic)
+        state = ref.state
+        start_ts, start_seq, end_ts, end_seq = assign(
+            state.last_ts, state.last_seq, clock.now_ms(), len(rows)
+        )
+        row_keys = keys.message_keys(ref.topic_id, state.generation, start_ts, start_seq, len(rows))
+        view.put_many(_MESSAGES, zip(row_keys, rows, strict=True))
+        for index, expires_at in batch.expiries:
+            view.put(_META, keys.expiry_key(expires_at, _MESSAGES, row_keys[index]), b"")
+        new_state = state._replace(last_ts=end_ts, last_seq=end_seq)
+        view.put(_META, keys.state_key(ref.topic_id), values.encode_state(new_state))
+        if write_pointer is None:
+            return None
+        return RollbackInfo(write_pointer, start_ts, start_seq, end_ts, end_seq)
+
+    return publish
+
+
+def store_fn(
+    topics: Topics,
+    clock: Clock,
+    namespace: str,
+    topic: str,
+    batch: EncodedBatch,
+    write_pointer: int,
+) -> Callable[[WriteView], None]:
+    """The write function of a store: Payload Table rows under ``write_pointer``, their
+    ``(write_ts, p_seq)`` assigned by the same monotonic rule as publish keys."""
+
+    def store(view: WriteView) -> None:
+        ref = topics.resolve(view, namespace, topic)
+        state = ref.state
+        count = len(batch.values)
+        start_ts, start_seq, end_ts, end_seq = assign(
+            state.last_write_ts, state.last_p_seq, clock.now_ms(), count
+        )
+        row_keys = keys.payload_keys(
+            ref.topic_id, state.generation, write_pointer, start_ts, start_seq, count
+        )
+        view.put_many(_PAYLOADS, zip(row_keys, batch.values, strict=True))
+        for index, expires_at in batch.expiries:
+            view.put(_META, keys.expiry_key(expires_at, _PAYLOADS, row_keys[index]), b"")
+        new_state = state._replace(last_write_ts=end_ts, last_p_seq=end_seq)
+        view.put(_META, keys.state_key(ref.topic_id), values.encode_state(new_state))
+
+    return store
+
+
+def check_rollback_info(info: RollbackInfo) -> None:
+    """BadRequest unless ``info`` could have come from a transactional publish."""
+    check_write_pointer(info.write_pointer)
+    for name in ("start_ts", "end_ts"):
+        ts = getattr(info, name)
+        if isinstance(ts, bool) or not isinstance(ts, int) or not 0 <= ts <= MAX_WRITE_POINTER:
+            raise BadRequest(f"rollback {name} must be a non-negative int64, got {ts!r}")
+    for name in ("start_seq", "end_seq"):
+        seq = getattr(info, name)
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq <= keys.MAX_SEQ:
+            raise BadRequest(f"rollback {name} must be 0-{keys.MAX_SEQ}, got {seq!r}")
+    if (info.start_ts, info.start_seq) > (info.end_ts, info.end_seq):
+        raise BadRequest("rollback start is after its end")
+
+
+def rollback_fn(
+    topics: Topics, namespace: str, topic: str, info: RollbackInfo
+) -> Callable[[WriteView], int]:
+    """The write function of a rollback: ``t -> -t`` on exactly the entries in the range
+    whose ``t`` is the write pointer (seed 000: the Payload Table is left alone)."""
+    write_pointer = info.write_pointer
+    flipped = -write_pointer
+
+    def rollback(view: WriteView) -> int:
+        ref = topics.resolve(view, namespace, topic)
+        generation = ref.state.generation
+        start = keys.message_key(ref.topic_id, generation, info.start_ts, info.start_seq)
+        # Keys are fixed-width, so key + b"\0" is the first possible key after it.
+        stop = keys.message_key(ref.topic_id, generation, info.end_ts, info.end_seq) + b"\0"
+        changed = [
+            (key, values.with_write_pointer(value, flipped))
+            for key, value in view.scan(_MESSAGES, start, stop)
+            if values.read_write_pointer(value) == write_pointer
+        ]
+        if changed:
+            view.put_many(_MESSAGES, changed)
+        return len(changed)
+
+    return rollback

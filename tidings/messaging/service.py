@@ -1,0 +1,393 @@
+"""The messaging core: every operation of seed 000, transport-free.
+
+:class:`MessagingService` wires the pure parts (names, codecs, sequencing, fetching) to
+the store. Writes go through ``store.submit`` so keys are assigned inside the write
+that makes them visible (invariant 1) and callers learn of success only once it is
+durable (invariant 2). Nothing here talks to the transaction service: transactional
+reads only evaluate the snapshot the caller passes in (invariant 6).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tidings.clock import Clock, SystemClock
+from tidings.errors import BadRequest, EmptyPublish, InvalidMessageId
+from tidings.messaging import publishing
+from tidings.messaging.counters import Counters, TopicCounters
+from tidings.messaging.fetching import fetch_messages
+from tidings.messaging.names import check_name, parse_ttl
+from tidings.messaging.retention import Cleaner, CleanupReport
+from tidings.messaging.topics import Topics
+from tidings.store.backend import Store, WriteView
+from tidings.structs import (
+    Message,
+    MessageId,
+    Record,
+    RollbackInfo,
+    TopicMetadata,
+    TopicStats,
+    Transaction,
+)
+
+__all__ = ["MessagingConfig", "MessagingService"]
+
+_log = logging.getLogger(__name__)
+T = TypeVar("T")
+_MAX_U64 = 2**64 - 1
+_STATS_PAGE = 10_000
+
+
+@dataclass(frozen=True)
+class MessagingConfig:
+    """Settings of the core. Times in seconds unless named otherwise."""
+
+    default_ttl: int = 7 * 24 * 3600
+    fetch_default_limit: int = 1000
+    fetch_max_limit: int = 10_000
+    cleanup_interval: float = 60.0
+    cleanup_batch: int = 5_000
+
+    def __post_init__(self) -> None:
+        parse_ttl(self.default_ttl)
+        if not 1 <= self.fetch_default_limit <= self.fetch_max_limit:
+            raise ValueError("need 1 <= fetch_default_limit <= fetch_max_limit")
+        if self.cleanup_interval <= 0 or self.cleanup_batch < 1:
+            raise ValueError("cleanup_interval and cleanup_batch must be positive")
+
+
+class MessagingService:
+    """Topics, publish, store, rollback, fetch, retention and counters over one store.
+
+    Thread-safe: any number of threads may call it at once. ``close()`` stops the
+    background cleaner; it does not close the store.
+    """
+
+    def __init__(
+        self, store: Store, config: MessagingConfig | None = None, clock: Clock | None = None
+    ) -> None:
+        self._store = store
+        self._config = config if config is not None else MessagingConfig()
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._topics = Topics(store, self._config.default_ttl)
+        self._counters = Counters()
+        self._listeners: list[Callable[[str, str], None]] = []
+        self._cleaner = Cleaner(store, self._topics, self._clock, self._config.cleanup_batch)
+        self._clean_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def config(self) -> MessagingConfig:
+        """The settings this service runs with."""
+        return self._config
+
+    # --- topics ------------------------------------------------------------------
+
+    def create_topic(
+        self, namespace: str, topic: str, properties: Mapping[str, object] | None = None
+    ) -> TopicMetadata:
+        """Create a topic (generation 1, or ``abs(old) + 1`` if it existed before).
+
+        Raises InvalidName, InvalidProperties, TopicAlreadyExists.
+        """
+        return self._topics.create(namespace, topic, properties)
+
+    def update_topic(
+        self, namespace: str, topic: str, properties: Mapping[str, object]
+    ) -> TopicMetadata:
+        """Replace all properties of a topic (an absent ttl means the default again)."""
+        return self._topics.update(namespace, topic, properties)
+
+    def get_topic(self, namespace: str, topic: str) -> TopicMetadata:
+        """A topic's metadata; TopicNotFound if it does not exist."""
+        return self._topics.get(namespace, topic)
+
+    def list_topics(self, namespace: str) -> list[str]:
+        """The namespace's topic names, sorted."""
+        return self._topics.names(namespace)
+
+    def delete_topic(self, namespace: str, topic: str) -> None:
+        """Delete a topic: its messages become invisible at once; the cleaner drops them."""
+        self._topics.delete(namespace, topic)
+
+    # --- publishing ----------------------------------------------------------------
+
+    def publish(
+        self,
+        namespace: str,
+        topic: str,
+        messages: Sequence[Record | bytes],
+        write_pointer: int | None = None,
+    ) -> RollbackInfo | None:
+        """Append ``messages`` to the topic; returns once they are durable.
+
+        With ``write_pointer`` the publish is transactional and returns the rollback
+        info; with a write pointer and no messages it publishes the Payload Table rows
+        stored under that pointer (one Message Table entry). Without either, EmptyPublish.
+        """
+        return self.publish_future(namespace, topic, messages, write_pointer).result()
+
+    def publish_future(
+        self,
+        namespace: str,
+        topic: str,
+        messages: Sequence[Record | bytes],
+        write_pointer: int | None = None,
+    ) -> Future[RollbackInfo | None]:
+        """:meth:`publish` without waiting: bad input raises here, at once; the future
+        resolves once the messages are durable (or with the storage error)."""
+        began = time.perf_counter()
+        self._topics.check_live(namespace, topic)
+        if write_pointer is not None:
+            publishing.check_write_pointer(write_pointer)
+        elif not messages:
+            raise EmptyPublish("a publish without a write pointer needs at least one message")
+        batch = publishing.encode_batch(messages, write_pointer, self._clock.now_ms())
+        fn = publishing.publish_fn(
+            self._topics, self._clock, namespace, topic, batch, write_pointer
+        )
+        return self._submit(fn, namespace, topic, began, len(batch.values), batch.size)
+
+    def store_payloads(
+        self,
+        namespace: str,
+        topic: str,
+        write_pointer: int,
+        messages: Sequence[Record | bytes],
+    ) -> None:
+        """Store payloads under ``write_pointer`` in the Payload Table; returns once
+        durable. They become visible when that pointer is published."""
+        self.store_future(namespace, topic, write_pointer, messages).result()
+
+    def store_future(
+        self,
+        namespace: str,
+        topic: str,
+        write_pointer: int,
+        messages: Sequence[Record | bytes],
+    ) -> Future[None]:
+        """:meth:`store_payloads` without waiting (bad input raises at once)."""
+        began = time.perf_counter()
+        self._topics.check_live(namespace, topic)
+        publishing.check_write_pointer(write_pointer)
+        if not messages:
+            raise EmptyPublish("a store needs at least one message")
+        batch = publishing.encode_batch(messages, None, self._clock.now_ms())
+        fn = publishing.store_fn(self._topics, self._clock, namespace, topic, batch, write_pointer)
+        return self._submit(fn, namespace, topic, began, len(batch.values), batch.size)
+
+    def rollback(self, namespace: str, topic: str, info: RollbackInfo) -> int:
+        """Invert the sign of ``t`` on exactly the entries ``info`` names; returns how many
+        entries changed (0 if none carries that write pointer any more)."""
+        return self.rollback_future(namespace, topic, info).result()
+
+    def rollback_future(self, namespace: str, topic: str, info: RollbackInfo) -> Future[int]:
+        """:meth:`rollback` without waiting (bad input raises at once)."""
+        self._topics.check_live(namespace, topic)
+        if not isinstance(info, RollbackInfo):
+            raise BadRequest(f"rollback needs a RollbackInfo, got {type(info).__name__}")
+        publishing.check_rollback_info(info)
+        fn = publishing.rollback_fn(self._topics, namespace, topic, info)
+        return self._submit(fn, namespace, topic, None, 0, 0)
+
+    def _submit(
+        self,
+        fn: Callable[[WriteView], T],
+        namespace: str,
+        topic: str,
+        began: float | None,
+        messages: int,
+        size: int,
+    ) -> Future[T]:
+        # A future of our own, resolved after counting and notifying, so a caller that
+        # wakes up on it sees the counters and long-polls already updated.
+        result: Future[T] = Future()
+        key = (namespace, topic)
+
+        def done(inner: Future[T]) -> None:
+            exc = inner.exception()
+            if exc is not None:
+                result.set_exception(exc)
+                return
+            if began is not None:
+                self._counters.published(key, messages, size, time.perf_counter() - began)
+            self._notify(namespace, topic)
+            result.set_result(inner.result())
+
+        self._store.submit(fn).add_done_callback(done)
+        return result
+
+    # --- consuming -----------------------------------------------------------------
+
+    def fetch(
+        self,
+        namespace: str,
+        topic: str,
+        *,
+        start: MessageId | int | None = None,
+        inclusive: bool = True,
+        limit: int | None = None,
+        transaction: Transaction | None = None,
+    ) -> list[Message]:
+        """Messages in id order from ``start`` (an id, a timestamp in ms, or None for
+        the oldest live message), at most ``limit`` (default and maximum configured).
+
+        With ``transaction`` only entries visible in that snapshot are returned and the
+        fetch stops before the first entry of a transaction in progress; without it,
+        everything written is returned, rolled-back entries included.
+        """
+        check_name("namespace", namespace)
+        check_name("topic", topic)
+        limit = self._limit(limit)
+        _check_start(start)
+        if transaction is not None and not isinstance(transaction, Transaction):
+            raise BadRequest(f"transaction must be a Transaction, got {type(transaction)}")
+        with self._store.read() as view:
+            ref = self._topics.resolve(view, namespace, topic)
+            out = fetch_messages(
+                view,
+                ref.topic_id,
+                ref.state,
+                self._clock.now_ms(),
+                start,
+                bool(inclusive),
+                limit,
+                transaction,
+            )
+        self._counters.fetched((namespace, topic), len(out))
+        return out
+
+    def _limit(self, limit: object) -> int:
+        if limit is None:
+            return self._config.fetch_default_limit
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise BadRequest(f"limit must be an integer, got {limit!r}")
+        if limit < 1:
+            raise BadRequest(f"limit must be at least 1, got {limit}")
+        return min(limit, self._config.fetch_max_limit)
+
+    def stats(self, namespace: str, topic: str) -> TopicStats:
+        """The topic's live contents (everything a non-transactional reader would see)
+        and traffic. Reads the whole topic, page by page: an admin call, not a hot one."""
+        self._topics.get(namespace, topic)
+        count = size = 0
+        oldest: MessageId | None = None
+        newest: MessageId | None = None
+        start: MessageId | None = None
+        while True:
+            with self._store.read() as view:
+                ref = self._topics.resolve(view, namespace, topic)
+                page = fetch_messages(
+                    view,
+                    ref.topic_id,
+                    ref.state,
+                    self._clock.now_ms(),
+                    start,
+                    False,
+                    _STATS_PAGE,
+                    None,
+                )
+            if not page:
+                break
+            if oldest is None:
+                oldest = page[0].id
+            newest = start = page[-1].id
+            count += len(page)
+            size += sum(len(m.payload) for m in page)
+            if len(page) < _STATS_PAGE:
+                break
+        counters = self._counters.get((namespace, topic))
+        publish_rate, fetch_rate = self._counters.rates((namespace, topic))
+        return TopicStats(
+            namespace=namespace,
+            topic=topic,
+            message_count=count,
+            bytes=size,
+            oldest_id=oldest,
+            newest_id=newest,
+            oldest_time=None if oldest is None else oldest.publish_ts,
+            newest_time=None if newest is None else newest.publish_ts,
+            messages_published=counters.messages_published,
+            bytes_published=counters.bytes_published,
+            fetches=counters.fetches,
+            publish_rate=publish_rate,
+            fetch_rate=fetch_rate,
+        )
+
+    # --- listeners and counters ------------------------------------------------------
+
+    def add_listener(self, fn: Callable[[str, str], None]) -> None:
+        """Call ``fn(namespace, topic)`` after each durable publish, store or rollback.
+
+        It runs on the store's commit thread: it must not block (the server uses it to
+        wake long-polls). Its exceptions are logged and ignored.
+        """
+        self._listeners = [*self._listeners, fn]
+
+    def _notify(self, namespace: str, topic: str) -> None:
+        for fn in self._listeners:
+            try:
+                fn(namespace, topic)
+            except Exception:
+                _log.exception("messaging listener %r failed", fn)
+
+    def counters(self) -> Mapping[tuple[str, str], TopicCounters]:
+        """A snapshot of every topic's counters, keyed by ``(namespace, topic)``."""
+        return self._counters.snapshot()
+
+    # --- retention -----------------------------------------------------------------
+
+    def clean_once(self) -> CleanupReport:
+        """One full cleaner pass, in bounded batches (also what the thread runs)."""
+        with self._clean_lock:
+            return self._cleaner.run_once()
+
+    def start(self) -> None:
+        """Start the background cleaner (a daemon thread), every ``cleanup_interval``."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._clean_loop, name="tidings-messaging-cleaner", daemon=True
+        )
+        self._thread.start()
+
+    def _clean_loop(self) -> None:
+        while not self._stop.wait(self._config.cleanup_interval):
+            try:
+                report = self.clean_once()
+            except Exception:
+                # A failed pass (e.g. a storage error) is retried next interval.
+                _log.exception("messaging cleaner pass failed")
+                continue
+            if report.messages_deleted or report.payloads_deleted:
+                _log.info("cleaner: %s", report)
+
+    def close(self) -> None:
+        """Stop the cleaner thread. The store stays open (its owner closes it)."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+
+def _check_start(start: object) -> None:
+    if start is None or isinstance(start, MessageId):
+        if isinstance(start, MessageId):
+            fields = (start.publish_ts, start.seq, start.write_ts, start.p_seq)
+            try:
+                start.to_bytes()
+            except Exception:
+                raise InvalidMessageId(f"message id fields out of range: {fields}") from None
+        return
+    if isinstance(start, bool) or not isinstance(start, int):
+        raise BadRequest(f"start must be a message id, a timestamp or None, got {start!r}")
+    if not 0 <= start <= _MAX_U64 - 1:
+        raise BadRequest(f"start timestamp must be a non-negative int64, got {start}")
