@@ -37,7 +37,22 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
-        """Launch and wait until ``/healthz`` answers (or fail with the server's log)."""
+        """Launch and wait until ``/healthz`` answers (or fail with the server's log).
+
+        A port picked here can be taken by another process before the server binds
+        it; then the start is retried on a fresh port.
+        """
+        picked = not self.port
+        for _ in range(3):
+            try:
+                return self._start(timeout)
+            except RuntimeError as exc:
+                if not (picked and "address already in use" in str(exc).lower()):
+                    raise
+                self.port = 0
+        return self._start(timeout)
+
+    def _start(self, timeout: float) -> ServerProcess:
         self.port = self.port or free_port()
         self.log_path = self.data_dir.parent / f"server-{self.port}.log"
         cmd = [

@@ -1,0 +1,542 @@
+"""The REST contract (docs/api.md) as an OpenAPI 3.1 document, served at ``/openapi.json``.
+
+Built from plain dicts rather than inferred from the routes: the document is the
+contract, and ``tests/e2e/test_server_fuzz.py`` fuzzes the server against it. Avro
+bodies are described as binary strings carrying the seed's Avro schema in
+``x-avro-schema`` (the schemas come from :mod:`tidings.codec.wire`, never copied).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tidings.codec import wire
+
+__all__ = ["openapi_document"]
+
+JSON = "application/json"
+AVRO = wire.AVRO.value
+AVRO_EXT = wire.AVRO_EXT.value
+
+_INT64 = {"type": "integer", "format": "int64"}
+_POSITIVE_INT64 = {"type": "integer", "format": "int64", "minimum": 1, "maximum": wire.INT64_MAX}
+_BYTES = {"type": "string", "format": "byte", "description": "standard base64"}
+_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,128}$"}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"oneOf": [schema, {"type": "null"}]}
+
+
+def _avro_schema(name: str) -> Any:
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items() if not k.startswith("__")}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+
+    return clean(wire.SCHEMAS[name])
+
+
+def _avro(name: str) -> dict[str, Any]:
+    return {"type": "string", "format": "binary", "x-avro-schema": _avro_schema(name)}
+
+
+def _content(json_schema: dict[str, Any], avro: str | None, avro_ext: str | None) -> dict[str, Any]:
+    content: dict[str, Any] = {JSON: {"schema": json_schema}}
+    if avro is not None:
+        content[AVRO] = {"schema": _avro(avro)}
+    if avro_ext is not None:
+        content[AVRO_EXT] = {"schema": _avro(avro_ext)}
+    return content
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": _ref("Error")}}}
+
+
+def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+_COMMON_ERRORS = {
+    "400": _error("malformed body, wrong types, bad base64 or an invalid name"),
+    "413": _error("body larger than max_body_bytes"),
+    "415": _error("unsupported Content-Type"),
+    "503": _error("the service does not run in this process (role)"),
+}
+
+
+def _op(
+    summary: str,
+    responses: dict[str, Any],
+    *,
+    body: dict[str, Any] | None = None,
+    required: bool = False,
+    tags: tuple[str, ...] = (),
+    parameters: list[dict[str, Any]] | None = None,
+    errors: bool = True,
+) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "tags": list(tags)}
+    if parameters:
+        op["parameters"] = parameters
+    if body is not None:
+        op["requestBody"] = {"required": required, "content": body}
+    op["responses"] = {**(_COMMON_ERRORS if errors else {}), **responses}
+    return op
+
+
+def _schemas() -> dict[str, Any]:
+    extras = {
+        "type": "object",
+        "properties": {
+            "key": _nullable(_BYTES),
+            "headers": {"type": "object", "additionalProperties": _BYTES},
+            "ttl": _nullable({"type": "integer", "minimum": 1, "maximum": wire.INT64_MAX}),
+        },
+    }
+    return {
+        "Error": {
+            "type": "object",
+            "required": ["error", "type"],
+            "properties": {"error": {"type": "string"}, "type": {"type": "string"}},
+        },
+        "TopicProperties": {
+            "type": "object",
+            "description": "ttl: positive integer seconds (number or digit string); "
+            "other keys kept as strings. An update replaces all properties.",
+            "properties": {
+                "ttl": {
+                    "oneOf": [
+                        {"type": "integer", "minimum": 1},
+                        {"type": "string", "pattern": "^[0-9]+$"},
+                    ]
+                }
+            },
+            "additionalProperties": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+        },
+        "Topic": {
+            "type": "object",
+            "required": ["name", "properties", "generation"],
+            "properties": {
+                "name": _NAME,
+                "properties": {"type": "object", "additionalProperties": {"type": "string"}},
+                "generation": {"type": "integer"},
+            },
+        },
+        "TopicList": {"type": "array", "items": _NAME},
+        "TopicStats": {
+            "type": "object",
+            "properties": {
+                "namespace": {"type": "string"},
+                "topic": {"type": "string"},
+                "messageCount": {"type": "integer"},
+                "bytes": {"type": "integer"},
+                "oldestId": _nullable({"type": "string", "pattern": "^[0-9a-f]{40}$"}),
+                "newestId": _nullable({"type": "string", "pattern": "^[0-9a-f]{40}$"}),
+                "oldestTime": _nullable({"type": "integer"}),
+                "newestTime": _nullable({"type": "integer"}),
+                "messagesPublished": {"type": "integer"},
+                "bytesPublished": {"type": "integer"},
+                "fetches": {"type": "integer"},
+                "publishRate": {"type": "number"},
+                "fetchRate": {"type": "number"},
+            },
+        },
+        "PublishRequest": {
+            "type": "object",
+            "description": "seed 000 PublishRequest; extras is a Tidings addition",
+            "required": ["messages"],
+            "properties": {
+                "transactionWritePointer": _nullable(_INT64),
+                "messages": {"type": "array", "items": _BYTES},
+                "extras": _nullable({"type": "array", "items": _nullable(extras)}),
+            },
+        },
+        "PublishResponse": {
+            "type": "object",
+            "description": "seed 000 PublishResponse: the rollback information",
+            "required": [
+                "transactionWritePointer",
+                "startTimestamp",
+                "startSequenceId",
+                "endTimestamp",
+                "endSequenceId",
+            ],
+            "properties": {
+                "transactionWritePointer": _POSITIVE_INT64,
+                "startTimestamp": _INT64,
+                "startSequenceId": {"type": "integer", "minimum": 0, "maximum": 65535},
+                "endTimestamp": _INT64,
+                "endSequenceId": {"type": "integer", "minimum": 0, "maximum": 65535},
+            },
+        },
+        "RollbackResponse": {
+            "type": "object",
+            "required": ["rolledBack"],
+            "properties": {"rolledBack": {"type": "integer", "minimum": 0}},
+        },
+        "ConsumeRequest": {
+            "type": "object",
+            "description": "seed 000 ConsumeRequest; startFrom is a base64 message id "
+            "or a timestamp in ms",
+            "properties": {
+                "startFrom": {
+                    "oneOf": [_BYTES, {"type": "integer", "minimum": 0}, {"type": "null"}]
+                },
+                "inclusive": {"type": "boolean", "default": True},
+                "limit": _nullable({"type": "integer", "minimum": 1, "maximum": 2**31 - 1}),
+                "transaction": _nullable(_BYTES),
+            },
+        },
+        "Messages": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["id", "payload"],
+                "properties": {
+                    "id": _BYTES,
+                    "payload": _BYTES,
+                    "key": _nullable(_BYTES),
+                    "headers": {"type": "object", "additionalProperties": _BYTES},
+                },
+            },
+        },
+        "BeginRequest": {
+            "type": "object",
+            "properties": {
+                "timeout": {"type": "number", "description": "seconds"},
+                "transactionalId": {"type": "string", "minLength": 1},
+                "epoch": {"type": "integer", "minimum": 0},
+            },
+        },
+        "TransactionSnapshot": {
+            "type": "object",
+            "required": ["writePointer", "readPointer", "invalid", "inProgress", "encoded"],
+            "properties": {
+                "writePointer": _INT64,
+                "readPointer": _INT64,
+                "invalid": {"type": "array", "items": _INT64},
+                "inProgress": {"type": "array", "items": _INT64},
+                "encoded": _BYTES,
+            },
+        },
+        "CommitRequest": {
+            "type": "object",
+            "properties": {
+                "changes": {"type": "array", "items": _BYTES},
+                "transactionalId": {"type": "string", "minLength": 1},
+                "epoch": {"type": "integer", "minimum": 0},
+            },
+        },
+        "AbortRequest": {
+            "type": "object",
+            "properties": {
+                "transactionalId": {"type": "string", "minLength": 1},
+                "epoch": {"type": "integer", "minimum": 0},
+            },
+        },
+        "TransactionState": {
+            "type": "object",
+            "required": ["readPointer", "lastWritePointer", "inProgress", "invalid"],
+            "properties": {
+                "readPointer": _INT64,
+                "lastWritePointer": _INT64,
+                "inProgress": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"writePointer": _INT64, "expiresAt": _INT64},
+                    },
+                },
+                "invalid": {"type": "array", "items": _INT64},
+            },
+        },
+        "ProducerRequest": {
+            "type": "object",
+            "required": ["transactionalId"],
+            "properties": {"transactionalId": {"type": "string", "minLength": 1}},
+        },
+        "Producer": {
+            "type": "object",
+            "required": ["transactionalId", "producerId", "epoch"],
+            "properties": {
+                "transactionalId": {"type": "string"},
+                "producerId": _INT64,
+                "epoch": {"type": "integer"},
+            },
+        },
+        "PruneRequest": {
+            "type": "object",
+            "properties": {"below": _INT64, "ids": {"type": "array", "items": _POSITIVE_INT64}},
+        },
+        "PruneResponse": {
+            "type": "object",
+            "required": ["pruned"],
+            "properties": {"pruned": {"type": "array", "items": _INT64}},
+        },
+        "Empty": {"type": "object", "maxProperties": 0},
+    }
+
+
+def _param(name: str, schema: dict[str, Any], where: str = "path") -> dict[str, Any]:
+    return {"name": name, "in": where, "required": where == "path", "schema": schema}
+
+
+def _messaging_paths() -> dict[str, Any]:
+    ns = [_param("ns", _NAME)]
+    nst = [*ns, _param("topic", _NAME)]
+    tags = ("topics",)
+    not_found = {"404": _error("unknown topic")}
+    topic_ok = {"200": _json("the topic", _ref("Topic"))}
+    properties = {JSON: {"schema": _ref("TopicProperties")}}
+    empty_ok = {
+        "description": "durable; empty body",
+        "content": {JSON: {}, AVRO: {}, AVRO_EXT: {}},
+    }
+    publish_body = _content(_ref("PublishRequest"), "PublishRequest", "PublishRequestExt")
+    base = "/v1/namespaces/{ns}"
+    topic = base + "/topics/{topic}"
+    return {
+        base + "/topics": {
+            "get": _op(
+                "List the namespace's topics (sorted)",
+                {"200": _json("topic names", _ref("TopicList"))},
+                tags=tags,
+                parameters=ns,
+            )
+        },
+        topic: {
+            "put": _op(
+                "Create a topic",
+                {**topic_ok, "409": _error("the topic exists")},
+                body=properties,
+                tags=tags,
+                parameters=nst,
+            ),
+            "get": _op("Get a topic", {**topic_ok, **not_found}, tags=tags, parameters=nst),
+            "delete": _op(
+                "Delete a topic",
+                {"200": _json("deleted", _ref("Empty")), **not_found},
+                tags=tags,
+                parameters=nst,
+            ),
+        },
+        topic + "/properties": {
+            "put": _op(
+                "Replace a topic's properties",
+                {**topic_ok, **not_found},
+                body=properties,
+                required=True,
+                tags=tags,
+                parameters=nst,
+            )
+        },
+        topic + "/stats": {
+            "get": _op(
+                "A topic's contents and traffic (addition)",
+                {"200": _json("stats", _ref("TopicStats")), **not_found},
+                tags=tags,
+                parameters=nst,
+            )
+        },
+        topic + "/publish": {
+            "post": _op(
+                "Publish messages (non-transactional, transactional, or a stored write pointer)",
+                {
+                    "200": {
+                        "description": "durable; empty when non-transactional, else the "
+                        "rollback information (PublishResponse)",
+                        "content": _content(_ref("PublishResponse"), "PublishResponse", None),
+                    },
+                    **not_found,
+                },
+                body=publish_body,
+                required=True,
+                tags=("messages",),
+                parameters=nst,
+            )
+        },
+        topic + "/store": {
+            "post": _op(
+                "Store payloads under a transaction write pointer (Payload Table)",
+                {"200": empty_ok, **not_found},
+                body=publish_body,
+                required=True,
+                tags=("messages",),
+                parameters=nst,
+            )
+        },
+        topic + "/rollback": {
+            "post": _op(
+                "Roll back a transactional publish (body: its PublishResponse)",
+                {
+                    "200": {
+                        "description": "rolled back; empty body in Avro",
+                        "content": {
+                            JSON: {"schema": _ref("RollbackResponse")},
+                            AVRO: {},
+                            AVRO_EXT: {},
+                        },
+                    },
+                    **not_found,
+                },
+                body=_content(_ref("PublishResponse"), "PublishResponse", "PublishResponse"),
+                required=True,
+                tags=("messages",),
+                parameters=nst,
+            )
+        },
+        topic + "/poll": {
+            "post": _op(
+                "Fetch messages in order; waitMs long-polls (addition)",
+                {
+                    "200": {
+                        "description": "messages, oldest first",
+                        "content": _content(_ref("Messages"), "Messages", "MessagesExt"),
+                    },
+                    **not_found,
+                },
+                body=_content(_ref("ConsumeRequest"), "ConsumeRequest", "ConsumeRequest"),
+                tags=("messages",),
+                parameters=[
+                    *nst,
+                    _param(
+                        "waitMs",
+                        {"type": "integer", "minimum": 0, "maximum": 10**18 - 1},
+                        "query",
+                    ),
+                ],
+            )
+        },
+    }
+
+
+def _transaction_paths() -> dict[str, Any]:
+    tags = ("transactions",)
+    wp = [_param("wp", {"type": "integer", "minimum": 1, "maximum": wire.INT64_MAX})]
+    ok = {"200": _json("done", _ref("Empty"))}
+    unknown = {"404": _error("unknown transaction")}
+    fenced = {"403": _error("fenced: a newer epoch of the transactional id exists")}
+    ended = {"410": _error("the transaction already ended")}
+    base = "/v1/transactions"
+    return {
+        base: {
+            "post": _op(
+                "Begin a transaction",
+                {"200": _json("the snapshot", _ref("TransactionSnapshot")), **fenced},
+                body={JSON: {"schema": _ref("BeginRequest")}},
+                tags=tags,
+            ),
+            "get": _op(
+                "The transaction service's state",
+                {"200": _json("state", _ref("TransactionState"))},
+                tags=tags,
+            ),
+        },
+        base + "/{wp}/commit": {
+            "post": _op(
+                "Commit",
+                {
+                    **ok,
+                    **unknown,
+                    **fenced,
+                    **ended,
+                    "409": _error("write conflict"),
+                },
+                body={JSON: {"schema": _ref("CommitRequest")}},
+                tags=tags,
+                parameters=wp,
+            )
+        },
+        base + "/{wp}/abort": {
+            "post": _op(
+                "Abort",
+                {**ok, **unknown, **fenced, **ended},
+                body={JSON: {"schema": _ref("AbortRequest")}},
+                tags=tags,
+                parameters=wp,
+            )
+        },
+        base + "/{wp}/invalidate": {
+            "post": _op("Invalidate", {**ok, **unknown, **ended}, tags=tags, parameters=wp)
+        },
+        base + "/producers": {
+            "post": _op(
+                "Register a transactional id (bumps its epoch, fences the previous holder)",
+                {"200": _json("the producer", _ref("Producer"))},
+                body={JSON: {"schema": _ref("ProducerRequest")}},
+                required=True,
+                tags=tags,
+            )
+        },
+        base + "/prune": {
+            "post": _op(
+                "Prune write pointers from the invalid list",
+                {"200": _json("pruned pointers", _ref("PruneResponse"))},
+                body={JSON: {"schema": _ref("PruneRequest")}},
+                required=True,
+                tags=tags,
+            )
+        },
+    }
+
+
+def _ops_paths() -> dict[str, Any]:
+    tags = ("operations",)
+    status = {"type": "object", "properties": {"status": {"type": "string"}}}
+    return {
+        "/healthz": {
+            "get": _op("Liveness", {"200": _json("alive", status)}, tags=tags, errors=False)
+        },
+        "/readyz": {
+            "get": _op(
+                "Readiness",
+                {"200": _json("serving", status), "503": _json("not serving", status)},
+                tags=tags,
+                errors=False,
+            )
+        },
+        "/metrics": {
+            "get": _op(
+                "Prometheus metrics",
+                {
+                    "200": {
+                        "description": "text exposition format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+                tags=tags,
+                errors=False,
+            )
+        },
+        "/openapi.json": {
+            "get": _op(
+                "This document",
+                {"200": _json("OpenAPI 3.1", {"type": "object"})},
+                tags=tags,
+                errors=False,
+            )
+        },
+    }
+
+
+def openapi_document(version: str) -> dict[str, Any]:
+    """The whole contract as an OpenAPI 3.1 document."""
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Tidings",
+            "version": version,
+            "description": "Transactional messaging: seed 000's REST API plus Tidings' "
+            'additions (docs/api.md). Errors are {"error", "type"} with the status '
+            "of the error class.",
+        },
+        "paths": {**_messaging_paths(), **_transaction_paths(), **_ops_paths()},
+        "components": {"schemas": _schemas()},
+    }

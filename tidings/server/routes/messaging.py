@@ -1,0 +1,187 @@
+"""The messaging API of seed 000 under ``/v1/namespaces/{ns}``, plus stats and long-poll.
+
+Publish, store and rollback await the store's group-commit future on the event loop
+(``asyncio.wrap_future``): no thread is held per request, and every request that
+arrives during one fsync joins the next commit. Polls read LMDB on the loop itself:
+a snapshot read of up to a batch of messages costs less than the hop to a thread and
+back (measured, docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tidings.codec import wire
+from tidings.errors import BadRequest
+from tidings.messaging.names import check_name
+from tidings.server.bodies import json_object, read_body, request_media, require_json
+from tidings.server.handlers import Api, json_response
+from tidings.structs import Message, TopicMetadata, TopicStats, Transaction
+from tidings.tx import decode_transaction
+
+__all__ = ["PREFIX", "routes"]
+
+PREFIX = "/v1/namespaces/{ns}"
+TOPIC = PREFIX + "/topics/{topic}"
+
+
+def _names(request: Request) -> tuple[str, str]:
+    params = request.path_params
+    return check_name("namespace", params["ns"]), check_name("topic", params["topic"])
+
+
+def topic_json(meta: TopicMetadata) -> dict[str, Any]:
+    """A topic as the API shows it: property values as strings (seed 000), ttl included."""
+    properties = dict(meta.properties)
+    properties["ttl"] = str(meta.ttl)
+    return {"name": meta.name, "properties": properties, "generation": meta.generation}
+
+
+def stats_json(stats: TopicStats) -> dict[str, Any]:
+    """A topic's stats with ids in hex."""
+    return {
+        "namespace": stats.namespace,
+        "topic": stats.topic,
+        "messageCount": stats.message_count,
+        "bytes": stats.bytes,
+        "oldestId": None if stats.oldest_id is None else stats.oldest_id.hex,
+        "newestId": None if stats.newest_id is None else stats.newest_id.hex,
+        "oldestTime": stats.oldest_time,
+        "newestTime": stats.newest_time,
+        "messagesPublished": stats.messages_published,
+        "bytesPublished": stats.bytes_published,
+        "fetches": stats.fetches,
+        "publishRate": stats.publish_rate,
+        "fetchRate": stats.fetch_rate,
+    }
+
+
+def _wait_ms(request: Request, cap: int) -> int:
+    raw = request.query_params.get("waitMs")
+    if raw is None:
+        return 0
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+        raise BadRequest(f"waitMs must be a non-negative integer, got {raw!r}")
+    return min(int(raw), cap)
+
+
+def routes(api: Api) -> list[Route]:
+    """Every messaging route; the hot ones (publish, poll) first, as Starlette tries in order."""
+    max_body = api.config.max_body_bytes
+    max_wait_ms = api.config.max_wait_ms
+    longpolls = api.longpolls
+
+    @api.endpoint(TOPIC + "/publish")
+    async def publish(request: Request) -> Response:
+        messaging = api.messaging
+        ns, topic = _names(request)
+        media = request_media(request)
+        req = wire.decode_publish_request(await read_body(request, max_body), media)
+        info = await asyncio.wrap_future(
+            messaging.publish_future(ns, topic, req.records, req.write_pointer)
+        )
+        if info is None:
+            return Response(b"", media_type=media.value)
+        return Response(wire.encode_rollback_info(info, media), media_type=media.value)
+
+    @api.endpoint(TOPIC + "/poll")
+    async def poll(request: Request) -> Response:
+        messaging = api.messaging
+        ns, topic = _names(request)
+        wait_ms = _wait_ms(request, max_wait_ms)
+        media = request_media(request)
+        req = wire.decode_consume_request(await read_body(request, max_body), media)
+        tx: Transaction | None = None
+        if req.transaction is not None:
+            tx = decode_transaction(req.transaction)
+
+        def fetch() -> list[Message]:
+            return messaging.fetch(
+                ns, topic, start=req.start, inclusive=req.inclusive, limit=req.limit, transaction=tx
+            )
+
+        messages = fetch()
+        if not messages and wait_ms > 0:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + wait_ms / 1000
+            while not longpolls.closed:
+                woken = longpolls.waiter(ns, topic)
+                messages = fetch()
+                remaining = deadline - loop.time()
+                if messages or remaining <= 0:
+                    break
+                await longpolls.wait(woken, remaining)
+        return Response(wire.encode_messages(messages, media), media_type=media.value)
+
+    @api.endpoint(TOPIC + "/store")
+    async def store(request: Request) -> Response:
+        messaging = api.messaging
+        ns, topic = _names(request)
+        media = request_media(request)
+        req = wire.decode_publish_request(await read_body(request, max_body), media)
+        if req.write_pointer is None:
+            raise BadRequest("store requires a transactionWritePointer")
+        await asyncio.wrap_future(messaging.store_future(ns, topic, req.write_pointer, req.records))
+        return Response(b"", media_type=media.value)
+
+    @api.endpoint(TOPIC + "/rollback")
+    async def rollback(request: Request) -> Response:
+        messaging = api.messaging
+        ns, topic = _names(request)
+        media = request_media(request)
+        info = wire.decode_rollback_info(await read_body(request, max_body), media)
+        count = await asyncio.wrap_future(messaging.rollback_future(ns, topic, info))
+        if media is wire.JSON:
+            return json_response({"rolledBack": count})
+        return Response(b"", media_type=media.value)
+
+    @api.endpoint(TOPIC)
+    async def topic(request: Request) -> Response:
+        messaging = api.messaging
+        ns, topic = _names(request)
+        if request.method in ("GET", "HEAD"):
+            return json_response(topic_json(await api.blocking(messaging.get_topic, ns, topic)))
+        if request.method == "DELETE":
+            await api.blocking(messaging.delete_topic, ns, topic)
+            return json_response({})
+        require_json(request)
+        properties = json_object(await read_body(request, max_body), "topic properties")
+        meta = await api.blocking(messaging.create_topic, ns, topic, properties)
+        return json_response(topic_json(meta))
+
+    @api.endpoint(TOPIC + "/properties")
+    async def properties(request: Request) -> Response:
+        messaging = api.messaging
+        ns, topic = _names(request)
+        require_json(request)
+        properties = json_object(await read_body(request, max_body), "topic properties")
+        meta = await api.blocking(messaging.update_topic, ns, topic, properties)
+        return json_response(topic_json(meta))
+
+    @api.endpoint(PREFIX + "/topics")
+    async def topics(request: Request) -> Response:
+        messaging = api.messaging
+        ns = check_name("namespace", request.path_params["ns"])
+        return json_response(sorted(await api.blocking(messaging.list_topics, ns)))
+
+    @api.endpoint(TOPIC + "/stats")
+    async def stats(request: Request) -> Response:
+        messaging = api.messaging
+        ns, topic = _names(request)
+        return json_response(stats_json(await api.blocking(messaging.stats, ns, topic)))
+
+    return [
+        Route(TOPIC + "/publish", publish, methods=["POST"]),
+        Route(TOPIC + "/poll", poll, methods=["POST"]),
+        Route(TOPIC + "/store", store, methods=["POST"]),
+        Route(TOPIC + "/rollback", rollback, methods=["POST"]),
+        Route(TOPIC, topic, methods=["GET", "PUT", "DELETE"]),
+        Route(TOPIC + "/properties", properties, methods=["PUT"]),
+        Route(TOPIC + "/stats", stats, methods=["GET"]),
+        Route(PREFIX + "/topics", topics, methods=["GET"]),
+    ]

@@ -1,0 +1,105 @@
+"""The services one ``tidings serve`` process runs, opened and closed per its role.
+
+Data layout under ``data_dir``: ``store/`` is the LMDB environment (messaging),
+``tx/`` the transaction log and snapshots (transactions). Each role opens only its
+own directory, so a messaging process and a transactions process may share one
+``data_dir``.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from tidings.messaging import MessagingConfig, MessagingService
+from tidings.server.config import ServerConfig
+from tidings.store.backends.lmdb import LmdbStore
+from tidings.tx import TransactionManager, TxConfig
+
+__all__ = ["Services"]
+
+log = logging.getLogger("tidings.server")
+
+
+@dataclass
+class Services:
+    """What the HTTP layer calls. ``messaging``/``tx`` are None when the role lacks them."""
+
+    config: ServerConfig
+    store: LmdbStore | None = None
+    messaging: MessagingService | None = None
+    tx: TransactionManager | None = None
+    #: Runs the calls that block (transaction service, topic admin, stats).
+    executor: ThreadPoolExecutor = field(init=False)
+    serving: bool = False
+
+    def __post_init__(self) -> None:
+        self.executor = ThreadPoolExecutor(
+            self.config.blocking_threads, thread_name_prefix="tidings-blocking"
+        )
+
+    @classmethod
+    def open(cls, config: ServerConfig) -> Services:
+        """Open the store and start the services of ``config.role``; all or nothing."""
+        services = cls(config)
+        try:
+            if config.runs_messaging:
+                services.store = LmdbStore(
+                    config.store_dir, map_size=config.map_size, sync=config.sync
+                )
+                services.messaging = MessagingService(
+                    services.store,
+                    MessagingConfig(
+                        default_ttl=config.default_ttl,
+                        fetch_default_limit=config.fetch_default_limit,
+                        fetch_max_limit=config.fetch_max_limit,
+                        cleanup_interval=config.cleanup_interval,
+                        cleanup_batch=config.cleanup_batch,
+                    ),
+                )
+                services.messaging.start()
+            if config.runs_transactions:
+                services.tx = TransactionManager(
+                    config.tx_dir,
+                    TxConfig(
+                        default_timeout=config.tx_default_timeout,
+                        max_timeout=config.tx_max_timeout,
+                        sweep_interval=config.tx_sweep_interval,
+                        snapshot_every=config.tx_snapshot_every,
+                        sync=config.sync,
+                        history_size=config.tx_history_size,
+                    ),
+                )
+                services.tx.start()
+        except BaseException:
+            services.close()
+            raise
+        services.serving = True
+        return services
+
+    @property
+    def ready(self) -> bool:
+        """True while every service of the role is open and serving."""
+        return self.serving
+
+    def close(self) -> None:
+        """Finish pending writes, then close the services and the store. Idempotent."""
+        self.serving = False
+        self.executor.shutdown(wait=True)
+        # Each close is attempted even if an earlier one fails: the store must be closed.
+        errors: list[BaseException] = []
+        for close in (
+            self.tx.close if self.tx is not None else None,
+            self.messaging.close if self.messaging is not None else None,
+            self.store.close if self.store is not None else None,
+        ):
+            if close is None:
+                continue
+            try:
+                close()
+            except Exception as exc:
+                errors.append(exc)
+        self.tx = self.messaging = self.store = None
+        if errors:
+            raise errors[0]
