@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidings.codec import wire
+from tidings.errors import BadRequest
 from tidings.structs import Message, MessageId
 
 ids = st.builds(
@@ -22,6 +23,15 @@ messages = st.builds(
     payloads,
     st.none() | st.binary(max_size=100),
     st.dictionaries(st.text(max_size=80), st.binary(max_size=100), max_size=3),
+    st.none(),
+)
+small_messages = st.builds(
+    Message,
+    ids,
+    st.binary(max_size=30),
+    st.none() | st.binary(max_size=10),
+    st.dictionaries(st.text(max_size=5), st.binary(max_size=5), max_size=2),
+    st.none(),
 )
 
 
@@ -40,7 +50,50 @@ def test_matches_fastavro(batch: list[Message]) -> None:
         wire.MESSAGES_EXT,
     )
     assert wire.encode_messages(batch, wire.AVRO_EXT) == extended
-    assert wire.decode_messages(extended, wire.AVRO_EXT) == batch
+    assert [_plain(m) for m in wire.decode_messages(extended, wire.AVRO_EXT)] == [
+        _plain(m) for m in batch
+    ]
     assert [(m.id, m.payload) for m in wire.decode_messages(plain, wire.AVRO)] == [
         (m.id, m.payload) for m in batch
     ]
+
+
+def _plain(m: Message) -> tuple[object, ...]:
+    return (m.id, m.payload, m.key, dict(m.headers))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(messages, max_size=20))
+def test_hand_written_decoder_reads_what_fastavro_writes(batch: list[Message]) -> None:
+    extended = wire._avro_write(
+        [
+            {"id": m.id.to_bytes(), "payload": m.payload, "key": m.key, "headers": m.headers}
+            for m in batch
+        ],
+        wire.MESSAGES_EXT,
+    )
+    assert [_plain(m) for m in wire.decode_messages(extended, wire.AVRO_EXT)] == [
+        _plain(m) for m in batch
+    ]
+    plain = wire._avro_write(
+        [{"id": m.id.to_bytes(), "payload": m.payload} for m in batch], wire.MESSAGES
+    )
+    assert [(m.id, m.payload) for m in wire.decode_messages(plain, wire.AVRO)] == [
+        (m.id, m.payload) for m in batch
+    ]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(small_messages, min_size=1, max_size=5), st.data())
+def test_decoder_rejects_truncated_or_extended_bodies(
+    batch: list[Message], data: st.DataObject
+) -> None:
+    for media in (wire.AVRO, wire.AVRO_EXT):
+        body = wire.encode_messages(batch, media)
+        cut = data.draw(st.integers(0, len(body) - 1))
+        for broken in (body[:cut], body + b"\x00"):
+            try:
+                wire.decode_messages(broken, media)
+            except BadRequest:
+                continue
+            raise AssertionError(f"accepted a broken body: {broken!r}")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import binascii
 import enum
 import io
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -28,7 +29,16 @@ import fastavro
 import orjson
 
 from tidings.errors import BadRequest, InvalidMessageId, UnsupportedMediaType
-from tidings.structs import MESSAGE_ID_SIZE, Message, MessageId, Record, RollbackInfo
+from tidings.structs import (
+    MESSAGE_ID_SIZE,
+    NO_HEADERS,
+    Message,
+    MessageId,
+    Record,
+    RollbackInfo,
+)
+
+_ID_STRUCT = struct.Struct(">QHQH")
 
 __all__ = [
     "AVRO",
@@ -608,13 +618,95 @@ def decode_messages(body: bytes, media: Media) -> list[Message]:
                 )
             )
         return out
-    schema = MESSAGES_EXT if media is AVRO_EXT else MESSAGES
-    return [
-        Message(
-            MessageId.from_bytes(item["id"]),
-            item["payload"],
-            item.get("key"),
-            item.get("headers") or {},
-        )
-        for item in _avro_read(body, schema, "poll response")
-    ]
+    try:
+        return _read_avro_messages(body, extended=media is AVRO_EXT)
+    except (IndexError, ValueError, struct.error, UnicodeDecodeError):
+        raise BadRequest("malformed Avro poll response") from None
+
+
+# Reading a large poll response is the consumer's hot path: fastavro builds a dict per
+# record (~13 us per message with the objects after it); reading the simple layout
+# directly, ids unpacked in place, costs a fraction of that.
+
+
+def _read_long(buf: bytes, pos: int) -> tuple[int, int]:
+    """Avro zig-zag varint at ``pos``: (value, next position)."""
+    b = buf[pos]
+    n = b & 0x7F
+    shift = 7
+    while b & 0x80:
+        pos += 1
+        b = buf[pos]
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if shift > 70:
+            raise ValueError("varint too long")
+    return (n >> 1) ^ -(n & 1), pos + 1
+
+
+def _read_avro_messages(body: bytes, *, extended: bool) -> list[Message]:
+    out: list[Message] = []
+    append, new = out.append, tuple.__new__
+    unpack_id, read_long = _ID_STRUCT.unpack_from, _read_long
+    end = len(body)
+    pos = 0
+    while True:
+        count, pos = read_long(body, pos)
+        if count == 0:
+            break
+        if count < 0:  # a block with its size in bytes, which we do not need
+            count = -count
+            _, pos = read_long(body, pos)
+        for _ in range(count):
+            if body[pos] != 0x28:  # the id's length, always 20
+                raise ValueError("message id is not 20 bytes")
+            message_id = new(MessageId, unpack_id(body, pos + 1))
+            pos += 21
+            size, pos = read_long(body, pos)
+            if size < 0 or pos + size > end:
+                raise ValueError("bad payload length")
+            payload = body[pos : pos + size]
+            pos += size
+            if not extended:
+                append(new(Message, (message_id, payload, None, NO_HEADERS, None)))
+                continue
+            if body[pos] == 0 and body[pos + 1] == 0:  # no key, no headers: the usual case
+                pos += 2
+                append(new(Message, (message_id, payload, None, NO_HEADERS, None)))
+                continue
+            branch = body[pos]
+            pos += 1
+            key = None
+            if branch == 2:
+                size, pos = read_long(body, pos)
+                if size < 0 or pos + size > end:
+                    raise ValueError("bad key length")
+                key = body[pos : pos + size]
+                pos += size
+            elif branch != 0:
+                raise ValueError("bad key union branch")
+            headers: Mapping[str, bytes] = NO_HEADERS
+            pairs, pos = read_long(body, pos)
+            if pairs:
+                built: dict[str, bytes] = {}
+                while pairs:
+                    if pairs < 0:
+                        pairs = -pairs
+                        _, pos = read_long(body, pos)
+                    for _ in range(pairs):
+                        size, pos = read_long(body, pos)
+                        if size < 0 or pos + size > end:
+                            raise ValueError("bad header name length")
+                        name = body[pos : pos + size].decode()
+                        pos += size
+                        size, pos = read_long(body, pos)
+                        if size < 0 or pos + size > end:
+                            raise ValueError("bad header value length")
+                        built[name] = body[pos : pos + size]
+                        pos += size
+                    pairs, pos = read_long(body, pos)
+                headers = built
+            append(new(Message, (message_id, payload, key, headers, None)))
+    if pos != end:
+        raise ValueError("trailing bytes")
+    return out
