@@ -97,3 +97,24 @@ def test_decoder_rejects_truncated_or_extended_bodies(
             except BadRequest:
                 continue
             raise AssertionError(f"accepted a broken body: {broken!r}")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.none() | st.integers(-(2**63), 2**63 - 1),
+    st.lists(st.one_of(st.binary(max_size=200), st.binary(min_size=16384, max_size=16390))),
+)
+def test_publish_encoder_matches_fastavro(write_pointer: int | None, payloads: list[bytes]) -> None:
+    value = {"transactionWritePointer": write_pointer, "messages": payloads}
+    assert wire.encode_publish_request(write_pointer, payloads, wire.AVRO) == wire._avro_write(
+        value, wire.PUBLISH_REQUEST
+    )
+    assert wire.encode_publish_request(write_pointer, payloads, wire.AVRO_EXT) == wire._avro_write(
+        {**value, "extras": None}, wire.PUBLISH_REQUEST_EXT
+    )
+    for media in (wire.AVRO, wire.AVRO_EXT):
+        decoded = wire.decode_publish_request(
+            wire.encode_publish_request(write_pointer, payloads, media), media
+        )
+        assert decoded.write_pointer == write_pointer
+        assert [r if isinstance(r, bytes) else r.payload for r in decoded.records] == payloads
