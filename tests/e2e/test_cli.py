@@ -1,0 +1,135 @@
+"""The ``tidings`` command against a real server (in-process through click's runner)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+from click.testing import CliRunner, Result
+
+from tests.e2e.serverproc import ServerProcess, free_port
+from tidings import Client
+from tidings.cli import main
+
+pytestmark = pytest.mark.e2e
+
+Run = Callable[..., Result]
+
+
+@pytest.fixture
+def run(server: ServerProcess) -> Run:
+    runner = CliRunner()
+
+    def invoke(*args: str, input: str | bytes | None = None, ok: bool = True) -> Result:
+        result = runner.invoke(main, list(args), input=input, env={"TIDINGS_URL": server.url})
+        if ok:
+            assert result.exit_code == 0, (result.output, result.exception)
+        return result
+
+    return invoke
+
+
+def test_topics(run: Run, topic: str) -> None:
+    assert "created topic" in run("topics", "create", topic, "--ttl", "600", "-p", "team=a").stdout
+    assert topic in run("topics", "list").stdout.split()
+    described = json.loads(run("topics", "describe", topic, "--json").stdout)
+    assert described["ttl"] == 600 and described["properties"]["team"] == "a"
+    run("topics", "update", topic, "--ttl", "60")
+    described = json.loads(run("topics", "describe", topic, "--json").stdout)
+    assert described["ttl"] == 60 and "team" not in described["properties"]
+    assert "ttl         60s" in run("topics", "describe", topic).stdout
+    run("topics", "delete", topic)
+    assert topic not in run("topics", "list").stdout.split()
+
+
+def test_errors_are_one_line_and_exit_non_zero(run: Run, topic: str) -> None:
+    result = run("topics", "describe", topic, ok=False)
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: TopicNotFound: topic default:{topic} does not")
+    assert len(result.stderr.strip().splitlines()) == 1
+    bad = run("topics", "create", "a/b", ok=False)
+    assert bad.exit_code == 1 and "InvalidName" in bad.stderr
+    unreachable = CliRunner().invoke(
+        main, ["--url", f"http://127.0.0.1:{free_port()}", "topics", "list"]
+    )
+    assert unreachable.exit_code == 1
+    assert unreachable.stderr.startswith("Error: TidingsConnectionError")
+    assert run("consume", topic, "--from", "yesterday", ok=False).exit_code == 1
+
+
+def test_publish_and_consume(run: Run, topic: str) -> None:
+    run("topics", "create", topic)
+    run("publish", topic, "one", "two", "--key", "k", "-H", "source=cli")
+    published = run("publish", topic, input="three\nfour\n")
+    assert "published 2 message(s)" in published.stdout
+    tx = run("publish", topic, "--tx", input="five\nsix\n")
+    assert "in transaction" in tx.stdout
+    assert run("consume", topic).stdout == "one\ntwo\nthree\nfour\nfive\nsix\n"
+    assert run("consume", topic, "--limit", "2").stdout == "one\ntwo\n"
+    lines = [
+        json.loads(line) for line in run("consume", topic, "--format", "json").stdout.splitlines()
+    ]
+    assert [m["payload"] for m in lines] == ["one", "two", "three", "four", "five", "six"]
+    assert lines[0]["key"] == "k" and lines[0]["headers"] == {"source": "cli"}
+    assert lines[2]["key"] is None
+    second = lines[1]["id"]
+    assert run("consume", topic, "--from", second).stdout.startswith("two\n")
+    assert run("consume", topic, "--from", "end").stdout == ""
+    assert run("consume", topic, "--from", str(lines[4]["time"])).stdout.startswith("five\n")
+
+
+def test_binary_payloads_in_json(run: Run, server: ServerProcess, topic: str) -> None:
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, b"\xff\x00")
+    line = json.loads(run("consume", topic, "--format", "json").stdout)
+    assert line["payload_base64"] == "/wA=" and "payload" not in line
+
+
+def test_uncommitted_and_tx_admin(run: Run, server: ServerProcess, topic: str) -> None:
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        tx = client.begin()
+        client.publish(topic, b"pending", write_pointer=tx.write_pointer)
+    assert run("consume", topic).stdout == ""
+    assert run("consume", topic, "--uncommitted").stdout == "pending\n"
+    listed = json.loads(run("tx", "list", "--json").stdout)
+    assert tx.write_pointer in [t["writePointer"] for t in listed["inProgress"]]
+    assert str(tx.write_pointer) in run("tx", "list").stdout
+    run("tx", "invalidate", str(tx.write_pointer))
+    assert tx.write_pointer in json.loads(run("tx", "list", "--json").stdout)["invalid"]
+    assert run("consume", topic).stdout == ""
+    again = run("tx", "abort", "1", ok=False)
+    assert again.exit_code == 1 and "TransactionNotFound" in again.stderr
+
+
+def test_stats(run: Run, topic: str) -> None:
+    run("topics", "create", topic)
+    run("publish", topic, "abc", "de")
+    stats = json.loads(run("stats", topic, "--json").stdout)
+    assert stats["messages"] == 2 and stats["bytes"] == 5
+    assert "messages published" in run("stats", topic).stdout
+
+
+def test_inspect_reads_the_store_while_the_server_runs(
+    run: Run, server: ServerProcess, topic: str
+) -> None:
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"plain"])
+        with client.transaction(payload_threshold=0) as tx:
+            tx.publish(topic, [b"stored-1", b"stored-2"])
+        open_tx = client.begin()
+        info = client.publish(topic, b"undone", write_pointer=open_tx.write_pointer)
+        client.rollback(topic, info)
+        client.abort(open_tx)
+    overview = run("inspect", str(server.data_dir)).stdout
+    assert "messages" in overview and f"default/{topic}" in overview
+    entries = run("inspect", str(server.data_dir), "--topic", topic, "--payloads").stdout
+    assert "message 5 B: plain" in entries
+    assert "pointer to 2 payload row(s)" in entries
+    assert "payload row 8 B: stored-1" in entries
+    assert f"-{open_tx.write_pointer}" in entries and "(rolled back)" in entries
+    missing = run("inspect", str(server.data_dir), "--topic", "nope-" + topic, ok=False)
+    assert missing.exit_code == 1 and "no topic" in missing.stderr

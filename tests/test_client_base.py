@@ -1,0 +1,100 @@
+"""The client's shared non-I/O logic: messages, start positions, snapshots, retries."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from tidings.client.base import (
+    READ_ONLY_WRITE_POINTER,
+    RetryPolicy,
+    as_record,
+    encoded_transaction,
+    read_only_snapshot,
+    resolve_start,
+    to_records,
+)
+from tidings.errors import (
+    InvalidMessageId,
+    RequestTimeout,
+    TidingsConnectionError,
+    TopicNotFound,
+)
+from tidings.structs import MessageId, Record, TransactionState
+from tidings.tx import decode_transaction
+
+
+def test_messages_accept_bytes_text_and_records() -> None:
+    record = Record(b"r", key=b"k")
+    # Plain payloads stay bytes (the codec's fast path); text is UTF-8.
+    assert to_records([b"a", "é", bytearray(b"b"), memoryview(b"c"), record]) == [
+        b"a",
+        "é".encode(),
+        b"b",
+        b"c",
+        record,
+    ]
+    assert to_records("one") == [b"one"]
+    plain = [b"x", b"y"]
+    assert to_records(plain) == plain and to_records(plain) is not plain
+    assert as_record(b"x") == Record(b"x") and as_record(record) is record
+    with pytest.raises(TypeError):
+        to_records([1])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    ("start", "expected"),
+    [
+        (None, None),
+        ("earliest", None),
+        ("beginning", None),
+        ("latest", "latest"),
+        ("end", "latest"),
+        (1234, 1234),
+        ("1234", 1234),
+        (MessageId(1, 2), MessageId(1, 2)),
+        (MessageId(1, 2).hex, MessageId(1, 2)),
+        (datetime(2024, 1, 1, tzinfo=UTC), 1704067200000),
+        ("2024-01-01T00:00:00+00:00", 1704067200000),
+    ],
+)
+def test_start_positions(start: object, expected: object) -> None:
+    assert resolve_start(start) == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("start", ["yesterday", -1, True, 1.5, "xyz" * 13 + "x"])
+def test_bad_start_positions(start: object) -> None:
+    with pytest.raises(InvalidMessageId):
+        resolve_start(start)  # type: ignore[arg-type]
+
+
+def test_read_only_snapshot_sees_what_a_fresh_transaction_would() -> None:
+    from tidings.tx.visibility import Visibility, classify
+
+    state = TransactionState(100, 130, {90: 0, 120: 0}, (80,))
+    snap = read_only_snapshot(state)
+    assert snap.write_pointer == READ_ONLY_WRITE_POINTER
+    assert decode_transaction(encoded_transaction(snap) or b"") == snap
+    assert classify(snap, 50) == Visibility.VISIBLE
+    assert classify(snap, 100) == Visibility.VISIBLE
+    assert classify(snap, 90) == Visibility.BLOCK  # in progress
+    assert classify(snap, 120) == Visibility.BLOCK  # began after the read pointer
+    assert classify(snap, 131) == Visibility.BLOCK  # began after the snapshot
+    assert classify(snap, 80) == Visibility.SKIP  # invalid
+    assert classify(snap, -50) == Visibility.SKIP  # rolled back
+
+
+def test_retry_policy() -> None:
+    policy = RetryPolicy(attempts=3, initial_backoff=0.1, max_backoff=0.3, multiplier=2, jitter=0)
+    assert policy.should_retry(TidingsConnectionError(), 1)
+    assert policy.should_retry(RequestTimeout(), 2)
+    assert not policy.should_retry(RequestTimeout(), 3)  # that was the last try
+    assert not policy.should_retry(TopicNotFound(), 1)  # retrying cannot help
+    assert not policy.should_retry(ValueError(), 1)
+    assert [policy.backoff(n) for n in (1, 2, 3, 4)] == pytest.approx([0.1, 0.2, 0.3, 0.3])
+    jittery = RetryPolicy(initial_backoff=1, jitter=0.5)
+    assert jittery.backoff(1, rand=lambda: 0.0) == 0.5
+    assert jittery.backoff(1, rand=lambda: 1.0) == 1.5
+    with pytest.raises(ValueError):
+        RetryPolicy(attempts=0)

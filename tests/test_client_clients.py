@@ -1,0 +1,171 @@
+"""Client and AsyncClient over fake transports (retries, calls) and real ones (errors)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+import orjson
+import pytest
+
+from tidings.client import AsyncClient, Client, RetryPolicy
+from tidings.client.transports import AiohttpTransport, Request, Response, Urllib3Transport
+from tidings.codec import wire
+from tidings.errors import RequestTimeout, ServiceUnavailable, TidingsConnectionError, TopicNotFound
+from tidings.structs import RollbackInfo, Transaction
+from tidings.tx import decode_transaction
+
+RETRY = RetryPolicy(attempts=3, initial_backoff=0, jitter=0)
+Handler = Callable[[Request], Response]
+
+
+class FakeTransport:
+    """Answers with ``handler``; errors in ``failures`` are raised first, one per send."""
+
+    def __init__(self, handler: Handler, *failures: Exception) -> None:
+        self.handler = handler
+        self.failures = list(failures)
+        self.sent: list[Request] = []
+        self.closed = False
+
+    def send(self, request: Request) -> Response:
+        self.sent.append(request)
+        if self.failures:
+            raise self.failures.pop(0)
+        return self.handler(request)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class AsyncFakeTransport(FakeTransport):
+    async def send(self, request: Request) -> Response:  # type: ignore[override]
+        return FakeTransport.send(self, request)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def json_answer(body: object) -> Handler:
+    return lambda request: Response(200, orjson.dumps(body), "application/json")
+
+
+def test_idempotent_requests_are_retried() -> None:
+    transport = FakeTransport(json_answer(["a"]), TidingsConnectionError(), ServiceUnavailable())
+    with Client("http://h:1", retry=RETRY, transport=transport) as client:
+        assert client.list_topics() == ["a"]
+    assert len(transport.sent) == 3 and transport.closed
+
+
+def test_retries_give_up_after_the_last_attempt() -> None:
+    transport = FakeTransport(json_answer([]), *[RequestTimeout(str(i)) for i in range(3)])
+    client = Client("http://h:1", retry=RETRY, transport=transport)
+    with pytest.raises(RequestTimeout, match="2"):
+        client.list_topics()
+
+
+def test_writes_are_sent_once() -> None:
+    transport = FakeTransport(json_answer({}), TidingsConnectionError())
+    client = Client("http://h:1", retry=RETRY, transport=transport)
+    with pytest.raises(TidingsConnectionError):
+        client.publish("t", b"x")
+    with pytest.raises(TopicNotFound):
+        Client(
+            "http://h:1",
+            retry=RETRY,
+            transport=FakeTransport(
+                lambda r: Response(404, b'{"error":"x","type":"TopicNotFound"}', None)
+            ),
+        ).get_topic("t")
+    assert len(transport.sent) == 1
+
+
+def test_publish_with_a_write_pointer_returns_rollback_info() -> None:
+    info = RollbackInfo(9, 1, 0, 1, 3)
+    transport = FakeTransport(
+        lambda r: Response(200, wire.encode_rollback_info(info, wire.JSON), "application/json")
+    )
+    client = Client("http://h:1", transport=transport)
+    assert client.publish("t", [b"a"], write_pointer=9) == info
+    assert client.publish("t", "a") is None
+
+
+def test_poll_encodes_a_snapshot() -> None:
+    tx = Transaction(3, 8, (1,), (5,))
+    transport = FakeTransport(lambda r: Response(200, b"[]", "application/json"))
+    client = Client("http://h:1", transport=transport)
+    assert client.poll("t", transaction=tx, wait=1) == []
+    body = wire.decode_consume_request(transport.sent[0].body, client.media)
+    assert body.transaction is not None and decode_transaction(body.transaction) == tx
+
+
+def test_snapshot_comes_from_the_state() -> None:
+    transport = FakeTransport(
+        json_answer(
+            {
+                "readPointer": 10,
+                "lastWritePointer": 20,
+                "inProgress": [{"writePointer": 15, "expiresAt": 1}],
+                "invalid": [7],
+            }
+        )
+    )
+    snap = Client("http://h:1", transport=transport).snapshot()
+    assert (snap.read_pointer, snap.invalid, snap.in_progress) == (10, (7,), (15,))
+    assert transport.sent[0].method == "GET"
+
+
+async def test_async_client_retries_and_closes() -> None:
+    transport = AsyncFakeTransport(json_answer(["a"]), TidingsConnectionError())
+    async with AsyncClient("http://h:1", retry=RETRY, transport=transport) as client:
+        assert await client.list_topics() == ["a"]
+        assert await client.publish("t", [b"x"]) is None
+    assert len(transport.sent) == 3 and transport.closed
+
+
+def test_constructor_checks() -> None:
+    with pytest.raises(ValueError):
+        Client("ftp://h")
+    with pytest.raises(TypeError):
+        Client(media="json")  # type: ignore[arg-type]
+    assert repr(Client("http://h:1/", "ns")) == "Client(url='http://h:1', namespace='ns')"
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_urllib3_transport_maps_connection_errors() -> None:
+    transport = Urllib3Transport()
+    request = Request("GET", f"http://127.0.0.1:{closed_port()}/healthz", timeout=2)
+    with pytest.raises(TidingsConnectionError):
+        transport.send(request)
+    transport.close()
+
+
+def test_transports_map_timeouts() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        transport = Urllib3Transport()
+        with pytest.raises(RequestTimeout):
+            transport.send(Request("GET", f"http://127.0.0.1:{port}/", timeout=0.2))
+        transport.close()
+
+
+async def test_aiohttp_transport_maps_errors() -> None:
+    transport = AiohttpTransport()
+    try:
+        with pytest.raises(TidingsConnectionError):
+            await transport.send(Request("GET", f"http://127.0.0.1:{closed_port()}/", timeout=2))
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            port = listener.getsockname()[1]
+            with pytest.raises(RequestTimeout):
+                await transport.send(Request("GET", f"http://127.0.0.1:{port}/", timeout=0.2))
+    finally:
+        await transport.aclose()

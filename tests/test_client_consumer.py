@@ -1,0 +1,139 @@
+"""Consumers against a fake client: resuming after the last id, snapshots, waits."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from tidings.client import AsyncClient, Client
+from tidings.client.consumer import AsyncConsumer, Consumer, ConsumerCursor
+from tidings.structs import Message, MessageId, TopicStats, Transaction
+
+
+def mid(n: int) -> MessageId:
+    return MessageId(1000 + n, 0)
+
+
+class FakeClient:
+    """Serves ``messages`` like the server: from a start id, exclusive or not."""
+
+    def __init__(self, messages: list[Message]) -> None:
+        self.messages = messages
+        self.polls: list[dict[str, Any]] = []
+        self.snapshots = 0
+
+    def stats(self, topic: str) -> TopicStats:
+        newest = self.messages[-1].id if self.messages else None
+        return TopicStats("ns", topic, 0, 0, None, newest, None, None, 0, 0, 0, 0.0, 0.0)
+
+    def snapshot(self) -> Transaction:
+        self.snapshots += 1
+        return Transaction(self.snapshots, 2**63 - 1)
+
+    def poll(self, topic: str, start: Any, **kw: Any) -> list[Message]:
+        self.polls.append({"start": start, **kw})
+        if isinstance(start, int):
+            start = MessageId(start, 0)
+        out = [
+            m
+            for m in self.messages
+            if start is None or (m.id >= start if kw["inclusive"] else m.id > start)
+        ]
+        return out[: kw["limit"]]
+
+
+def messages(n: int) -> list[Message]:
+    return [Message(mid(i), str(i).encode()) for i in range(n)]
+
+
+def test_iterates_everything_then_stops_without_follow() -> None:
+    client = FakeClient(messages(7))
+    consumer = Consumer(cast(Client, client), "t", batch_size=3, follow=False)
+    assert [m.payload for m in consumer] == [str(i).encode() for i in range(7)]
+    assert consumer.position == mid(6)
+    starts = [(p["start"], p["inclusive"]) for p in client.polls]
+    assert starts == [(None, True), (mid(2), False), (mid(5), False), (mid(6), False)]
+    assert all(p["wait"] == 0 for p in client.polls)
+
+
+def test_snapshot_is_reused_while_pages_are_full() -> None:
+    client = FakeClient(messages(7))
+    consumer = Consumer(cast(Client, client), "t", batch_size=3, follow=False)
+    list(consumer)
+    # Two full pages share the first snapshot; a short page ends it.
+    assert [p["transaction"].read_pointer for p in client.polls] == [1, 1, 1, 2]
+
+
+def test_resume_after_a_saved_position() -> None:
+    client = FakeClient(messages(4))
+    first = Consumer(cast(Client, client), "t", follow=False)
+    assert next(first).payload == b"0" and next(first).payload == b"1"
+    saved = first.position
+    resumed = Consumer(cast(Client, client), "t", saved, inclusive=False, follow=False)
+    assert resumed.position == saved
+    assert [m.payload for m in resumed] == [b"2", b"3"]
+
+
+def test_uncommitted_polls_carry_no_transaction() -> None:
+    client = FakeClient(messages(2))
+    list(Consumer(cast(Client, client), "t", transactional=False, follow=False))
+    assert client.snapshots == 0 and all(p["transaction"] is None for p in client.polls)
+
+
+def test_latest_starts_after_the_newest_entry() -> None:
+    client = FakeClient(messages(3))
+    consumer = Consumer(cast(Client, client), "t", "latest", follow=False)
+    assert list(consumer) == []
+    assert client.polls[0]["start"] == mid(2) and not client.polls[0]["inclusive"]
+
+
+def test_start_from_an_id_or_a_time() -> None:
+    client = FakeClient(messages(5))
+    assert [m.payload for m in Consumer(cast(Client, client), "t", mid(3).hex, follow=False)] == [
+        b"3",
+        b"4",
+    ]
+    assert client.polls[0]["start"] == mid(3) and client.polls[0]["inclusive"]
+    assert len(list(Consumer(cast(Client, client), "t", 1004, follow=False))) == 1
+
+
+def test_follow_waits_long_polls_and_caps_committed_waits() -> None:
+    cursor = ConsumerCursor(
+        None, transactional=True, batch_size=10, wait=30, committed_wait=0.5, follow=True
+    )
+    assert cursor.poll_wait() == 0.5
+    cursor.transactional = False
+    assert cursor.poll_wait() == 30
+    cursor.advance([])
+    assert not cursor.exhausted  # following never ends
+
+
+def test_cursor_validates() -> None:
+    with pytest.raises(ValueError):
+        ConsumerCursor(
+            None, transactional=True, batch_size=0, wait=1, committed_wait=1, follow=True
+        )
+
+
+class AsyncFakeClient:
+    def __init__(self, inner: FakeClient) -> None:
+        self.inner = inner
+
+    async def stats(self, topic: str) -> TopicStats:
+        return self.inner.stats(topic)
+
+    async def snapshot(self) -> Transaction:
+        return self.inner.snapshot()
+
+    async def poll(self, topic: str, start: Any, **kw: Any) -> list[Message]:
+        return self.inner.poll(topic, start, **kw)
+
+
+async def test_async_consumer() -> None:
+    inner = FakeClient(messages(5))
+    consumer = AsyncConsumer(
+        cast(AsyncClient, AsyncFakeClient(inner)), "t", batch_size=2, follow=False
+    )
+    assert [m.payload async for m in consumer] == [str(i).encode() for i in range(5)]
+    assert consumer.position == mid(4)

@@ -1,0 +1,446 @@
+"""The REST API of docs/api.md as calls: each operation a finished request plus the
+decoder of its answer.
+
+Each method of :class:`RestApi` returns a :class:`Call`: the
+:class:`~tidings.client.transports.Request` to send and the function that turns the
+:class:`~tidings.client.transports.Response` into a value, or raises the server's error
+as its Tidings class. Both clients send the same calls, so they cannot drift.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+from urllib.parse import urlsplit
+
+import orjson
+
+from tidings.client.transports import Request, Response
+from tidings.codec import wire
+from tidings.codec.wire import JSON, ConsumeRequest, Media
+from tidings.errors import EmptyPublish, InvalidName, ServerError, TidingsError, error_for
+from tidings.structs import (
+    Message,
+    MessageId,
+    ProducerInfo,
+    Record,
+    RollbackInfo,
+    TopicMetadata,
+    TopicStats,
+    Transaction,
+    TransactionState,
+)
+
+__all__ = ["Call", "RestApi", "check_name", "error_from_response"]
+
+T = TypeVar("T")
+
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+def check_name(name: str, what: str = "topic") -> str:
+    """``name`` if it is a valid namespace/topic name, else :class:`InvalidName`.
+
+    Checked before sending: an invalid name would otherwise change the URL's path and
+    come back as an unknown path instead of the same error the server gives.
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidName(f"{what} name must be 1-128 characters of [A-Za-z0-9_-]: {name!r}")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """A request and the decoder of its successful response."""
+
+    request: Request
+    decode: Callable[[Response], T]
+
+    def result(self, response: Response) -> T:
+        """The decoded value, or the server's error raised as its Tidings class."""
+        if response.status >= 300:
+            raise error_from_response(response)
+        return self.decode(response)
+
+
+def error_from_response(response: Response) -> TidingsError:
+    """The exception an error response stands for (``{"error", "type"}``, docs/api.md)."""
+    try:
+        body = orjson.loads(response.body) if response.body else None
+    except orjson.JSONDecodeError:
+        body = None
+    if body is None:
+        text = response.body[:200].decode("utf-8", "replace").strip()
+        body = {"error": text or f"HTTP {response.status}"}
+    return error_for(response.status, body)
+
+
+def _json(response: Response) -> Any:
+    try:
+        return orjson.loads(response.body) if response.body else None
+    except orjson.JSONDecodeError:
+        raise ServerError(f"malformed JSON from the server: {response.body[:80]!r}") from None
+
+
+def _field(obj: Any, name: str, kind: type | tuple[type, ...]) -> Any:
+    if not isinstance(obj, dict) or not isinstance(obj.get(name), kind):
+        raise ServerError(f"unexpected answer from the server: no {name!r} in {obj!r:.200}")
+    return obj[name]
+
+
+def _response_media(response: Response, sent: Media) -> Media:
+    if response.content_type is None:
+        return sent
+    try:
+        return wire.media_for(response.content_type)
+    except TidingsError:
+        return sent
+
+
+def _ignore(response: Response) -> None:
+    return None
+
+
+def _topic(namespace: str) -> Callable[[Response], TopicMetadata]:
+    def decode(response: Response) -> TopicMetadata:
+        obj = _json(response)
+        props = {str(k): str(v) for k, v in _field(obj, "properties", dict).items()}
+        ttl = props.get("ttl", "0")
+        return TopicMetadata(
+            namespace=namespace,
+            name=_field(obj, "name", str),
+            ttl=int(ttl) if ttl.isdigit() else 0,
+            generation=_field(obj, "generation", int),
+            properties=props,
+        )
+
+    return decode
+
+
+def _topic_names(response: Response) -> list[str]:
+    obj = _json(response)
+    if not isinstance(obj, list) or not all(isinstance(n, str) for n in obj):
+        raise ServerError(f"unexpected topic list: {obj!r:.200}")
+    return obj
+
+
+def _optional_id(value: object) -> MessageId | None:
+    return MessageId.from_hex(value) if isinstance(value, str) else None
+
+
+def _optional_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _stats(response: Response) -> TopicStats:
+    obj = _json(response)
+    return TopicStats(
+        namespace=_field(obj, "namespace", str),
+        topic=_field(obj, "topic", str),
+        message_count=_field(obj, "messageCount", int),
+        bytes=_field(obj, "bytes", int),
+        oldest_id=_optional_id(obj.get("oldestId")),
+        newest_id=_optional_id(obj.get("newestId")),
+        oldest_time=_optional_int(obj.get("oldestTime")),
+        newest_time=_optional_int(obj.get("newestTime")),
+        messages_published=_field(obj, "messagesPublished", int),
+        bytes_published=_field(obj, "bytesPublished", int),
+        fetches=_field(obj, "fetches", int),
+        publish_rate=float(_field(obj, "publishRate", (int, float))),
+        fetch_rate=float(_field(obj, "fetchRate", (int, float))),
+    )
+
+
+def _pointers(values: object) -> tuple[int, ...]:
+    if not isinstance(values, list):
+        raise ServerError(f"expected a list of write pointers, got {values!r:.200}")
+    return tuple(sorted(int(v) for v in values))
+
+
+def _begun(response: Response) -> Transaction:
+    obj = _json(response)
+    return Transaction(
+        read_pointer=_field(obj, "readPointer", int),
+        write_pointer=_field(obj, "writePointer", int),
+        invalid=_pointers(obj.get("invalid", [])),
+        in_progress=_pointers(obj.get("inProgress", [])),
+    )
+
+
+def _state(response: Response) -> TransactionState:
+    obj = _json(response)
+    in_progress: dict[int, int] = {}
+    for item in _field(obj, "inProgress", list):
+        in_progress[int(_field(item, "writePointer", int))] = int(item.get("expiresAt") or 0)
+    return TransactionState(
+        read_pointer=_field(obj, "readPointer", int),
+        last_write_pointer=_field(obj, "lastWritePointer", int),
+        in_progress=dict(sorted(in_progress.items())),
+        invalid=_pointers(obj.get("invalid", [])),
+    )
+
+
+def _producer(response: Response) -> ProducerInfo:
+    obj = _json(response)
+    return ProducerInfo(
+        transactional_id=_field(obj, "transactionalId", str),
+        producer_id=_field(obj, "producerId", int),
+        epoch=_field(obj, "epoch", int),
+    )
+
+
+def _pruned(response: Response) -> list[int]:
+    return list(_pointers(_field(_json(response), "pruned", list)))
+
+
+def _rolled_back(response: Response) -> int:
+    obj = _json(response)
+    count = obj.get("rolledBack") if isinstance(obj, dict) else None
+    return count if isinstance(count, int) else 0
+
+
+def _properties(ttl: int | None, properties: Mapping[str, object] | None) -> dict[str, Any]:
+    props: dict[str, Any] = dict(properties or {})
+    if ttl is not None:
+        props["ttl"] = ttl
+    return props
+
+
+def _producer_fields(transactional_id: str | None, epoch: int | None) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    if transactional_id is not None:
+        fields["transactionalId"] = transactional_id
+    if epoch is not None:
+        fields["epoch"] = epoch
+    return fields
+
+
+class RestApi:
+    """docs/api.md as :class:`Call` builders for one server and namespace."""
+
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        *,
+        timeout: float | None,
+        media: Media,
+        transactions_url: str | None = None,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        self.url = url.rstrip("/")
+        self.namespace = check_name(namespace, "namespace")
+        self.timeout = timeout
+        self.media = media
+        self._ns_url = f"{self.url}/v1/namespaces/{namespace}"
+        self._tx_url = f"{(transactions_url or url).rstrip('/')}/v1/transactions"
+
+    # --- helpers ---
+
+    def _topic_url(self, topic: str, suffix: str = "") -> str:
+        return f"{self._ns_url}/topics/{check_name(topic)}{suffix}"
+
+    def _json_call(
+        self,
+        method: str,
+        url: str,
+        decode: Callable[[Response], T],
+        body: object = None,
+        *,
+        idempotent: bool = False,
+    ) -> Call[T]:
+        raw = b"" if body is None else orjson.dumps(body)
+        return Call(
+            Request(
+                method,
+                url,
+                raw,
+                JSON.value if raw else None,
+                self.timeout,
+                idempotent=idempotent,
+            ),
+            decode,
+        )
+
+    # --- topics ---
+
+    def create_topic(
+        self, topic: str, ttl: int | None, properties: Mapping[str, object] | None
+    ) -> Call[TopicMetadata]:
+        props = _properties(ttl, properties)
+        return self._json_call("PUT", self._topic_url(topic), _topic(self.namespace), props or None)
+
+    def update_topic(
+        self, topic: str, ttl: int | None, properties: Mapping[str, object] | None
+    ) -> Call[TopicMetadata]:
+        return self._json_call(
+            "PUT",
+            self._topic_url(topic, "/properties"),
+            _topic(self.namespace),
+            _properties(ttl, properties),
+            idempotent=True,
+        )
+
+    def get_topic(self, topic: str) -> Call[TopicMetadata]:
+        return self._json_call(
+            "GET", self._topic_url(topic), _topic(self.namespace), idempotent=True
+        )
+
+    def list_topics(self) -> Call[list[str]]:
+        return self._json_call("GET", f"{self._ns_url}/topics", _topic_names, idempotent=True)
+
+    def delete_topic(self, topic: str) -> Call[None]:
+        return self._json_call("DELETE", self._topic_url(topic), _ignore)
+
+    def stats(self, topic: str) -> Call[TopicStats]:
+        return self._json_call("GET", self._topic_url(topic, "/stats"), _stats, idempotent=True)
+
+    # --- publishing ---
+
+    def _publish_body(self, write_pointer: int | None, records: Sequence[Record | bytes]) -> bytes:
+        return wire.encode_publish_request(write_pointer, records, self.media)
+
+    def publish(self, topic: str, records: Sequence[Record | bytes]) -> Call[None]:
+        if not records:
+            raise EmptyPublish("a publish without a write pointer needs at least one message")
+        return Call(
+            Request(
+                "POST",
+                self._topic_url(topic, "/publish"),
+                self._publish_body(None, records),
+                self.media.value,
+                self.timeout,
+            ),
+            _ignore,
+        )
+
+    def publish_transactional(
+        self, topic: str, records: Sequence[Record | bytes], write_pointer: int
+    ) -> Call[RollbackInfo]:
+        media = self.media
+
+        def decode(response: Response) -> RollbackInfo:
+            return wire.decode_rollback_info(response.body, _response_media(response, media))
+
+        return Call(
+            Request(
+                "POST",
+                self._topic_url(topic, "/publish"),
+                self._publish_body(write_pointer, records),
+                media.value,
+                self.timeout,
+            ),
+            decode,
+        )
+
+    def store(
+        self, topic: str, records: Sequence[Record | bytes], write_pointer: int
+    ) -> Call[None]:
+        return Call(
+            Request(
+                "POST",
+                self._topic_url(topic, "/store"),
+                self._publish_body(write_pointer, records),
+                self.media.value,
+                self.timeout,
+            ),
+            _ignore,
+        )
+
+    def rollback(self, topic: str, info: RollbackInfo) -> Call[int]:
+        # Always JSON: only JSON answers with the number of entries rolled back.
+        return Call(
+            Request(
+                "POST",
+                self._topic_url(topic, "/rollback"),
+                wire.encode_rollback_info(info, JSON),
+                JSON.value,
+                self.timeout,
+            ),
+            _rolled_back,
+        )
+
+    # --- consuming ---
+
+    def poll(
+        self,
+        topic: str,
+        start: MessageId | int | None,
+        *,
+        inclusive: bool,
+        limit: int | None,
+        transaction: bytes | None,
+        wait: float | None,
+    ) -> Call[list[Message]]:
+        url = self._topic_url(topic, "/poll")
+        timeout = self.timeout
+        if wait:
+            wait_ms = max(0, round(wait * 1000))
+            url += f"?waitMs={wait_ms}"
+            timeout = None if timeout is None else timeout + wait_ms / 1000
+        media = self.media
+        body = wire.encode_consume_request(
+            ConsumeRequest(start, inclusive, limit, transaction), media
+        )
+
+        def decode(response: Response) -> list[Message]:
+            if not response.body:
+                return []
+            return wire.decode_messages(response.body, _response_media(response, media))
+
+        return Call(Request("POST", url, body, media.value, timeout, idempotent=True), decode)
+
+    # --- transactions ---
+
+    def begin(
+        self, timeout: float | None, transactional_id: str | None, epoch: int | None
+    ) -> Call[Transaction]:
+        body = _producer_fields(transactional_id, epoch)
+        if timeout is not None:
+            body["timeout"] = timeout
+        return self._json_call("POST", self._tx_url, _begun, body)
+
+    def commit(
+        self,
+        write_pointer: int,
+        changes: Iterable[bytes],
+        transactional_id: str | None,
+        epoch: int | None,
+    ) -> Call[None]:
+        body = _producer_fields(transactional_id, epoch)
+        encoded = [wire.b64encode(bytes(c)) for c in changes]
+        if encoded:
+            body["changes"] = encoded
+        return self._json_call("POST", f"{self._tx_url}/{int(write_pointer)}/commit", _ignore, body)
+
+    def abort(
+        self, write_pointer: int, transactional_id: str | None, epoch: int | None
+    ) -> Call[None]:
+        body = _producer_fields(transactional_id, epoch)
+        return self._json_call("POST", f"{self._tx_url}/{int(write_pointer)}/abort", _ignore, body)
+
+    def invalidate(self, write_pointer: int) -> Call[None]:
+        return self._json_call("POST", f"{self._tx_url}/{int(write_pointer)}/invalidate", _ignore)
+
+    def transactions(self) -> Call[TransactionState]:
+        return self._json_call("GET", self._tx_url, _state, idempotent=True)
+
+    def register_producer(self, transactional_id: str) -> Call[ProducerInfo]:
+        return self._json_call(
+            "POST",
+            f"{self._tx_url}/producers",
+            _producer,
+            {"transactionalId": transactional_id},
+        )
+
+    def prune(self, below: int | None, ids: Iterable[int] | None) -> Call[list[int]]:
+        body: dict[str, Any] = {}
+        if below is not None:
+            body["below"] = below
+        if ids is not None:
+            body["ids"] = [int(i) for i in ids]
+        return self._json_call("POST", f"{self._tx_url}/prune", _pruned, body)

@@ -1,0 +1,238 @@
+"""Everything the sync and async clients share that is not the REST API itself.
+
+Configuration (:class:`BaseClient`), the retry policy, what a message and a start
+position may be, and read-only snapshots. The requests and the decoding of answers are
+:mod:`tidings.client.api`; :class:`~tidings.Client` and :class:`~tidings.AsyncClient`
+only send calls, wait between retries and sleep, so the two cannot drift (httpx's
+``BaseClient``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, TypeAlias
+
+from tidings.client.api import Call, RestApi, check_name
+from tidings.codec.wire import AVRO_EXT, Media
+from tidings.errors import InvalidMessageId, TidingsError
+from tidings.structs import MessageId, Record, Transaction, TransactionState
+from tidings.tx import encode_transaction
+
+__all__ = [
+    "DEFAULT_MEDIA",
+    "DEFAULT_NAMESPACE",
+    "DEFAULT_TIMEOUT",
+    "DEFAULT_URL",
+    "NO_RETRY",
+    "READ_ONLY_WRITE_POINTER",
+    "BaseClient",
+    "MessageLike",
+    "Outgoing",
+    "RetryPolicy",
+    "StartPosition",
+    "as_record",
+    "check_name",
+    "encoded_transaction",
+    "read_only_snapshot",
+    "resolve_start",
+    "to_record",
+    "to_records",
+]
+
+DEFAULT_URL = "http://127.0.0.1:8470"
+DEFAULT_NAMESPACE = "default"
+#: Seconds to wait for an answer; a long poll waits its ``wait`` on top of this.
+DEFAULT_TIMEOUT = 30.0
+#: Measured in benchmarks/http_clients.py (docs/client.md): per 500-message body the
+#: Avro extension costs less CPU than base64-in-JSON to publish (encode + decode) and to
+#: poll, and is 25-40% smaller on the wire.
+DEFAULT_MEDIA = AVRO_EXT
+
+#: What ``publish`` accepts for one message: bytes, text (sent as UTF-8) or a Record.
+MessageLike: TypeAlias = bytes | bytearray | memoryview | str | Record
+#: Where consumption starts: "earliest"/"latest", a MessageId, its 40-char hex form,
+#: a timestamp in ms (int or digit string), an ISO-8601 time or a datetime.
+StartPosition: TypeAlias = str | int | MessageId | datetime | None
+
+
+#: A message as the client sends it: a plain payload, or a Record with extras. Plain
+#: payloads stay bytes, so a batch takes the wire codec's fast path.
+Outgoing: TypeAlias = Record | bytes
+
+
+def to_record(message: MessageLike) -> Outgoing:
+    """The form ``message`` is sent in: text encoded as UTF-8, bytes-likes as bytes."""
+    if type(message) is bytes or isinstance(message, Record):
+        return message
+    if isinstance(message, str):
+        return message.encode()
+    if isinstance(message, bytes | bytearray | memoryview):
+        return bytes(message)
+    raise TypeError(f"a message is bytes, str or Record, not {type(message).__name__}")
+
+
+def to_records(messages: MessageLike | Iterable[MessageLike]) -> list[Outgoing]:
+    """What to send for one message or an iterable of them."""
+    if isinstance(messages, bytes | bytearray | memoryview | str | Record):
+        return [to_record(messages)]
+    if type(messages) is list and all(type(m) is bytes for m in messages):
+        return messages.copy()
+    return [to_record(m) for m in messages]
+
+
+def as_record(message: Outgoing) -> Record:
+    """``message`` as a :class:`Record` (for callbacks and errors)."""
+    return message if isinstance(message, Record) else Record(message)
+
+
+def resolve_start(start: StartPosition) -> MessageId | int | Literal["latest"] | None:
+    """Normalise a start position: a message id, a timestamp in ms, "latest" or None.
+
+    None means the oldest live message. A naive ``datetime`` is taken as local time.
+    """
+    if start is None or isinstance(start, MessageId):
+        return start
+    if isinstance(start, datetime):
+        return int(start.timestamp() * 1000)
+    if isinstance(start, bool):
+        raise InvalidMessageId(f"not a start position: {start!r}")
+    if isinstance(start, int):
+        if start < 0:
+            raise InvalidMessageId(f"a start timestamp must not be negative: {start}")
+        return start
+    if isinstance(start, str):
+        text = start.strip()
+        lowered = text.lower()
+        if lowered in ("earliest", "beginning", "oldest"):
+            return None
+        if lowered in ("latest", "end", "newest"):
+            return "latest"
+        if len(text) == 40 and all(c in "0123456789abcdefABCDEF" for c in text):
+            return MessageId.from_hex(text)
+        if text.isdigit():
+            return int(text)
+        try:
+            return int(datetime.fromisoformat(text).timestamp() * 1000)
+        except ValueError:
+            pass
+    raise InvalidMessageId(
+        "start must be earliest, latest, a message id (40 hex), "
+        f"a timestamp in ms or an ISO-8601 time: {start!r}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often and how patiently to resend a request whose failure is retriable.
+
+    ``attempts`` counts every try, the first included. The n-th wait is
+    ``initial_backoff * multiplier**(n-1)`` capped at ``max_backoff``, each spread by
+    ``±jitter`` (a fraction) so that many clients do not retry in step.
+    """
+
+    attempts: int = 3
+    initial_backoff: float = 0.05
+    max_backoff: float = 2.0
+    multiplier: float = 2.0
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("attempts must be at least 1")
+        if self.initial_backoff < 0 or self.max_backoff < 0 or self.multiplier < 1:
+            raise ValueError("backoffs must not be negative and multiplier at least 1")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError("jitter is a fraction in [0, 1]")
+
+    def should_retry(self, error: BaseException, attempt: int) -> bool:
+        """True if try number ``attempt`` (from 1) failed with ``error`` and may be resent."""
+        return attempt < self.attempts and isinstance(error, TidingsError) and error.retriable
+
+    def backoff(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
+        """Seconds to wait after failed try number ``attempt`` (from 1)."""
+        base = min(self.max_backoff, self.initial_backoff * self.multiplier ** (attempt - 1))
+        return max(0.0, base * (1 + self.jitter * (2 * rand() - 1)))
+
+
+#: Send once; for operations that must not be repeated blindly.
+NO_RETRY = RetryPolicy(attempts=1)
+
+
+#: The write pointer of a read-only snapshot. Pointers are ``ms x 1,000,000``, so the
+#: service would hand this one out in the year 2262: no entry can ever carry it, and the
+#: "own writes are visible" rule of the snapshot never applies.
+READ_ONLY_WRITE_POINTER = 2**63 - 1
+
+
+def read_only_snapshot(state: TransactionState) -> Transaction:
+    """A snapshot for reading committed data, built from the service's state.
+
+    It sees what a transaction begun at the same moment would see: everything committed
+    up to the read pointer except invalid and in-progress pointers; entries of newer
+    transactions block. Unlike begin + abort, it costs one read of in-memory state: no
+    write pointer, no log write, nothing left open if the reader dies.
+    """
+    return Transaction(
+        read_pointer=state.read_pointer,
+        write_pointer=READ_ONLY_WRITE_POINTER,
+        invalid=tuple(state.invalid),
+        in_progress=tuple(state.in_progress),
+    )
+
+
+def encoded_transaction(transaction: Transaction | bytes | None) -> bytes | None:
+    """The poll request's ``transaction`` field for a snapshot or its encoded form."""
+    if transaction is None or isinstance(transaction, bytes):
+        return transaction
+    return encode_transaction(transaction)
+
+
+class BaseClient:
+    """Configuration and non-I/O logic common to :class:`~tidings.Client` and
+    :class:`~tidings.AsyncClient`."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        namespace: str = DEFAULT_NAMESPACE,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        media: Media = DEFAULT_MEDIA,
+        retry: RetryPolicy | None = None,
+        transactions_url: str | None = None,
+    ) -> None:
+        if not isinstance(media, Media):
+            raise TypeError(f"media must be a tidings.codec.wire.Media, not {media!r}")
+        self._api = RestApi(
+            url, namespace, timeout=timeout, media=media, transactions_url=transactions_url
+        )
+        self._retry = retry if retry is not None else RetryPolicy()
+
+    @property
+    def url(self) -> str:
+        """The server's base URL."""
+        return self._api.url
+
+    @property
+    def namespace(self) -> str:
+        """The namespace every topic operation addresses."""
+        return self._api.namespace
+
+    @property
+    def media(self) -> Media:
+        """The body encoding of publish, store and poll."""
+        return self._api.media
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds to wait for an answer (a long poll adds its wait)."""
+        return self._api.timeout
+
+    def _policy_for(self, call: Call[Any]) -> RetryPolicy:
+        return self._retry if call.request.idempotent else NO_RETRY
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(url={self.url!r}, namespace={self.namespace!r})"

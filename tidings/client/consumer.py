@@ -1,0 +1,252 @@
+"""Consuming a topic as an iterator: long-polls that resume after the last id seen.
+
+Read-committed (the default) follows seed 000's transactional consumption: each poll
+carries a transaction snapshot, the server returns only entries visible in it and stops
+at the first entry of a transaction still in progress, so committed messages come in
+one order, and never one of an aborted or unfinished transaction. The snapshot is a
+read-only one (:func:`~tidings.client.base.read_only_snapshot`): one read of the
+service's state instead of begin + abort, and it is reused while pages come back full
+(catching up), since an older snapshot only ever shows less, never something wrong.
+
+A long poll holding a snapshot wakes for new non-transactional messages but cannot see a
+transaction that commits while it waits; so read-committed polls wait at most
+``committed_wait`` seconds before taking a fresh snapshot, which bounds the latency of
+transactional messages. Read-uncommitted polls wait the whole ``wait``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING
+
+from tidings.client.base import StartPosition, resolve_start
+from tidings.structs import Message, MessageId, TopicStats, Transaction
+
+if TYPE_CHECKING:
+    from tidings.client.async_client import AsyncClient
+    from tidings.client.sync_client import Client
+
+__all__ = ["AsyncConsumer", "Consumer", "ConsumerCursor"]
+
+DEFAULT_BATCH_SIZE = 500
+DEFAULT_WAIT = 10.0
+DEFAULT_COMMITTED_WAIT = 0.5
+
+
+class ConsumerCursor:
+    """Where a consumer stands and what its next poll asks for (no I/O)."""
+
+    def __init__(
+        self,
+        start: StartPosition,
+        *,
+        inclusive: bool = True,
+        transactional: bool,
+        batch_size: int,
+        wait: float,
+        committed_wait: float,
+        follow: bool,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if wait < 0 or committed_wait < 0:
+            raise ValueError("waits must not be negative")
+        resolved = resolve_start(start)
+        self.latest_pending = resolved == "latest"
+        self.start: MessageId | int | None = None if resolved == "latest" else resolved
+        self.inclusive = inclusive
+        self.transactional = transactional
+        self.batch_size = batch_size
+        self.wait = wait
+        self.committed_wait = committed_wait
+        self.follow = follow
+        self.snapshot: Transaction | None = None
+        self.exhausted = False
+
+    @property
+    def after(self) -> MessageId | None:
+        """The id the next poll starts after, if it starts after an id."""
+        return self.start if isinstance(self.start, MessageId) and not self.inclusive else None
+
+    def resolve_latest(self, stats: TopicStats) -> None:
+        """Start right after the newest entry there is now (or at the oldest, if none)."""
+        if stats.newest_id is not None:
+            self.start, self.inclusive = stats.newest_id, False
+        self.latest_pending = False
+
+    @property
+    def needs_snapshot(self) -> bool:
+        """True if the next poll needs a fresh read-committed snapshot."""
+        return self.transactional and self.snapshot is None
+
+    def poll_wait(self) -> float:
+        """How long the next poll may wait on the server."""
+        if not self.follow:
+            return 0.0
+        return min(self.wait, self.committed_wait) if self.transactional else self.wait
+
+    def advance(self, messages: list[Message]) -> None:
+        """Move past a page; a short page means caught up with this snapshot."""
+        if messages:
+            self.start, self.inclusive = messages[-1].id, False
+        if len(messages) < self.batch_size:
+            self.snapshot = None
+            if not messages and not self.follow:
+                self.exhausted = True
+
+
+class Consumer(Iterator[Message]):
+    """Iterates over a topic's messages, polling as needed (see :meth:`Client.consume`)."""
+
+    def __init__(
+        self,
+        client: Client,
+        topic: str,
+        start: StartPosition = "earliest",
+        *,
+        inclusive: bool = True,
+        transactional: bool = True,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        wait: float = DEFAULT_WAIT,
+        committed_wait: float = DEFAULT_COMMITTED_WAIT,
+        follow: bool = True,
+    ) -> None:
+        self._client = client
+        self.topic = topic
+        self._cursor = ConsumerCursor(
+            start,
+            inclusive=inclusive,
+            transactional=transactional,
+            batch_size=batch_size,
+            wait=wait,
+            committed_wait=committed_wait,
+            follow=follow,
+        )
+        self._buffer: deque[Message] = deque()
+        self._position = self._cursor.after
+
+    @property
+    def position(self) -> MessageId | None:
+        """The id of the last message this consumer returned (to resume after it)."""
+        return self._position
+
+    @property
+    def transactional(self) -> bool:
+        """True if this consumer reads committed messages only."""
+        return self._cursor.transactional
+
+    def poll(self) -> list[Message]:
+        """The next page of messages (waiting as configured), instead of iterating."""
+        page = list(self._buffer) if self._buffer else self._fetch()
+        self._buffer.clear()
+        if page:
+            self._position = page[-1].id
+        return page
+
+    def _fetch(self) -> list[Message]:
+        cursor = self._cursor
+        if cursor.latest_pending:
+            cursor.resolve_latest(self._client.stats(self.topic))
+        if cursor.needs_snapshot:
+            cursor.snapshot = self._client.snapshot()
+        messages = self._client.poll(
+            self.topic,
+            cursor.start,
+            inclusive=cursor.inclusive,
+            limit=cursor.batch_size,
+            transaction=cursor.snapshot,
+            wait=cursor.poll_wait(),
+        )
+        cursor.advance(messages)
+        return messages
+
+    def __iter__(self) -> Consumer:
+        return self
+
+    def __next__(self) -> Message:
+        while not self._buffer:
+            if self._cursor.exhausted:
+                raise StopIteration
+            self._buffer.extend(self._fetch())
+        message = self._buffer.popleft()
+        self._position = message.id
+        return message
+
+
+class AsyncConsumer(AsyncIterator[Message]):
+    """Async iteration over a topic's messages (see :meth:`AsyncClient.consume`)."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        topic: str,
+        start: StartPosition = "earliest",
+        *,
+        inclusive: bool = True,
+        transactional: bool = True,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        wait: float = DEFAULT_WAIT,
+        committed_wait: float = DEFAULT_COMMITTED_WAIT,
+        follow: bool = True,
+    ) -> None:
+        self._client = client
+        self.topic = topic
+        self._cursor = ConsumerCursor(
+            start,
+            inclusive=inclusive,
+            transactional=transactional,
+            batch_size=batch_size,
+            wait=wait,
+            committed_wait=committed_wait,
+            follow=follow,
+        )
+        self._buffer: deque[Message] = deque()
+        self._position = self._cursor.after
+
+    @property
+    def position(self) -> MessageId | None:
+        """The id of the last message this consumer returned (to resume after it)."""
+        return self._position
+
+    @property
+    def transactional(self) -> bool:
+        """True if this consumer reads committed messages only."""
+        return self._cursor.transactional
+
+    async def poll(self) -> list[Message]:
+        """The next page of messages (waiting as configured), instead of iterating."""
+        page = list(self._buffer) if self._buffer else await self._fetch()
+        self._buffer.clear()
+        if page:
+            self._position = page[-1].id
+        return page
+
+    async def _fetch(self) -> list[Message]:
+        cursor = self._cursor
+        if cursor.latest_pending:
+            cursor.resolve_latest(await self._client.stats(self.topic))
+        if cursor.needs_snapshot:
+            cursor.snapshot = await self._client.snapshot()
+        messages = await self._client.poll(
+            self.topic,
+            cursor.start,
+            inclusive=cursor.inclusive,
+            limit=cursor.batch_size,
+            transaction=cursor.snapshot,
+            wait=cursor.poll_wait(),
+        )
+        cursor.advance(messages)
+        return messages
+
+    def __aiter__(self) -> AsyncConsumer:
+        return self
+
+    async def __anext__(self) -> Message:
+        while not self._buffer:
+            if self._cursor.exhausted:
+                raise StopAsyncIteration
+            self._buffer.extend(await self._fetch())
+        message = self._buffer.popleft()
+        self._position = message.id
+        return message

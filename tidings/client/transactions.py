@@ -1,0 +1,512 @@
+"""Client transactions: the participant protocol, and the context that runs the messaging
+publisher with the caller's own participants in one transaction (seed 000 req. 7).
+
+:class:`TransactionContext` follows Apache Tephra's ``TransactionContext``:
+
+1. **start**: begin a transaction, then ``start(tx)`` every participant;
+2. **finish**: collect every participant's ``changes()``; **persist**: ``commit()``
+   each participant in order, the messaging publisher **last** (seed 000: the publish
+   that makes entries appear should be the last write, so transactional consumers are
+   blocked for the shortest time); then **commit** the transaction with the change
+   keys; then ``post_commit()`` each participant.
+3. **on failure** at any step before the commit succeeded: ``rollback()`` every
+   participant; if all rolled back, **abort** the transaction, else **invalidate** it
+   (its writes then stay invisible for good).
+
+Tephra asks the service "can commit?" before persisting; Tidings' commit call checks
+for conflicts and commits in one step, so the check comes after persisting. That is
+still safe: persisted writes are invisible until the commit, and a conflict rolls them
+back. If the commit call's outcome is unknown (no answer, 5xx), the context invalidates
+the transaction: the service answers 410 ``TransactionCommitted`` if it did commit, and
+otherwise the transaction can never commit, so rolling back is safe.
+
+The messaging publisher is :class:`~tidings.client.txpublisher.TransactionalPublisher`.
+
+Errors: an exception in the ``with`` block is re-raised after the rollback; an error of
+the service (:class:`~tidings.errors.TidingsError`, e.g. ``TransactionConflict``) is
+re-raised as itself; any other exception of a participant becomes
+:class:`~tidings.errors.TransactionFailure` (its ``__cause__`` is the original). What
+went wrong while cleaning up is attached to the exception as notes.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from tidings.client.base import MessageLike
+from tidings.client.txpublisher import (
+    DEFAULT_PAYLOAD_THRESHOLD,
+    AsyncTransactionalPublisher,
+    TransactionalPublisher,
+    ambiguous,
+)
+from tidings.errors import (
+    TidingsError,
+    TransactionCommitted,
+    TransactionFailure,
+    TransactionNotInProgress,
+)
+from tidings.structs import ProducerInfo, Transaction
+
+if TYPE_CHECKING:
+    from tidings.client.async_client import AsyncClient
+    from tidings.client.sync_client import Client
+
+__all__ = [
+    "AsyncTransactionAware",
+    "AsyncTransactionContext",
+    "TransactionAware",
+    "TransactionContext",
+]
+
+
+@runtime_checkable
+class TransactionAware(Protocol):
+    """A participant in a client transaction (Tephra's ``TransactionAware``).
+
+    Each method signals failure by raising (or, for ``commit`` and ``rollback``, by
+    returning False).
+    """
+
+    def start(self, transaction: Transaction) -> None:
+        """A transaction began: remember it; writes from now on belong to it."""
+        ...
+
+    def changes(self) -> Iterable[bytes]:
+        """Change keys written, for conflict detection at commit (may be empty)."""
+        ...
+
+    def commit(self) -> bool | None:
+        """Persist the writes (still invisible to others until the transaction commits)."""
+        ...
+
+    def post_commit(self) -> None:
+        """The transaction committed: clean up."""
+        ...
+
+    def rollback(self) -> bool | None:
+        """Undo what was persisted; failing here makes the context invalidate."""
+        ...
+
+
+@runtime_checkable
+class AsyncTransactionAware(Protocol):
+    """:class:`TransactionAware` with coroutine methods, for :class:`AsyncTransactionContext`."""
+
+    async def start(self, transaction: Transaction) -> None:
+        """See :meth:`TransactionAware.start`."""
+        ...
+
+    async def changes(self) -> Iterable[bytes]:
+        """See :meth:`TransactionAware.changes`."""
+        ...
+
+    async def commit(self) -> bool | None:
+        """See :meth:`TransactionAware.commit`."""
+        ...
+
+    async def post_commit(self) -> None:
+        """See :meth:`TransactionAware.post_commit`."""
+        ...
+
+    async def rollback(self) -> bool | None:
+        """See :meth:`TransactionAware.rollback`."""
+        ...
+
+
+class _State(enum.Enum):
+    NEW = "new"
+    ACTIVE = "active"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+    UNKNOWN = "unknown"
+
+
+def _name(participant: object) -> str:
+    name = getattr(participant, "name", None)
+    return name if isinstance(name, str) else type(participant).__name__
+
+
+def _failure(participant: object, step: str, error: BaseException) -> BaseException:
+    """What to raise for ``error`` from a participant's ``step``."""
+    if isinstance(error, TidingsError) or not isinstance(error, Exception):
+        return error
+    return TransactionFailure(f"{_name(participant)}.{step}() failed: {error!r}")
+
+
+class _ContextBase:
+    """State and decisions shared by the sync and async contexts."""
+
+    def __init__(
+        self,
+        participants: tuple[object, ...],
+        timeout: float | None,
+        producer: ProducerInfo | None,
+    ) -> None:
+        self._participants = participants
+        self._timeout = timeout
+        self._producer = producer
+        self._tx: Transaction | None = None
+        self._state = _State.NEW
+
+    @property
+    def transaction(self) -> Transaction:
+        """The transaction's snapshot; RuntimeError before :meth:`start`."""
+        if self._tx is None:
+            raise RuntimeError("the transaction has not started")
+        return self._tx
+
+    @property
+    def write_pointer(self) -> int:
+        """The transaction's id."""
+        return self.transaction.write_pointer
+
+    @property
+    def state(self) -> str:
+        """new, active, committed, aborted, or unknown (the commit's answer was lost)."""
+        return self._state.value
+
+    @property
+    def _producer_id(self) -> str | None:
+        return None if self._producer is None else self._producer.transactional_id
+
+    @property
+    def _epoch(self) -> int | None:
+        return None if self._producer is None else self._producer.epoch
+
+    def _require(self, state: _State) -> Transaction:
+        if self._state is not state:
+            raise RuntimeError(f"the transaction is {self._state.value}, not {state.value}")
+        return self.transaction
+
+
+class TransactionContext(_ContextBase):
+    """Runs the messaging publisher and the given participants in one transaction.
+
+    ::
+
+        with client.transaction(my_table) as tx:
+            my_table.put(b"k", b"v")       # a TransactionAware of yours
+            tx.publish("events", b"k changed")
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        *participants: TransactionAware,
+        timeout: float | None = None,
+        producer: ProducerInfo | None = None,
+        payload_threshold: int = DEFAULT_PAYLOAD_THRESHOLD,
+        publisher: TransactionalPublisher | None = None,
+    ) -> None:
+        self.publisher = publisher or TransactionalPublisher(
+            client, payload_threshold=payload_threshold
+        )
+        # The messaging publisher persists last (seed 000, "Implementation considerations").
+        super().__init__((*participants, self.publisher), timeout, producer)
+        self._all: tuple[TransactionAware, ...] = (*participants, self.publisher)
+        self._client = client
+
+    def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None:
+        """Publish in this transaction: visible to read-committed consumers on commit."""
+        self._require(_State.ACTIVE)
+        self.publisher.publish(topic, messages)
+
+    def start(self) -> Transaction:
+        """Begin the transaction and start every participant."""
+        if self._state is not _State.NEW:
+            raise RuntimeError(f"the transaction is {self._state.value}; use a new context")
+        self._tx = self._client.begin(
+            self._timeout, transactional_id=self._producer_id, epoch=self._epoch
+        )
+        self._state = _State.ACTIVE
+        for participant in self._all:
+            try:
+                participant.start(self._tx)
+            except BaseException as exc:
+                failure = _failure(participant, "start", exc)
+                self._abort_after(failure)
+                if failure is exc:
+                    raise
+                raise failure from exc
+        return self._tx
+
+    def finish(self) -> None:
+        """Check, persist, commit, post-commit; on failure roll back and abort."""
+        tx = self._require(_State.ACTIVE)
+        changes: list[bytes] = []
+        for step in ("changes", "commit"):
+            for participant in self._all:
+                try:
+                    if step == "changes":
+                        changes.extend(bytes(c) for c in participant.changes())
+                    elif participant.commit() is False:
+                        raise TransactionFailure(f"{_name(participant)} refused to commit")
+                except BaseException as exc:
+                    failure = _failure(participant, step, exc)
+                    self._abort_after(failure)
+                    if failure is exc:
+                        raise
+                    raise failure from exc
+        try:
+            self._client.commit(tx, changes, transactional_id=self._producer_id, epoch=self._epoch)
+        except TransactionCommitted:
+            pass  # an earlier attempt got through
+        except TidingsError as exc:
+            if not ambiguous(exc):
+                self._abort_after(exc)
+                raise
+            if not self._committed_after_all(exc):
+                raise
+        self._state = _State.COMMITTED
+        self._post_commit()
+
+    def abort(self) -> None:
+        """Roll every participant back and abort (invalidate if a rollback failed)."""
+        if self._state is _State.ACTIVE:
+            self._rollback_and_end(None)
+
+    def __enter__(self) -> TransactionContext:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if self._state is not _State.ACTIVE:
+            return
+        if exc is not None:
+            self._abort_after(exc)
+        else:
+            self.finish()
+
+    # --- failure handling ---
+
+    def _abort_after(self, cause: BaseException) -> None:
+        if self._state is _State.ACTIVE:
+            self._rollback_and_end(cause)
+
+    def _rollback_and_end(self, cause: BaseException | None) -> None:
+        tx = self.transaction
+        failed = []
+        for participant in self._all:
+            try:
+                if participant.rollback() is False:
+                    raise TransactionFailure("rollback() returned False")
+            except Exception as exc:
+                failed.append(f"rollback of {_name(participant)} failed: {exc!r}")
+        self._state = _State.ABORTED
+        try:
+            if failed:
+                failed.append(f"transaction {tx.write_pointer} invalidated")
+                self._client.invalidate(tx)
+            else:
+                self._client.abort(tx, transactional_id=self._producer_id, epoch=self._epoch)
+        except TransactionNotInProgress:
+            pass  # it timed out or was invalidated meanwhile: its writes stay invisible
+        except TidingsError as exc:
+            failed.append(
+                f"could not end transaction {tx.write_pointer} ({exc!r}); "
+                "it becomes invalid when it times out"
+            )
+        _attach(cause, failed)
+
+    def _committed_after_all(self, error: TidingsError) -> bool:
+        """After a commit without an answer: True if it committed; else roll back."""
+        tx = self.transaction
+        try:
+            self._client.invalidate(tx)
+        except TransactionCommitted:
+            return True
+        except TransactionNotInProgress:
+            pass
+        except TidingsError as exc:
+            self._state = _State.UNKNOWN
+            error.add_note(
+                f"the outcome of committing transaction {tx.write_pointer} is unknown "
+                f"({exc!r}); if it did not commit, it becomes invalid when it times out"
+            )
+            return False
+        self._rollback_and_end(error)
+        return False
+
+    def _post_commit(self) -> None:
+        errors = []
+        for participant in self._all:
+            try:
+                participant.post_commit()
+            except Exception as exc:
+                failure = _failure(participant, "post_commit", exc)
+                if failure is not exc:
+                    failure.__cause__ = exc
+                errors.append(failure)
+        if errors:
+            errors[0].add_note(f"transaction {self.write_pointer} did commit")
+            raise errors[0]
+
+
+class AsyncTransactionContext(_ContextBase):
+    """:class:`TransactionContext` for :class:`~tidings.AsyncClient` (``async with``)."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        *participants: AsyncTransactionAware,
+        timeout: float | None = None,
+        producer: ProducerInfo | None = None,
+        payload_threshold: int = DEFAULT_PAYLOAD_THRESHOLD,
+        publisher: AsyncTransactionalPublisher | None = None,
+    ) -> None:
+        self.publisher = publisher or AsyncTransactionalPublisher(
+            client, payload_threshold=payload_threshold
+        )
+        super().__init__((*participants, self.publisher), timeout, producer)
+        self._all: tuple[AsyncTransactionAware, ...] = (*participants, self.publisher)
+        self._client = client
+
+    async def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None:
+        """Publish in this transaction: visible to read-committed consumers on commit."""
+        self._require(_State.ACTIVE)
+        await self.publisher.publish(topic, messages)
+
+    async def start(self) -> Transaction:
+        """Begin the transaction and start every participant."""
+        if self._state is not _State.NEW:
+            raise RuntimeError(f"the transaction is {self._state.value}; use a new context")
+        self._tx = await self._client.begin(
+            self._timeout, transactional_id=self._producer_id, epoch=self._epoch
+        )
+        self._state = _State.ACTIVE
+        for participant in self._all:
+            try:
+                await participant.start(self._tx)
+            except BaseException as exc:
+                failure = _failure(participant, "start", exc)
+                await self._abort_after(failure)
+                if failure is exc:
+                    raise
+                raise failure from exc
+        return self._tx
+
+    async def finish(self) -> None:
+        """Check, persist, commit, post-commit; on failure roll back and abort."""
+        tx = self._require(_State.ACTIVE)
+        changes: list[bytes] = []
+        for step in ("changes", "commit"):
+            for participant in self._all:
+                try:
+                    if step == "changes":
+                        changes.extend(bytes(c) for c in await participant.changes())
+                    elif await participant.commit() is False:
+                        raise TransactionFailure(f"{_name(participant)} refused to commit")
+                except BaseException as exc:
+                    failure = _failure(participant, step, exc)
+                    await self._abort_after(failure)
+                    if failure is exc:
+                        raise
+                    raise failure from exc
+        try:
+            await self._client.commit(
+                tx, changes, transactional_id=self._producer_id, epoch=self._epoch
+            )
+        except TransactionCommitted:
+            pass
+        except TidingsError as exc:
+            if not ambiguous(exc):
+                await self._abort_after(exc)
+                raise
+            if not await self._committed_after_all(exc):
+                raise
+        self._state = _State.COMMITTED
+        await self._post_commit()
+
+    async def abort(self) -> None:
+        """Roll every participant back and abort (invalidate if a rollback failed)."""
+        if self._state is _State.ACTIVE:
+            await self._rollback_and_end(None)
+
+    async def __aenter__(self) -> AsyncTransactionContext:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if self._state is not _State.ACTIVE:
+            return
+        if exc is not None:
+            await self._abort_after(exc)
+        else:
+            await self.finish()
+
+    async def _abort_after(self, cause: BaseException) -> None:
+        if self._state is _State.ACTIVE:
+            await self._rollback_and_end(cause)
+
+    async def _rollback_and_end(self, cause: BaseException | None) -> None:
+        tx = self.transaction
+        failed = []
+        for participant in self._all:
+            try:
+                if await participant.rollback() is False:
+                    raise TransactionFailure("rollback() returned False")
+            except Exception as exc:
+                failed.append(f"rollback of {_name(participant)} failed: {exc!r}")
+        self._state = _State.ABORTED
+        try:
+            if failed:
+                failed.append(f"transaction {tx.write_pointer} invalidated")
+                await self._client.invalidate(tx)
+            else:
+                await self._client.abort(tx, transactional_id=self._producer_id, epoch=self._epoch)
+        except TransactionNotInProgress:
+            pass
+        except TidingsError as exc:
+            failed.append(
+                f"could not end transaction {tx.write_pointer} ({exc!r}); "
+                "it becomes invalid when it times out"
+            )
+        _attach(cause, failed)
+
+    async def _committed_after_all(self, error: TidingsError) -> bool:
+        tx = self.transaction
+        try:
+            await self._client.invalidate(tx)
+        except TransactionCommitted:
+            return True
+        except TransactionNotInProgress:
+            pass
+        except TidingsError as exc:
+            self._state = _State.UNKNOWN
+            error.add_note(
+                f"the outcome of committing transaction {tx.write_pointer} is unknown "
+                f"({exc!r}); if it did not commit, it becomes invalid when it times out"
+            )
+            return False
+        await self._rollback_and_end(error)
+        return False
+
+    async def _post_commit(self) -> None:
+        errors = []
+        for participant in self._all:
+            try:
+                await participant.post_commit()
+            except Exception as exc:
+                failure = _failure(participant, "post_commit", exc)
+                if failure is not exc:
+                    failure.__cause__ = exc
+                errors.append(failure)
+        if errors:
+            errors[0].add_note(f"transaction {self.write_pointer} did commit")
+            raise errors[0]
+
+
+def _attach(cause: BaseException | None, notes: list[str]) -> None:
+    if cause is None:
+        if notes:
+            raise TransactionFailure("; ".join(notes))
+        return
+    for note in notes:
+        cause.add_note(note)

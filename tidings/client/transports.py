@@ -1,0 +1,178 @@
+"""How the clients move bytes: one request in, one response out, errors mapped.
+
+The clients decide everything in :mod:`tidings.client.base` and hand a finished
+:class:`Request` to a transport, which only does I/O. The libraries were chosen by
+measurement (``benchmarks/http_clients.py``, figures in docs/client.md): urllib3 for
+:class:`~tidings.Client` and aiohttp for :class:`~tidings.AsyncClient` spend about 1.5x
+and 4x less client CPU per request than httpx's sync and async clients. A transport never retries;
+the retry policy lives in the client, where it knows which requests are idempotent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import urllib3
+
+from tidings.errors import RequestTimeout, TidingsConnectionError
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = [
+    "AiohttpTransport",
+    "AsyncTransport",
+    "Request",
+    "Response",
+    "SyncTransport",
+    "Urllib3Transport",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One HTTP request, fully decided: ``url`` is absolute, ``timeout`` in seconds."""
+
+    method: str
+    url: str
+    body: bytes = b""
+    content_type: str | None = None
+    timeout: float | None = None
+    #: Safe to send again after a retriable failure (GET, poll, property replace).
+    idempotent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """What came back: the status, the media type of the body and the body."""
+
+    status: int
+    body: bytes = b""
+    content_type: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class SyncTransport(Protocol):
+    """Sends requests synchronously; safe to share between threads."""
+
+    def send(self, request: Request) -> Response:
+        """Send and read the whole answer.
+
+        Raises :class:`TidingsConnectionError` when the server cannot be reached and
+        :class:`RequestTimeout` when it does not answer in time; any HTTP status is a
+        :class:`Response`.
+        """
+        ...
+
+    def close(self) -> None:
+        """Close pooled connections."""
+        ...
+
+
+class AsyncTransport(Protocol):
+    """Sends requests on the running event loop."""
+
+    async def send(self, request: Request) -> Response:
+        """Like :meth:`SyncTransport.send`."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close pooled connections."""
+        ...
+
+
+def _headers(request: Request) -> dict[str, str]:
+    if request.content_type is None:
+        return {}
+    return {"Content-Type": request.content_type}
+
+
+class Urllib3Transport:
+    """:class:`SyncTransport` on a urllib3 ``PoolManager`` (thread-safe, keep-alive)."""
+
+    def __init__(self, *, max_connections: int = 10, connect_timeout: float = 10.0) -> None:
+        self._pool = urllib3.PoolManager(maxsize=max_connections, retries=False)
+        self._connect_timeout = connect_timeout
+
+    def send(self, request: Request) -> Response:
+        timeout = urllib3.Timeout(
+            connect=min(self._connect_timeout, request.timeout or self._connect_timeout),
+            read=request.timeout,
+        )
+        try:
+            resp = self._pool.request(
+                request.method,
+                request.url,
+                body=request.body or None,
+                headers=_headers(request),
+                timeout=timeout,
+                retries=False,
+                redirect=False,
+            )
+        except urllib3.exceptions.ConnectTimeoutError as exc:
+            raise TidingsConnectionError(f"cannot connect to {request.url}: {exc}") from exc
+        except urllib3.exceptions.TimeoutError as exc:
+            raise RequestTimeout(f"no answer from {request.url} in time: {exc}") from exc
+        except urllib3.exceptions.HTTPError as exc:
+            raise TidingsConnectionError(f"cannot reach {request.url}: {exc}") from exc
+        return Response(resp.status, resp.data, resp.headers.get("Content-Type"))
+
+    def close(self) -> None:
+        self._pool.clear()
+
+
+class AiohttpTransport:
+    """:class:`AsyncTransport` on an aiohttp ``ClientSession``.
+
+    The session is made on the first request, inside the running loop (aiohttp requires
+    it), and belongs to that loop.
+    """
+
+    def __init__(self, *, max_connections: int = 10, connect_timeout: float = 10.0) -> None:
+        self._max_connections = max_connections
+        self._connect_timeout = connect_timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        import aiohttp  # imported when first needed: it costs ~0.1 s to import
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False,
+            )
+        return self._session
+
+    async def send(self, request: Request) -> Response:
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(
+            total=request.timeout,
+            connect=min(self._connect_timeout, request.timeout or self._connect_timeout),
+        )
+        try:
+            async with self._get_session().request(
+                request.method,
+                request.url,
+                data=request.body or None,
+                headers=_headers(request),
+                # Without a body aiohttp would claim application/octet-stream.
+                skip_auto_headers=() if request.content_type else ("Content-Type",),
+                timeout=timeout,
+                allow_redirects=False,
+            ) as resp:
+                body = await resp.read()
+                return Response(resp.status, body, resp.headers.get("Content-Type"))
+        except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as exc:
+            raise TidingsConnectionError(f"cannot connect to {request.url}: {exc}") from exc
+        except TimeoutError as exc:
+            raise RequestTimeout(f"no answer from {request.url} in time") from exc
+        except aiohttp.ClientError as exc:
+            raise TidingsConnectionError(f"cannot reach {request.url}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -1,0 +1,253 @@
+"""The messaging system as a transaction participant (seed 000 "Transactional publishing").
+
+:class:`TransactionalPublisher` buffers a transaction's messages client-side and
+publishes them at commit (the direct path: consumers are blocked only between that
+publish and the commit). Once the buffered bytes pass ``payload_threshold`` it streams
+them with ``store`` instead (the payload path, for large or long transactions); at
+commit each such topic gets one ``publish`` of the write pointer alone. Its rollback
+inverts the published entries with the rollback info each publish returned; stored
+payloads need none (no entry refers to them). If a publish got no answer, the entries it
+may have written are unknown, so its rollback fails and the transaction is invalidated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from tidings.client.base import MessageLike, Outgoing, check_name, to_records
+from tidings.client.publisher import record_size
+from tidings.errors import ClientError, ServerError, TransactionFailure
+from tidings.structs import RollbackInfo, Transaction
+
+if TYPE_CHECKING:
+    from tidings.client.async_client import AsyncClient
+    from tidings.client.sync_client import Client
+
+__all__ = [
+    "DEFAULT_PAYLOAD_THRESHOLD",
+    "AsyncTransactionalPublisher",
+    "TransactionalPublisher",
+    "TxBuffer",
+    "ambiguous",
+]
+
+#: Bytes a transaction buffers client-side before it streams with ``store``.
+DEFAULT_PAYLOAD_THRESHOLD = 1 << 20
+#: Largest ``store`` request the payload path sends (well below the server's body limit).
+STORE_CHUNK_BYTES = 4 << 20
+
+
+class TxBuffer:
+    """What a transactional publisher holds, and when to stream it (no I/O)."""
+
+    def __init__(self, payload_threshold: int) -> None:
+        if payload_threshold < 0:
+            raise ValueError("payload_threshold must not be negative")
+        self.payload_threshold = payload_threshold
+        self.buffers: dict[str, list[Outgoing]] = {}
+        self.buffered_bytes = 0
+        #: Topics whose messages went (partly) to the Payload Table.
+        self.streamed: dict[str, None] = {}
+        #: What each publish wrote, to roll it back.
+        self.published: list[tuple[str, RollbackInfo]] = []
+        #: A publish failed without saying whether it wrote: rollback cannot be complete.
+        self.unknown_publish = False
+
+    def add(self, topic: str, records: list[Outgoing]) -> list[tuple[str, list[Outgoing]]]:
+        """Buffer ``records``; returns what to ``store`` now (once past the threshold)."""
+        self.buffers.setdefault(topic, []).extend(records)
+        self.buffered_bytes += sum(record_size(r) for r in records)
+        if self.buffered_bytes <= self.payload_threshold:
+            return []
+        out = [(t, chunk) for t, recs in self.buffers.items() for chunk in _chunks(recs) if recs]
+        for t, _ in out:
+            self.streamed[t] = None
+        self.buffers = {t: [] for t in self.buffers}
+        self.buffered_bytes = 0
+        return out
+
+    def commit_plan(self) -> list[tuple[str, list[Outgoing], bool]]:
+        """``(topic, records, streamed)`` per topic: store the records first if streamed,
+        then publish (the records directly, or the write pointer alone)."""
+        topics = dict.fromkeys([*self.streamed, *self.buffers])
+        plan = [(t, self.buffers.get(t, []), t in self.streamed) for t in topics]
+        return [(t, recs, streamed) for t, recs, streamed in plan if recs or streamed]
+
+    def clear(self) -> None:
+        self.buffers.clear()
+        self.buffered_bytes = 0
+        self.streamed.clear()
+        self.published.clear()
+        self.unknown_publish = False
+
+
+def _chunks(records: list[Outgoing]) -> list[list[Outgoing]]:
+    """``records`` cut into ``store`` requests of at most STORE_CHUNK_BYTES (roughly)."""
+    chunks: list[list[Outgoing]] = [[]]
+    size = 0
+    for record in records:
+        n = record_size(record)
+        if chunks[-1] and size + n > STORE_CHUNK_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(record)
+        size += n
+    return chunks
+
+
+def ambiguous(error: BaseException) -> bool:
+    """True if a failed call may still have taken effect (no answer, or a 5xx)."""
+    return isinstance(error, ClientError | ServerError) and not isinstance(
+        error, TransactionFailure
+    )
+
+
+class _Base:
+    """State shared by the sync and async publishers."""
+
+    name = "tidings"
+
+    def __init__(self, payload_threshold: int) -> None:
+        self._buffer = TxBuffer(payload_threshold)
+        self._tx: Transaction | None = None
+
+    @property
+    def transaction(self) -> Transaction:
+        """The transaction in progress; RuntimeError if none."""
+        if self._tx is None:
+            raise RuntimeError("no transaction in progress: start() was not called")
+        return self._tx
+
+    @property
+    def published(self) -> list[tuple[str, RollbackInfo]]:
+        """What the commit published, per topic (for inspection and tests)."""
+        return list(self._buffer.published)
+
+    def _begin(self, transaction: Transaction) -> None:
+        self._buffer.clear()
+        self._tx = transaction
+
+    def _add(
+        self, topic: str, messages: MessageLike | Iterable[MessageLike]
+    ) -> list[tuple[str, list[Outgoing]]]:
+        if self._tx is None:
+            raise RuntimeError("no transaction in progress: start() was not called")
+        return self._buffer.add(check_name(topic), to_records(messages))
+
+    def _note_publish_failure(self, error: BaseException) -> None:
+        if ambiguous(error):
+            self._buffer.unknown_publish = True
+
+    def _end(self) -> None:
+        self._buffer.clear()
+        self._tx = None
+
+
+class TransactionalPublisher(_Base):
+    """The messaging system as a :class:`TransactionAware` for :class:`~tidings.Client`."""
+
+    def __init__(
+        self, client: Client, *, payload_threshold: int = DEFAULT_PAYLOAD_THRESHOLD
+    ) -> None:
+        super().__init__(payload_threshold)
+        self._client = client
+
+    def start(self, transaction: Transaction) -> None:
+        self._begin(transaction)
+
+    def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None:
+        """Add messages to the transaction (buffered, or streamed past the threshold)."""
+        wp = self.transaction.write_pointer
+        for t, records in self._add(topic, messages):
+            self._client.store(t, records, write_pointer=wp)
+
+    def changes(self) -> Iterable[bytes]:
+        return ()
+
+    def commit(self) -> None:
+        wp = self.transaction.write_pointer
+        for topic, records, streamed in self._buffer.commit_plan():
+            if streamed and records:
+                self._client.store(topic, records, write_pointer=wp)
+            try:
+                info = self._client.publish(topic, () if streamed else records, write_pointer=wp)
+            except BaseException as exc:
+                self._note_publish_failure(exc)
+                raise
+            self._buffer.published.append((topic, info))
+
+    def post_commit(self) -> None:
+        self._end()
+
+    def rollback(self) -> None:
+        errors: list[BaseException] = []
+        for topic, info in self._buffer.published:
+            try:
+                self._client.rollback(topic, info)
+            except Exception as exc:
+                errors.append(exc)
+        _raise_rollback_errors(self._buffer, errors)
+        self._end()
+
+
+class AsyncTransactionalPublisher(_Base):
+    """The messaging system as an :class:`AsyncTransactionAware` for
+    :class:`~tidings.AsyncClient`."""
+
+    def __init__(
+        self, client: AsyncClient, *, payload_threshold: int = DEFAULT_PAYLOAD_THRESHOLD
+    ) -> None:
+        super().__init__(payload_threshold)
+        self._client = client
+
+    async def start(self, transaction: Transaction) -> None:
+        self._begin(transaction)
+
+    async def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None:
+        """Add messages to the transaction (buffered, or streamed past the threshold)."""
+        wp = self.transaction.write_pointer
+        for t, records in self._add(topic, messages):
+            await self._client.store(t, records, write_pointer=wp)
+
+    async def changes(self) -> Iterable[bytes]:
+        return ()
+
+    async def commit(self) -> None:
+        wp = self.transaction.write_pointer
+        for topic, records, streamed in self._buffer.commit_plan():
+            if streamed and records:
+                await self._client.store(topic, records, write_pointer=wp)
+            try:
+                info = await self._client.publish(
+                    topic, () if streamed else records, write_pointer=wp
+                )
+            except BaseException as exc:
+                self._note_publish_failure(exc)
+                raise
+            self._buffer.published.append((topic, info))
+
+    async def post_commit(self) -> None:
+        self._end()
+
+    async def rollback(self) -> None:
+        errors: list[BaseException] = []
+        for topic, info in self._buffer.published:
+            try:
+                await self._client.rollback(topic, info)
+            except Exception as exc:
+                errors.append(exc)
+        _raise_rollback_errors(self._buffer, errors)
+        self._end()
+
+
+def _raise_rollback_errors(buffer: TxBuffer, errors: list[BaseException]) -> None:
+    if buffer.unknown_publish:
+        errors.append(
+            TransactionFailure("a publish failed without an answer; its entries are unknown")
+        )
+    if errors:
+        first = errors[0]
+        for other in errors[1:]:
+            first.add_note(f"also: {other!r}")
+        raise first
