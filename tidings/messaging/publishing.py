@@ -70,7 +70,7 @@ def encode_batch(
     try:
         # The common case, plain payloads: one concatenation per message, no branches.
         encoded = [header + m for m in messages]  # type: ignore[operator]
-        return EncodedBatch(encoded, [], sum(map(len, messages)))  # type: ignore[arg-type]
+        return EncodedBatch(encoded, [], sum(map(len, messages)))
     except TypeError:
         pass
     encoded = []
