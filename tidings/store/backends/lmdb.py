@@ -8,14 +8,13 @@ functions submitted meanwhile into one write transaction and one fsync (group
 commit), and resolves each function's future only after that commit is durable
 (DESIGN.md, invariant 2).
 
-Each write function runs in a nested (child) transaction of the group's
-transaction: if it raises, aborting the child discards exactly its writes, while the
-functions before and after it in the group still commit. Measured (py-lmdb 3.0, LMDB
-0.9): a child transaction adds 0.5-1.5 us to a small function; for functions writing
-scattered keys it adds 10-15 % in groups of up to 1,000 functions and ~45 % at 4,000
-(merging a child into its parent walks the group's dirty pages); an fsync costs
-0.3-10 ms. Cheap enough, with ``max_group`` bounding the worst case, to keep LMDB's own
-exact rollback rather than imitate it with an undo log.
+A group first runs every write function directly in the group's transaction. Only
+if one raises is that attempt aborted and the group run again with each function in a
+nested (child) transaction, whose abort discards exactly the failing function's writes
+while the others still commit. Write functions decide from what they read, so running
+them again is safe. The child transactions are kept off the common path because they
+copy every page they touch: measured with py-lmdb 3.0 (LMDB 0.9), 500-row batches of
+100 B are written at 0.72 M rows/s through children against 1.37 M rows/s flat.
 """
 
 from __future__ import annotations
@@ -280,6 +279,40 @@ class LmdbStore(Store):
                 group = [self._queue.popleft() for _ in range(count)]
             self._commit_group(group)
 
+    def _run_flat(
+        self,
+        txn: Any,
+        live: list[tuple[Callable[[WriteView], Any], Future[Any]]],
+        outcomes: list[tuple[bool, Any]],
+    ) -> bool:
+        # The common case: nobody raises. Running every function directly in the group
+        # transaction avoids the child transactions' page copies, which halve the write
+        # rate of 500-row batches (measured: 0.72 vs 1.37 M rows/s of 100 B).
+        view = _WriteView(txn, self._dbs)
+        for fn, _ in live:
+            try:
+                outcomes.append((True, fn(view)))
+            except BaseException:
+                return False
+        return True
+
+    def _run_nested(
+        self,
+        txn: Any,
+        live: list[tuple[Callable[[WriteView], Any], Future[Any]]],
+        outcomes: list[tuple[bool, Any]],
+    ) -> None:
+        for fn, _ in live:
+            child = self._env.begin(write=True, parent=txn)
+            try:
+                result = fn(_WriteView(child, self._dbs))
+            except BaseException as exc:  # the caller's error travels in its future
+                child.abort()
+                outcomes.append((False, exc))
+            else:
+                child.commit()
+                outcomes.append((True, result))
+
     def _commit_group(self, group: list[tuple[Callable[[WriteView], Any], Future[Any]]]) -> None:
         # Claim the futures first: from here on a caller can no longer cancel one, so
         # every claimed future is resolved by this method and only by it.
@@ -290,16 +323,14 @@ class LmdbStore(Store):
         try:
             txn = self._env.begin(write=True)
             try:
-                for fn, _ in live:
-                    child = self._env.begin(write=True, parent=txn)
-                    try:
-                        result = fn(_WriteView(child, self._dbs))
-                    except BaseException as exc:  # the caller's error travels in its future
-                        child.abort()
-                        outcomes.append((False, exc))
-                    else:
-                        child.commit()
-                        outcomes.append((True, result))
+                if not self._run_flat(txn, live, outcomes):
+                    # A function raised: start over with each function in a child
+                    # transaction, so only its own writes are dropped. Write functions
+                    # decide from what they read, so running them again is safe.
+                    txn.abort()
+                    outcomes.clear()
+                    txn = self._env.begin(write=True)
+                    self._run_nested(txn, live, outcomes)
                 txn.commit()
             except BaseException:
                 txn.abort()
