@@ -1,0 +1,149 @@
+"""Batch reads and writes on a real local SparkSession."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.e2e.serverproc import ServerProcess
+from tidings.client import Client
+from tidings.structs import Record
+
+pytestmark = pytest.mark.spark
+
+
+def _read(spark: Any, server: ServerProcess, topic: str, **options: str) -> list[Any]:
+    reader = spark.read.format("tidings").option("url", server.url).option("topic", topic)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return reader.load().orderBy("topic", "messageId").collect()
+
+
+def test_batch_read_round_trip_with_keys_and_headers(
+    spark: Any, server: ServerProcess, client: Client, new_topic: Callable[[], str]
+) -> None:
+    topic = new_topic()
+    client.publish(topic, [Record(b"v0", b"k0", {"h": b"1"}), Record(b"v1")])
+    tx = client.begin(30)
+    client.store(
+        topic,
+        [Record(f"p{i}".encode(), None, {"i": bytes([i])}) for i in range(5)],
+        write_pointer=tx.write_pointer,
+    )
+    client.publish(topic, [], write_pointer=tx.write_pointer)
+    client.commit(tx.write_pointer)
+    expected = client.poll(topic)
+    rows = _read(spark, server, topic, minPartitions="3")
+    assert [r.messageId for r in rows] == [m.id.hex for m in expected]
+    assert [bytes(r.value) for r in rows] == [b"v0", b"v1", b"p0", b"p1", b"p2", b"p3", b"p4"]
+    assert rows[0].key == b"k0" and rows[1].key is None
+    assert [(h.key, bytes(h.value)) for h in rows[0].headers] == [("h", b"1")]
+    assert {r.topic for r in rows} == {topic} and {r.namespace for r in rows} == {"default"}
+    assert int(rows[0].publishTime.timestamp() * 1000) == expected[0].id.publish_ts
+
+
+def test_batch_write_round_trip(
+    spark: Any, server: ServerProcess, client: Client, new_topic: Callable[[], str]
+) -> None:
+    out, other = new_topic(), new_topic()
+    rows = [
+        (f"k{i}".encode(), f"value {i}".encode(), [("n", str(i).encode())], out if i % 3 else other)
+        for i in range(30)
+    ]
+    df = spark.createDataFrame(
+        rows,
+        "key binary, value binary, headers array<struct<key:string,value:binary>>, topic string",
+    ).repartition(2)
+    df.write.format("tidings").option("url", server.url).mode("append").save()
+    got = {t: client.poll(t, transaction=client.snapshot()) for t in (out, other)}
+    assert sorted(m.payload for m in got[out] + got[other]) == sorted(r[1] for r in rows)
+    for topic, messages in got.items():
+        for m in messages:
+            i = int(m.payload.split()[1])
+            assert (m.key, dict(m.headers), topic) == (
+                f"k{i}".encode(),
+                {"n": str(i).encode()},
+                rows[i][3],
+            )
+    # all of it came from one transaction: one entry per topic
+    assert len({m.id.publish_ts for m in got[out]}) == 1
+
+
+def test_batch_write_with_topic_option_and_strings(
+    spark: Any, server: ServerProcess, client: Client, new_topic: Callable[[], str]
+) -> None:
+    out = new_topic()
+    df = spark.createDataFrame([("a", "x"), ("b", "y")], "value string, topic string")
+    (
+        df.coalesce(1)
+        .write.format("tidings")
+        .option("url", server.url)
+        .option("topic", out)
+        .mode("append")
+        .save()
+    )
+    assert [m.payload for m in client.poll(out)] == [b"a", b"b"]
+
+
+def test_failed_batch_write_publishes_nothing(
+    spark: Any, server: ServerProcess, client: Client, new_topic: Callable[[], str]
+) -> None:
+    out = new_topic()
+    df = spark.createDataFrame([(b"ok",), (None,)], "value binary").repartition(2)
+    with pytest.raises(Exception, match="must not be null"):
+        df.write.format("tidings").option("url", server.url).option("topic", out).mode(
+            "append"
+        ).save()
+    assert client.poll(out) == []  # not even read-uncommitted: nothing was published
+
+
+def test_overwrite_and_bad_options_fail_at_planning(
+    spark: Any, server: ServerProcess, new_topic: Callable[[], str]
+) -> None:
+    df = spark.createDataFrame([(b"x",)], "value binary")
+    with pytest.raises(Exception, match="append-only"):
+        df.write.format("tidings").option("topic", new_topic()).mode("overwrite").save()
+    with pytest.raises(Exception, match="isolation"):
+        spark.read.format("tidings").option("topic", "t").option(
+            "isolation", "dirty"
+        ).load().collect()
+
+
+def test_read_committed_stops_at_a_transaction_in_progress(
+    spark: Any, server: ServerProcess, client: Client, new_topic: Callable[[], str]
+) -> None:
+    topic = new_topic()
+    client.publish(topic, b"before")
+    open_tx = client.begin(60)
+    client.publish(topic, b"open", write_pointer=open_tx.write_pointer)
+    client.publish(topic, b"after")
+    committed = [bytes(r.value) for r in _read(spark, server, topic, minPartitions="4")]
+    everything = [
+        bytes(r.value)
+        for r in _read(spark, server, topic, isolation="read_uncommitted", minPartitions="4")
+    ]
+    client.commit(open_tx.write_pointer)
+    assert committed == [b"before"]
+    assert everything == [b"before", b"open", b"after"]
+    assert [bytes(r.value) for r in _read(spark, server, topic)] == [b"before", b"open", b"after"]
+
+
+def test_starting_and_ending_bounds(
+    spark: Any, server: ServerProcess, client: Client, new_topic: Callable[[], str]
+) -> None:
+    topic = new_topic()
+    for i in range(6):
+        client.publish(topic, str(i).encode())
+    ids = [m.id for m in client.poll(topic)]
+
+    def values(**options: str) -> list[bytes]:
+        return [bytes(r.value) for r in _read(spark, server, topic, **options)]
+
+    assert values(startingMessageId=ids[2].hex, endingMessageId=ids[4].hex) == [b"2", b"3", b"4"]
+    assert values(startingTimestamp=str(ids[3].publish_ts)) == [
+        str(i).encode() for i in range(6) if ids[i].publish_ts >= ids[3].publish_ts
+    ]
+    assert values(endingTimestamp=str(ids[0].publish_ts)) == []
+    assert values(startingMessageId="latest") == []

@@ -1,0 +1,328 @@
+"""The connector's options, parsed and checked once on the driver.
+
+Spark hands a data source its options as strings in a case-insensitive dict whose keys
+it has lower-cased, so every key here is looked up in lower case. A mistake (an unknown
+isolation level, a malformed message id, a read-only option on a write) is a
+:class:`ValueError` that names the option, raised while Spark plans the query, never a
+failure in a task later.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from tidings.errors import InvalidMessageId
+from tidings.structs import MessageId
+
+__all__ = [
+    "DEFAULT_FETCH_SIZE",
+    "DEFAULT_NAMESPACE",
+    "DEFAULT_TRANSACTION_TIMEOUT",
+    "DEFAULT_URL",
+    "Bound",
+    "Isolation",
+    "ReadOptions",
+    "Start",
+    "WriteOptions",
+    "parse_read_options",
+    "parse_write_options",
+]
+
+DEFAULT_URL = "http://127.0.0.1:8470"
+DEFAULT_NAMESPACE = "default"
+#: Messages asked for per poll: the server's maximum is 10,000; 5,000 1 KiB messages
+#: keep a response around 5 MiB.
+DEFAULT_FETCH_SIZE = 5_000
+#: Seconds a write's transaction may stay open: a whole batch job, or one micro-batch.
+DEFAULT_TRANSACTION_TIMEOUT = 600.0
+#: Records per ``store`` call and the bytes at which a call is sent early.
+DEFAULT_STORE_BATCH = 2_000
+DEFAULT_STORE_BYTES = 4 * 1024 * 1024
+
+Isolation = Literal["read_committed", "read_uncommitted"]
+
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
+#: Control topics are ``__tidings_sink_<sinkId>``; a topic name is at most 128 characters.
+_SINK_ID = re.compile(r"[A-Za-z0-9_-]{1,113}")
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Where reading a topic starts. ``kind``:
+
+    - ``earliest``: the oldest live message;
+    - ``latest``: after the newest stable message when the query starts;
+    - ``id``: at message ``value`` (a 40-hex id), inclusive;
+    - ``time``: at the first message published at or after ``value`` ms.
+    """
+
+    kind: Literal["earliest", "latest", "id", "time"]
+    value: str | int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """Where a batch read ends: ``latest`` (the newest stable message at planning),
+    ``id`` (message ``value``, inclusive) or ``time`` (before ``value`` ms, exclusive)."""
+
+    kind: Literal["latest", "id", "time"]
+    value: str | int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    """What ``spark.read`` / ``spark.readStream`` asked for."""
+
+    url: str
+    namespace: str
+    topics: tuple[str, ...]
+    starts: Mapping[str, Start]
+    ends: Mapping[str, Bound]
+    isolation: Isolation = "read_committed"
+    max_messages_per_trigger: int | None = None
+    min_partitions: int | None = None
+    fetch_size: int = DEFAULT_FETCH_SIZE
+    request_timeout: float = 30.0
+
+    @property
+    def committed(self) -> bool:
+        """True for read-committed: reads take a transaction snapshot."""
+        return self.isolation == "read_committed"
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOptions:
+    """What ``df.write`` / ``df.writeStream`` asked for."""
+
+    url: str
+    namespace: str
+    topic: str | None
+    sink_id: str | None = None
+    checkpoint_location: str | None = None
+    transaction_timeout: float = DEFAULT_TRANSACTION_TIMEOUT
+    store_batch: int = DEFAULT_STORE_BATCH
+    store_bytes: int = DEFAULT_STORE_BYTES
+    request_timeout: float = 30.0
+
+
+_READ_KEYS = {
+    "url",
+    "namespace",
+    "topic",
+    "startingmessageid",
+    "startingtimestamp",
+    "endingmessageid",
+    "endingtimestamp",
+    "isolation",
+    "maxmessagespertrigger",
+    "minpartitions",
+    "fetchsize",
+    "requesttimeout",
+}
+_WRITE_ONLY_KEYS = {"sinkid", "transactiontimeout", "storebatchsize", "storebatchbytes"}
+
+
+def _get(options: Mapping[str, str], key: str) -> str | None:
+    value = options.get(key)
+    if value is None:
+        return None
+    text = str(value).strip()
+    return text or None
+
+
+def _name(value: str, what: str) -> str:
+    if not _NAME.fullmatch(value):
+        raise ValueError(f"option {what}: not 1-128 characters of [A-Za-z0-9_-]: {value!r}")
+    return value
+
+
+def _positive_int(options: Mapping[str, str], key: str, what: str) -> int | None:
+    text = _get(options, key)
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"option {what} must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise ValueError(f"option {what} must be a positive integer, got {value}")
+    return value
+
+
+def _positive_float(options: Mapping[str, str], key: str, what: str) -> float | None:
+    text = _get(options, key)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"option {what} must be a positive number, got {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError(f"option {what} must be a positive number, got {text!r}")
+    return value
+
+
+def _url(options: Mapping[str, str]) -> str:
+    url = _get(options, "url") or DEFAULT_URL
+    if not re.match(r"https?://[^/]+", url):
+        raise ValueError(f"option url must be an http(s) URL, got {url!r}")
+    return url.rstrip("/")
+
+
+def _topics(text: str | None, *, required: bool) -> tuple[str, ...]:
+    if text is None:
+        if required:
+            raise ValueError("option topic is required: one topic or a comma-separated list")
+        return ()
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise ValueError("option topic names no topic")
+    seen: list[str] = []
+    for name in names:
+        _name(name, "topic")
+        if name not in seen:
+            seen.append(name)
+    return tuple(seen)
+
+
+def _per_topic(text: str, topics: tuple[str, ...], what: str) -> dict[str, str]:
+    """``text`` for every topic, or a JSON object ``{"topic": value}`` naming some."""
+    if not text.startswith("{"):
+        return {t: text for t in topics}
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError:
+        raise ValueError(f"option {what}: malformed JSON object") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"option {what}: expected a JSON object of topic -> value")
+    out: dict[str, str] = {}
+    for topic, value in raw.items():
+        if topic not in topics:
+            raise ValueError(f"option {what} names topic {topic!r}, which is not read")
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise ValueError(f"option {what}[{topic!r}] must be a string or an integer")
+        out[topic] = str(value)
+    return out
+
+
+def _message_id(text: str, what: str) -> str:
+    try:
+        return MessageId.from_hex(text).hex
+    except InvalidMessageId as exc:
+        raise ValueError(f"option {what}: {exc.message}") from None
+
+
+def _timestamp(text: str, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"option {what} must be milliseconds since the epoch: {text!r}") from None
+    if value < 0:
+        raise ValueError(f"option {what} must not be negative: {value}")
+    return value
+
+
+def _starts(options: Mapping[str, str], topics: tuple[str, ...]) -> dict[str, Start]:
+    by_id = _get(options, "startingmessageid")
+    by_time = _get(options, "startingtimestamp")
+    if by_id is not None and by_time is not None:
+        raise ValueError("options startingMessageId and startingTimestamp exclude each other")
+    starts = {t: Start("earliest") for t in topics}
+    if by_id is not None:
+        for topic, text in _per_topic(by_id, topics, "startingMessageId").items():
+            lowered = text.lower()
+            if lowered in ("earliest", "latest"):
+                starts[topic] = Start(lowered)  # type: ignore[arg-type]
+            else:
+                starts[topic] = Start("id", _message_id(text, "startingMessageId"))
+    if by_time is not None:
+        for topic, text in _per_topic(by_time, topics, "startingTimestamp").items():
+            starts[topic] = Start("time", _timestamp(text, "startingTimestamp"))
+    return starts
+
+
+def _ends(options: Mapping[str, str], topics: tuple[str, ...]) -> dict[str, Bound]:
+    by_id = _get(options, "endingmessageid")
+    by_time = _get(options, "endingtimestamp")
+    if by_id is not None and by_time is not None:
+        raise ValueError("options endingMessageId and endingTimestamp exclude each other")
+    ends = {t: Bound("latest") for t in topics}
+    if by_id is not None:
+        for topic, text in _per_topic(by_id, topics, "endingMessageId").items():
+            if text.lower() == "latest":
+                ends[topic] = Bound("latest")
+            else:
+                ends[topic] = Bound("id", _message_id(text, "endingMessageId"))
+    if by_time is not None:
+        for topic, text in _per_topic(by_time, topics, "endingTimestamp").items():
+            ends[topic] = Bound("time", _timestamp(text, "endingTimestamp"))
+    return ends
+
+
+def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
+    """Check and parse the options of ``spark.read`` (``streaming=False``) or
+    ``spark.readStream``; ValueError names the first bad option."""
+    opts = {str(k).lower(): v for k, v in options.items()}
+    for key in _WRITE_ONLY_KEYS:
+        if key in opts:
+            raise ValueError(f"option {key} applies to writes only")
+    if streaming:
+        for key in ("endingmessageid", "endingtimestamp"):
+            if key in opts:
+                raise ValueError(f"option {key} applies to batch reads only")
+    elif "maxmessagespertrigger" in opts:
+        raise ValueError("option maxMessagesPerTrigger applies to streaming reads only")
+    topics = _topics(_get(opts, "topic"), required=True)
+    isolation = (_get(opts, "isolation") or "read_committed").lower()
+    if isolation not in ("read_committed", "read_uncommitted"):
+        raise ValueError(
+            f"option isolation must be read_committed or read_uncommitted, got {isolation!r}"
+        )
+    fetch_size = _positive_int(opts, "fetchsize", "fetchSize") or DEFAULT_FETCH_SIZE
+    return ReadOptions(
+        url=_url(opts),
+        namespace=_name(_get(opts, "namespace") or DEFAULT_NAMESPACE, "namespace"),
+        topics=topics,
+        starts=_starts(opts, topics),
+        ends=_ends(opts, topics),
+        isolation=isolation,  # type: ignore[arg-type]
+        max_messages_per_trigger=_positive_int(
+            opts, "maxmessagespertrigger", "maxMessagesPerTrigger"
+        ),
+        min_partitions=_positive_int(opts, "minpartitions", "minPartitions"),
+        fetch_size=min(fetch_size, 10_000),
+        request_timeout=_positive_float(opts, "requesttimeout", "requestTimeout") or 30.0,
+    )
+
+
+def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
+    """Check and parse the options of ``df.write`` / ``df.writeStream``."""
+    opts = {str(k).lower(): v for k, v in options.items()}
+    for key in _READ_KEYS - {"url", "namespace", "topic", "requesttimeout"}:
+        if key in opts:
+            raise ValueError(f"option {key} applies to reads only")
+    topics = _topics(_get(opts, "topic"), required=False)
+    if len(topics) > 1:
+        raise ValueError("option topic names one topic when writing (or use a topic column)")
+    sink_id = _get(opts, "sinkid")
+    if sink_id is not None and not _SINK_ID.fullmatch(sink_id):
+        raise ValueError(
+            f"option sinkId must be 1-113 characters of [A-Za-z0-9_-], got {sink_id!r}"
+        )
+    return WriteOptions(
+        url=_url(opts),
+        namespace=_name(_get(opts, "namespace") or DEFAULT_NAMESPACE, "namespace"),
+        topic=topics[0] if topics else None,
+        sink_id=sink_id,
+        checkpoint_location=_get(opts, "checkpointlocation"),
+        transaction_timeout=_positive_float(opts, "transactiontimeout", "transactionTimeout")
+        or DEFAULT_TRANSACTION_TIMEOUT,
+        store_batch=_positive_int(opts, "storebatchsize", "storeBatchSize") or DEFAULT_STORE_BATCH,
+        store_bytes=_positive_int(opts, "storebatchbytes", "storeBatchBytes")
+        or DEFAULT_STORE_BYTES,
+        request_timeout=_positive_float(opts, "requesttimeout", "requestTimeout") or 30.0,
+    )

@@ -1,0 +1,140 @@
+"""Reading topics through the client: finding where a range ends, and reading it.
+
+The driver *scans* to fix the end of what a batch or micro-batch reads: a read-committed
+poll stops before the first entry of a transaction still in progress, so the last
+message it returns is *stable* -- every entry before it is either visible or skipped
+(invalid or rolled back) in this snapshot, and stays so in every later snapshot: a
+committed transaction stays committed, an invalid one stays skipped, and nothing is ever
+inserted before a message once it is visible (DESIGN.md invariants 1 and 3). So reading
+``(start, end]`` again later -- on an executor, after a task retry, or when a restarted
+query replays a batch -- yields exactly the same messages, with whatever newer snapshot.
+
+Executors then read their :class:`TopicRange` with the snapshot planned for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import InputPartition
+
+from tidings.client import Client
+from tidings.spark.offsets import Slice, poll_start
+from tidings.structs import Message, MessageId, Transaction
+
+__all__ = ["Scan", "TopicRange", "connect", "plan_ranges", "read_range", "scan", "snapshot"]
+
+
+def connect(url: str, namespace: str, timeout: float) -> Client:
+    """A client for one task or one driver-side object."""
+    return Client(url, namespace, timeout=timeout)
+
+
+def snapshot(client: Client, committed: bool) -> Transaction | None:
+    """A fresh read-only snapshot for read-committed reads; None for read-uncommitted."""
+    return client.snapshot() if committed else None
+
+
+@dataclass(slots=True)
+class Scan:
+    """What a scan found: how many messages, the first one's publish time, the last id
+    (and with ``keep_ids`` every id, to cut the range at any count)."""
+
+    count: int = 0
+    first_ts: int | None = None
+    last: MessageId | None = None
+    ids: list[MessageId] | None = None
+
+
+def scan(
+    client: Client,
+    topic: str,
+    position: str,
+    transaction: Transaction | None,
+    *,
+    fetch_size: int,
+    max_messages: int | None = None,
+    stop_after: MessageId | None = None,
+    stop_before_ts: int | None = None,
+    keep_ids: bool = False,
+) -> Scan:
+    """Read ``topic`` from ``position`` to its stable end (or to a bound) page by page,
+    keeping only ids: at most ``max_messages``, none after ``stop_after``, none
+    published at or after ``stop_before_ts``.
+
+    A short page ends the scan: the topic's end, or (read-committed) an entry still in
+    progress. Any prefix the server returns is stable, so stopping early is safe.
+    """
+    found = Scan(ids=[] if keep_ids else None)
+    start, inclusive = poll_start(position)
+    while True:
+        want = fetch_size if max_messages is None else min(fetch_size, max_messages - found.count)
+        page = client.poll(topic, start, inclusive=inclusive, limit=want, transaction=transaction)
+        for message in page:
+            mid = message.id
+            if (stop_after is not None and mid > stop_after) or (
+                stop_before_ts is not None and mid.publish_ts >= stop_before_ts
+            ):
+                return found
+            if found.first_ts is None:
+                found.first_ts = mid.publish_ts
+            found.count += 1
+            found.last = mid
+            if found.ids is not None:
+                found.ids.append(mid)
+        if len(page) < want or (max_messages is not None and found.count >= max_messages):
+            return found
+        start, inclusive = page[-1].id, False
+
+
+@dataclass
+class TopicRange(InputPartition):
+    """One task's share of a topic: from ``start`` (a position) through message ``end``,
+    within the publish-time slice ``[lo, hi)``, read with ``snapshot``."""
+
+    topic: str
+    start: str
+    end: str
+    lo: int | None = None
+    hi: int | None = None
+    snapshot: Transaction | None = None
+
+
+def plan_ranges(
+    topic: str,
+    start: str,
+    end: MessageId,
+    cuts: list[Slice],
+    snapshot: Transaction | None,
+) -> list[TopicRange]:
+    """The tasks reading ``(start, end]`` of ``topic``, one per time slice."""
+    return [
+        TopicRange(
+            topic=topic,
+            start=start if piece.lo is None else f"time:{piece.lo}",
+            end=end.hex,
+            lo=piece.lo,
+            hi=piece.hi,
+            snapshot=snapshot,
+        )
+        for piece in cuts
+    ]
+
+
+def read_range(client: Client, part: TopicRange, fetch_size: int) -> Iterator[list[Message]]:
+    """The messages of one range, a page at a time, in id order."""
+    end = MessageId.from_hex(part.end)
+    start, inclusive = poll_start(part.start)
+    while True:
+        page = client.poll(
+            part.topic, start, inclusive=inclusive, limit=fetch_size, transaction=part.snapshot
+        )
+        if not page:
+            return  # the rest of the range expired (retention) before it was read
+        kept = [m for m in page if m.id <= end and (part.hi is None or m.id.publish_ts < part.hi)]
+        if kept:
+            yield kept
+        if len(kept) < len(page) or page[-1].id >= end:
+            return
+        start, inclusive = page[-1].id, False

@@ -1,0 +1,206 @@
+"""``spark.readStream.format("tidings")``: micro-batches that replay identically.
+
+Offsets are ``{topic: position}`` (:mod:`tidings.spark.offsets`). Each micro-batch ends,
+per topic, at the last message a fresh read-committed poll returns (the last message
+for read-uncommitted): nothing before it can change any more, so the batch
+``(start, end]`` reads the same messages whenever it is read again, and a query
+restarted from its checkpoint continues exactly where it stopped
+(:mod:`tidings.spark.scan` has the argument).
+
+Admission control: ``maxMessagesPerTrigger`` is the default read limit
+(:class:`ReadMaxRows`); a batch takes at most that many messages, shared between topics
+in proportion to what each has waiting. ``Trigger.AvailableNow`` reads up to the stable
+end found when the query starts, in batches of that limit, then stops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+
+from tidings.client import Client
+from tidings.spark.offsets import (
+    EARLIEST,
+    allocate,
+    decode_offset,
+    encode_offset,
+    position_after,
+    position_floor_ts,
+    slices,
+)
+from tidings.spark.options import ReadOptions
+from tidings.spark.reader import read_partition, slices_per_topic, start_position
+from tidings.spark.scan import Scan, connect, plan_ranges, scan, snapshot
+from tidings.structs import MessageId
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+
+__all__ = ["TidingsStreamReader"]
+
+
+def _is_id(position: str) -> bool:
+    return len(position) == 40 and ":" not in position and position != EARLIEST
+
+
+class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Lives in one Python process on the driver for the whole query run; its
+    ``read`` runs on executors from a pickled copy (without the client)."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self._client: Client | None = None
+        self._available_now = False
+        self._target: dict[str, str] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_client"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            o = self.options
+            self._client = connect(o.url, o.namespace, o.request_timeout)
+        return self._client
+
+    # --- offsets ---
+
+    def _initial(self, topic: str) -> str:
+        start = self.options.starts[topic]
+        if start.kind != "latest":
+            return start_position(start)
+        newest = self.client.stats(topic).newest_id
+        return EARLIEST if newest is None else position_after(newest)
+
+    def _positions(self, offset: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+        """The checkpointed positions of the topics read, and the starts of topics the
+        checkpoint does not know yet (added to the ``topic`` option since)."""
+        known = decode_offset(offset)
+        topics = self.options.topics
+        added = {t: self._initial(t) for t in topics if t not in known}
+        return {t: known[t] for t in topics if t in known}, added
+
+    def initialOffset(self) -> dict[str, str]:
+        return encode_offset({t: self._initial(t) for t in self.options.topics})
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.options.max_messages_per_trigger
+        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        # The target is fixed at the first latestOffset, which knows where to start.
+        self._available_now = True
+        self._target = None
+
+    def _scan_all(self, positions: dict[str, str], max_rows: int | None) -> dict[str, Scan]:
+        """Per topic, what is stable after its position (at most ``max_rows``, never
+        past the Trigger.AvailableNow target), with one fresh snapshot for all."""
+        o = self.options
+        tx = snapshot(self.client, o.committed)
+        found: dict[str, Scan] = {}
+        for topic, position in positions.items():
+            stop = None
+            if self._target is not None and topic in self._target:
+                target = self._target[topic]
+                if target == position or not _is_id(target):
+                    found[topic] = Scan(ids=[])
+                    continue
+                stop = MessageId.from_hex(target)
+            found[topic] = scan(
+                self.client,
+                topic,
+                position,
+                tx,
+                fetch_size=o.fetch_size,
+                max_messages=max_rows,
+                stop_after=stop,
+                keep_ids=max_rows is not None,
+            )
+        return found
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, str]:
+        positions, added = self._positions(start)
+        if added:
+            # A batch that only records where added topics start: their first range is
+            # then planned from a checkpointed position, so it replays identically.
+            return encode_offset({**positions, **added})
+        if self._available_now and self._target is None:
+            self._target = {
+                t: positions[t] if s.last is None else position_after(s.last)
+                for t, s in self._scan_all(positions, None).items()
+            }
+        if isinstance(limit, ReadMaxRows):
+            budget: int | None = limit.max_rows
+        elif isinstance(limit, ReadAllAvailable | ReadMinRows):
+            budget = None
+        else:
+            raise ValueError(f"the tidings source does not support read limit {limit!r}")
+        found = self._scan_all(positions, budget)
+        if isinstance(limit, ReadMinRows) and sum(s.count for s in found.values()) < limit.min_rows:
+            return encode_offset(positions)
+        new = dict(positions)
+        if budget is None:
+            for topic, s in found.items():
+                if s.last is not None:
+                    new[topic] = position_after(s.last)
+        else:
+            shares = allocate({t: s.count for t, s in found.items()}, budget)
+            for topic, n in shares.items():
+                ids = found[topic].ids
+                if n > 0 and ids:
+                    new[topic] = position_after(ids[n - 1])
+        return encode_offset(new)
+
+    def reportLatestOffset(self) -> dict[str, str] | None:
+        return None
+
+    # --- planning and reading ---
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        o = self.options
+        first = decode_offset(start)
+        last = decode_offset(end)
+        pieces = slices_per_topic(o, 1)
+        tx = None
+        parts: list[InputPartition] = []
+        for topic in o.topics:
+            begin, stop = first.get(topic), last.get(topic)
+            if begin is None or stop is None or begin == stop:
+                continue
+            if not _is_id(stop):
+                continue  # nothing was read from this topic yet
+            if tx is None:
+                tx = snapshot(self.client, o.committed)
+            end_id = MessageId.from_hex(stop)
+            floor = position_floor_ts(begin)
+            if floor is None and pieces > 1:
+                head = self.client.poll(topic, None, limit=1)
+                floor = head[0].id.publish_ts if head else None
+            cuts = slices(floor, end_id.publish_ts, pieces)
+            parts.extend(plan_ranges(topic, begin, end_id, cuts, tx))
+        return parts
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_partition(self.options, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        return None
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
