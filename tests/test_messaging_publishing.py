@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tidings.clock import FakeClock
 from tidings.codec import keys, values
-from tidings.errors import BadRequest, EmptyPublish, TopicNotFound
+from tidings.errors import BadRequest, EmptyPublish, PayloadsAlreadyPublished, TopicNotFound
 from tidings.messaging import MessagingService
 from tidings.messaging.sequencing import assign
 from tidings.store import Store
@@ -328,3 +328,45 @@ def test_futures_resolve_with_results(service: MessagingService) -> None:
     first = infos[0]
     assert first is not None
     assert service.rollback_future("ns", "t", first).result(timeout=10) == 1
+
+
+# --- a published write pointer is sealed (invariant 1) ---------------------------
+
+
+def test_store_after_the_pointer_was_published_is_refused(service: MessagingService) -> None:
+    service.store_payloads("ns", "t", 7, [b"a", b"b"])
+    service.publish("ns", "t", [], write_pointer=7)
+    before = [m.payload for m in service.fetch("ns", "t")]
+    with pytest.raises(PayloadsAlreadyPublished):
+        service.store_payloads("ns", "t", 7, [b"late"])  # a zombie executor
+    with pytest.raises(PayloadsAlreadyPublished):
+        service.publish("ns", "t", [], write_pointer=7)  # the same entry twice
+    assert [m.payload for m in service.fetch("ns", "t")] == before == [b"a", b"b"]
+
+
+def test_seal_is_per_topic_and_pointer(service: MessagingService) -> None:
+    service.create_topic("ns", "other")
+    service.store_payloads("ns", "t", 7, [b"a"])
+    service.publish("ns", "t", [], write_pointer=7)
+    service.store_payloads("ns", "t", 8, [b"b"])  # another pointer: fine
+    service.store_payloads("ns", "other", 7, [b"c"])  # another topic: fine
+    service.publish("ns", "other", [], write_pointer=7)
+    assert [m.payload for m in service.fetch("ns", "other")] == [b"c"]
+
+
+def test_rolled_back_pointer_stays_sealed(service: MessagingService) -> None:
+    service.store_payloads("ns", "t", 7, [b"a"])
+    info = service.publish("ns", "t", [], write_pointer=7)
+    assert info is not None
+    service.rollback("ns", "t", info)
+    with pytest.raises(PayloadsAlreadyPublished):
+        service.store_payloads("ns", "t", 7, [b"late"])
+    assert [m.payload for m in service.fetch("ns", "t")] == [b"a"]  # non-transactional view
+
+
+def test_direct_publishes_do_not_seal(service: MessagingService) -> None:
+    service.publish("ns", "t", [b"x"], write_pointer=9)
+    service.publish("ns", "t", [b"y"], write_pointer=9)
+    service.store_payloads("ns", "t", 9, [b"z"])
+    service.publish("ns", "t", [], write_pointer=9)
+    assert [m.payload for m in service.fetch("ns", "t")] == [b"x", b"y", b"z"]

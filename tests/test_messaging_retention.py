@@ -164,3 +164,26 @@ def test_publishing_interleaves_with_cleaning(store: Store, clock: FakeClock) ->
     report = service.clean_once()
     assert report.batches >= 10
     assert [m.payload for m in service.fetch("ns", "t")] == [b"during"] * 3
+
+
+def seals(store: Store) -> int:
+    return len(store.scan_list("metadata", keys.SEALED_PREFIX, keys.SEALED_PREFIX + b"\xff"))
+
+
+def test_cleaner_drops_seal_markers_with_the_ttl_and_the_generation(
+    service: MessagingService, store: Store, clock: FakeClock
+) -> None:
+    service.store_payloads("ns", "t", 5, [b"p"])
+    service.publish("ns", "t", [], write_pointer=5)
+    assert seals(store) == 1
+    service.clean_once()
+    assert seals(store) == 1  # still within the ttl: a late store must still be refused
+    clock.advance(10_001)
+    service.clean_once()
+    assert seals(store) == 0
+    service.store_payloads("ns", "t", 6, [b"q"])
+    service.publish("ns", "t", [], write_pointer=6)
+    service.delete_topic("ns", "t")
+    service.create_topic("ns", "t")
+    service.clean_once()
+    assert seals(store) == 0  # the old generation's marker went with its rows

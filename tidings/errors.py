@@ -19,6 +19,7 @@
     │   └── ProducerNotFound          404  transactional id never registered
     ├── Conflict                      409
     │   ├── TopicAlreadyExists        409
+    │   ├── PayloadsAlreadyPublished  409  store/publish under a write pointer already published
     │   └── TransactionConflict       409  write conflict detected at commit
     ├── TransactionNotInProgress      410  the transaction already ended; subclasses say how
     │   ├── TransactionCommitted      410
@@ -56,6 +57,7 @@ __all__ = [
     "InvalidTransaction",
     "NotFound",
     "PayloadTooLarge",
+    "PayloadsAlreadyPublished",
     "ProducerFenced",
     "ProducerNotFound",
     "RequestTimeout",
@@ -168,6 +170,14 @@ class Conflict(TidingsError):
 
 class TopicAlreadyExists(Conflict):
     """A topic of that name exists already."""
+
+
+class PayloadsAlreadyPublished(Conflict):
+    """The write pointer's stored payloads were already published on this topic.
+
+    Storing more under it, or publishing it again, would change messages consumers
+    may already have read (invariant 1); a zombie writer gets this error.
+    """
 
 
 class TransactionConflict(Conflict):

@@ -40,6 +40,7 @@ __all__ = [
     "MESSAGE_KEY_SIZE",
     "NEXT_TOPIC_ID_KEY",
     "PAYLOAD_KEY_SIZE",
+    "SEALED_PREFIX",
     "STATE_PREFIX",
     "TOPIC_PREFIX",
     "expiry_key",
@@ -55,6 +56,8 @@ __all__ = [
     "parse_state_key",
     "payload_key",
     "payload_keys",
+    "sealed_key",
+    "sealed_range",
     "state_key",
     "topic_record_key",
     "topic_records_range",
@@ -84,6 +87,8 @@ NEXT_TOPIC_ID_KEY = b"msg.next-topic-id"
 TOPIC_PREFIX = b"msg.topic/"
 STATE_PREFIX = b"msg.state/"
 EXPIRY_PREFIX = b"msg.expiry/"
+#: Write pointers whose Payload Table rows a publish has exposed (one per topic/generation).
+SEALED_PREFIX = b"msg.sealed/"
 
 
 # --- Message Table ---------------------------------------------------------------
@@ -223,6 +228,19 @@ def parse_state_key(key: bytes) -> int:
 def expiry_key(expires_at: int, table: str, row_key: bytes) -> bytes:
     """Index entry for a row carrying a per-message expiry; sorted by expiry time."""
     return EXPIRY_PREFIX + _EXPIRY.pack(expires_at) + table[:1].encode("ascii") + row_key
+
+
+def sealed_key(topic_id: int, generation: int, write_pointer: int) -> bytes:
+    """Marker that ``write_pointer``'s payloads were published on this topic generation."""
+    return SEALED_PREFIX + write_pointer_prefix(topic_id, generation, write_pointer)
+
+
+def sealed_range(topic_id: int, low_generation: int, high_generation: int) -> tuple[bytes, bytes]:
+    """``[start, stop)`` of the seal markers of generations ``low <= g < high``."""
+    return (
+        SEALED_PREFIX + _TOPIC_GEN.pack(topic_id, low_generation),
+        SEALED_PREFIX + _TOPIC_GEN.pack(topic_id, high_generation),
+    )
 
 
 def parse_expiry_key(key: bytes) -> tuple[int, str, bytes]:

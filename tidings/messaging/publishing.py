@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from tidings.clock import Clock
 from tidings.codec import keys, values
-from tidings.errors import BadRequest
+from tidings.errors import BadRequest, PayloadsAlreadyPublished
 from tidings.messaging.sequencing import assign
 from tidings.messaging.topics import Topics
 from tidings.store.backend import WriteView
@@ -140,6 +140,8 @@ def publish_fn(
     def publish(view: WriteView) -> RollbackInfo | None:
         ref = topics.resolve(view, namespace, topic)
         state = ref.state
+        if not batch.values:
+            _seal(view, ref.topic_id, state.generation, write_pointer, topic, clock.now_ms())
         start_ts, start_seq, end_ts, end_seq = assign(
             state.last_ts, state.last_seq, clock.now_ms(), len(rows)
         )
@@ -170,6 +172,8 @@ def store_fn(
     def store(view: WriteView) -> None:
         ref = topics.resolve(view, namespace, topic)
         state = ref.state
+        if view.get(_META, keys.sealed_key(ref.topic_id, state.generation, write_pointer)):
+            raise _already_published(write_pointer, topic)
         count = len(batch.values)
         start_ts, start_seq, end_ts, end_seq = assign(
             state.last_write_ts, state.last_p_seq, clock.now_ms(), count
@@ -184,6 +188,32 @@ def store_fn(
         view.put(_META, keys.state_key(ref.topic_id), values.encode_state(new_state))
 
     return store
+
+
+def _already_published(write_pointer: int, topic: str) -> PayloadsAlreadyPublished:
+    return PayloadsAlreadyPublished(
+        f"the payloads of write pointer {write_pointer} were already published on topic "
+        f"{topic}; storing or publishing them again would change what consumers read"
+    )
+
+
+def _seal(
+    view: WriteView,
+    topic_id: int,
+    generation: int,
+    write_pointer: int | None,
+    topic: str,
+    now: int,
+) -> None:
+    # A pointer entry exposes every Payload Table row under its write pointer, in place.
+    # Rows stored after that (a zombie executor) or a second pointer entry would insert
+    # messages behind ones consumers already read: refuse both (invariant 1). The
+    # marker holds its time so the cleaner can drop it with the topic's TTL.
+    assert write_pointer is not None
+    marker = keys.sealed_key(topic_id, generation, write_pointer)
+    if view.get(_META, marker) is not None:
+        raise _already_published(write_pointer, topic)
+    view.put(_META, marker, now.to_bytes(8, "big"))
 
 
 def check_rollback_info(info: RollbackInfo) -> None:

@@ -81,8 +81,10 @@ class Cleaner:
         start, stop = keys.older_generations_range(topic_id, live)
         self._drain(_MESSAGES, start, stop)
         self._drain(_PAYLOADS, start, stop)
+        self._drain(_META, *keys.sealed_range(topic_id, 0, live))
         if generation <= 0:
             return
+        self._clean_seals(topic_id, generation, retention_cutoff(state, now))
         cutoff = keys.ts_seq(retention_cutoff(state, now), 0)
         prefix, stop = keys.generation_range(topic_id, generation)
         self._drain(_MESSAGES, prefix, prefix + cutoff)
@@ -107,6 +109,24 @@ class Cleaner:
                     return found
                 cursor = pointer_prefix[:8] + (flipped + 1).to_bytes(8, "big")
 
+    def _clean_seals(self, topic_id: int, generation: int, cutoff_ms: int) -> None:
+        # A marker can go once its pointer entry is past the TTL: no fetch reaches that
+        # entry any more, so rows stored under the pointer later are never exposed.
+        start, stop = keys.sealed_range(topic_id, generation, generation + 1)
+        with self._store.read() as view:
+            old = [
+                k for k, v in view.scan(_META, start, stop) if int.from_bytes(v, "big") < cutoff_ms
+            ]
+        for first in range(0, len(old), self._batch):
+            chunk = old[first : first + self._batch]
+
+            def delete(view: WriteView, chunk: list[bytes] = chunk) -> None:
+                for key in chunk:
+                    view.delete(_META, key)
+
+            self._store.apply(delete)
+            self._batches += 1
+
     def _drain(self, table: str, start: bytes, stop: bytes) -> None:
         if not self._store.scan_list(table, start, stop, 1):
             return
@@ -118,7 +138,8 @@ class Cleaner:
         while True:
             removed = self._store.apply(delete)
             self._batches += 1
-            self._deleted[table] += removed
+            if table in self._deleted:  # seal markers are not counted as rows
+                self._deleted[table] += removed
             if removed < batch:
                 return
 
