@@ -13,14 +13,21 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import orjson
 
 from tidings.client.transports import Request, Response
 from tidings.codec import wire
 from tidings.codec.wire import JSON, ConsumeRequest, Media
-from tidings.errors import EmptyPublish, InvalidName, ServerError, TidingsError, error_for
+from tidings.errors import (
+    EmptyPublish,
+    InvalidName,
+    ServerError,
+    ServiceUnavailable,
+    TidingsError,
+    error_for,
+)
 from tidings.structs import (
     Message,
     MessageId,
@@ -33,7 +40,20 @@ from tidings.structs import (
     TransactionState,
 )
 
-__all__ = ["Call", "RestApi", "check_name", "error_from_response"]
+__all__ = [
+    "ISOLATION_LEVELS",
+    "READ_COMMITTED",
+    "READ_UNCOMMITTED",
+    "Call",
+    "RestApi",
+    "check_name",
+    "error_from_response",
+]
+
+#: The poll's ``isolation`` values (docs/api.md).
+READ_COMMITTED = "read_committed"
+READ_UNCOMMITTED = "read_uncommitted"
+ISOLATION_LEVELS = (READ_COMMITTED, READ_UNCOMMITTED)
 
 T = TypeVar("T")
 
@@ -57,6 +77,8 @@ class Call(Generic[T]):
 
     request: Request
     decode: Callable[[Response], T]
+    #: Errors never retried for this call, whatever the retry policy says.
+    final: tuple[type[BaseException], ...] = ()
 
     def result(self, response: Response) -> T:
         """The decoded value, or the server's error raised as its Tidings class."""
@@ -201,6 +223,19 @@ def _rolled_back(response: Response) -> int:
     return count if isinstance(count, int) else 0
 
 
+def _json_batch(topic: str, records: Sequence[Record | bytes]) -> dict[str, Any]:
+    """One topic's part of a transactional publish: a JSON PublishRequest plus ``topic``."""
+    check_name(topic)
+    payloads = [r for r in records if type(r) is bytes]
+    if len(payloads) == len(records):  # the common case: no keys, headers or ttl
+        b64 = wire.b64encode
+        return {"topic": topic, "messages": [b64(p) for p in payloads]}
+    part: dict[str, Any] = orjson.loads(wire.encode_publish_request(None, records, JSON))
+    part.pop("transactionWritePointer", None)
+    part["topic"] = topic
+    return part
+
+
 def _properties(ttl: int | None, properties: Mapping[str, object] | None) -> dict[str, Any]:
     props: dict[str, Any] = dict(properties or {})
     if ttl is not None:
@@ -238,6 +273,12 @@ class RestApi:
         self.media = media
         self._ns_url = f"{self.url}/v1/namespaces/{namespace}"
         self._tx_url = f"{(transactions_url or url).rstrip('/')}/v1/transactions"
+        #: True if the transaction service is addressed at the messaging server itself,
+        #: so the server's own snapshots (``isolation=read_committed``) are the ones the
+        #: transactions of this client are in.
+        self.transactions_local = transactions_url is None or (
+            transactions_url.rstrip("/") == self.url
+        )
 
     # --- helpers ---
 
@@ -375,13 +416,19 @@ class RestApi:
         limit: int | None,
         transaction: bytes | None,
         wait: float | None,
+        isolation: str | None = None,
     ) -> Call[list[Message]]:
         url = self._topic_url(topic, "/poll")
         timeout = self.timeout
+        query = []
         if wait:
             wait_ms = max(0, round(wait * 1000))
-            url += f"?waitMs={wait_ms}"
+            query.append(f"waitMs={wait_ms}")
             timeout = None if timeout is None else timeout + wait_ms / 1000
+        if isolation is not None:
+            query.append("isolation=" + quote(str(isolation), safe=""))
+        if query:
+            url += "?" + "&".join(query)
         media = self.media
         body = wire.encode_consume_request(
             ConsumeRequest(start, inclusive, limit, transaction), media
@@ -392,9 +439,30 @@ class RestApi:
                 return []
             return wire.decode_messages(response.body, _response_media(response, media))
 
-        return Call(Request("POST", url, body, media.value, timeout, idempotent=True), decode)
+        # A 503 to an isolation poll means "no transaction service here": final, so a
+        # consumer falls back at once instead of after the retries.
+        final = (ServiceUnavailable,) if isolation == READ_COMMITTED else ()
+        return Call(
+            Request("POST", url, body, media.value, timeout, idempotent=True), decode, final
+        )
 
     # --- transactions ---
+
+    def publish_transaction(
+        self,
+        batches: Sequence[tuple[str, Sequence[Record | bytes]]],
+        timeout: float | None,
+        transactional_id: str | None,
+        epoch: int | None,
+    ) -> Call[Transaction]:
+        """Begin, publish every ``(topic, records)`` batch, commit: one request."""
+        body = _producer_fields(transactional_id, epoch)
+        if timeout is not None:
+            body["timeout"] = timeout
+        body["topics"] = [_json_batch(topic, records) for topic, records in batches]
+        return self._json_call(
+            "POST", f"{self._ns_url}/transactions/publish", _begun, body, idempotent=False
+        )
 
     def begin(
         self, timeout: float | None, transactional_id: str | None, epoch: int | None

@@ -102,7 +102,7 @@ class AsyncClient(BaseClient):
             try:
                 return call.result(await self._transport.send(call.request))
             except Exception as exc:
-                if not policy.should_retry(exc, attempt):
+                if isinstance(exc, call.final) or not policy.should_retry(exc, attempt):
                     raise
             await asyncio.sleep(policy.backoff(attempt))
             attempt += 1
@@ -221,10 +221,16 @@ class AsyncClient(BaseClient):
         limit: int | None = None,
         transaction: Transaction | bytes | None = None,
         wait: float | None = None,
+        isolation: str | None = None,
     ) -> list[Message]:
         """One fetch: up to ``limit`` messages from ``start`` (a message id, a timestamp
         in ms, a datetime; None: the oldest). With ``transaction`` (a snapshot or its
-        encoded form) only committed messages; ``wait`` seconds of long-poll."""
+        encoded form) only committed messages; ``wait`` seconds of long-poll.
+
+        ``isolation="read_committed"`` without ``transaction``: only committed messages,
+        with a fresh snapshot the server takes at each fetch (a long poll then also
+        wakes when a transaction commits); :class:`ServiceUnavailable` if the server does
+        not run the transaction service. ``transaction``, if given, wins."""
         position = resolve_start(start)
         if position == "latest":
             raise InvalidMessageId("poll needs a concrete start; consume() resolves 'latest'")
@@ -236,6 +242,7 @@ class AsyncClient(BaseClient):
                 limit=limit,
                 transaction=encoded_transaction(transaction),
                 wait=wait,
+                isolation=isolation,
             )
         )
 
@@ -281,12 +288,17 @@ class AsyncClient(BaseClient):
         timeout: float | None = None,
         producer: ProducerInfo | None = None,
         payload_threshold: int = DEFAULT_PAYLOAD_THRESHOLD,
+        defer_begin: bool = True,
     ) -> AsyncTransactionContext:
         """A transaction over the messaging publisher and ``participants``::
 
         with client.transaction() as tx:
             tx.publish("orders", b"...")
             tx.publish("audit", b"...")
+
+        With no ``participants`` (``defer_begin``), the whole transaction is one
+        request at the end of the block (begin, publish, commit on the server); see
+        :class:`~tidings.client.transactions.TransactionContext`.
         """
         return AsyncTransactionContext(
             self,
@@ -294,6 +306,28 @@ class AsyncClient(BaseClient):
             timeout=timeout,
             producer=producer,
             payload_threshold=payload_threshold,
+            defer_begin=defer_begin,
+        )
+
+    async def publish_transaction(
+        self,
+        batches: Mapping[str, MessageLike | Iterable[MessageLike]],
+        *,
+        timeout: float | None = None,
+        transactional_id: str | None = None,
+        epoch: int | None = None,
+    ) -> Transaction:
+        """A whole transaction in one request: begin, publish each topic's messages
+        under its write pointer, commit; all of them become visible together, or none.
+
+        Returns the transaction's snapshot (its ``write_pointer`` is the transaction).
+        Needs a server that runs both services (:class:`ServiceUnavailable` otherwise,
+        with nothing done); an error answer means nothing became visible. Not retried:
+        without an answer, it either committed or stays invisible for good.
+        """
+        parts = [(topic, to_records(messages)) for topic, messages in batches.items()]
+        return await self._send(
+            self._api.publish_transaction(parts, timeout, transactional_id, epoch)
         )
 
     async def begin(

@@ -10,6 +10,7 @@ only send calls, wait between retries and sleep, so the two cannot drift (httpx'
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -161,6 +162,9 @@ class RetryPolicy:
 NO_RETRY = RetryPolicy(attempts=1)
 
 
+#: Seconds before a client asks again for one-request transactions after a 503.
+ONE_REQUEST_RETRY_AFTER = 60.0
+
 #: The write pointer of a read-only snapshot. Pointers are ``ms x 1,000,000``, so the
 #: service would hand this one out in the year 2262: no entry can ever carry it, and the
 #: "own writes are visible" rule of the snapshot never applies.
@@ -210,6 +214,8 @@ class BaseClient:
             url, namespace, timeout=timeout, media=media, transactions_url=transactions_url
         )
         self._retry = retry if retry is not None else RetryPolicy()
+        self._server_snapshots = self._api.transactions_local
+        self._one_request_retry_at = 0.0
 
     @property
     def url(self) -> str:
@@ -227,9 +233,30 @@ class BaseClient:
         return self._api.media
 
     @property
+    def server_snapshots(self) -> bool:
+        """True if read-committed consumers let the server take their snapshots
+        (``isolation=read_committed``): the transactions are addressed at the same
+        server as the messages. Set False to always take them client-side."""
+        return self._server_snapshots
+
+    @server_snapshots.setter
+    def server_snapshots(self, value: bool) -> None:
+        self._server_snapshots = bool(value)
+
+    @property
     def timeout(self) -> float | None:
         """Seconds to wait for an answer (a long poll adds its wait)."""
         return self._api.timeout
+
+    def _one_request_transactions(self) -> bool:
+        """True if a transaction of the messaging publisher alone may be sent as one
+        request (``publish_transaction``): the transactions live on the messaging
+        server, and it did not lately answer that it cannot (503)."""
+        return self._api.transactions_local and time.monotonic() >= self._one_request_retry_at
+
+    def _no_one_request_transactions(self) -> None:
+        """The server cannot (503): use the step-by-step way for a while."""
+        self._one_request_retry_at = time.monotonic() + ONE_REQUEST_RETRY_AFTER
 
     def _policy_for(self, call: Call[Any]) -> RetryPolicy:
         return self._retry if call.request.idempotent else NO_RETRY

@@ -8,10 +8,16 @@ read-only one (:func:`~tidings.client.base.read_only_snapshot`): one read of the
 service's state instead of begin + abort, and it is reused while pages come back full
 (catching up), since an older snapshot only ever shows less, never something wrong.
 
-A long poll holding a snapshot wakes for new non-transactional messages but cannot see a
-transaction that commits while it waits; so read-committed polls wait at most
-``committed_wait`` seconds before taking a fresh snapshot, which bounds the latency of
-transactional messages. Read-uncommitted polls wait the whole ``wait``.
+By default the server takes the snapshots (``?isolation=read_committed``, docs/api.md):
+a fresh one at every fetch, and a long poll also wakes when a transaction commits, so
+one request per page and the whole ``wait``. That needs the transaction service in the
+messaging server's process, and the client's transactions addressed there; otherwise
+(a 503, or a separate ``transactions_url``) the consumer takes the snapshots itself:
+one read of the service's state per page, and since a long poll holding a snapshot
+wakes for new non-transactional messages but cannot see a transaction that commits
+while it waits, such polls wait at most ``committed_wait`` seconds before taking a fresh
+snapshot, which bounds the latency of transactional messages. Read-uncommitted polls
+wait the whole ``wait``.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
+from tidings.client.api import READ_COMMITTED
 from tidings.client.base import StartPosition, resolve_start
+from tidings.errors import ServiceUnavailable
 from tidings.structs import Message, MessageId, TopicStats, Transaction
 
 if TYPE_CHECKING:
@@ -47,6 +55,7 @@ class ConsumerCursor:
         wait: float,
         committed_wait: float,
         follow: bool,
+        server_snapshots: bool = False,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -63,6 +72,8 @@ class ConsumerCursor:
         self.follow = follow
         self.snapshot: Transaction | None = None
         self.exhausted = False
+        #: Read-committed by the server's own snapshots (until it answers 503).
+        self.server_snapshots = transactional and server_snapshots
 
     @property
     def after(self) -> MessageId | None:
@@ -77,14 +88,27 @@ class ConsumerCursor:
 
     @property
     def needs_snapshot(self) -> bool:
-        """True if the next poll needs a fresh read-committed snapshot."""
-        return self.transactional and self.snapshot is None
+        """True if the next poll needs a fresh read-committed snapshot from the client."""
+        return self.transactional and not self.server_snapshots and self.snapshot is None
+
+    @property
+    def isolation(self) -> str | None:
+        """The poll's ``isolation`` parameter (None: none sent)."""
+        return READ_COMMITTED if self.server_snapshots else None
+
+    def fall_back(self, error: ServiceUnavailable) -> None:
+        """The server cannot take snapshots: take them client-side from now on."""
+        if not self.server_snapshots:
+            raise error
+        self.server_snapshots = False
 
     def poll_wait(self) -> float:
         """How long the next poll may wait on the server."""
         if not self.follow:
             return 0.0
-        return min(self.wait, self.committed_wait) if self.transactional else self.wait
+        if self.transactional and not self.server_snapshots:
+            return min(self.wait, self.committed_wait)
+        return self.wait
 
     def advance(self, messages: list[Message]) -> None:
         """Move past a page; a short page means caught up with this snapshot."""
@@ -122,6 +146,8 @@ class Consumer(Iterator[Message]):
             wait=wait,
             committed_wait=committed_wait,
             follow=follow,
+            # Stand-ins for a client (tests) may lack it: then client-side snapshots.
+            server_snapshots=getattr(client, "server_snapshots", False),
         )
         self._buffer: deque[Message] = deque()
         self._position = self._cursor.after
@@ -148,18 +174,24 @@ class Consumer(Iterator[Message]):
         cursor = self._cursor
         if cursor.latest_pending:
             cursor.resolve_latest(self._client.stats(self.topic))
-        if cursor.needs_snapshot:
-            cursor.snapshot = self._client.snapshot()
-        messages = self._client.poll(
-            self.topic,
-            cursor.start,
-            inclusive=cursor.inclusive,
-            limit=cursor.batch_size,
-            transaction=cursor.snapshot,
-            wait=cursor.poll_wait(),
-        )
-        cursor.advance(messages)
-        return messages
+        while True:
+            if cursor.needs_snapshot:
+                cursor.snapshot = self._client.snapshot()
+            try:
+                messages = self._client.poll(
+                    self.topic,
+                    cursor.start,
+                    inclusive=cursor.inclusive,
+                    limit=cursor.batch_size,
+                    transaction=cursor.snapshot,
+                    wait=cursor.poll_wait(),
+                    isolation=cursor.isolation,
+                )
+            except ServiceUnavailable as exc:
+                cursor.fall_back(exc)
+                continue
+            cursor.advance(messages)
+            return messages
 
     def __iter__(self) -> Consumer:
         return self
@@ -200,6 +232,8 @@ class AsyncConsumer(AsyncIterator[Message]):
             wait=wait,
             committed_wait=committed_wait,
             follow=follow,
+            # Stand-ins for a client (tests) may lack it: then client-side snapshots.
+            server_snapshots=getattr(client, "server_snapshots", False),
         )
         self._buffer: deque[Message] = deque()
         self._position = self._cursor.after
@@ -226,18 +260,24 @@ class AsyncConsumer(AsyncIterator[Message]):
         cursor = self._cursor
         if cursor.latest_pending:
             cursor.resolve_latest(await self._client.stats(self.topic))
-        if cursor.needs_snapshot:
-            cursor.snapshot = await self._client.snapshot()
-        messages = await self._client.poll(
-            self.topic,
-            cursor.start,
-            inclusive=cursor.inclusive,
-            limit=cursor.batch_size,
-            transaction=cursor.snapshot,
-            wait=cursor.poll_wait(),
-        )
-        cursor.advance(messages)
-        return messages
+        while True:
+            if cursor.needs_snapshot:
+                cursor.snapshot = await self._client.snapshot()
+            try:
+                messages = await self._client.poll(
+                    self.topic,
+                    cursor.start,
+                    inclusive=cursor.inclusive,
+                    limit=cursor.batch_size,
+                    transaction=cursor.snapshot,
+                    wait=cursor.poll_wait(),
+                    isolation=cursor.isolation,
+                )
+            except ServiceUnavailable as exc:
+                cursor.fall_back(exc)
+                continue
+            cursor.advance(messages)
+            return messages
 
     def __aiter__(self) -> AsyncConsumer:
         return self

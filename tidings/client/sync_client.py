@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self, TypeVar, overload
 
 from tidings.client.api import Call
@@ -94,6 +96,23 @@ class Client(BaseClient):
             transactions_url=transactions_url,
         )
         self._transport = transport or Urllib3Transport(max_connections=max_connections)
+        self._max_connections = max_connections
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    def _commit_pool(self) -> ThreadPoolExecutor:
+        """Threads that send a transaction's per-topic publishes concurrently at commit
+        (created on first use, at most one per pooled connection)."""
+        pool = self._pool
+        if pool is None:
+            with self._pool_lock:
+                pool = self._pool
+                if pool is None:
+                    pool = self._pool = ThreadPoolExecutor(
+                        max(1, min(8, self._max_connections)),
+                        thread_name_prefix="tidings-commit",
+                    )
+        return pool
 
     def _send(self, call: Call[T]) -> T:
         policy = self._policy_for(call)
@@ -102,13 +121,17 @@ class Client(BaseClient):
             try:
                 return call.result(self._transport.send(call.request))
             except Exception as exc:
-                if not policy.should_retry(exc, attempt):
+                if isinstance(exc, call.final) or not policy.should_retry(exc, attempt):
                     raise
             time.sleep(policy.backoff(attempt))
             attempt += 1
 
     def close(self) -> None:
-        """Close pooled connections."""
+        """Close pooled connections (and the commit threads, if any were started)."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
         self._transport.close()
 
     def __enter__(self) -> Self:
@@ -221,10 +244,16 @@ class Client(BaseClient):
         limit: int | None = None,
         transaction: Transaction | bytes | None = None,
         wait: float | None = None,
+        isolation: str | None = None,
     ) -> list[Message]:
         """One fetch: up to ``limit`` messages from ``start`` (a message id, a timestamp
         in ms, a datetime; None: the oldest). With ``transaction`` (a snapshot or its
-        encoded form) only committed messages; ``wait`` seconds of long-poll."""
+        encoded form) only committed messages; ``wait`` seconds of long-poll.
+
+        ``isolation="read_committed"`` without ``transaction``: only committed messages,
+        with a fresh snapshot the server takes at each fetch (a long poll then also
+        wakes when a transaction commits); :class:`ServiceUnavailable` if the server does
+        not run the transaction service. ``transaction``, if given, wins."""
         position = resolve_start(start)
         if position == "latest":
             raise InvalidMessageId("poll needs a concrete start; consume() resolves 'latest'")
@@ -236,6 +265,7 @@ class Client(BaseClient):
                 limit=limit,
                 transaction=encoded_transaction(transaction),
                 wait=wait,
+                isolation=isolation,
             )
         )
 
@@ -281,12 +311,17 @@ class Client(BaseClient):
         timeout: float | None = None,
         producer: ProducerInfo | None = None,
         payload_threshold: int = DEFAULT_PAYLOAD_THRESHOLD,
+        defer_begin: bool = True,
     ) -> TransactionContext:
         """A transaction over the messaging publisher and ``participants``::
 
         with client.transaction() as tx:
             tx.publish("orders", b"...")
             tx.publish("audit", b"...")
+
+        With no ``participants`` (``defer_begin``), the whole transaction is one
+        request at the end of the block (begin, publish, commit on the server); see
+        :class:`~tidings.client.transactions.TransactionContext`.
         """
         return TransactionContext(
             self,
@@ -294,7 +329,27 @@ class Client(BaseClient):
             timeout=timeout,
             producer=producer,
             payload_threshold=payload_threshold,
+            defer_begin=defer_begin,
         )
+
+    def publish_transaction(
+        self,
+        batches: Mapping[str, MessageLike | Iterable[MessageLike]],
+        *,
+        timeout: float | None = None,
+        transactional_id: str | None = None,
+        epoch: int | None = None,
+    ) -> Transaction:
+        """A whole transaction in one request: begin, publish each topic's messages
+        under its write pointer, commit; all of them become visible together, or none.
+
+        Returns the transaction's snapshot (its ``write_pointer`` is the transaction).
+        Needs a server that runs both services (:class:`ServiceUnavailable` otherwise,
+        with nothing done); an error answer means nothing became visible. Not retried:
+        without an answer, it either committed or stays invisible for good.
+        """
+        parts = [(topic, to_records(messages)) for topic, messages in batches.items()]
+        return self._send(self._api.publish_transaction(parts, timeout, transactional_id, epoch))
 
     def begin(
         self,

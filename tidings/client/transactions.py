@@ -22,6 +22,16 @@ otherwise the transaction can never commit, so rolling back is safe.
 
 The messaging publisher is :class:`~tidings.client.txpublisher.TransactionalPublisher`.
 
+**One request** (``defer_begin``, the default): when the messaging publisher is the only
+participant, nothing needs the transaction before the commit, so entering the context
+sends nothing; the messages are buffered, and the end of the block sends the whole
+transaction as one request (``POST /v1/namespaces/{ns}/transactions/publish``: begin,
+publish every topic, commit, on the server). It falls back to the steps above when a
+publish would pass the payload threshold, when the transaction is asked for before the
+commit (:attr:`TransactionContext.transaction`; ``await start()`` in async code), when
+the client's transactions live on another server, or when the server answers 503 (it
+does not run both services) or 413 (body too large). A block that raises sends nothing.
+
 Errors: an exception in the ``with`` block is re-raised after the rollback; an error of
 the service (:class:`~tidings.errors.TidingsError`, e.g. ``TransactionConflict``) is
 re-raised as itself; any other exception of a participant becomes
@@ -35,7 +45,7 @@ import enum
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from tidings.client.base import MessageLike
+from tidings.client.base import MessageLike, to_records
 from tidings.client.txpublisher import (
     DEFAULT_PAYLOAD_THRESHOLD,
     AsyncTransactionalPublisher,
@@ -43,6 +53,8 @@ from tidings.client.txpublisher import (
     ambiguous,
 )
 from tidings.errors import (
+    PayloadTooLarge,
+    ServiceUnavailable,
     TidingsError,
     TransactionCommitted,
     TransactionFailure,
@@ -118,6 +130,8 @@ class AsyncTransactionAware(Protocol):
 
 class _State(enum.Enum):
     NEW = "new"
+    #: Entered with the begin deferred to the commit: nothing sent yet.
+    PENDING = "pending"
     ACTIVE = "active"
     COMMITTED = "committed"
     ABORTED = "aborted"
@@ -139,21 +153,25 @@ def _failure(participant: object, step: str, error: BaseException) -> BaseExcept
 class _ContextBase:
     """State and decisions shared by the sync and async contexts."""
 
+    publisher: TransactionalPublisher | AsyncTransactionalPublisher
+
     def __init__(
         self,
         participants: tuple[object, ...],
         timeout: float | None,
         producer: ProducerInfo | None,
+        defer_begin: bool,
     ) -> None:
         self._participants = participants
         self._timeout = timeout
         self._producer = producer
         self._tx: Transaction | None = None
         self._state = _State.NEW
+        # Only the messaging publisher takes part: nobody needs the transaction before
+        # the commit, which can then be a single request.
+        self._defer = defer_begin and len(participants) == 1
 
-    @property
-    def transaction(self) -> Transaction:
-        """The transaction's snapshot; RuntimeError before :meth:`start`."""
+    def _snapshot(self) -> Transaction:
         if self._tx is None:
             raise RuntimeError("the transaction has not started")
         return self._tx
@@ -164,9 +182,14 @@ class _ContextBase:
         return self.transaction.write_pointer
 
     @property
+    def transaction(self) -> Transaction:
+        """The transaction's snapshot; RuntimeError before it began."""
+        return self._snapshot()
+
+    @property
     def state(self) -> str:
         """new, active, committed, aborted, or unknown (the commit's answer was lost)."""
-        return self._state.value
+        return _State.ACTIVE.value if self._state is _State.PENDING else self._state.value
 
     @property
     def _producer_id(self) -> str | None:
@@ -178,8 +201,28 @@ class _ContextBase:
 
     def _require(self, state: _State) -> Transaction:
         if self._state is not state:
-            raise RuntimeError(f"the transaction is {self._state.value}, not {state.value}")
-        return self.transaction
+            raise RuntimeError(f"the transaction is {self.state}, not {state.value}")
+        return self._snapshot()
+
+    def _require_open(self) -> None:
+        if self._state is not _State.ACTIVE and self._state is not _State.PENDING:
+            raise RuntimeError(f"the transaction is {self.state}, not active")
+
+    def _drop(self) -> None:
+        """End a deferred transaction that sent nothing."""
+        self.publisher.end_deferred()
+        self._state = _State.ABORTED
+
+    def _one_request_failed(self, error: TidingsError) -> None:
+        """The state after the one-request commit failed with ``error``."""
+        if ambiguous(error):
+            self._state = _State.UNKNOWN
+            error.add_note(
+                "the outcome of the transaction is unknown (no answer): if it did not "
+                "commit, it becomes invalid when it times out, so none of it shows"
+            )
+        else:
+            self._state = _State.ABORTED  # the server rolled back and aborted
 
 
 class TransactionContext(_ContextBase):
@@ -192,6 +235,8 @@ class TransactionContext(_ContextBase):
             tx.publish("events", b"k changed")
     """
 
+    publisher: TransactionalPublisher
+
     def __init__(
         self,
         client: Client,
@@ -200,24 +245,38 @@ class TransactionContext(_ContextBase):
         producer: ProducerInfo | None = None,
         payload_threshold: int = DEFAULT_PAYLOAD_THRESHOLD,
         publisher: TransactionalPublisher | None = None,
+        defer_begin: bool = True,
     ) -> None:
         self.publisher = publisher or TransactionalPublisher(
             client, payload_threshold=payload_threshold
         )
         # The messaging publisher persists last (seed 000, "Implementation considerations").
-        super().__init__((*participants, self.publisher), timeout, producer)
+        super().__init__((*participants, self.publisher), timeout, producer, defer_begin)
         self._all: tuple[TransactionAware, ...] = (*participants, self.publisher)
         self._client = client
 
+    @property
+    def transaction(self) -> Transaction:
+        """The transaction's snapshot; a deferred transaction begins now."""
+        if self._state is _State.PENDING:
+            self.start()
+        return self._snapshot()
+
     def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None:
         """Publish in this transaction: visible to read-committed consumers on commit."""
-        self._require(_State.ACTIVE)
-        self.publisher.publish(topic, messages)
+        self._require_open()
+        records = to_records(messages)
+        if self._state is _State.PENDING:
+            if self.publisher.buffer(topic, records):
+                return
+            self.start()  # past the payload threshold: stream, under a write pointer
+        self.publisher.publish(topic, records)
 
     def start(self) -> Transaction:
-        """Begin the transaction and start every participant."""
-        if self._state is not _State.NEW:
-            raise RuntimeError(f"the transaction is {self._state.value}; use a new context")
+        """Begin the transaction and start every participant (also: begin a deferred
+        transaction now)."""
+        if self._state is not _State.NEW and self._state is not _State.PENDING:
+            raise RuntimeError(f"the transaction is {self.state}; use a new context")
         self._tx = self._client.begin(
             self._timeout, transactional_id=self._producer_id, epoch=self._epoch
         )
@@ -235,6 +294,15 @@ class TransactionContext(_ContextBase):
 
     def finish(self) -> None:
         """Check, persist, commit, post-commit; on failure roll back and abort."""
+        if self._state is _State.PENDING:
+            if self._commit_in_one_request():
+                return
+            try:
+                self.start()  # this server cannot: the steps one by one
+            except BaseException:
+                if self._state is _State.PENDING:
+                    self._drop()  # not even begun
+                raise
         tx = self._require(_State.ACTIVE)
         changes: list[bytes] = []
         for step in ("changes", "commit"):
@@ -265,17 +333,23 @@ class TransactionContext(_ContextBase):
 
     def abort(self) -> None:
         """Roll every participant back and abort (invalidate if a rollback failed)."""
-        if self._state is _State.ACTIVE:
+        if self._state is _State.PENDING:
+            self._drop()
+        elif self._state is _State.ACTIVE:
             self._rollback_and_end(None)
 
     def __enter__(self) -> TransactionContext:
-        self.start()
+        if self._defer and _one_request(self._client):
+            self._state = _State.PENDING
+            self.publisher.defer()
+        else:
+            self.start()
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
     ) -> None:
-        if self._state is not _State.ACTIVE:
+        if self._state is not _State.ACTIVE and self._state is not _State.PENDING:
             return
         if exc is not None:
             self._abort_after(exc)
@@ -285,8 +359,37 @@ class TransactionContext(_ContextBase):
     # --- failure handling ---
 
     def _abort_after(self, cause: BaseException) -> None:
-        if self._state is _State.ACTIVE:
+        if self._state is _State.PENDING:
+            self._drop()  # nothing was sent
+        elif self._state is _State.ACTIVE:
             self._rollback_and_end(cause)
+
+    def _commit_in_one_request(self) -> bool:
+        """Begin, publish and commit as one request; False if the server cannot (503,
+        or 413: nothing done)."""
+        try:
+            self._tx = self._client.publish_transaction(
+                dict(self.publisher.batches()),
+                timeout=self._timeout,
+                transactional_id=self._producer_id,
+                epoch=self._epoch,
+            )
+        except ServiceUnavailable:
+            self._client._no_one_request_transactions()
+            return False
+        except PayloadTooLarge:
+            return False  # refused unread (its JSON is bigger than the Avro publishes)
+        except TidingsError as exc:
+            self._one_request_failed(exc)
+            self.publisher.end_deferred()
+            raise
+        except BaseException:
+            self._state = _State.UNKNOWN
+            self.publisher.end_deferred()
+            raise
+        self._state = _State.COMMITTED
+        self._post_commit()
+        return True
 
     def _rollback_and_end(self, cause: BaseException | None) -> None:
         tx = self.transaction
@@ -350,6 +453,8 @@ class TransactionContext(_ContextBase):
 class AsyncTransactionContext(_ContextBase):
     """:class:`TransactionContext` for :class:`~tidings.AsyncClient` (``async with``)."""
 
+    publisher: AsyncTransactionalPublisher
+
     def __init__(
         self,
         client: AsyncClient,
@@ -358,23 +463,41 @@ class AsyncTransactionContext(_ContextBase):
         producer: ProducerInfo | None = None,
         payload_threshold: int = DEFAULT_PAYLOAD_THRESHOLD,
         publisher: AsyncTransactionalPublisher | None = None,
+        defer_begin: bool = True,
     ) -> None:
         self.publisher = publisher or AsyncTransactionalPublisher(
             client, payload_threshold=payload_threshold
         )
-        super().__init__((*participants, self.publisher), timeout, producer)
+        super().__init__((*participants, self.publisher), timeout, producer, defer_begin)
         self._all: tuple[AsyncTransactionAware, ...] = (*participants, self.publisher)
         self._client = client
 
+    @property
+    def transaction(self) -> Transaction:
+        """The transaction's snapshot. A deferred transaction (one request at commit)
+        has none before the commit: ``await start()`` begins it now."""
+        if self._state is _State.PENDING:
+            raise RuntimeError(
+                "the transaction begins when it commits (one request); "
+                "await start() to begin it now"
+            )
+        return self._snapshot()
+
     async def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None:
         """Publish in this transaction: visible to read-committed consumers on commit."""
-        self._require(_State.ACTIVE)
-        await self.publisher.publish(topic, messages)
+        self._require_open()
+        records = to_records(messages)
+        if self._state is _State.PENDING:
+            if self.publisher.buffer(topic, records):
+                return
+            await self.start()  # past the payload threshold: stream, under a write pointer
+        await self.publisher.publish(topic, records)
 
     async def start(self) -> Transaction:
-        """Begin the transaction and start every participant."""
-        if self._state is not _State.NEW:
-            raise RuntimeError(f"the transaction is {self._state.value}; use a new context")
+        """Begin the transaction and start every participant (also: begin a deferred
+        transaction now)."""
+        if self._state is not _State.NEW and self._state is not _State.PENDING:
+            raise RuntimeError(f"the transaction is {self.state}; use a new context")
         self._tx = await self._client.begin(
             self._timeout, transactional_id=self._producer_id, epoch=self._epoch
         )
@@ -392,6 +515,15 @@ class AsyncTransactionContext(_ContextBase):
 
     async def finish(self) -> None:
         """Check, persist, commit, post-commit; on failure roll back and abort."""
+        if self._state is _State.PENDING:
+            if await self._commit_in_one_request():
+                return
+            try:
+                await self.start()  # this server cannot: the steps one by one
+            except BaseException:
+                if self._state is _State.PENDING:
+                    self._drop()  # not even begun
+                raise
         tx = self._require(_State.ACTIVE)
         changes: list[bytes] = []
         for step in ("changes", "commit"):
@@ -424,17 +556,23 @@ class AsyncTransactionContext(_ContextBase):
 
     async def abort(self) -> None:
         """Roll every participant back and abort (invalidate if a rollback failed)."""
-        if self._state is _State.ACTIVE:
+        if self._state is _State.PENDING:
+            self._drop()
+        elif self._state is _State.ACTIVE:
             await self._rollback_and_end(None)
 
     async def __aenter__(self) -> AsyncTransactionContext:
-        await self.start()
+        if self._defer and _one_request(self._client):
+            self._state = _State.PENDING
+            self.publisher.defer()
+        else:
+            await self.start()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
     ) -> None:
-        if self._state is not _State.ACTIVE:
+        if self._state is not _State.ACTIVE and self._state is not _State.PENDING:
             return
         if exc is not None:
             await self._abort_after(exc)
@@ -442,8 +580,37 @@ class AsyncTransactionContext(_ContextBase):
             await self.finish()
 
     async def _abort_after(self, cause: BaseException) -> None:
-        if self._state is _State.ACTIVE:
+        if self._state is _State.PENDING:
+            self._drop()  # nothing was sent
+        elif self._state is _State.ACTIVE:
             await self._rollback_and_end(cause)
+
+    async def _commit_in_one_request(self) -> bool:
+        """Begin, publish and commit as one request; False if the server cannot (503,
+        or 413: nothing done)."""
+        try:
+            self._tx = await self._client.publish_transaction(
+                dict(self.publisher.batches()),
+                timeout=self._timeout,
+                transactional_id=self._producer_id,
+                epoch=self._epoch,
+            )
+        except ServiceUnavailable:
+            self._client._no_one_request_transactions()
+            return False
+        except PayloadTooLarge:
+            return False  # refused unread (its JSON is bigger than the Avro publishes)
+        except TidingsError as exc:
+            self._one_request_failed(exc)
+            self.publisher.end_deferred()
+            raise
+        except BaseException:
+            self._state = _State.UNKNOWN
+            self.publisher.end_deferred()
+            raise
+        self._state = _State.COMMITTED
+        await self._post_commit()
+        return True
 
     async def _rollback_and_end(self, cause: BaseException | None) -> None:
         tx = self.transaction
@@ -501,6 +668,12 @@ class AsyncTransactionContext(_ContextBase):
         if errors:
             errors[0].add_note(f"transaction {self.write_pointer} did commit")
             raise errors[0]
+
+
+def _one_request(client: object) -> bool:
+    # Stand-ins for a client (tests) may lack the method: then step by step.
+    check = getattr(client, "_one_request_transactions", None)
+    return check is not None and check() is True
 
 
 def _attach(cause: BaseException | None, notes: list[str]) -> None:

@@ -8,11 +8,19 @@ commit each such topic gets one ``publish`` of the write pointer alone. Its roll
 inverts the published entries with the rollback info each publish returned; stored
 payloads need none (no entry refers to them). If a publish got no answer, the entries it
 may have written are unknown, so its rollback fails and the transaction is invalidated.
+
+At commit the topics are published concurrently (the async publisher gathers them, the
+sync one uses the client's commit threads), so a transaction over several topics costs
+one round trip and its publishes share one group commit on the server. Every topic's
+publish is waited for even when another fails, and each that succeeded is recorded, so
+a rollback undoes exactly what was published.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from tidings.client.base import MessageLike, Outgoing, check_name, to_records
@@ -67,6 +75,16 @@ class TxBuffer:
         self.buffered_bytes = 0
         return out
 
+    def try_add(self, topic: str, records: list[Outgoing]) -> bool:
+        """Buffer ``records`` if they keep the buffer within the threshold; else False
+        (and nothing buffered)."""
+        size = sum(record_size(r) for r in records)
+        if self.buffered_bytes + size > self.payload_threshold:
+            return False
+        self.buffers.setdefault(topic, []).extend(records)
+        self.buffered_bytes += size
+        return True
+
     def commit_plan(self) -> list[tuple[str, list[Outgoing], bool]]:
         """``(topic, records, streamed)`` per topic: store the records first if streamed,
         then publish (the records directly, or the write pointer alone)."""
@@ -111,6 +129,7 @@ class _Base:
     def __init__(self, payload_threshold: int) -> None:
         self._buffer = TxBuffer(payload_threshold)
         self._tx: Transaction | None = None
+        self._deferred = False
 
     @property
     def transaction(self) -> Transaction:
@@ -124,8 +143,29 @@ class _Base:
         """What the commit published, per topic (for inspection and tests)."""
         return list(self._buffer.published)
 
-    def _begin(self, transaction: Transaction) -> None:
+    def defer(self) -> None:
+        """Buffer messages before the transaction begins (see :meth:`buffer`); a later
+        ``start()`` keeps them."""
         self._buffer.clear()
+        self._tx = None
+        self._deferred = True
+
+    def buffer(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> bool:
+        """Before the transaction began (:meth:`defer`): buffer the messages if they fit
+        within the payload threshold; False (nothing buffered) if they do not, and the
+        transaction must begin first."""
+        if not self._deferred:
+            raise RuntimeError("buffer() is for a deferred transaction: call defer() first")
+        return self._buffer.try_add(check_name(topic), to_records(messages))
+
+    def batches(self) -> list[tuple[str, list[Outgoing]]]:
+        """What a deferred transaction publishes: each topic's buffered messages."""
+        return [(t, recs) for t, recs, _ in self._buffer.commit_plan()]
+
+    def _begin(self, transaction: Transaction) -> None:
+        if not self._deferred:
+            self._buffer.clear()
+        self._deferred = False
         self._tx = transaction
 
     def _add(
@@ -136,12 +176,18 @@ class _Base:
         return self._buffer.add(check_name(topic), to_records(messages))
 
     def _note_publish_failure(self, error: BaseException) -> None:
-        if ambiguous(error):
+        # A cancelled publish may have reached the server all the same.
+        if ambiguous(error) or isinstance(error, asyncio.CancelledError):
             self._buffer.unknown_publish = True
 
     def _end(self) -> None:
         self._buffer.clear()
         self._tx = None
+        self._deferred = False
+
+    def end_deferred(self) -> None:
+        """A deferred transaction ended (committed in one request, or dropped)."""
+        self._end()
 
 
 class TransactionalPublisher(_Base):
@@ -167,15 +213,36 @@ class TransactionalPublisher(_Base):
 
     def commit(self) -> None:
         wp = self.transaction.write_pointer
-        for topic, records, streamed in self._buffer.commit_plan():
-            if streamed and records:
-                self._client.store(topic, records, write_pointer=wp)
+        plan = self._buffer.commit_plan()
+        # Stand-ins for a client (tests) may have no commit threads: one after another.
+        threads = getattr(self._client, "_commit_pool", None)
+        if len(plan) <= 1 or threads is None:
+            for topic, records, streamed in plan:
+                self._commit_topic(wp, topic, records, streamed)
+            return
+        pool: ThreadPoolExecutor = threads()
+        futures = [pool.submit(self._commit_topic, wp, *step) for step in plan[1:]]
+        errors: list[BaseException] = []
+        try:
+            self._commit_topic(wp, *plan[0])
+        except BaseException as exc:
+            errors.append(exc)
+        for future in futures:
             try:
-                info = self._client.publish(topic, () if streamed else records, write_pointer=wp)
+                future.result()
             except BaseException as exc:
-                self._note_publish_failure(exc)
-                raise
-            self._buffer.published.append((topic, info))
+                errors.append(exc)
+        _raise_first(errors)
+
+    def _commit_topic(self, wp: int, topic: str, records: list[Outgoing], streamed: bool) -> None:
+        if streamed and records:
+            self._client.store(topic, records, write_pointer=wp)
+        try:
+            info = self._client.publish(topic, () if streamed else records, write_pointer=wp)
+        except BaseException as exc:
+            self._note_publish_failure(exc)
+            raise
+        self._buffer.published.append((topic, info))
 
     def post_commit(self) -> None:
         self._end()
@@ -215,17 +282,29 @@ class AsyncTransactionalPublisher(_Base):
 
     async def commit(self) -> None:
         wp = self.transaction.write_pointer
-        for topic, records, streamed in self._buffer.commit_plan():
-            if streamed and records:
-                await self._client.store(topic, records, write_pointer=wp)
-            try:
-                info = await self._client.publish(
-                    topic, () if streamed else records, write_pointer=wp
-                )
-            except BaseException as exc:
-                self._note_publish_failure(exc)
-                raise
-            self._buffer.published.append((topic, info))
+        plan = self._buffer.commit_plan()
+        if len(plan) <= 1:
+            for topic, records, streamed in plan:
+                await self._commit_topic(wp, topic, records, streamed)
+            return
+        # Every publish runs to its end (even if the caller is cancelled meanwhile, gather
+        # finishes only once all have), so ``published`` is complete when this returns.
+        results = await asyncio.gather(
+            *(self._commit_topic(wp, *step) for step in plan), return_exceptions=True
+        )
+        _raise_first([r for r in results if isinstance(r, BaseException)])
+
+    async def _commit_topic(
+        self, wp: int, topic: str, records: list[Outgoing], streamed: bool
+    ) -> None:
+        if streamed and records:
+            await self._client.store(topic, records, write_pointer=wp)
+        try:
+            info = await self._client.publish(topic, () if streamed else records, write_pointer=wp)
+        except BaseException as exc:
+            self._note_publish_failure(exc)
+            raise
+        self._buffer.published.append((topic, info))
 
     async def post_commit(self) -> None:
         self._end()
@@ -241,13 +320,19 @@ class AsyncTransactionalPublisher(_Base):
         self._end()
 
 
+def _raise_first(errors: list[BaseException]) -> None:
+    """Raise the first of ``errors`` (if any), the others attached as notes."""
+    if errors:
+        first = errors[0]
+        for other in errors[1:]:
+            if other is not first:
+                first.add_note(f"also: {other!r}")
+        raise first
+
+
 def _raise_rollback_errors(buffer: TxBuffer, errors: list[BaseException]) -> None:
     if buffer.unknown_publish:
         errors.append(
             TransactionFailure("a publish failed without an answer; its entries are unknown")
         )
-    if errors:
-        first = errors[0]
-        for other in errors[1:]:
-            first.add_note(f"also: {other!r}")
-        raise first
+    _raise_first(errors)

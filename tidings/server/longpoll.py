@@ -8,6 +8,12 @@ dict lookup.
 
 A waiter registers *before* it fetches again, so no commit can slip between the
 fetch and the wait: either the fetch sees the data, or the commit finds the waiter.
+
+Read-committed polls (``?isolation=read_committed``) also wait on the transaction
+service: the manager calls :meth:`LongPolls.on_transaction` after every durable end of
+a transaction (commit, abort, invalidation, timeout), which wakes every such poll to
+fetch again with a fresh snapshot. Wake-ups are coalesced: one hop to the loop per
+burst of transaction ends, and none while no read-committed poll waits.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ class LongPolls:
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: dict[_Key, asyncio.Future[None]] = {}
+        self._tx_waiting: asyncio.Future[None] | None = None
+        self._tx_wake_pending = False
         self._closed = False
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -46,6 +54,19 @@ class LongPolls:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._wake, key)
 
+    def on_transaction(self) -> None:
+        """Listener for the transaction manager; safe to call from any thread."""
+        # Racy reads are fine for the same reason as in on_commit: a waiter added later
+        # takes its snapshot after this change. A wake already scheduled but not yet run
+        # covers this change too, as the polls it wakes take their snapshots after it.
+        if self._tx_waiting is None or self._tx_wake_pending or self._closed:
+            return
+        loop = self._loop
+        if loop is not None:
+            self._tx_wake_pending = True
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._wake_transactions)
+
     def waiter(self, namespace: str, topic: str) -> asyncio.Future[None]:
         """The future the next commit on the topic resolves (on the loop thread)."""
         assert self._loop is not None, "LongPolls.bind() was not called"
@@ -59,14 +80,37 @@ class LongPolls:
             waiting = self._waiting[key] = self._loop.create_future()
         return waiting
 
-    async def wait(self, future: asyncio.Future[None], timeout: float) -> None:
-        """Until ``future`` resolves or ``timeout`` seconds pass, whichever is first."""
-        if timeout > 0 and not future.done():
-            # asyncio.wait neither cancels nor wraps the shared future.
-            await asyncio.wait((future,), timeout=timeout)
+    def transaction_waiter(self) -> asyncio.Future[None]:
+        """The future the next durable end of a transaction resolves (loop thread)."""
+        assert self._loop is not None, "LongPolls.bind() was not called"
+        waiting = self._tx_waiting
+        if waiting is None or waiting.done():
+            waiting = self._tx_waiting = self._loop.create_future()
+            if self._closed:
+                waiting.set_result(None)
+        return waiting
+
+    async def wait(
+        self,
+        future: asyncio.Future[None],
+        timeout: float,
+        also: asyncio.Future[None] | None = None,
+    ) -> None:
+        """Until ``future`` (or ``also``) resolves or ``timeout`` seconds pass."""
+        if timeout <= 0 or future.done() or (also is not None and also.done()):
+            return
+        # asyncio.wait neither cancels nor wraps the shared futures.
+        futures = (future,) if also is None else (future, also)
+        await asyncio.wait(futures, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
 
     def _wake(self, key: _Key) -> None:
         future = self._waiting.pop(key, None)
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    def _wake_transactions(self) -> None:
+        self._tx_wake_pending = False
+        future, self._tx_waiting = self._tx_waiting, None
         if future is not None and not future.done():
             future.set_result(None)
 
@@ -75,3 +119,4 @@ class LongPolls:
         self._closed = True
         for key in list(self._waiting):
             self._wake(key)
+        self._wake_transactions()

@@ -226,6 +226,40 @@ def _schemas() -> dict[str, Any]:
                 "encoded": _BYTES,
             },
         },
+        "TransactionalPublishRequest": {
+            "type": "object",
+            "description": "a whole transaction: begin, publish each topic, commit (addition)",
+            "required": ["topics"],
+            "properties": {
+                "topics": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "description": "a JSON PublishRequest without a write pointer, "
+                        "plus its topic (distinct, at least one message each)",
+                        "required": ["topic", "messages"],
+                        "properties": {
+                            "topic": _NAME,
+                            "messages": {"type": "array", "minItems": 1, "items": _BYTES},
+                            "extras": _nullable({"type": "array", "items": _nullable(extras)}),
+                        },
+                    },
+                },
+                "timeout": {"type": "number", "description": "seconds"},
+                "transactionalId": {"type": "string", "minLength": 1},
+                "epoch": {"type": "integer", "minimum": 0},
+            },
+        },
+        "CommittedTransaction": {
+            "type": "object",
+            "required": ["writePointer", "readPointer", "invalid", "inProgress"],
+            "properties": {
+                "writePointer": _INT64,
+                "readPointer": _INT64,
+                "invalid": {"type": "array", "items": _INT64},
+                "inProgress": {"type": "array", "items": _INT64},
+            },
+        },
         "CommitRequest": {
             "type": "object",
             "properties": {
@@ -394,7 +428,7 @@ def _messaging_paths() -> dict[str, Any]:
         },
         topic + "/poll": {
             "post": _op(
-                "Fetch messages in order; waitMs long-polls (addition)",
+                "Fetch messages in order; waitMs long-polls, isolation (additions)",
                 {
                     "200": {
                         "description": "messages, oldest first",
@@ -409,6 +443,20 @@ def _messaging_paths() -> dict[str, Any]:
                     _param(
                         "waitMs",
                         {"type": "integer", "minimum": 0, "maximum": 10**18 - 1},
+                        "query",
+                    ),
+                    _param(
+                        "isolation",
+                        {
+                            "type": "string",
+                            "enum": ["read_committed", "read_uncommitted"],
+                            "default": "read_uncommitted",
+                            "description": (
+                                "read_committed without a body transaction: the server "
+                                "takes a fresh snapshot at each fetch (addition; 503 "
+                                "where the transaction service does not run)"
+                            ),
+                        },
                         "query",
                     ),
                 ],
@@ -473,6 +521,22 @@ def _transaction_paths() -> dict[str, Any]:
                 body={JSON: {"schema": _ref("ProducerRequest")}},
                 required=True,
                 tags=tags,
+            )
+        },
+        "/v1/namespaces/{ns}/transactions/publish": {
+            "post": _op(
+                "A transaction in one request: begin, publish every topic, commit "
+                "(addition; all or nothing)",
+                {
+                    "200": _json("committed: its snapshot", _ref("CommittedTransaction")),
+                    "404": _error("unknown topic (nothing published, the transaction aborted)"),
+                    **fenced,
+                    **ended,
+                },
+                body={JSON: {"schema": _ref("TransactionalPublishRequest")}},
+                required=True,
+                tags=tags,
+                parameters=[_param("ns", _NAME)],
             )
         },
         base + "/prune": {

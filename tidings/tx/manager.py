@@ -6,6 +6,12 @@ lock, wait for the group commit that covers them. Calls that change nothing (err
 ``state()``) wait for the records already appended, so nothing a caller is told rests on
 a change that could still be lost. A background thread runs the timeout sweep and takes
 snapshots when the log has grown by ``snapshot_every`` records.
+
+``snapshot()`` is the cheap read for read-committed consumers: a read-only snapshot from
+memory that waits only for records that change what a reader sees (anything but a
+begin), and with ``wait=False`` does not wait at all. Listeners
+(:meth:`TransactionManager.add_listener`) hear of every durable end of a transaction:
+commit, abort, invalidation, timeout, fencing, prune.
 """
 
 from __future__ import annotations
@@ -26,14 +32,18 @@ from tidings.structs import ProducerInfo, Transaction, TransactionState
 from tidings.tx.config import TxConfig
 from tidings.tx.durable import TxStorage
 from tidings.tx.log import WriteAheadLog
-from tidings.tx.records import encode_record
-from tidings.tx.state import Result, TxStateMachine
+from tidings.tx.records import Begin, encode_record
+from tidings.tx.state import MAX_POINTER, Result, TxStateMachine
 
 __all__ = ["TransactionManager"]
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+#: How long ``snapshot(wait=False)`` may wait for the lock (seconds): longer than any
+#: decision takes, shorter than a log flush.
+_NOWAIT_LOCK_TIMEOUT = 0.0005
 
 
 class TransactionManager:
@@ -65,6 +75,11 @@ class TransactionManager:
         self._snapshot_due = False
         self._stopping = False
         self._thread: threading.Thread | None = None
+        #: Log sequence of the last record that changes what a snapshot shows (not a
+        #: begin), and a lower bound of what is known durable; see snapshot().
+        self._visible_seq = 0
+        self._synced_seq = 0
+        self._listeners: list[Callable[[], None]] = []
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -170,6 +185,46 @@ class TransactionManager:
             wal.sync(seq)  # report nothing that could still be lost
         return view
 
+    def snapshot(self, *, wait: bool = True) -> Transaction | None:
+        """A read-only snapshot of what is committed now, from memory: no log write.
+
+        It sees what a transaction begun now would see (read pointer, invalid and
+        in-progress lists); its write pointer is ``2**63 - 1``, which no transaction
+        ever gets. It never rests on a commit, abort or invalidation that is not yet
+        durable: it waits for that group commit, or with ``wait=False`` returns None
+        instead (retry with ``wait=True`` off the event loop). Begins not yet durable
+        may be in it: they only add in-progress pointers, which block readers anyway.
+        """
+        # Without waiting, do not queue behind a log rotation (it flushes under the lock).
+        if not self._lock.acquire(timeout=-1 if wait else _NOWAIT_LOCK_TIMEOUT):
+            return None
+        try:
+            self._check_running()
+            state = self._state
+            tx = Transaction(
+                state.read_pointer, MAX_POINTER, state.invalid_ids(), tuple(state.in_progress)
+            )
+            wal = self._wal
+            seq = self._visible_seq
+        finally:
+            self._lock.release()
+        if wal is None or self._synced_seq >= seq:
+            return tx
+        if not wait:
+            return None
+        wal.sync(seq)
+        self._note_synced(seq)
+        return tx
+
+    def add_listener(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` after every durable change that ends transactions or changes
+        what a snapshot shows (commit, abort, invalidate, timeout, fencing, prune).
+
+        It runs on the thread of the call that made the change (a request's worker, or
+        the sweeper): it must not block. Its exceptions are logged and ignored.
+        """
+        self._listeners = [*self._listeners, fn]
+
     def register_producer(self, transactional_id: str) -> ProducerInfo:
         """Register (again) a transactional id: new epoch, predecessor fenced (KIP-98)."""
         result = self._run(lambda now: self._state.register(transactional_id))
@@ -212,11 +267,27 @@ class TransactionManager:
                 result = Result(error=exc)
             wal = self._wal
             seq = 0 if wal is None else self._append(wal, result)
+            visible = any(type(r) is not Begin for r in result.records)
+            if visible:
+                self._visible_seq = seq
         if wal is not None:
             wal.sync(seq)
+            self._note_synced(seq)
+        if visible:
+            for fn in self._listeners:
+                try:
+                    fn()
+                except Exception:
+                    log.exception("transaction listener %r failed", fn)
         if result.error is not None:
             raise result.error
         return result
+
+    def _note_synced(self, seq: int) -> None:
+        # Racy on purpose: every value written was durable, so a lost update only
+        # makes snapshot(wait=False) say "not yet" once too often.
+        if seq > self._synced_seq:
+            self._synced_seq = seq
 
     def _append(self, wal: WriteAheadLog, result: Result) -> int:
         if not result.records:

@@ -5,6 +5,12 @@ Publish, store and rollback await the store's group-commit future on the event l
 arrives during one fsync joins the next commit. Polls read LMDB on the loop itself:
 a snapshot read of up to a batch of messages costs less than the hop to a thread and
 back (measured, docs/operations.md).
+
+A poll with ``?isolation=read_committed`` and no ``transaction`` in its body is
+read-committed on the server's side: each fetch, including every re-fetch of a
+long-poll, uses a fresh read-only snapshot from this process's transaction manager
+(memory only), and a parked poll wakes for a publish on its topic and for every end of
+a transaction, so a commit shows up at once instead of after the client's next snapshot.
 """
 
 from __future__ import annotations
@@ -17,12 +23,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tidings.codec import wire
-from tidings.errors import BadRequest
+from tidings.errors import BadRequest, ServiceUnavailable
 from tidings.messaging.names import check_name
 from tidings.server.bodies import json_object, read_body, request_media, require_json
 from tidings.server.handlers import Api, json_response
 from tidings.structs import Message, TopicMetadata, TopicStats, Transaction
-from tidings.tx import decode_transaction
+from tidings.tx import TransactionManager, decode_transaction
 
 __all__ = ["PREFIX", "routes"]
 
@@ -61,6 +67,12 @@ def stats_json(stats: TopicStats) -> dict[str, Any]:
     }
 
 
+def _durable_snapshot(tx: TransactionManager) -> Transaction:
+    snapshot = tx.snapshot()
+    assert snapshot is not None
+    return snapshot
+
+
 def _wait_ms(request: Request, cap: int) -> int:
     raw = request.query_params.get("waitMs")
     if raw is None:
@@ -70,11 +82,45 @@ def _wait_ms(request: Request, cap: int) -> int:
     return min(int(raw), cap)
 
 
+READ_COMMITTED = "read_committed"
+READ_UNCOMMITTED = "read_uncommitted"
+ISOLATION_LEVELS = (READ_COMMITTED, READ_UNCOMMITTED)
+
+
+def _read_committed(request: Request) -> bool:
+    raw = request.query_params.get("isolation")
+    if raw is None or raw == READ_UNCOMMITTED:
+        return False
+    if raw == READ_COMMITTED:
+        return True
+    raise BadRequest(f"isolation must be one of {', '.join(ISOLATION_LEVELS)}, got {raw[:64]!r}")
+
+
 def routes(api: Api) -> list[Route]:
     """Every messaging route; the hot ones (publish, poll) first, as Starlette tries in order."""
     max_body = api.config.max_body_bytes
     max_wait_ms = api.config.max_wait_ms
     longpolls = api.longpolls
+    if api.services.tx is not None:
+        # Wake read-committed long-polls whenever a transaction ends (commits through
+        # the transaction routes, timeouts through the manager's sweeper).
+        api.services.tx.add_listener(longpolls.on_transaction)
+
+    def manager() -> TransactionManager:
+        tx = api.services.tx
+        if tx is None:
+            raise ServiceUnavailable(
+                "isolation=read_committed needs the transaction service in this process "
+                f"(role={api.config.role}); poll with a transaction snapshot instead"
+            )
+        return tx
+
+    async def snapshot(tx: TransactionManager) -> Transaction:
+        # From memory on the loop; only if a commit is not yet durable, wait on a worker.
+        snapshot = tx.snapshot(wait=False)
+        if snapshot is None:
+            snapshot = await api.blocking(_durable_snapshot, tx)
+        return snapshot
 
     @api.endpoint(TOPIC + "/publish")
     async def publish(request: Request) -> Response:
@@ -94,11 +140,16 @@ def routes(api: Api) -> list[Route]:
         messaging = api.messaging
         ns, topic = _names(request)
         wait_ms = _wait_ms(request, max_wait_ms)
+        read_committed = _read_committed(request)
         media = request_media(request)
         req = wire.decode_consume_request(await read_body(request, max_body), media)
         tx: Transaction | None = None
+        manager_: TransactionManager | None = None
         if req.transaction is not None:
-            tx = decode_transaction(req.transaction)
+            tx = decode_transaction(req.transaction)  # the caller's snapshot wins
+        elif read_committed:
+            manager_ = manager()
+            tx = await snapshot(manager_)
 
         def fetch() -> list[Message]:
             return messaging.fetch(
@@ -111,11 +162,17 @@ def routes(api: Api) -> list[Route]:
             deadline = loop.time() + wait_ms / 1000
             while not longpolls.closed:
                 woken = longpolls.waiter(ns, topic)
+                if manager_ is None:
+                    ended = None
+                else:
+                    # Registered before the snapshot: no commit slips in between.
+                    ended = longpolls.transaction_waiter()
+                    tx = await snapshot(manager_)
                 messages = fetch()
                 remaining = deadline - loop.time()
                 if messages or remaining <= 0:
                     break
-                await longpolls.wait(woken, remaining)
+                await longpolls.wait(woken, remaining, ended)
         return Response(wire.encode_messages(messages, media), media_type=media.value)
 
     @api.endpoint(TOPIC + "/store")

@@ -3,16 +3,34 @@
 The manager's calls block until the transaction log is durable (group-committed
 across callers), so they run on the worker threads; many concurrent begins and
 commits share one fsync.
+
+``POST /v1/namespaces/{ns}/transactions/publish`` (where one process runs both
+services) is a whole transaction of the direct path in one request: begin, publish
+every topic's messages with the write pointer (concurrently: one group commit), commit.
+If a publish fails, those that succeeded are rolled back and the transaction aborted
+(invalidated if a rollback fails too); so it commits all of its messages or none.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from typing import Any
+
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from tidings.codec import wire
 from tidings.codec.wire import INT64_MAX, b64encode
-from tidings.errors import BadRequest, TransactionConflict
+from tidings.errors import (
+    BadRequest,
+    EmptyPublish,
+    TidingsError,
+    TransactionConflict,
+)
+from tidings.messaging import MessagingService
+from tidings.messaging.names import check_name
 from tidings.server.bodies import (
     base64_list,
     int_list,
@@ -24,11 +42,15 @@ from tidings.server.bodies import (
     require_json,
 )
 from tidings.server.handlers import Api, json_response
-from tidings.tx import encode_transaction
+from tidings.structs import Record, RollbackInfo, Transaction
+from tidings.tx import TransactionManager, encode_transaction
 
-__all__ = ["PREFIX", "routes"]
+__all__ = ["PREFIX", "PUBLISH", "routes"]
 
 PREFIX = "/v1/transactions"
+PUBLISH = "/v1/namespaces/{ns}/transactions/publish"
+
+_Batch = tuple[str, list[Record | bytes]]
 
 
 def _write_pointer(request: Request) -> int:
@@ -36,6 +58,43 @@ def _write_pointer(request: Request) -> int:
     if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) <= INT64_MAX:
         raise BadRequest(f"a write pointer is a positive 64-bit integer, got {raw!r}")
     return int(raw)
+
+
+def _batches(obj: dict[str, Any]) -> list[_Batch]:
+    """The ``topics`` of a transactional publish: names checked, messages decoded."""
+    items = obj.get("topics")
+    if not isinstance(items, list):
+        raise BadRequest("topics must be a list of {topic, messages[, extras]} objects")
+    batches: list[_Batch] = []
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise BadRequest(f"topics[{i}] must be an object")
+        topic = item.get("topic")
+        if not isinstance(topic, str):
+            raise BadRequest(f"topics[{i}].topic must be a topic name")
+        check_name("topic", topic)
+        if topic in seen:
+            raise BadRequest(f"topic {topic!r} appears more than once")
+        seen.add(topic)
+        if "transactionWritePointer" in item:
+            raise BadRequest("the server assigns the write pointer; do not send one")
+        # Each item is a JSON PublishRequest plus its topic: decode it as one.
+        part = {k: v for k, v in item.items() if k != "topic"}
+        records = wire.decode_publish_request(orjson.dumps(part), wire.JSON).records
+        if not records:
+            raise EmptyPublish(f"topics[{i}] ({topic}) has no messages")
+        batches.append((topic, list(records)))
+    return batches
+
+
+def _snapshot_json(snapshot: Transaction) -> dict[str, Any]:
+    return {
+        "writePointer": snapshot.write_pointer,
+        "readPointer": snapshot.read_pointer,
+        "invalid": list(snapshot.invalid),
+        "inProgress": list(snapshot.in_progress),
+    }
 
 
 def routes(api: Api) -> list[Route]:
@@ -120,6 +179,25 @@ def routes(api: Api) -> list[Route]:
         counts.invalidated += 1
         return json_response({})
 
+    @api.endpoint(PUBLISH)
+    async def publish(request: Request) -> Response:
+        messaging, tx = api.messaging, api.tx  # 503 unless this process runs both
+        ns = check_name("namespace", request.path_params["ns"])
+        obj = await body(request, "transactional publish")
+        batches = _batches(obj)
+        timeout = opt_number(obj, "timeout")
+        transactional_id = opt_str(obj, "transactionalId")
+        epoch = opt_int(obj, "epoch", 0)
+        ended: list[str] = []
+        try:
+            snapshot = await api.blocking(
+                _transact, messaging, tx, ns, batches, timeout, transactional_id, epoch, ended
+            )
+        finally:
+            for outcome in ended:
+                setattr(counts, outcome, getattr(counts, outcome) + 1)
+        return json_response(_snapshot_json(snapshot))
+
     @api.endpoint(PREFIX + "/producers")
     async def producers(request: Request) -> Response:
         tx = api.tx
@@ -151,5 +229,99 @@ def routes(api: Api) -> list[Route]:
         Route(PREFIX + "/{wp}/abort", abort, methods=["POST"]),
         Route(PREFIX + "/{wp}/invalidate", invalidate, methods=["POST"]),
         Route(PREFIX + "/producers", producers, methods=["POST"]),
+        Route(PUBLISH, publish, methods=["POST"]),
         Route(PREFIX + "/prune", prune, methods=["POST"]),
     ]
+
+
+def _transact(
+    messaging: MessagingService,
+    tx: TransactionManager,
+    ns: str,
+    batches: list[_Batch],
+    timeout: float | None,
+    transactional_id: str | None,
+    epoch: int | None,
+    ended: list[str],
+) -> Transaction:
+    """Begin, publish every batch, commit; on a worker thread, which waits for each
+    step's group commit (one hop from the event loop for the whole transaction).
+
+    The batches are submitted together, so they share a group commit. If a publish
+    fails, exactly those that succeeded are rolled back and the transaction aborted
+    (invalidated if that fails), then the publish's error is raised; if the commit
+    fails, the transaction is invalidated. ``ended`` collects the counters to bump.
+    """
+    snapshot = tx.begin(timeout, transactional_id=transactional_id, epoch=epoch)
+    ended.append("begun")
+    wp = snapshot.write_pointer
+    futures: list[Future[RollbackInfo | None] | Exception] = []
+    for topic, records in batches:
+        try:
+            futures.append(messaging.publish_future(ns, topic, records, wp))
+        except Exception as exc:  # bad input is refused at once, before any write
+            futures.append(exc)
+    published: list[tuple[str, RollbackInfo]] = []
+    errors: list[Exception] = []
+    for (topic, _), future in zip(batches, futures, strict=True):
+        try:
+            if isinstance(future, Exception):
+                raise future
+            info = future.result()
+        except Exception as exc:
+            errors.append(exc)
+        else:
+            if info is not None:
+                published.append((topic, info))
+    if errors:
+        _end_failed(messaging, tx, ns, wp, published, errors[0], transactional_id, epoch, ended)
+        raise errors[0]
+    try:
+        tx.commit(wp, (), transactional_id=transactional_id, epoch=epoch)
+    except TidingsError as exc:
+        # Timed out or fenced: already invalid. Anything else: make sure it never
+        # commits (its writes then never show).
+        _invalidate(tx, wp, exc, ended)
+        raise
+    ended.append("committed")
+    return snapshot
+
+
+def _end_failed(
+    messaging: MessagingService,
+    tx: TransactionManager,
+    ns: str,
+    wp: int,
+    published: list[tuple[str, RollbackInfo]],
+    error: Exception,
+    transactional_id: str | None,
+    epoch: int | None,
+    ended: list[str],
+) -> None:
+    # A failed publish wrote nothing (its store write was not committed), so rolling
+    # back the others leaves no entry of the transaction behind, and it may abort.
+    rolled_back = True
+    for topic, info in published:
+        try:
+            messaging.rollback(ns, topic, info)
+        except Exception as exc:
+            rolled_back = False
+            error.add_note(f"rollback of {topic} failed: {exc!r}")
+    if rolled_back:
+        try:
+            tx.abort(wp, transactional_id=transactional_id, epoch=epoch)
+        except TidingsError:
+            pass
+        else:
+            ended.append("aborted")
+            return
+    _invalidate(tx, wp, error, ended)
+
+
+def _invalidate(tx: TransactionManager, wp: int, error: Exception, ended: list[str]) -> None:
+    try:
+        tx.invalidate(wp)
+    except TidingsError as exc:
+        error.add_note(f"could not invalidate transaction {wp}: {exc}")
+    else:
+        ended.append("invalidated")
