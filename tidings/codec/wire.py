@@ -21,7 +21,7 @@ import binascii
 import enum
 import io
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -43,10 +43,12 @@ _ID_STRUCT = struct.Struct(">QHQH")
 __all__ = [
     "AVRO",
     "AVRO_EXT",
+    "AvroItems",
     "JSON",
     "ConsumeRequest",
     "Media",
     "PublishRequest",
+    "avro_messages",
     "b64decode",
     "b64encode",
     "decode_consume_request",
@@ -591,13 +593,38 @@ def _long(n: int) -> bytes:
     return _SMALL[n] if 0 <= n < 16384 else _zigzag(n)
 
 
-def _avro_messages(messages: Sequence[Message], *, extended: bool) -> bytes:
+@dataclass(frozen=True, slots=True)
+class AvroItems:
+    """How the messaging core writes plain messages straight into an Avro poll response."""
+
+    suffix: bytes  # after the payload: b"" (seed schema) or null key + empty headers
+    small: tuple[bytes, ...]  # zig-zag varints of 0..16383
+    zigzag: Callable[[int], bytes]
+
+    @classmethod
+    def for_media(cls, media: Media) -> AvroItems | None:
+        """The item layout of ``media``; None for JSON (no pre-encoding)."""
+        if media is JSON:
+            return None
+        return cls(b"\x00\x00" if media is AVRO_EXT else b"", _SMALL, _zigzag)
+
+
+def avro_messages(items: Sequence[Message | bytes], media: Media) -> bytes:
+    """A poll response from messages and items the core already encoded for ``media``."""
+    return _avro_messages(items, extended=media is AVRO_EXT)
+
+
+def _avro_messages(messages: Sequence[Message | bytes], *, extended: bool) -> bytes:
     if not messages:
         return b"\x00"
     small, long_ = _SMALL, _long
     parts: list[bytes] = [long_(len(messages))]
     add = parts.append
     for m in messages:
+        if type(m) is bytes:
+            add(m)
+            continue
+        assert isinstance(m, Message)
         payload = m.payload
         add(b"\x28")  # the id: always 20 bytes
         add(m.id.to_bytes())

@@ -21,6 +21,7 @@ import struct
 
 from tidings.codec import keys, values
 from tidings.codec.values import FLAG_P, FLAG_T, PLAIN, TX_PLAIN, TopicState
+from tidings.codec.wire import AvroItems
 from tidings.store.backend import ReadView
 from tidings.structs import NO_HEADERS, Message, MessageId, Transaction
 from tidings.tx.visibility import Visibility, classify
@@ -49,8 +50,13 @@ def fetch_messages(
     inclusive: bool,
     limit: int,
     transaction: Transaction | None,
-) -> list[Message]:
+    avro: AvroItems | None = None,
+) -> list[Message | bytes]:
     """At most ``limit`` messages of one topic generation, in id order.
+
+    With ``avro``, plain messages (the common case) come back already encoded as Avro
+    poll-response items (see :func:`tidings.codec.wire.avro_messages`) rather than as
+    :class:`Message`: the server then skips building and re-reading a tuple per message.
 
     ``start`` is a message id, a timestamp (ms), or None for the oldest live message;
     ``inclusive`` says whether a message at exactly ``start`` is returned. A limit may
@@ -60,7 +66,7 @@ def fetch_messages(
     generation = state.generation
     cutoff = retention_cutoff(state, now)
     prefix, stop = keys.generation_range(topic_id, generation)
-    out: list[Message] = []
+    out: list[Message | bytes] = []
     reader = _Reader(view, topic_id, generation, cutoff, now, transaction, out, limit)
     if isinstance(start, MessageId):
         if start.publish_ts >= cutoff:
@@ -86,6 +92,9 @@ def fetch_messages(
     unpack_tail, unpack_i64 = _TAIL.unpack_from, _I64.unpack_from
     plain, tx_plain = PLAIN, TX_PLAIN if transaction is None else -1
     no_headers, no_payload_table = NO_HEADERS, (0, 0)
+    if avro is not None:
+        _append_avro(view, scan_from, stop, out, reader, avro, plain, tx_plain, limit)
+        return out
     for key, value in view.scan(_MESSAGES, scan_from, stop):
         flags = value[0]
         # Fast paths for the two common shapes; everything else goes through entry().
@@ -103,6 +112,42 @@ def fetch_messages(
     return out
 
 
+def _append_avro(
+    view: ReadView,
+    scan_from: bytes,
+    stop: bytes,
+    out: list[Message | bytes],
+    reader: _Reader,
+    avro: AvroItems,
+    plain: int,
+    tx_plain: int,
+    limit: int,
+) -> None:
+    # The same walk as the Message loop above, emitting each plain entry as its Avro
+    # item: id (length byte 0x28, the key's ts|seq, ten zero bytes), payload length,
+    # payload, and for the extended schema a null key and empty headers.
+    append, join, suffix = out.append, b"".join, avro.suffix
+    small, zigzag, id_len, zero = avro.small, avro.zigzag, b"\x28", bytes(10)
+    for key, value in view.scan(_MESSAGES, scan_from, stop):
+        flags = value[0]
+        if flags == plain:
+            n = len(value) - 1
+            payload = memoryview(value)[1:]
+        elif flags == tx_plain:
+            n = len(value) - 9
+            payload = memoryview(value)[9:]
+        elif reader.entry(key, value, None, True):
+            if len(out) >= limit:
+                return
+            continue
+        else:
+            return
+        length = small[n] if n < 16384 else zigzag(n)
+        append(join((id_len, key[8:18], zero, length, payload, suffix)))
+        if len(out) >= limit:
+            return
+
+
 class _Reader:
     """Expands one Message Table entry at a time into the output list."""
 
@@ -116,7 +161,7 @@ class _Reader:
         cutoff: int,
         now: int,
         tx: Transaction | None,
-        out: list[Message],
+        out: list[Message | bytes],
         limit: int,
     ) -> None:
         self.view = view

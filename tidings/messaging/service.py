@@ -15,9 +15,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from tidings.clock import Clock, SystemClock
+from tidings.codec import wire
+from tidings.codec.wire import AvroItems, Media
 from tidings.errors import BadRequest, EmptyPublish, InvalidMessageId
 from tidings.messaging import publishing
 from tidings.messaging.counters import Counters, TopicCounters
@@ -243,9 +245,42 @@ class MessagingService:
         fetch stops before the first entry of a transaction in progress; without it,
         everything written is returned, rolled-back entries included.
         """
+        items = self._fetch(namespace, topic, start, inclusive, limit, transaction, None)
+        return cast("list[Message]", items)
+
+    def fetch_encoded(
+        self,
+        namespace: str,
+        topic: str,
+        media: Media,
+        *,
+        start: MessageId | int | None = None,
+        inclusive: bool = True,
+        limit: int | None = None,
+        transaction: Transaction | None = None,
+    ) -> tuple[bytes, int]:
+        """:meth:`fetch`, answered as a poll response body in ``media`` directly, with
+        the number of messages in it. For Avro, plain messages go from the store into
+        the body without a :class:`Message` each (the consumer's hot path)."""
+        avro = AvroItems.for_media(media)
+        items = self._fetch(namespace, topic, start, inclusive, limit, transaction, avro)
+        if avro is None:
+            return wire.encode_messages(cast("list[Message]", items), media), len(items)
+        return wire.avro_messages(items, media), len(items)
+
+    def _fetch(
+        self,
+        namespace: str,
+        topic: str,
+        start: MessageId | int | None,
+        inclusive: bool,
+        limit: int | None,
+        transaction: Transaction | None,
+        avro: AvroItems | None,
+    ) -> list[Message | bytes]:
         check_name("namespace", namespace)
         check_name("topic", topic)
-        limit = self._limit(limit)
+        checked_limit = self._limit(limit)
         _check_start(start)
         if transaction is not None and not isinstance(transaction, Transaction):
             raise BadRequest(f"transaction must be a Transaction, got {type(transaction)}")
@@ -258,8 +293,9 @@ class MessagingService:
                 self._clock.now_ms(),
                 start,
                 bool(inclusive),
-                limit,
+                checked_limit,
                 transaction,
+                avro,
             )
         self._counters.fetched((namespace, topic), len(out))
         return out
@@ -284,15 +320,18 @@ class MessagingService:
         while True:
             with self._store.read() as view:
                 ref = self._topics.resolve(view, namespace, topic)
-                page = fetch_messages(
-                    view,
-                    ref.topic_id,
-                    ref.state,
-                    self._clock.now_ms(),
-                    start,
-                    False,
-                    _STATS_PAGE,
-                    None,
+                page = cast(
+                    "list[Message]",
+                    fetch_messages(
+                        view,
+                        ref.topic_id,
+                        ref.state,
+                        self._clock.now_ms(),
+                        start,
+                        False,
+                        _STATS_PAGE,
+                        None,
+                    ),
                 )
             if not page:
                 break

@@ -27,7 +27,7 @@ from tidings.errors import BadRequest, ServiceUnavailable
 from tidings.messaging.names import check_name
 from tidings.server.bodies import json_object, read_body, request_media, require_json
 from tidings.server.handlers import Api, json_response
-from tidings.structs import Message, TopicMetadata, TopicStats, Transaction
+from tidings.structs import TopicMetadata, TopicStats, Transaction
 from tidings.tx import TransactionManager, decode_transaction
 
 __all__ = ["PREFIX", "routes"]
@@ -151,13 +151,19 @@ def routes(api: Api) -> list[Route]:
             manager_ = manager()
             tx = await snapshot(manager_)
 
-        def fetch() -> list[Message]:
-            return messaging.fetch(
-                ns, topic, start=req.start, inclusive=req.inclusive, limit=req.limit, transaction=tx
+        def fetch() -> tuple[bytes, int]:
+            return messaging.fetch_encoded(
+                ns,
+                topic,
+                media,
+                start=req.start,
+                inclusive=req.inclusive,
+                limit=req.limit,
+                transaction=tx,
             )
 
-        messages = fetch()
-        if not messages and wait_ms > 0:
+        body, count = fetch()
+        if not count and wait_ms > 0:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait_ms / 1000
             while not longpolls.closed:
@@ -168,12 +174,12 @@ def routes(api: Api) -> list[Route]:
                     # Registered before the snapshot: no commit slips in between.
                     ended = longpolls.transaction_waiter()
                     tx = await snapshot(manager_)
-                messages = fetch()
+                body, count = fetch()
                 remaining = deadline - loop.time()
-                if messages or remaining <= 0:
+                if count or remaining <= 0:
                     break
                 await longpolls.wait(woken, remaining, ended)
-        return Response(wire.encode_messages(messages, media), media_type=media.value)
+        return Response(body, media_type=media.value)
 
     @api.endpoint(TOPIC + "/store")
     async def store(request: Request) -> Response:
