@@ -6,7 +6,7 @@ at any moment (even ``kill -9``), run it again with the same ``--checkpoint``: t
 topic holds every source message exactly once, in source order.
 
     tidings serve &
-    tidings topic create orders && tidings topic create orders-loud
+    tidings topics create orders && tidings topics create orders-loud
     python examples/spark_pipeline.py --source orders --sink orders-loud \\
         --checkpoint /tmp/orders-loud.ckpt --available-now
 
