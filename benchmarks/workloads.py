@@ -105,20 +105,17 @@ async def w1(client: AsyncClient, count: int, size: int, concurrency: int) -> tu
 
 
 async def w2(client: AsyncClient, topic: str, expected: int, transactional: bool) -> float:
+    # The user-facing way to read a topic: a consumer, page by page (it reads ahead).
     started = time.perf_counter()
     seen = 0
-    start = None
-    inclusive = True
-    snapshot = await client.snapshot() if transactional else None
+    consumer = client.consume(topic, transactional=transactional, follow=False, batch_size=10_000)
     deadline = time.monotonic() + 120
     while seen < expected and time.monotonic() < deadline:
-        batch = await client.poll(
-            topic, start, inclusive=inclusive, limit=10_000, transaction=snapshot
-        )
+        batch = await consumer.poll()
         if not batch:
             break
         seen += len(batch)
-        start, inclusive = batch[-1].id, False
+    consumer.close()
     elapsed = time.perf_counter() - started
     if seen != expected:
         raise RuntimeError(f"W2 read {seen} of {expected} messages")

@@ -137,3 +137,49 @@ async def test_async_consumer() -> None:
     )
     assert [m.payload async for m in consumer] == [str(i).encode() for i in range(5)]
     assert consumer.position == mid(4)
+
+
+def _page(count: int | None, last: MessageId | None) -> Any:
+    from tidings.client.api import PollPage
+    from tidings.codec.wire import AVRO
+
+    return PollPage(b"", AVRO, count, last)
+
+
+def test_read_ahead_only_after_full_pages_and_only_if_it_is_the_next_poll() -> None:
+    cursor = ConsumerCursor(
+        "earliest", transactional=True, batch_size=3, wait=1, committed_wait=0.5, follow=False
+    )
+    cursor.snapshot = Transaction(5, 2**63 - 1)
+    assert cursor.ahead_of(_page(2, mid(1))) is None  # short page
+    assert cursor.ahead_of(_page(None, None)) is None  # no headers
+    key = cursor.ahead_of(_page(3, mid(2)))
+    assert key == (mid(2), False, cursor.snapshot, None)
+    assert key is not None
+    full = [Message(mid(i), b"") for i in range(3)]
+    cursor.advance(full)
+    assert cursor.accepts(key, _page(3, mid(5)))
+    assert cursor.accepts(key, _page(0, None))  # not following: empty is the answer
+    assert not cursor.accepts(key, None)  # the read-ahead failed
+    cursor.follow = True
+    assert not cursor.accepts(key, _page(0, None))  # following: poll again, waiting
+    cursor.follow = False
+    cursor.advance(full[:1])  # shorter than the header said: snapshot dropped
+    assert not cursor.accepts(key, _page(3, mid(5)))
+
+
+def test_poll_page_headers() -> None:
+    from tidings.client.api import _poll_page
+    from tidings.client.transports import Response
+    from tidings.codec.wire import AVRO
+
+    def page(headers: dict[str, str]) -> tuple[int | None, MessageId | None]:
+        p = _poll_page(Response(200, b"\x00", AVRO.value, headers), AVRO)
+        return p.count, p.last_id
+
+    assert page({"tidings-count": "3", "tidings-last-id": mid(2).hex}) == (3, mid(2))
+    assert page({"tidings-count": "0"}) == (0, None)
+    assert page({}) == (None, None)
+    assert page({"tidings-count": "3"}) == (None, None)
+    assert page({"tidings-count": "x", "tidings-last-id": mid(2).hex}) == (None, None)
+    assert page({"tidings-count": "3", "tidings-last-id": "zz"}) == (None, None)

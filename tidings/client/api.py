@@ -45,6 +45,7 @@ __all__ = [
     "READ_COMMITTED",
     "READ_UNCOMMITTED",
     "Call",
+    "PollPage",
     "RestApi",
     "check_name",
     "error_from_response",
@@ -85,6 +86,44 @@ class Call(Generic[T]):
         if response.status >= 300:
             raise error_from_response(response)
         return self.decode(response)
+
+
+@dataclass(frozen=True, slots=True)
+class PollPage:
+    """A poll response not decoded yet, with the page's extent from its headers.
+
+    ``count`` and ``last_id`` come from ``Tidings-Count`` and ``Tidings-Last-Id``
+    (docs/api.md); ``count`` is None if the server sent no (or a malformed) count.
+    """
+
+    body: bytes
+    media: Media
+    count: int | None
+    last_id: MessageId | None
+
+    def messages(self) -> list[Message]:
+        """Decode the page (the costly part, which the consumer overlaps with I/O)."""
+        if not self.body:
+            return []
+        return wire.decode_messages(self.body, self.media)
+
+
+def _poll_page(response: Response, sent: Media) -> PollPage:
+    headers = response.headers
+    count: int | None = None
+    last: MessageId | None = None
+    try:
+        raw_count = headers.get("tidings-count")
+        if raw_count is not None:
+            count = int(raw_count)
+            raw_last = headers.get("tidings-last-id")
+            if raw_last is not None:
+                last = MessageId.from_hex(raw_last)
+            elif count:
+                count = None  # a non-empty page without its last id: no extent
+    except (ValueError, TidingsError):
+        count, last = None, None
+    return PollPage(response.body, _response_media(response, sent), count, last)
 
 
 def error_from_response(response: Response) -> TidingsError:
@@ -418,6 +457,46 @@ class RestApi:
         wait: float | None,
         isolation: str | None = None,
     ) -> Call[list[Message]]:
+        media = self.media
+        request, final = self._poll_request(
+            topic, start, inclusive, limit, transaction, wait, isolation
+        )
+
+        def decode(response: Response) -> list[Message]:
+            if not response.body:
+                return []
+            return wire.decode_messages(response.body, _response_media(response, media))
+
+        return Call(request, decode, final)
+
+    def poll_page(
+        self,
+        topic: str,
+        start: MessageId | int | None,
+        *,
+        inclusive: bool,
+        limit: int | None,
+        transaction: bytes | None,
+        wait: float | None,
+        isolation: str | None = None,
+    ) -> Call[PollPage]:
+        """:meth:`poll`, answered undecoded (:class:`PollPage`) with the page's extent."""
+        media = self.media
+        request, final = self._poll_request(
+            topic, start, inclusive, limit, transaction, wait, isolation
+        )
+        return Call(request, lambda response: _poll_page(response, media), final)
+
+    def _poll_request(
+        self,
+        topic: str,
+        start: MessageId | int | None,
+        inclusive: bool,
+        limit: int | None,
+        transaction: bytes | None,
+        wait: float | None,
+        isolation: str | None,
+    ) -> tuple[Request, tuple[type[BaseException], ...]]:
         url = self._topic_url(topic, "/poll")
         timeout = self.timeout
         query = []
@@ -434,17 +513,12 @@ class RestApi:
             ConsumeRequest(start, inclusive, limit, transaction), media
         )
 
-        def decode(response: Response) -> list[Message]:
-            if not response.body:
-                return []
-            return wire.decode_messages(response.body, _response_media(response, media))
-
         # A 503 to an isolation poll means "no transaction service here": final, so a
         # consumer falls back at once instead of after the retries.
-        final = (ServiceUnavailable,) if isolation == READ_COMMITTED else ()
-        return Call(
-            Request("POST", url, body, media.value, timeout, idempotent=True), decode, final
+        final: tuple[type[BaseException], ...] = (
+            (ServiceUnavailable,) if isolation == READ_COMMITTED else ()
         )
+        return Request("POST", url, body, media.value, timeout, idempotent=True), final
 
     # --- transactions ---
 

@@ -18,16 +18,32 @@ wakes for new non-transactional messages but cannot see a transaction that commi
 while it waits, such polls wait at most ``committed_wait`` seconds before taking a fresh
 snapshot, which bounds the latency of transactional messages. Read-uncommitted polls
 wait the whole ``wait``.
+
+Reading ahead: a poll response says how many messages it holds and the id of the last
+(``Tidings-Count``, ``Tidings-Last-Id``, docs/api.md). When a page is full, the
+consumer sends the poll for the next one (after that id, exclusive, with the same
+snapshot or isolation) as soon as the page arrives, then decodes the page, so the
+server fetches and encodes page N+1 while the client decodes page N. At most one such
+poll is in flight (a worker thread for :class:`Consumer`, a task for
+:class:`AsyncConsumer`), and it waits for nothing on the server (``waitMs`` 0). Its
+answer is used only if it is exactly the poll the consumer would send next; otherwise
+(a page shorter than its header said, a failure, an empty answer while following) it
+is dropped and the consumer polls as it would have anyway, so order, exactly-once
+delivery and read-committed semantics are those of one poll after another. A short
+page, the end of the topic or a server that sends no such headers means no read-ahead.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
-from tidings.client.api import READ_COMMITTED
-from tidings.client.base import StartPosition, resolve_start
+from tidings.client.api import READ_COMMITTED, PollPage, RestApi
+from tidings.client.base import StartPosition, encoded_transaction, resolve_start
 from tidings.errors import ServiceUnavailable
 from tidings.structs import Message, MessageId, TopicStats, Transaction
 
@@ -40,6 +56,13 @@ __all__ = ["AsyncConsumer", "Consumer", "ConsumerCursor"]
 DEFAULT_BATCH_SIZE = 500
 DEFAULT_WAIT = 10.0
 DEFAULT_COMMITTED_WAIT = 0.5
+#: Loop turns an :class:`AsyncConsumer` gives a read-ahead task before decoding a page:
+#: aiohttp needs two to write the request (measured; one left it unsent until after).
+_SEND_TURNS = 2
+
+#: What a poll asks for besides topic, limit and wait: start, inclusive, the snapshot
+#: (compared by identity) and the isolation parameter.
+PollKey = tuple[MessageId | int | None, bool, Transaction | None, str | None]
 
 
 class ConsumerCursor:
@@ -110,6 +133,31 @@ class ConsumerCursor:
             return min(self.wait, self.committed_wait)
         return self.wait
 
+    def key(self) -> PollKey:
+        """What the next poll asks for (after :meth:`advance`)."""
+        return (self.start, self.inclusive, self.snapshot, self.isolation)
+
+    def ahead_of(self, page: PollPage) -> PollKey | None:
+        """The poll that follows ``page`` if it is worth sending before decoding it: the
+        page is full by its headers, so :meth:`advance` will keep the snapshot and move
+        just past its last id. None otherwise (short page, no headers)."""
+        if page.count is None or page.last_id is None or page.count < self.batch_size:
+            return None
+        return (page.last_id, False, self.snapshot, self.isolation)
+
+    def accepts(self, key: PollKey, page: PollPage | None) -> bool:
+        """True if a poll sent ahead as ``key`` answered what the next poll would."""
+        if page is None or self.latest_pending or self.needs_snapshot:
+            return False
+        start, inclusive, snapshot, isolation = self.key()
+        if not (
+            key[0] == start and key[1] == inclusive and key[2] is snapshot and key[3] == isolation
+        ):
+            return False
+        # Sent without waiting: an empty answer stands for the poll only if that one
+        # would not have waited either.
+        return not self.follow or (page.count is not None and page.count > 0)
+
     def advance(self, messages: list[Message]) -> None:
         """Move past a page; a short page means caught up with this snapshot."""
         if messages:
@@ -151,6 +199,10 @@ class Consumer(Iterator[Message]):
         )
         self._buffer: deque[Message] = deque()
         self._position = self._cursor.after
+        # Undecoded pages need the real client (stand-ins in tests only have poll()).
+        self._api: RestApi | None = _rest_api(client)
+        self._executor: ThreadPoolExecutor | None = None
+        self._ahead: tuple[PollKey, Future[PollPage]] | None = None
 
     @property
     def position(self) -> MessageId | None:
@@ -170,10 +222,67 @@ class Consumer(Iterator[Message]):
             self._position = page[-1].id
         return page
 
+    def close(self) -> None:
+        """Drop a poll sent ahead, if any, and stop the read-ahead thread."""
+        self._ahead = None
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False)
+
+    def _send_page(self, key: PollKey, wait: float) -> PollPage:
+        assert self._api is not None
+        start, inclusive, snapshot, isolation = key
+        call = self._api.poll_page(
+            self.topic,
+            start,
+            inclusive=inclusive,
+            limit=self._cursor.batch_size,
+            transaction=encoded_transaction(snapshot),
+            wait=wait,
+            isolation=isolation,
+        )
+        return self._client._send(call)
+
+    def _taken_ahead(self) -> PollPage | None:
+        """The answer of the poll sent ahead, if it is the one to send now."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        key, future = ahead
+        try:
+            page = future.result()
+        except Exception:
+            return None  # polled again below, where the error counts
+        return page if self._cursor.accepts(key, page) else None
+
+    def _send_ahead(self, key: PollKey) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="tidings-read-ahead")
+        self._ahead = (key, self._executor.submit(self._send_page, key, 0.0))
+
     def _fetch(self) -> list[Message]:
         cursor = self._cursor
         if cursor.latest_pending:
             cursor.resolve_latest(self._client.stats(self.topic))
+        if self._api is None:
+            return self._fetch_decoded()
+        page = self._taken_ahead()
+        while page is None:
+            if cursor.needs_snapshot:
+                cursor.snapshot = self._client.snapshot()
+            try:
+                page = self._send_page(cursor.key(), cursor.poll_wait())
+            except ServiceUnavailable as exc:
+                cursor.fall_back(exc)
+        key = cursor.ahead_of(page)
+        if key is not None:
+            self._send_ahead(key)  # before decoding: the server works meanwhile
+        messages = page.messages()
+        cursor.advance(messages)
+        return messages
+
+    def _fetch_decoded(self) -> list[Message]:
+        cursor = self._cursor
         while True:
             if cursor.needs_snapshot:
                 cursor.snapshot = self._client.snapshot()
@@ -199,6 +308,7 @@ class Consumer(Iterator[Message]):
     def __next__(self) -> Message:
         while not self._buffer:
             if self._cursor.exhausted:
+                self.close()
                 raise StopIteration
             self._buffer.extend(self._fetch())
         message = self._buffer.popleft()
@@ -237,6 +347,9 @@ class AsyncConsumer(AsyncIterator[Message]):
         )
         self._buffer: deque[Message] = deque()
         self._position = self._cursor.after
+        # Undecoded pages need the real client (stand-ins in tests only have poll()).
+        self._api: RestApi | None = _rest_api(client)
+        self._ahead: tuple[PollKey, asyncio.Task[PollPage]] | None = None
 
     @property
     def position(self) -> MessageId | None:
@@ -256,10 +369,69 @@ class AsyncConsumer(AsyncIterator[Message]):
             self._position = page[-1].id
         return page
 
+    def close(self) -> None:
+        """Cancel a poll sent ahead, if any."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[1].cancel()
+
+    async def _send_page(self, key: PollKey, wait: float) -> PollPage:
+        assert self._api is not None
+        start, inclusive, snapshot, isolation = key
+        call = self._api.poll_page(
+            self.topic,
+            start,
+            inclusive=inclusive,
+            limit=self._cursor.batch_size,
+            transaction=encoded_transaction(snapshot),
+            wait=wait,
+            isolation=isolation,
+        )
+        return await self._client._send(call)
+
+    async def _taken_ahead(self) -> PollPage | None:
+        """The answer of the poll sent ahead, if it is the one to send now."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        key, task = ahead
+        try:
+            page = await task
+        except Exception:
+            return None  # polled again below, where the error counts
+        return page if self._cursor.accepts(key, page) else None
+
+    async def _send_ahead(self, key: PollKey) -> None:
+        task = asyncio.ensure_future(self._send_page(key, 0.0))
+        task.add_done_callback(_retrieve)
+        self._ahead = (key, task)
+        # Let the task write its request before decoding holds the loop.
+        for _ in range(_SEND_TURNS):
+            await asyncio.sleep(0)
+
     async def _fetch(self) -> list[Message]:
         cursor = self._cursor
         if cursor.latest_pending:
             cursor.resolve_latest(await self._client.stats(self.topic))
+        if self._api is None:
+            return await self._fetch_decoded()
+        page = await self._taken_ahead()
+        while page is None:
+            if cursor.needs_snapshot:
+                cursor.snapshot = await self._client.snapshot()
+            try:
+                page = await self._send_page(cursor.key(), cursor.poll_wait())
+            except ServiceUnavailable as exc:
+                cursor.fall_back(exc)
+        key = cursor.ahead_of(page)
+        if key is not None:
+            await self._send_ahead(key)  # before decoding: the server works meanwhile
+        messages = page.messages()
+        cursor.advance(messages)
+        return messages
+
+    async def _fetch_decoded(self) -> list[Message]:
+        cursor = self._cursor
         while True:
             if cursor.needs_snapshot:
                 cursor.snapshot = await self._client.snapshot()
@@ -285,8 +457,22 @@ class AsyncConsumer(AsyncIterator[Message]):
     async def __anext__(self) -> Message:
         while not self._buffer:
             if self._cursor.exhausted:
+                self.close()
                 raise StopAsyncIteration
             self._buffer.extend(await self._fetch())
         message = self._buffer.popleft()
         self._position = message.id
         return message
+
+
+def _rest_api(client: Any) -> RestApi | None:
+    """The client's :class:`RestApi`, if it is a real client (it sends undecoded polls)."""
+    api = getattr(client, "_api", None)
+    return api if isinstance(api, RestApi) and hasattr(client, "_send") else None
+
+
+def _retrieve(task: asyncio.Task[PollPage]) -> None:
+    """Mark a read-ahead's failure as seen: the consumer polls again and sees it then."""
+    if not task.cancelled():
+        with contextlib.suppress(Exception):
+            task.exception()

@@ -10,6 +10,7 @@ the retry policy lives in the client, where it knows which requests are idempote
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -45,7 +46,10 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class Response:
-    """What came back: the status, the media type of the body and the body."""
+    """What came back: the status, the media type of the body and the body.
+
+    ``headers`` holds the ``Tidings-*`` response headers only, names in lower case.
+    """
 
     status: int
     body: bytes = b""
@@ -82,6 +86,11 @@ class AsyncTransport(Protocol):
         ...
 
 
+def _tidings_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The ``Tidings-*`` headers of a response (the poll's page extent), names lower-cased."""
+    return {k.lower(): v for k, v in headers.items() if k[:8].lower() == "tidings-"}
+
+
 def _headers(request: Request) -> dict[str, str]:
     if request.content_type is None:
         return {}
@@ -116,7 +125,10 @@ class Urllib3Transport:
             raise RequestTimeout(f"no answer from {request.url} in time: {exc}") from exc
         except urllib3.exceptions.HTTPError as exc:
             raise TidingsConnectionError(f"cannot reach {request.url}: {exc}") from exc
-        return Response(resp.status, resp.data, resp.headers.get("Content-Type"))
+        headers = resp.headers
+        return Response(
+            resp.status, resp.data, headers.get("Content-Type"), _tidings_headers(headers)
+        )
 
     def close(self) -> None:
         self._pool.clear()
@@ -164,7 +176,10 @@ class AiohttpTransport:
                 allow_redirects=False,
             ) as resp:
                 body = await resp.read()
-                return Response(resp.status, body, resp.headers.get("Content-Type"))
+                headers = resp.headers
+                return Response(
+                    resp.status, body, headers.get("Content-Type"), _tidings_headers(headers)
+                )
         except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as exc:
             raise TidingsConnectionError(f"cannot connect to {request.url}: {exc}") from exc
         except TimeoutError as exc:

@@ -268,6 +268,32 @@ class MessagingService:
             return wire.encode_messages(cast("list[Message]", items), media), len(items)
         return wire.avro_messages(items, media), len(items)
 
+    def fetch_encoded_last(
+        self,
+        namespace: str,
+        topic: str,
+        media: Media,
+        *,
+        start: MessageId | int | None = None,
+        inclusive: bool = True,
+        limit: int | None = None,
+        transaction: Transaction | None = None,
+    ) -> tuple[bytes, int, MessageId | None]:
+        """:meth:`fetch_encoded`, plus the id of the last message in the body (None if
+        empty), for the poll response's ``Tidings-Last-Id`` header."""
+        avro = AvroItems.for_media(media)
+        items = self._fetch(namespace, topic, start, inclusive, limit, transaction, avro)
+        last: MessageId | None = None
+        if items:
+            item = items[-1]
+            # A pre-encoded Avro item starts with the id: length byte 0x28, 20 bytes.
+            last = item.id if isinstance(item, Message) else MessageId.from_bytes(item[1:21])
+        if avro is None:
+            body = wire.encode_messages(cast("list[Message]", items), media)
+        else:
+            body = wire.avro_messages(items, media)
+        return body, len(items), last
+
     def _fetch(
         self,
         namespace: str,

@@ -27,13 +27,16 @@ from tidings.errors import BadRequest, ServiceUnavailable
 from tidings.messaging.names import check_name
 from tidings.server.bodies import json_object, read_body, request_media, require_json
 from tidings.server.handlers import Api, json_response
-from tidings.structs import TopicMetadata, TopicStats, Transaction
+from tidings.structs import MessageId, TopicMetadata, TopicStats, Transaction
 from tidings.tx import TransactionManager, decode_transaction
 
 __all__ = ["PREFIX", "routes"]
 
 PREFIX = "/v1/namespaces/{ns}"
 TOPIC = PREFIX + "/topics/{topic}"
+#: Poll response headers (docs/api.md): messages in the page, id of the last one.
+COUNT_HEADER = "Tidings-Count"
+LAST_ID_HEADER = "Tidings-Last-Id"
 
 
 def _names(request: Request) -> tuple[str, str]:
@@ -151,8 +154,8 @@ def routes(api: Api) -> list[Route]:
             manager_ = manager()
             tx = await snapshot(manager_)
 
-        def fetch() -> tuple[bytes, int]:
-            return messaging.fetch_encoded(
+        def fetch() -> tuple[bytes, int, MessageId | None]:
+            return messaging.fetch_encoded_last(
                 ns,
                 topic,
                 media,
@@ -162,7 +165,7 @@ def routes(api: Api) -> list[Route]:
                 transaction=tx,
             )
 
-        body, count = fetch()
+        body, count, last = fetch()
         if not count and wait_ms > 0:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait_ms / 1000
@@ -174,12 +177,16 @@ def routes(api: Api) -> list[Route]:
                     # Registered before the snapshot: no commit slips in between.
                     ended = longpolls.transaction_waiter()
                     tx = await snapshot(manager_)
-                body, count = fetch()
+                body, count, last = fetch()
                 remaining = deadline - loop.time()
                 if count or remaining <= 0:
                     break
                 await longpolls.wait(woken, remaining, ended)
-        return Response(body, media_type=media.value)
+        # The page's extent, so a client can ask for the next page before decoding it.
+        headers = {COUNT_HEADER: str(count)}
+        if last is not None:
+            headers[LAST_ID_HEADER] = last.hex
+        return Response(body, media_type=media.value, headers=headers)
 
     @api.endpoint(TOPIC + "/store")
     async def store(request: Request) -> Response:
