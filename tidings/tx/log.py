@@ -12,6 +12,12 @@ pending frame with one ``write`` and one ``fdatasync`` while the others wait, an
 records it covered return together. Followers that arrived during that flush form the
 next batch, so the batch size grows with the load and no timer is needed.
 
+Callers that must not block (the server's event loop) use :meth:`WriteAheadLog.sync_future`
+instead: a future that resolves once the records up to a sequence number are on disk. A
+flusher thread, started with the first such call, flushes for them and resolves their
+futures (outside the lock), sharing the same batches with the blocking callers: whichever
+thread flushes, everyone its flush covers is answered.
+
 Files are preallocated in chunks (``posix_fallocate``) and written at an explicit offset:
 on ext4 an ``fdatasync`` that need not also record a new file size is about half the
 price of one after a plain append (measured here: ~130 us against ~250 us). The
@@ -25,12 +31,15 @@ call is an error (fail-stop; see docs/transactions.md).
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import logging
 import os
 import struct
 import threading
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 from tidings.errors import ServerError
@@ -149,6 +158,10 @@ class WriteAheadLog:
         self._flushing = False
         self._failed: BaseException | None = None
         self._closed = False
+        #: sync_future() callers: (seq, tie-breaker, future), a heap by seq.
+        self._waiters: list[tuple[int, int, Future[None]]] = []
+        self._tickets = itertools.count()
+        self._flusher: threading.Thread | None = None
 
     @staticmethod
     def create_file(path: Path) -> None:
@@ -181,6 +194,34 @@ class WriteAheadLog:
                 else:
                     self._flush_locked()
             self._check()
+
+    def sync_future(self, seq: int) -> Future[None]:
+        """:meth:`sync` without blocking: the future resolves once every record up to
+        ``seq`` is on disk, or fails with :class:`LogFailed`. The flusher thread resolves
+        it (never with the log's lock held), so its callbacks must not block."""
+        future: Future[None] = Future()
+        future.set_running_or_notify_cancel()  # a flush cannot be called off
+        if self._durable >= seq and self._failed is None:
+            future.set_result(None)
+            return future
+        with self._cond:
+            try:
+                self._check()
+            except LogFailed as exc:
+                future.set_exception(exc)
+                return future
+            if self._durable >= seq:
+                future.set_result(None)
+                return future
+            heapq.heappush(self._waiters, (seq, next(self._tickets), future))
+            if self._flusher is None:
+                self._flusher = threading.Thread(
+                    target=self._flush_for_waiters, name="tidings-tx-log-flusher", daemon=True
+                )
+                self._flusher.start()
+            elif not self._flushing:
+                self._cond.notify_all()
+        return future
 
     def rotate(self, new_path: Path) -> None:
         """Flush everything to the current file, then append to ``new_path`` from now on.
@@ -219,12 +260,57 @@ class WriteAheadLog:
                 self._cond.notify_all()
                 with contextlib.suppress(OSError):
                     os.close(self._fd)
+                flusher = self._flusher
+        # The flusher answers the futures the last flush covered (and fails any other).
+        if flusher is not None and flusher is not threading.current_thread():
+            flusher.join()
 
     def _check(self) -> None:
         if self._failed is not None:
             raise LogFailed(f"transaction log write failed: {self._failed}")
         if self._closed:
             raise LogFailed("transaction log is closed")
+
+    def _flush_for_waiters(self) -> None:
+        """The flusher thread: flush while futures wait, resolve those a flush covered."""
+        while True:
+            with self._cond:
+                while True:
+                    durable = self._durable
+                    ready = self._take_ready_locked()
+                    if ready:
+                        break
+                    if self._failed is not None or self._closed:
+                        self._flusher = None
+                        return
+                    if self._waiters and not self._flushing:
+                        with contextlib.suppress(LogFailed):  # its waiters fail next round
+                            self._flush_locked()
+                        continue
+                    self._cond.wait()
+                error = self._failed
+                closed = self._closed
+            for seq, future in ready:
+                if seq <= durable:
+                    future.set_result(None)
+                elif error is not None:
+                    future.set_exception(LogFailed(f"transaction log write failed: {error}"))
+                else:
+                    assert closed
+                    future.set_exception(LogFailed("transaction log is closed"))
+
+    def _take_ready_locked(self) -> list[tuple[int, Future[None]]]:
+        # The waiters a flush has covered; all of them once the log failed or closed.
+        waiters = self._waiters
+        ready: list[tuple[int, Future[None]]] = []
+        if self._failed is not None or self._closed:
+            ready = [(seq, future) for seq, _, future in waiters]
+            waiters.clear()
+            return ready
+        while waiters and waiters[0][0] <= self._durable:
+            seq, _, future = heapq.heappop(waiters)
+            ready.append((seq, future))
+        return ready
 
     def _flush_locked(self) -> None:
         # Called with the condition held and no flush running; releases it for the I/O.

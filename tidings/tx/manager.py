@@ -2,7 +2,9 @@
 
 Every call runs the same way (``_run``): under one lock, read the clock, let the state
 machine decide and apply, and append the resulting records to the log; then, outside the
-lock, wait for the group commit that covers them. Calls that change nothing (errors,
+lock, wait for the group commit that covers them (``_run_future``, for the
+``*_future`` variants, instead returns a future that resolves then: no thread waits,
+which is what the server's event loop needs). Calls that change nothing (errors,
 ``state()``) wait for the records already appended, so nothing a caller is told rests on
 a change that could still be lost. A background thread runs the timeout sweep and takes
 snapshots when the log has grown by ``snapshot_every`` records.
@@ -22,9 +24,10 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tidings.clock import Clock, SystemClock
 from tidings.errors import BadRequest, ServiceUnavailable, TidingsError, TimeoutTooLarge
@@ -40,6 +43,7 @@ __all__ = ["TransactionManager"]
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+_U = TypeVar("_U")
 
 #: How long ``snapshot(wait=False)`` may wait for the lock (seconds): longer than any
 #: decision takes, shorter than a log flush.
@@ -144,6 +148,24 @@ class TransactionManager:
         assert result.transaction is not None
         return result.transaction
 
+    def begin_future(
+        self,
+        timeout: float | None = None,
+        *,
+        transactional_id: str | None = None,
+        epoch: int | None = None,
+    ) -> Future[Transaction]:
+        """:meth:`begin` without blocking: the future resolves once the begin is durable,
+        or carries the error :meth:`begin` would raise."""
+        try:
+            timeout_ms = self._timeout_ms(timeout)
+        except TidingsError as exc:
+            return _failed(exc)
+        return self._run_future(
+            lambda now: self._state.begin(now, timeout_ms, transactional_id, epoch),
+            _transaction_of,
+        )
+
     def commit(
         self,
         write_pointer: int,
@@ -158,6 +180,26 @@ class TransactionManager:
         keys = _materialize(changes)
         self._run(lambda now: self._state.commit(now, write_pointer, keys, transactional_id, epoch))
 
+    def commit_future(
+        self,
+        write_pointer: int,
+        changes: Iterable[bytes] = (),
+        *,
+        transactional_id: str | None = None,
+        epoch: int | None = None,
+    ) -> Future[None]:
+        """:meth:`commit` without blocking: resolves (to None) once the commit is durable,
+        or carries the error :meth:`commit` would raise."""
+        try:
+            _check_pointer(write_pointer)
+            keys = _materialize(changes)
+        except TidingsError as exc:
+            return _failed(exc)
+        return self._run_future(
+            lambda now: self._state.commit(now, write_pointer, keys, transactional_id, epoch),
+            _none,
+        )
+
     def abort(
         self,
         write_pointer: int,
@@ -169,10 +211,34 @@ class TransactionManager:
         _check_pointer(write_pointer)
         self._run(lambda now: self._state.abort(write_pointer, transactional_id, epoch))
 
+    def abort_future(
+        self,
+        write_pointer: int,
+        *,
+        transactional_id: str | None = None,
+        epoch: int | None = None,
+    ) -> Future[None]:
+        """:meth:`abort` without blocking (see :meth:`commit_future`)."""
+        try:
+            _check_pointer(write_pointer)
+        except TidingsError as exc:
+            return _failed(exc)
+        return self._run_future(
+            lambda now: self._state.abort(write_pointer, transactional_id, epoch), _none
+        )
+
     def invalidate(self, write_pointer: int) -> None:
         """Move an in-progress transaction to the invalid list; idempotent."""
         _check_pointer(write_pointer)
         self._run(lambda now: self._state.invalidate(write_pointer))
+
+    def invalidate_future(self, write_pointer: int) -> Future[None]:
+        """:meth:`invalidate` without blocking (see :meth:`commit_future`)."""
+        try:
+            _check_pointer(write_pointer)
+        except TidingsError as exc:
+            return _failed(exc)
+        return self._run_future(lambda now: self._state.invalidate(write_pointer), _none)
 
     def state(self) -> TransactionState:
         """Read pointer, last write pointer, in-progress expiries (ms) and invalid list."""
@@ -221,7 +287,8 @@ class TransactionManager:
         what a snapshot shows (commit, abort, invalidate, timeout, fencing, prune).
 
         It runs on the thread of the call that made the change (a request's worker, or
-        the sweeper): it must not block. Its exceptions are logged and ignored.
+        the sweeper), or for the ``*_future`` calls on the log's flusher thread: it must
+        not block. Its exceptions are logged and ignored.
         """
         self._listeners = [*self._listeners, fn]
 
@@ -259,6 +326,45 @@ class TransactionManager:
     # -- the one way every call runs -----------------------------------------------------
 
     def _run(self, op: Callable[[int], Result]) -> Result:
+        # Blocking: the caller's thread takes part in the group commit itself (leads a
+        # flush or follows one), which is a thread hop cheaper than waiting on a future.
+        result, wal, seq, visible = self._decide(op)
+        if wal is not None:
+            wal.sync(seq)
+            self._note_synced(seq)
+        return self._finish(result, visible)
+
+    def _run_future(
+        self, op: Callable[[int], Result], answer: Callable[[Result], _T]
+    ) -> Future[_T]:
+        # _run without blocking: the future is resolved with ``answer(result)`` (or the
+        # error) on the log's flusher thread, after the group commit covering ``op``.
+        out: Future[_T] = Future()
+        out.set_running_or_notify_cancel()  # what is decided cannot be called off
+        try:
+            result, wal, seq, visible = self._decide(op)
+        except BaseException as exc:  # not running, or the log failed (nothing decided)
+            out.set_exception(exc)
+            return out
+        if wal is None:
+            _settle(out, lambda: answer(self._finish(result, visible)))
+            return out
+
+        def synced(done: Future[None]) -> None:
+            error = done.exception()
+            if error is not None:
+                out.set_exception(error)
+                return
+            self._note_synced(seq)
+            _settle(out, lambda: answer(self._finish(result, visible)))
+
+        wal.sync_future(seq).add_done_callback(synced)
+        return out
+
+    def _decide(
+        self, op: Callable[[int], Result]
+    ) -> tuple[Result, WriteAheadLog | None, int, bool]:
+        # Under the lock: decide, apply and append; the caller then waits for ``seq``.
         with self._lock:
             self._check_running()
             try:
@@ -270,9 +376,10 @@ class TransactionManager:
             visible = any(type(r) is not Begin for r in result.records)
             if visible:
                 self._visible_seq = seq
-        if wal is not None:
-            wal.sync(seq)
-            self._note_synced(seq)
+        return result, wal, seq, visible
+
+    def _finish(self, result: Result, visible: bool) -> Result:
+        # Once its records are durable: tell the listeners, then answer (or raise).
         if visible:
             for fn in self._listeners:
                 try:
@@ -346,6 +453,32 @@ class TransactionManager:
                 with self._wake:  # back off, also from a snapshot that keeps failing
                     if not self._stopping:
                         self._wake.wait(interval)
+
+
+def _failed(exc: BaseException) -> Future[Any]:
+    future: Future[Any] = Future()
+    future.set_running_or_notify_cancel()
+    future.set_exception(exc)
+    return future
+
+
+def _settle(future: Future[_T], fn: Callable[[], _T]) -> None:
+    """Resolve ``future`` with ``fn()``, or with the exception it raises."""
+    try:
+        value = fn()
+    except BaseException as exc:
+        future.set_exception(exc)
+    else:
+        future.set_result(value)
+
+
+def _transaction_of(result: Result) -> Transaction:
+    assert result.transaction is not None
+    return result.transaction
+
+
+def _none(result: Result) -> None:
+    return None
 
 
 def _check_pointer(write_pointer: object) -> None:

@@ -1,8 +1,10 @@
 """The transaction service's API under ``/v1/transactions`` (docs/api.md), JSON only.
 
-The manager's calls block until the transaction log is durable (group-committed
-across callers), so they run on the worker threads; many concurrent begins and
-commits share one fsync.
+Begin, commit, abort and invalidate await the manager's ``*_future`` calls on the event
+loop (``asyncio.wrap_future``): they decide at once (under the manager's lock, which is
+held only for in-memory work) and resolve once the transaction log is durable, so no
+thread is held per request and many concurrent requests share one fsync. The rarer
+calls (state, producers, prune) still run on the worker threads.
 
 ``POST /v1/namespaces/{ns}/transactions/publish`` (where one process runs both
 services) is a whole transaction of the direct path in one request: begin, publish
@@ -13,6 +15,7 @@ If a publish fails, those that succeeded are rolled back and the transaction abo
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import Future
 from typing import Any
 
@@ -128,8 +131,8 @@ def routes(api: Api) -> list[Route]:
         timeout = opt_number(obj, "timeout")
         transactional_id = opt_str(obj, "transactionalId")
         epoch = opt_int(obj, "epoch", 0)
-        snapshot = await api.blocking(
-            tx.begin, timeout, transactional_id=transactional_id, epoch=epoch
+        snapshot = await asyncio.wrap_future(
+            tx.begin_future(timeout, transactional_id=transactional_id, epoch=epoch)
         )
         counts.begun += 1
         return json_response(
@@ -151,8 +154,8 @@ def routes(api: Api) -> list[Route]:
         transactional_id = opt_str(obj, "transactionalId")
         epoch = opt_int(obj, "epoch", 0)
         try:
-            await api.blocking(
-                tx.commit, wp, changes, transactional_id=transactional_id, epoch=epoch
+            await asyncio.wrap_future(
+                tx.commit_future(wp, changes, transactional_id=transactional_id, epoch=epoch)
             )
         except TransactionConflict:
             counts.conflicts += 1
@@ -167,7 +170,9 @@ def routes(api: Api) -> list[Route]:
         obj = await body(request, "abort request")
         transactional_id = opt_str(obj, "transactionalId")
         epoch = opt_int(obj, "epoch", 0)
-        await api.blocking(tx.abort, wp, transactional_id=transactional_id, epoch=epoch)
+        await asyncio.wrap_future(
+            tx.abort_future(wp, transactional_id=transactional_id, epoch=epoch)
+        )
         counts.aborted += 1
         return json_response({})
 
@@ -175,7 +180,7 @@ def routes(api: Api) -> list[Route]:
     async def invalidate(request: Request) -> Response:
         tx = api.tx
         wp = _write_pointer(request)
-        await api.blocking(tx.invalidate, wp)
+        await asyncio.wrap_future(tx.invalidate_future(wp))
         counts.invalidated += 1
         return json_response({})
 
@@ -188,14 +193,20 @@ def routes(api: Api) -> list[Route]:
         timeout = opt_number(obj, "timeout")
         transactional_id = opt_str(obj, "transactionalId")
         epoch = opt_int(obj, "epoch", 0)
-        ended: list[str] = []
-        try:
-            snapshot = await api.blocking(
-                _transact, messaging, tx, ns, batches, timeout, transactional_id, epoch, ended
-            )
-        finally:
-            for outcome in ended:
-                setattr(counts, outcome, getattr(counts, outcome) + 1)
+
+        async def run() -> Transaction:
+            ended: list[str] = []
+            try:
+                return await _transact(
+                    messaging, tx, ns, batches, timeout, transactional_id, epoch, ended
+                )
+            finally:
+                for outcome in ended:
+                    setattr(counts, outcome, getattr(counts, outcome) + 1)
+
+        # Shielded: a request cancelled midway still ends its transaction (as a worker
+        # thread running it to the end did), instead of leaving it to time out.
+        snapshot = await asyncio.shield(run())
         return json_response(_snapshot_json(snapshot))
 
     @api.endpoint(PREFIX + "/producers")
@@ -234,7 +245,7 @@ def routes(api: Api) -> list[Route]:
     ]
 
 
-def _transact(
+async def _transact(
     messaging: MessagingService,
     tx: TransactionManager,
     ns: str,
@@ -244,15 +255,17 @@ def _transact(
     epoch: int | None,
     ended: list[str],
 ) -> Transaction:
-    """Begin, publish every batch, commit; on a worker thread, which waits for each
-    step's group commit (one hop from the event loop for the whole transaction).
+    """Begin, publish every batch, commit; on the event loop, awaiting each step's
+    group commit through a future (no worker thread is held).
 
     The batches are submitted together, so they share a group commit. If a publish
     fails, exactly those that succeeded are rolled back and the transaction aborted
     (invalidated if that fails), then the publish's error is raised; if the commit
     fails, the transaction is invalidated. ``ended`` collects the counters to bump.
     """
-    snapshot = tx.begin(timeout, transactional_id=transactional_id, epoch=epoch)
+    snapshot = await asyncio.wrap_future(
+        tx.begin_future(timeout, transactional_id=transactional_id, epoch=epoch)
+    )
     ended.append("begun")
     wp = snapshot.write_pointer
     futures: list[Future[RollbackInfo | None] | Exception] = []
@@ -267,27 +280,31 @@ def _transact(
         try:
             if isinstance(future, Exception):
                 raise future
-            info = future.result()
+            info = await asyncio.wrap_future(future)
         except Exception as exc:
             errors.append(exc)
         else:
             if info is not None:
                 published.append((topic, info))
     if errors:
-        _end_failed(messaging, tx, ns, wp, published, errors[0], transactional_id, epoch, ended)
+        await _end_failed(
+            messaging, tx, ns, wp, published, errors[0], transactional_id, epoch, ended
+        )
         raise errors[0]
     try:
-        tx.commit(wp, (), transactional_id=transactional_id, epoch=epoch)
+        await asyncio.wrap_future(
+            tx.commit_future(wp, (), transactional_id=transactional_id, epoch=epoch)
+        )
     except TidingsError as exc:
         # Timed out or fenced: already invalid. Anything else: make sure it never
         # commits (its writes then never show).
-        _invalidate(tx, wp, exc, ended)
+        await _invalidate(tx, wp, exc, ended)
         raise
     ended.append("committed")
     return snapshot
 
 
-def _end_failed(
+async def _end_failed(
     messaging: MessagingService,
     tx: TransactionManager,
     ns: str,
@@ -303,24 +320,26 @@ def _end_failed(
     rolled_back = True
     for topic, info in published:
         try:
-            messaging.rollback(ns, topic, info)
+            await asyncio.wrap_future(messaging.rollback_future(ns, topic, info))
         except Exception as exc:
             rolled_back = False
             error.add_note(f"rollback of {topic} failed: {exc!r}")
     if rolled_back:
         try:
-            tx.abort(wp, transactional_id=transactional_id, epoch=epoch)
+            await asyncio.wrap_future(
+                tx.abort_future(wp, transactional_id=transactional_id, epoch=epoch)
+            )
         except TidingsError:
             pass
         else:
             ended.append("aborted")
             return
-    _invalidate(tx, wp, error, ended)
+    await _invalidate(tx, wp, error, ended)
 
 
-def _invalidate(tx: TransactionManager, wp: int, error: Exception, ended: list[str]) -> None:
+async def _invalidate(tx: TransactionManager, wp: int, error: Exception, ended: list[str]) -> None:
     try:
-        tx.invalidate(wp)
+        await asyncio.wrap_future(tx.invalidate_future(wp))
     except TidingsError as exc:
         error.add_note(f"could not invalidate transaction {wp}: {exc}")
     else:
