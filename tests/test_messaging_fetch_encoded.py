@@ -98,6 +98,7 @@ def _check(
         messages = service.fetch("ns", topic, **kwargs)  # type: ignore[arg-type]
         if media is wire.AVRO and any(m.key is not None or m.headers for m in messages):
             continue  # plain avro/binary drops keys and headers either way
-        body, count = service.fetch_encoded("ns", topic, media, **kwargs)  # type: ignore[arg-type]
+        body, count, last = service.fetch_encoded("ns", topic, media, **kwargs)  # type: ignore[arg-type]
         assert count == len(messages)
+        assert last == (messages[-1].id if messages else None)
         assert body == wire.encode_messages(messages, media)

@@ -258,29 +258,11 @@ class MessagingService:
         inclusive: bool = True,
         limit: int | None = None,
         transaction: Transaction | None = None,
-    ) -> tuple[bytes, int]:
-        """:meth:`fetch`, answered as a poll response body in ``media`` directly, with
-        the number of messages in it. For Avro, plain messages go from the store into
-        the body without a :class:`Message` each (the consumer's hot path)."""
-        avro = AvroItems.for_media(media)
-        items = self._fetch(namespace, topic, start, inclusive, limit, transaction, avro)
-        if avro is None:
-            return wire.encode_messages(cast("list[Message]", items), media), len(items)
-        return wire.avro_messages(items, media), len(items)
-
-    def fetch_encoded_last(
-        self,
-        namespace: str,
-        topic: str,
-        media: Media,
-        *,
-        start: MessageId | int | None = None,
-        inclusive: bool = True,
-        limit: int | None = None,
-        transaction: Transaction | None = None,
     ) -> tuple[bytes, int, MessageId | None]:
-        """:meth:`fetch_encoded`, plus the id of the last message in the body (None if
-        empty), for the poll response's ``Tidings-Last-Id`` header."""
+        """:meth:`fetch`, answered as a poll response body in ``media`` directly: the
+        body, the number of messages in it and the last one's id (None if empty, for
+        the ``Tidings-Last-Id`` header). For Avro, plain messages go from the store into
+        the body without a :class:`Message` each (the consumer's hot path)."""
         avro = AvroItems.for_media(media)
         items = self._fetch(namespace, topic, start, inclusive, limit, transaction, avro)
         last: MessageId | None = None

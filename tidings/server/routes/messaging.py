@@ -155,7 +155,7 @@ def routes(api: Api) -> list[Route]:
             tx = await snapshot(manager_)
 
         def fetch() -> tuple[bytes, int, MessageId | None]:
-            return messaging.fetch_encoded_last(
+            return messaging.fetch_encoded(
                 ns,
                 topic,
                 media,
