@@ -125,6 +125,16 @@ def test_put_many(store: Store) -> None:
     store.apply(lambda v: v.put_many(M, []))
 
 
+def test_put_many_append_is_only_a_hint(store: Store) -> None:
+    tail = [(b"t%03d" % i, b"%d" % i) for i in range(300)]
+    store.apply(lambda v: v.put_many(M, tail, append=True))  # after every key: appended
+    # Below the table's last key, with duplicates and out of order: written all the same.
+    middle = [(b"m2", b"x"), (b"m1", b"y"), (b"t005", b"new"), (b"m2", b"z"), (b"z", b"last")]
+    store.apply(lambda v: v.put_many(M, iter(middle), append=True))
+    expected = dict(tail) | {b"m1": b"y", b"m2": b"z", b"t005": b"new", b"z": b"last"}
+    assert everything(store) == sorted(expected.items())
+
+
 def test_failed_write_leaves_nothing_and_spares_the_group(store: Store) -> None:
     put(store, b"x", b"before")
 
@@ -250,6 +260,10 @@ _ops = st.one_of(
     st.tuples(st.just("delete"), st.sampled_from(TABLES[:2]), _keys),
     st.tuples(st.just("delete_range"), st.just(M), _bounds, _bounds, _limits),
     st.tuples(st.just("put_many"), st.just(M), st.lists(st.tuples(_keys, st.binary(max_size=2)))),
+    # append=True is only a hint: any run of keys, in any order, must give the same table.
+    st.tuples(
+        st.just("put_many_append"), st.just(M), st.lists(st.tuples(_keys, st.binary(max_size=2)))
+    ),
     st.tuples(st.just("fail"), st.just(M), _keys),
 )
 _reads = st.one_of(
@@ -272,7 +286,7 @@ def _apply_to_model(model: dict[str, dict[bytes, bytes]], op: tuple[Any, ...]) -
         for k in doomed:
             del data[k]
         return len(doomed)
-    elif kind == "put_many":
+    elif kind in ("put_many", "put_many_append"):
         data.update(args[0])
     return None
 
@@ -282,6 +296,8 @@ def _apply_to_view(view: WriteView, op: tuple[Any, ...]) -> Any:
     if kind == "fail":
         view.put(table, args[0], b"doomed")
         raise Boom
+    if kind == "put_many_append":
+        return view.put_many(table, *args, append=True)
     return getattr(view, kind)(table, *args)
 
 

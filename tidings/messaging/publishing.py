@@ -146,7 +146,7 @@ def publish_fn(
             state.last_ts, state.last_seq, clock.now_ms(), len(rows)
         )
         row_keys = keys.message_keys(ref.topic_id, state.generation, start_ts, start_seq, len(rows))
-        view.put_many(_MESSAGES, zip(row_keys, rows, strict=True))
+        view.put_many(_MESSAGES, zip(row_keys, rows, strict=True), append=True)
         for index, expires_at in batch.expiries:
             view.put(_META, keys.expiry_key(expires_at, _MESSAGES, row_keys[index]), b"")
         new_state = state._replace(last_ts=end_ts, last_seq=end_seq)
@@ -181,7 +181,7 @@ def store_fn(
         row_keys = keys.payload_keys(
             ref.topic_id, state.generation, write_pointer, start_ts, start_seq, count
         )
-        view.put_many(_PAYLOADS, zip(row_keys, batch.values, strict=True))
+        view.put_many(_PAYLOADS, zip(row_keys, batch.values, strict=True), append=True)
         for index, expires_at in batch.expiries:
             view.put(_META, keys.expiry_key(expires_at, _PAYLOADS, row_keys[index]), b"")
         new_state = state._replace(last_write_ts=end_ts, last_p_seq=end_seq)

@@ -76,13 +76,17 @@ class WriteView(ReadView, Protocol):
         """
         ...
 
-    def put_many(self, table: str, items: Iterable[tuple[bytes, bytes]]) -> None:
+    def put_many(
+        self, table: str, items: Iterable[tuple[bytes, bytes]], *, append: bool = False
+    ) -> None:
         """Set every ``key`` to its ``value``, in order; a later duplicate key wins.
 
         The same as calling :meth:`put` for each item, but much faster for large
         batches (publishing a 500-message batch writes through here): backends insert
         in bulk (LMDB: one cursor, ``putmulti``). Items in ascending key order are the
-        fastest case.
+        fastest case. ``append=True`` is a hint that the keys ascend and probably follow
+        every key already in the table; the result is the same either way, but a
+        backend may write such a run faster (LMDB fills pages instead of splitting them).
         """
         ...
 

@@ -88,7 +88,9 @@ class _WriteView(_View):
             bisect.insort(t.keys, key)
         t.values[key] = bytes(value)
 
-    def put_many(self, table: str, items: Iterable[tuple[bytes, bytes]]) -> None:
+    def put_many(
+        self, table: str, items: Iterable[tuple[bytes, bytes]], *, append: bool = False
+    ) -> None:
         t = self._own(table)
         new: list[bytes] = []
         for key, value in items:
