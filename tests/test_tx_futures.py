@@ -28,6 +28,7 @@ from tidings.structs import Transaction
 from tidings.tx import TransactionManager, TxConfig
 from tidings.tx import log as txlog
 from tidings.tx.log import LogFailed, WriteAheadLog, read_log
+from tidings.tx.state import RESERVATION
 
 QUIET = TxConfig(sweep_interval=3600)
 
@@ -218,21 +219,58 @@ def test_volatile_manager_futures_resolve_at_once(clock: FakeClock) -> None:
 def test_many_concurrent_futures_share_fsyncs(
     manager: TransactionManager, gated: GatedSync
 ) -> None:
-    manager.begin()
+    txs = [manager.begin() for _ in range(201)]
+    assert len({t.write_pointer for t in txs}) == 201
+    manager.state()  # everything so far is on disk
     gated.calls = 0
     gated.entered.clear()
     gated.gate.clear()
-    first = manager.begin_future()
+    first = manager.commit_future(txs[0].write_pointer)
     assert gated.entered.wait(10)
-    futures = [manager.begin_future() for _ in range(200)]
+    commits = [manager.commit_future(t.write_pointer) for t in txs[1:]]
     gated.gate.set()
-    txs = [f.result(timeout=10) for f in [first, *futures]]
-    assert len({t.write_pointer for t in txs}) == 201
-    assert gated.calls <= 3, gated.calls
-    commits = [manager.commit_future(t.write_pointer) for t in txs]
-    for c in commits:
+    for c in [first, *commits]:
         c.result(timeout=10)
-    assert gated.calls <= 10, gated.calls
+    assert gated.calls <= 3, gated.calls
+
+
+def test_begins_in_a_durable_reservation_do_not_wait_for_the_log(
+    manager: TransactionManager, gated: GatedSync
+) -> None:
+    committed = manager.begin()
+    manager.commit(committed.write_pointer)
+    older = manager.begin()
+    gated.gate.clear()  # from now on no fsync completes
+    in_flight = manager.commit_future(older.write_pointer)
+    assert gated.entered.wait(10)
+    begun = [manager.begin_future() for _ in range(RESERVATION // 4)]
+    assert all(f.done() for f in begun)  # answered while the log is stuck
+    first = begun[0].result()
+    # The commit still in flight is shown as in progress: a crash could undo it.
+    assert first.read_pointer >= committed.write_pointer
+    assert older.write_pointer in first.in_progress
+    assert not in_flight.done()
+    gated.gate.set()
+    in_flight.result(timeout=10)
+    after = manager.begin()
+    assert older.write_pointer not in after.in_progress
+    assert after.read_pointer >= older.write_pointer
+
+
+def test_a_begin_outside_the_durable_reservation_waits(
+    manager: TransactionManager, gated: GatedSync
+) -> None:
+    manager.begin()
+    gated.gate.clear()
+    # A reservation is renewed half-way, one flush ahead of need: with the log stuck,
+    # begins run out of durable pointers within one reservation and must wait.
+    futures = [manager.begin_future() for _ in range(2 * RESERVATION)]
+    waiting = [f for f in futures if not f.done()]
+    assert waiting and len(waiting) > RESERVATION // 2
+    assert not any(f.done() for f in futures[futures.index(waiting[0]) :])
+    gated.gate.set()
+    pointers = [f.result(timeout=10).write_pointer for f in futures]
+    assert pointers == sorted(set(pointers))
 
 
 def test_futures_can_be_awaited_on_an_event_loop(manager: TransactionManager) -> None:

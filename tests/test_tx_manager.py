@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,9 +19,11 @@ from tidings.errors import (
     TransactionAborted,
     TransactionCommitted,
     TransactionConflict,
+    TransactionInvalid,
     TransactionTimedOut,
 )
 from tidings.tx import TransactionManager, TxConfig, Visibility, classify
+from tidings.tx.state import RESERVATION
 
 QUIET = TxConfig(sweep_interval=3600)
 
@@ -153,6 +157,34 @@ def test_recovery_restores_everything(tmp_path: Path, clock: FakeClock) -> None:
         # Recovered transactions time out normally.
         clock.set(before.in_progress[open_.write_pointer])
         assert open_.write_pointer in m.expire()
+
+
+def test_a_crash_invalidates_begins_that_were_not_yet_logged(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data_dir, crashed = tmp_path / "tx", tmp_path / "crashed"
+    with TransactionManager(data_dir, QUIET, clock) as m:
+        logged = m.begin()
+        m.state()  # logged's begin and its reservation are on disk
+        written: list[int] = []
+        real_pwrite = os.pwrite
+        monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: written.append(fd) or 0)
+        # Answered at once from the durable reservation; their records stay in memory.
+        lost = [m.begin().write_pointer for _ in range(5)]
+        assert written == []
+        shutil.copytree(data_dir, crashed)  # the disk as a crash would leave it
+        monkeypatch.setattr(os, "pwrite", real_pwrite)
+    with TransactionManager(crashed, QUIET, clock) as m:
+        state = m.state()
+        assert logged.write_pointer in state.in_progress
+        assert set(lost) <= set(state.invalid)  # whatever they wrote stays hidden
+        assert len(state.invalid) <= RESERVATION
+        with pytest.raises(TransactionInvalid, match="before its begin was durable"):
+            m.commit(lost[0])
+        assert m.begin().write_pointer > max(state.invalid)  # never handed out again
+    with TransactionManager(data_dir, QUIET, clock) as m:  # a clean stop loses nothing
+        state = m.state()
+        assert set(lost) <= set(state.in_progress) and not state.invalid
 
 
 def test_snapshots_truncate_the_log(tmp_path: Path, clock: FakeClock) -> None:

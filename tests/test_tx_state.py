@@ -16,9 +16,17 @@ from tidings.errors import (
     TransactionTimedOut,
 )
 from tidings.structs import Transaction
-from tidings.tx.records import Commit, Invalidate, Outcome, decode_record, encode_record
+from tidings.tx.records import (
+    Commit,
+    Invalidate,
+    Outcome,
+    Record,
+    Reserve,
+    decode_record,
+    encode_record,
+)
 from tidings.tx.snapshot import decode_state, encode_state
-from tidings.tx.state import TxStateMachine
+from tidings.tx.state import RESERVATION, TxStateMachine
 
 NOW = 1_700_000_000_000
 
@@ -39,16 +47,59 @@ def error_of(result: object) -> type[BaseException]:
     return type(error)
 
 
-def test_write_pointers_are_time_based_and_strictly_increasing() -> None:
+def test_write_pointers_follow_the_clock_between_reservations() -> None:
     state = TxStateMachine()
     a = begin(state).write_pointer
     b = begin(state).write_pointer
     assert a == NOW * 1_000_000
-    assert b == a + 1  # same millisecond: the counter moves on
+    assert b == a + 1  # inside a reservation pointers are consecutive
     c = begin(state, now=NOW - 60_000).write_pointer  # clock stepped back
     assert c == b + 1
-    d = begin(state, now=NOW + 5).write_pointer
-    assert d == (NOW + 5) * 1_000_000
+    assert state.reserved_from == a and state.reserved >= a + RESERVATION
+    later = NOW + 5
+    pointers = [begin(state, now=later).write_pointer for _ in range(3 * RESERVATION)]
+    assert pointers == list(range(c + 1, c + 1 + 3 * RESERVATION))  # extended, contiguous
+    ok(state.release())  # a clean stop: the reservation ends at the last pointer
+    assert state.reserved == pointers[-1]
+    d = begin(state, now=later).write_pointer
+    assert d == later * 1_000_000  # a new reservation starts from the clock
+    assert state.reserved_from == d
+
+
+def test_begins_reserve_pointers_ahead() -> None:
+    state = TxStateMachine()
+    seen: list[Reserve] = []
+    for _ in range(5 * RESERVATION):
+        result = state.begin(NOW, 30_000)
+        assert result.transaction is not None
+        wp = result.transaction.write_pointer
+        seen += [r for r in result.records if isinstance(r, Reserve)]
+        # Every pointer handed out is reserved, with at least half a reservation to spare.
+        assert state.reserved_from <= wp and state.reserved - wp >= RESERVATION // 2
+    starts = [r.start for r in seen]
+    assert starts[1:] == [r.upto + 1 for r in seen[:-1]]  # one contiguous run
+
+
+def test_recovery_invalidates_the_unlogged_rest_of_the_reservation() -> None:
+    state = TxStateMachine()
+    logged: list[Record] = []
+    for _ in range(10):
+        logged += state.begin(NOW, 30_000).records
+    lost_begins = [begin(state).write_pointer for _ in range(3)]  # records "lost"
+    replayed = TxStateMachine()
+    for record in logged:
+        replayed.apply(record)
+    lost = replayed.invalidate_unlogged()
+    assert set(lost_begins) <= set(lost)
+    assert lost == tuple(range(lost[0], state.reserved + 1))
+    assert len(lost) <= RESERVATION
+    assert replayed.last_write_pointer == state.reserved
+    assert replayed.outcome(lost_begins[0]) is Outcome.UNLOGGED
+    assert error_of(replayed.commit(NOW, lost_begins[0])) is TransactionInvalid
+    assert replayed.invalidate_unlogged() == ()  # idempotent: a second recovery adds none
+    fresh = replayed.begin(NOW, 30_000).transaction
+    assert fresh is not None and fresh.write_pointer > state.reserved  # never handed out again
+    assert set(lost) <= set(fresh.invalid)
 
 
 def test_snapshot_contents() -> None:
@@ -206,7 +257,18 @@ KEYS = st.frozensets(st.sampled_from([b"a", b"b", b"c", b"d"]), max_size=2)
 SCRIPT = st.lists(
     st.tuples(
         st.sampled_from(
-            ["begin", "commit", "commit", "abort", "invalidate", "expire", "prune", "register"]
+            [
+                "begin",
+                "begin",
+                "commit",
+                "commit",
+                "abort",
+                "invalidate",
+                "expire",
+                "prune",
+                "register",
+                "release",
+            ]
         ),
         st.integers(0, 2_000),
         KEYS,
@@ -216,13 +278,17 @@ SCRIPT = st.lists(
 
 
 @settings(max_examples=200, deadline=None)
-@given(SCRIPT)
-def test_random_scripts(script: list[tuple[str, int, frozenset[bytes]]]) -> None:
+@given(SCRIPT, st.data())
+def test_random_scripts(
+    script: list[tuple[str, int, frozenset[bytes]]], data: st.DataObject
+) -> None:
     state = TxStateMachine(history_size=8)
     now = NOW
     log = []
     handed_out: list[int] = []
     began: dict[int, int] = {}  # wp -> wp (the snapshot point)
+    # wp -> (log index of the Reserve covering it, log index of its Begin)
+    where: dict[int, tuple[int, int]] = {}
     commits: list[tuple[int, frozenset[bytes]]] = []  # (commit pointer, keys), never pruned
     for op, n, keys in script:
         now += n - 500  # the clock wanders, backwards too
@@ -231,8 +297,16 @@ def test_random_scripts(script: list[tuple[str, int, frozenset[bytes]]]) -> None
         if op == "begin":
             result = state.begin(now, 1_500, None, None)
             assert result.transaction is not None
-            handed_out.append(result.transaction.write_pointer)
-            began[result.transaction.write_pointer] = result.transaction.write_pointer
+            wp = result.transaction.write_pointer
+            handed_out.append(wp)
+            began[wp] = wp
+            records = log + list(result.records)
+            covering = [
+                i
+                for i, r in enumerate(records)
+                if isinstance(r, Reserve) and r.start <= wp <= r.upto
+            ]
+            where[wp] = (covering[-1], len(records) - 1)  # the latest one covering it
         elif op == "commit":
             expected_conflict = target in state.in_progress and any(
                 cp > target and ck & keys for cp, ck in commits
@@ -255,6 +329,8 @@ def test_random_scripts(script: list[tuple[str, int, frozenset[bytes]]]) -> None
             result = state.expire(now)
         elif op == "prune":
             result = state.prune(below=target if n % 2 else None, ids=[target])
+        elif op == "release":
+            result = state.release()
         else:
             result = state.register(f"p{n % 3}")
         log.extend(result.records)
@@ -273,3 +349,15 @@ def test_random_scripts(script: list[tuple[str, int, frozenset[bytes]]]) -> None
     image = decode_state(encode_state(state.export()))
     assert image == state.export()
     assert TxStateMachine.from_image(image, 8).export() == state.export()
+    # A crash keeps a prefix of the log. Every begin whose reservation is in it may have
+    # been answered early: its pointer is named by the prefix, or invalid after recovery,
+    # and never handed out again.
+    cut = data.draw(st.integers(0, len(log)), label="cut")
+    recovered = TxStateMachine(history_size=8)
+    for record in log[:cut]:
+        recovered.apply(record)
+    recovered.invalidate_unlogged()
+    for wp, (reserve_at, begin_at) in where.items():
+        if reserve_at < cut:
+            assert begin_at < cut or wp in recovered.invalid
+            assert wp <= recovered.last_write_pointer

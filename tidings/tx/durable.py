@@ -146,12 +146,16 @@ class TxStorage:
             for payload in read_log(path):
                 state.apply(decode_record(payload))
                 replayed += 1
+        # The fresh snapshot written after recovery keeps these invalidations.
+        unlogged = state.invalidate_unlogged()
         log.info(
-            "transaction state recovered from %s (snapshot %d, %d log records): "
+            "transaction state recovered from %s (snapshot %d, %d log records, "
+            "%d reserved pointers invalidated): "
             "%d in progress, %d invalid, last write pointer %d",
             self.dir,
             base,
             replayed,
+            len(unlogged),
             len(state.in_progress),
             len(state.invalid),
             state.last_write_pointer,

@@ -169,6 +169,11 @@ class WriteAheadLog:
         os.close(_create(path))
 
     @property
+    def durable(self) -> int:
+        """Sequence number of the last record known to be on disk."""
+        return self._durable
+
+    @property
     def tail(self) -> int:
         """Sequence number of the last appended record (a barrier for read-only calls)."""
         return self._appended

@@ -6,7 +6,14 @@ lock, wait for the group commit that covers them (``_run_future``, for the
 ``*_future`` variants, instead returns a future that resolves then: no thread waits,
 which is what the server's event loop needs). Calls that change nothing (errors,
 ``state()``) wait for the records already appended, so nothing a caller is told rests on
-a change that could still be lost. A background thread runs the timeout sweep and takes
+a change that could still be lost.
+
+A begin is the exception: it is answered without waiting for its record when its
+pointer lies in a reservation already on disk (``Reserve``; recovery invalidates the
+reserved pointers the log never names, so a begin lost in a crash leaves an invalid
+pointer, never a reused one) and its snapshot rests on nothing that could still be lost
+(a commit or abort not yet durable is shown to it as still in progress). That takes
+one of the log's flushes off every transaction. A background thread runs the timeout sweep and takes
 snapshots when the log has grown by ``snapshot_every`` records.
 
 ``snapshot()`` is the cheap read for read-committed consumers: a read-only snapshot from
@@ -18,11 +25,14 @@ commit, abort, invalidation, timeout, fencing, prune.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import math
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
@@ -35,7 +45,7 @@ from tidings.structs import ProducerInfo, Transaction, TransactionState
 from tidings.tx.config import TxConfig
 from tidings.tx.durable import TxStorage
 from tidings.tx.log import WriteAheadLog
-from tidings.tx.records import Begin, encode_record
+from tidings.tx.records import Abort, Begin, Commit, Prune, Release, Reserve, encode_record
 from tidings.tx.state import MAX_POINTER, Result, TxStateMachine
 
 __all__ = ["TransactionManager"]
@@ -44,6 +54,9 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _U = TypeVar("_U")
+
+#: Records that change nothing a reader sees.
+_NOT_VISIBLE = frozenset({Begin, Reserve, Release})
 
 #: How long ``snapshot(wait=False)`` may wait for the lock (seconds): longer than any
 #: decision takes, shorter than a log flush.
@@ -84,6 +97,14 @@ class TransactionManager:
         self._visible_seq = 0
         self._synced_seq = 0
         self._listeners: list[Callable[[], None]] = []
+        # For begins answered before their record is durable (see the module doc), all
+        # under the lock: commits and aborts whose records may not be on disk yet as
+        # (log sequence, write pointer), Reserve records likewise as (sequence, upto),
+        # the highest reserved pointer known durable, and the last prune's sequence.
+        self._unsynced_ends: deque[tuple[int, int]] = deque()
+        self._unsynced_reserves: deque[tuple[int, int]] = deque()
+        self._durable_reserved = 0
+        self._prune_seq = 0
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -112,6 +133,12 @@ class TransactionManager:
             if self._closed:
                 return
             self._closed = True
+            if self._wal is not None:
+                # Every begin's record precedes this one, so the next start need not
+                # invalidate the unused rest of the reservation. Best effort: a log
+                # that failed leaves that to recovery.
+                with contextlib.suppress(TidingsError):
+                    self._append(self._wal, self._state.release())
         with self._wake:
             self._stopping = True
             self._wake.notify_all()
@@ -144,7 +171,9 @@ class TransactionManager:
     ) -> Transaction:
         """Start a transaction; its snapshot says what it may see (seconds of ``timeout``)."""
         timeout_ms = self._timeout_ms(timeout)
-        result = self._run(lambda now: self._state.begin(now, timeout_ms, transactional_id, epoch))
+        result = self._run(
+            lambda now: self._state.begin(now, timeout_ms, transactional_id, epoch), early=True
+        )
         assert result.transaction is not None
         return result.transaction
 
@@ -164,6 +193,7 @@ class TransactionManager:
         return self._run_future(
             lambda now: self._state.begin(now, timeout_ms, transactional_id, epoch),
             _transaction_of,
+            early=True,
         )
 
     def commit(
@@ -325,24 +355,24 @@ class TransactionManager:
 
     # -- the one way every call runs -----------------------------------------------------
 
-    def _run(self, op: Callable[[int], Result]) -> Result:
+    def _run(self, op: Callable[[int], Result], *, early: bool = False) -> Result:
         # Blocking: the caller's thread takes part in the group commit itself (leads a
         # flush or follows one), which is a thread hop cheaper than waiting on a future.
-        result, wal, seq, visible = self._decide(op)
+        result, wal, seq, visible = self._decide(op, early)
         if wal is not None:
             wal.sync(seq)
             self._note_synced(seq)
         return self._finish(result, visible)
 
     def _run_future(
-        self, op: Callable[[int], Result], answer: Callable[[Result], _T]
+        self, op: Callable[[int], Result], answer: Callable[[Result], _T], *, early: bool = False
     ) -> Future[_T]:
         # _run without blocking: the future is resolved with ``answer(result)`` (or the
         # error) on the log's flusher thread, after the group commit covering ``op``.
         out: Future[_T] = Future()
         out.set_running_or_notify_cancel()  # what is decided cannot be called off
         try:
-            result, wal, seq, visible = self._decide(op)
+            result, wal, seq, visible = self._decide(op, early)
         except BaseException as exc:  # not running, or the log failed (nothing decided)
             out.set_exception(exc)
             return out
@@ -362,9 +392,11 @@ class TransactionManager:
         return out
 
     def _decide(
-        self, op: Callable[[int], Result]
+        self, op: Callable[[int], Result], early: bool = False
     ) -> tuple[Result, WriteAheadLog | None, int, bool]:
-        # Under the lock: decide, apply and append; the caller then waits for ``seq``.
+        # Under the lock: decide, apply and append; the caller then waits for ``seq``
+        # (``wal`` None: nothing to wait for). ``early``: a begin that may be answered
+        # before its record is durable, if _answer_early allows.
         with self._lock:
             self._check_running()
             try:
@@ -373,10 +405,55 @@ class TransactionManager:
                 result = Result(error=exc)
             wal = self._wal
             seq = 0 if wal is None else self._append(wal, result)
-            visible = any(type(r) is not Begin for r in result.records)
+            visible = any(type(r) not in _NOT_VISIBLE for r in result.records)
             if visible:
                 self._visible_seq = seq
+            if wal is not None:
+                self._track(result, seq, wal.durable)
+                if early and result.transaction is not None:
+                    answered = self._answer_early(result, wal.durable)
+                    if answered is not None:
+                        if any(type(r) is Reserve for r in result.records):
+                            # Extend the reservation on disk before a begin needs it.
+                            wal.sync_future(seq)
+                        return answered, None, seq, visible
         return result, wal, seq, visible
+
+    def _track(self, result: Result, seq: int, durable: int) -> None:
+        # Under the lock: note what the early-answer rule must know about ``result``,
+        # and forget what ``durable`` (a lower bound of what is on disk) already covers.
+        for record in result.records:
+            kind = type(record)
+            if kind is Commit or kind is Abort:
+                self._unsynced_ends.append((seq, record.write_pointer))  # type: ignore[union-attr]
+            elif kind is Reserve:
+                self._unsynced_reserves.append((seq, record.upto))  # type: ignore[union-attr]
+            elif kind is Prune:
+                self._prune_seq = seq
+        ends, reserves = self._unsynced_ends, self._unsynced_reserves
+        while ends and ends[0][0] <= durable:
+            ends.popleft()
+        while reserves and reserves[0][0] <= durable:
+            self._durable_reserved = max(self._durable_reserved, reserves.popleft()[1])
+
+    def _answer_early(self, result: Result, durable: int) -> Result | None:
+        # Under the lock: ``result`` (a begin) adjusted so that it may be answered before
+        # its record is durable, or None if it must wait. Its pointer must be reserved on
+        # disk (else a crash could hand it out again). Its snapshot must not rest on a
+        # change still in flight: a commit or abort not yet durable is shown as in
+        # progress (a crash may undo it; either way readers skip its data), a pending
+        # prune makes it wait (it would show pointers as valid that may be invalid
+        # again after a crash). Invalidations in flight are safe to show: they hide.
+        tx = result.transaction
+        assert tx is not None
+        if tx.write_pointer > self._durable_reserved or self._prune_seq > durable:
+            return None
+        if not self._unsynced_ends:
+            return result
+        pending = {wp for _, wp in self._unsynced_ends}
+        in_progress = tuple(sorted(pending.union(tx.in_progress)))
+        early = dataclasses.replace(tx, in_progress=in_progress)
+        return dataclasses.replace(result, transaction=early)
 
     def _finish(self, result: Result, visible: bool) -> Result:
         # Once its records are durable: tell the listeners, then answer (or raise).

@@ -13,6 +13,8 @@ Payload layout (big-endian; framing and CRC live in ``log.py``)::
     INVALIDATE  4 | wp q | reason B
     PRUNE       5 | n I | n x wp q
     REGISTER    6 | producer_id Q | epoch Q | transactional id (UTF-8, rest)
+    RESERVE     7 | start q | upto q
+    RELEASE     8 | upto q
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ __all__ = [
     "Prune",
     "Record",
     "Register",
+    "Release",
+    "Reserve",
     "decode_record",
     "encode_record",
 ]
@@ -47,6 +51,10 @@ class Outcome(enum.IntEnum):
     TIMED_OUT = 4
     #: Left in progress by a producer whose transactional id was registered again.
     FENCED = 5
+    #: Its pointer was reserved, but no record of it reached the log before the
+    #: service stopped: it may have been handed out by a begin whose record was lost,
+    #: so recovery invalidates it (see ``Reserve``).
+    UNLOGGED = 6
 
 
 class Begin(NamedTuple):
@@ -81,7 +89,27 @@ class Register(NamedTuple):
     epoch: int
 
 
-Record = Begin | Commit | Abort | Invalidate | Prune | Register
+class Reserve(NamedTuple):
+    """Pointers ``start..upto`` may be handed out before their begin is durable.
+
+    ``start`` is one above the previous reservation's end when this one extends it.
+    Recovery invalidates every reserved pointer above the last one the log names:
+    whichever of them a begin handed out, its data stays hidden, and none is handed
+    out again.
+    """
+
+    start: int
+    upto: int
+
+
+class Release(NamedTuple):
+    """The reservation ends at ``upto``, the last pointer handed out (a clean stop:
+    every begin's record is in the log, so recovery has nothing to invalidate)."""
+
+    upto: int
+
+
+Record = Begin | Commit | Abort | Invalidate | Prune | Register | Reserve | Release
 
 
 class CorruptRecord(ValueError):
@@ -95,6 +123,8 @@ _INVALIDATE = struct.Struct(">BqB")
 _COUNT = struct.Struct(">BI")
 _LEN = struct.Struct(">I")
 _REGISTER = struct.Struct(">BQQ")
+_RESERVE = struct.Struct(">Bqq")
+_RELEASE = struct.Struct(">Bq")
 
 _INVALID_REASONS = frozenset({Outcome.INVALIDATED, Outcome.TIMED_OUT, Outcome.FENCED})
 
@@ -115,6 +145,10 @@ def encode_record(record: Record) -> bytes:
         return _INVALIDATE.pack(4, record.write_pointer, record.reason)
     if isinstance(record, Prune):
         return _COUNT.pack(5, len(record.ids)) + struct.pack(f">{len(record.ids)}q", *record.ids)
+    if isinstance(record, Reserve):
+        return _RESERVE.pack(7, *record)
+    if isinstance(record, Release):
+        return _RELEASE.pack(8, record.upto)
     return _REGISTER.pack(6, record.producer_id, record.epoch) + record.transactional_id.encode()
 
 
@@ -160,6 +194,13 @@ def _decode(payload: bytes) -> Record:
     if kind == 6:
         _, pid, epoch = _REGISTER.unpack_from(payload)
         return Register(payload[_REGISTER.size :].decode(), pid, epoch)
+    if kind == 7:
+        _, start, upto = _exact(_RESERVE, payload)
+        if start > upto:
+            raise ValueError(f"reservation {start}..{upto} is empty")
+        return Reserve(start, upto)
+    if kind == 8:
+        return Release(_exact(_RELEASE, payload)[1])
     raise ValueError(f"unknown record type {kind}")
 
 

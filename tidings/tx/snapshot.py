@@ -7,8 +7,9 @@ so a snapshot on disk is always whole; the CRC at its end catches any other dama
 
 Layout (big-endian)::
 
-    b"TDTXSNP" | version 1
+    b"TDTXSNP" | version 2
     last_write_pointer q | read_pointer q | next_producer_id Q
+    reserved_from q | reserved q                                           (not in version 1)
     n I | n x (write_pointer q | expiry_ms q | producer_id Q | epoch Q)   in progress
     n I | n x write_pointer q                                              invalid
     n I | n x write_pointer q | n x outcome B                              history
@@ -32,8 +33,11 @@ from tidings.tx.state import InProgress, StateImage
 
 __all__ = ["CorruptSnapshot", "decode_state", "encode_state", "write_snapshot"]
 
-MAGIC = b"TDTXSNP\x01"
+MAGIC = b"TDTXSNP\x02"
+#: Version 1 (before reservations) is still read: it reserved nothing.
+_MAGIC_V1 = b"TDTXSNP\x01"
 _HEAD = struct.Struct(">qqQ")
+_RESERVED = struct.Struct(">qq")
 _COUNT = struct.Struct(">I")
 _IN_PROGRESS = struct.Struct(">qqQQ")
 _CHANGE_SET = struct.Struct(">qI")
@@ -47,6 +51,7 @@ class CorruptSnapshot(ServerError):
 def encode_state(image: StateImage) -> bytes:
     out = bytearray(MAGIC)
     out += _HEAD.pack(image.last_write_pointer, image.read_pointer, image.next_producer_id)
+    out += _RESERVED.pack(image.reserved_from, image.reserved)
     out += _COUNT.pack(len(image.in_progress))
     for wp, tx in image.in_progress:
         out += _IN_PROGRESS.pack(wp, tx.expiry_ms, tx.producer_id, tx.epoch)
@@ -72,13 +77,14 @@ def encode_state(image: StateImage) -> bytes:
 
 def decode_state(data: bytes) -> StateImage:
     """Parse :func:`encode_state`'s output; :class:`CorruptSnapshot` on any damage."""
-    if len(data) < len(MAGIC) + _COUNT.size or data[: len(MAGIC)] != MAGIC:
+    magic = data[: len(MAGIC)]
+    if len(data) < len(MAGIC) + _COUNT.size or magic not in (MAGIC, _MAGIC_V1):
         raise CorruptSnapshot("not a Tidings transaction snapshot (bad header)")
     body, (crc,) = data[:-4], _COUNT.unpack(data[-4:])
     if zlib.crc32(body) != crc:
         raise CorruptSnapshot("transaction snapshot fails its checksum")
     try:
-        return _Reader(body, len(MAGIC)).image()
+        return _Reader(body, len(MAGIC)).image(reservations=magic == MAGIC)
     except (struct.error, ValueError) as exc:
         raise CorruptSnapshot(f"transaction snapshot cannot be parsed: {exc}") from None
 
@@ -107,8 +113,9 @@ class _Reader:
         self.pos += n
         return value
 
-    def image(self) -> StateImage:
+    def image(self, *, reservations: bool) -> StateImage:
         last, read, next_pid = self.take(_HEAD)
+        reserved_from, reserved = self.take(_RESERVED) if reservations else (1, 0)
         in_progress = []
         for _ in range(self.count()):
             wp, expiry, pid, epoch = self.take(_IN_PROGRESS)
@@ -131,6 +138,8 @@ class _Reader:
             last_write_pointer=last,
             read_pointer=read,
             next_producer_id=next_pid,
+            reserved_from=reserved_from,
+            reserved=reserved,
             in_progress=tuple(in_progress),
             invalid=invalid,
             history=tuple(zip(history_ids, outcomes, strict=True)),

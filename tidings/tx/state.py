@@ -8,6 +8,8 @@ The manager adds locking, the log and threads; tests drive this class with plain
 State kept:
 
 - ``last_write_pointer``: the highest pointer handed out (begin or commit);
+- ``reserved_from..reserved``: the run of pointers a begin may hand out before its
+  record is durable (``Reserve`` records; see the manager);
 - ``read_pointer``: the highest committed write pointer;
 - ``in_progress``: write pointer -> expiry and owner, in begin (= pointer) order;
 - ``invalid``: timed-out, invalidated and fenced pointers, until pruned;
@@ -38,16 +40,35 @@ from tidings.errors import (
 )
 from tidings.structs import ProducerInfo, Transaction, TransactionState
 from tidings.tx.producers import ProducerTable
-from tidings.tx.records import Abort, Begin, Commit, Invalidate, Outcome, Prune, Record, Register
+from tidings.tx.records import (
+    Abort,
+    Begin,
+    Commit,
+    Invalidate,
+    Outcome,
+    Prune,
+    Record,
+    Register,
+    Release,
+    Reserve,
+)
 
-__all__ = ["MAX_POINTER", "InProgress", "Result", "StateImage", "TxStateMachine"]
+__all__ = ["MAX_POINTER", "RESERVATION", "InProgress", "Result", "StateImage", "TxStateMachine"]
 
 #: Write pointers are signed 64-bit everywhere they are stored.
 MAX_POINTER = 2**63 - 1
 #: Pointers are ``ms x 1,000,000``: a million begins per ms before the counter runs ahead.
 POINTERS_PER_MS = 1_000_000
 
-_ENDED_INVALID = frozenset({Outcome.INVALIDATED, Outcome.TIMED_OUT, Outcome.FENCED})
+#: Pointers one ``Reserve`` record covers. Pointers inside a reservation are handed out
+#: one after the other, so a crash costs at most this many entries on the invalid list;
+#: a new reservation is made when half of the current one is left, one log flush before
+#: a begin could need it.
+RESERVATION = 128
+
+_ENDED_INVALID = frozenset(
+    {Outcome.INVALIDATED, Outcome.TIMED_OUT, Outcome.FENCED, Outcome.UNLOGGED}
+)
 
 
 class InProgress(NamedTuple):
@@ -76,6 +97,9 @@ class StateImage:
     last_write_pointer: int
     read_pointer: int
     next_producer_id: int
+    #: Pointers in ``reserved_from..reserved`` may be out without a record (``Reserve``).
+    reserved_from: int
+    reserved: int
     in_progress: tuple[tuple[int, InProgress], ...]
     invalid: tuple[int, ...]
     history: tuple[tuple[int, Outcome], ...]
@@ -89,6 +113,8 @@ class TxStateMachine:
     def __init__(self, history_size: int = 100_000) -> None:
         self.history_size = history_size
         self.last_write_pointer = 0
+        self.reserved_from = 1
+        self.reserved = 0
         self.read_pointer = 0
         self.in_progress: OrderedDict[int, InProgress] = OrderedDict()
         self.invalid: set[int] = set()
@@ -136,12 +162,19 @@ class TxStateMachine:
         producer = self.producers.check(transactional_id, epoch)
         wp = self._next_pointer(now_ms)
         tx = Transaction(self.read_pointer, wp, self.invalid_ids(), tuple(self.in_progress))
+        records: list[Record] = []
+        if self.reserved - wp < RESERVATION // 2:
+            # The reservation ends here or soon: extend it (the new one is contiguous,
+            # so recovery's range of unlogged pointers stays at most RESERVATION long).
+            start = self.reserved + 1 if wp <= self.reserved else wp
+            records.append(Reserve(start, wp + RESERVATION))
         if producer is None:
-            record = Begin(wp, now_ms + timeout_ms)
+            records.append(Begin(wp, now_ms + timeout_ms))
         else:
-            record = Begin(wp, now_ms + timeout_ms, producer.producer_id, producer.epoch)
-        self.apply(record)
-        return Result((record,), transaction=tx)
+            records.append(Begin(wp, now_ms + timeout_ms, producer.producer_id, producer.epoch))
+        for record in records:
+            self.apply(record)
+        return Result(tuple(records), transaction=tx)
 
     def commit(
         self,
@@ -221,6 +254,12 @@ class TxStateMachine:
         self.apply(record)
         return Result((record,), producer=info)
 
+    def release(self) -> Result:
+        """End the reservation at the last pointer handed out (before a clean stop)."""
+        if self.reserved <= self.last_write_pointer:
+            return Result()
+        return self._applied(Release(self.last_write_pointer))
+
     # -- the one mutator -----------------------------------------------------------------
 
     def apply(self, record: Record) -> None:
@@ -259,6 +298,14 @@ class TxStateMachine:
         self.invalid.difference_update(r.ids)
         self._invalid_sorted = None
 
+    def _apply_reserve(self, r: Reserve) -> None:
+        if r.start != self.reserved + 1:
+            self.reserved_from = r.start  # a new run, after a jump of the clock
+        self.reserved = max(self.reserved, r.upto)
+
+    def _apply_release(self, r: Release) -> None:
+        self.reserved = min(self.reserved, max(r.upto, self.last_write_pointer))
+
     def _apply_register(self, r: Register) -> None:
         info = ProducerInfo(r.transactional_id, r.producer_id, r.epoch)
         previous = self.producers.apply(info)
@@ -277,6 +324,10 @@ class TxStateMachine:
         return Result((record,))
 
     def _next_pointer(self, now_ms: int) -> int:
+        if self.last_write_pointer < self.reserved:
+            # Inside a reservation pointers are consecutive: recovery invalidates the
+            # unlogged rest of it, which must be a short list, not a stretch of the clock.
+            return self.last_write_pointer + 1
         pointer = max(self.last_write_pointer + 1, now_ms * POINTERS_PER_MS)
         if pointer > MAX_POINTER:
             raise ServerError("write pointers exhausted (is the clock far in the future?)")
@@ -318,7 +369,28 @@ class TxStateMachine:
             )
         if outcome is Outcome.INVALIDATED:
             return TransactionInvalid(f"{prefix}: it was invalidated")
+        if outcome is Outcome.UNLOGGED:
+            return TransactionInvalid(
+                f"{prefix}: the transaction service stopped before its begin was durable, "
+                "so it was invalidated"
+            )
         return TransactionNotFound(f"{prefix}: no such transaction (or too old to remember)")
+
+    # -- recovery ------------------------------------------------------------------------
+
+    def invalidate_unlogged(self) -> tuple[int, ...]:
+        """After replaying the log: invalidate the reserved pointers it never names.
+
+        Records are appended in pointer order, so every pointer up to the last one the
+        log names has its record; those above it, up to ``reserved``, may have been
+        handed out by begins whose records were lost with the process. Their data (if
+        any) must stay hidden and they must never be handed out again.
+        """
+        lost = tuple(range(max(self.last_write_pointer + 1, self.reserved_from), self.reserved + 1))
+        for wp in lost:
+            self._apply_invalidate(Invalidate(wp, Outcome.UNLOGGED))
+        self.last_write_pointer = max(self.last_write_pointer, self.reserved)
+        return lost
 
     # -- snapshots -----------------------------------------------------------------------
 
@@ -327,6 +399,8 @@ class TxStateMachine:
             last_write_pointer=self.last_write_pointer,
             read_pointer=self.read_pointer,
             next_producer_id=self.producers.next_producer_id,
+            reserved_from=self.reserved_from,
+            reserved=self.reserved,
             in_progress=tuple(self.in_progress.items()),
             invalid=self.invalid_ids(),
             history=tuple((wp, self._history[wp]) for wp in self._history_order),
@@ -338,6 +412,8 @@ class TxStateMachine:
     def from_image(cls, image: StateImage, history_size: int = 100_000) -> TxStateMachine:
         state = cls(history_size)
         state.last_write_pointer = image.last_write_pointer
+        state.reserved_from = image.reserved_from
+        state.reserved = image.reserved
         state.read_pointer = image.read_pointer
         for wp, tx in sorted(image.in_progress):
             state.in_progress[wp] = tx
@@ -364,6 +440,8 @@ _APPLY: dict[type, Callable[[TxStateMachine, Record], None]] = {
     Invalidate: TxStateMachine._apply_invalidate,  # type: ignore[dict-item]
     Prune: TxStateMachine._apply_prune,  # type: ignore[dict-item]
     Register: TxStateMachine._apply_register,  # type: ignore[dict-item]
+    Reserve: TxStateMachine._apply_reserve,  # type: ignore[dict-item]
+    Release: TxStateMachine._apply_release,  # type: ignore[dict-item]
 }
 
 
