@@ -100,6 +100,34 @@ def test_failed_writes_are_not_heard_or_counted(service: MessagingService, store
     assert service.counters()[("ns", "t")].messages_published == 1
 
 
+def test_publish_all_is_one_write_all_or_nothing(service: MessagingService, store: Store) -> None:
+    heard: list[tuple[str, str]] = []
+    service.add_listener(lambda ns, t: heard.append((ns, t)))
+    service.create_topic("ns", "u")
+    infos = service.publish_all_future(
+        "ns", [("t", [b"t1", b"t2"]), ("u", [b"u1"]), ("t", [b"t3"])], write_pointer=7
+    ).result()
+    assert [info.write_pointer if info else None for info in infos] == [7, 7, 7]
+    assert [m.payload for m in service.fetch("ns", "t")] == [b"t1", b"t2", b"t3"]
+    assert [m.write_pointer for m in service.fetch("ns", "u")] == [7]
+    assert sorted(set(heard)) == [("ns", "t"), ("ns", "u")]
+    counters = service.counters()
+    assert counters[("ns", "t")].messages_published == 3
+    assert counters[("ns", "u")].messages_published == 1
+    # One batch fails in the write (its topic was deleted behind this service's back):
+    # the others are not written either.
+    MessagingService(store).delete_topic("ns", "u")
+    failed = service.publish_all_future("ns", [("t", [b"lost"]), ("u", [b"lost"])])
+    with pytest.raises(TopicNotFound):
+        failed.result()
+    assert [m.payload for m in service.fetch("ns", "t")] == [b"t1", b"t2", b"t3"]
+    assert service.counters()[("ns", "t")].messages_published == 3
+    # Bad input is refused at once, before anything is submitted.
+    with pytest.raises(TopicNotFound):
+        service.publish_all_future("ns", [("t", [b"x"]), ("missing", [b"x"])])
+    assert service.publish_all_future("ns", []).result() == []
+
+
 def test_counters(service: MessagingService) -> None:
     assert service.counters() == {}
     service.publish("ns", "t", [b"abc", b"de"])

@@ -158,6 +158,18 @@ def publish_fn(
     return publish
 
 
+def publish_all_fn(
+    fns: Sequence[Callable[[WriteView], RollbackInfo | None]],
+) -> Callable[[WriteView], list[RollbackInfo | None]]:
+    """One write function for several publishes (``publish_fn``'s), run in order in the
+    same write transaction: all of them take effect, or none (if one raises)."""
+
+    def publish_all(view: WriteView) -> list[RollbackInfo | None]:
+        return [fn(view) for fn in fns]
+
+    return publish_all
+
+
 def store_fn(
     topics: Topics,
     clock: Clock,

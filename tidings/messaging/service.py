@@ -157,6 +157,49 @@ class MessagingService:
         )
         return self._submit(fn, namespace, topic, began, len(batch.values), batch.size)
 
+    def publish_all_future(
+        self,
+        namespace: str,
+        batches: Sequence[tuple[str, Sequence[Record | bytes]]],
+        write_pointer: int | None = None,
+    ) -> Future[list[RollbackInfo | None]]:
+        """Several publishes (``(topic, messages)``, in order) in one write transaction:
+        all become durable together, or none is written (the future then carries the
+        first error, e.g. a topic deleted meanwhile). Bad input raises here, at once.
+        Resolves to each batch's :meth:`publish` result, in order."""
+        began = time.perf_counter()
+        if write_pointer is not None:
+            publishing.check_write_pointer(write_pointer)
+        fns = []
+        counts: list[tuple[tuple[str, str], int, int]] = []
+        for topic, messages in batches:
+            self._topics.check_live(namespace, topic)
+            if write_pointer is None and not messages:
+                raise EmptyPublish("a publish without a write pointer needs at least one message")
+            batch = publishing.encode_batch(messages, write_pointer, self._clock.now_ms())
+            fns.append(
+                publishing.publish_fn(
+                    self._topics, self._clock, namespace, topic, batch, write_pointer
+                )
+            )
+            counts.append(((namespace, topic), len(batch.values), batch.size))
+        result: Future[list[RollbackInfo | None]] = Future()
+
+        def done(inner: Future[list[RollbackInfo | None]]) -> None:
+            exc = inner.exception()
+            if exc is not None:
+                result.set_exception(exc)
+                return
+            elapsed = time.perf_counter() - began
+            for key, messages, size in counts:
+                self._counters.published(key, messages, size, elapsed)
+            for key in dict.fromkeys(key for key, _, _ in counts):
+                self._notify(*key)
+            result.set_result(inner.result())
+
+        self._store.submit(publishing.publish_all_fn(fns)).add_done_callback(done)
+        return result
+
     def store_payloads(
         self,
         namespace: str,

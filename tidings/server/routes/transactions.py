@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from starlette.requests import Request
@@ -45,7 +45,7 @@ from tidings.server.bodies import (
     require_json,
 )
 from tidings.server.handlers import Api, json_response
-from tidings.structs import Record, RollbackInfo, Transaction
+from tidings.structs import Record, Transaction
 from tidings.tx import TransactionManager, encode_transaction
 
 __all__ = ["PREFIX", "PUBLISH", "routes"]
@@ -53,6 +53,7 @@ __all__ = ["PREFIX", "PUBLISH", "routes"]
 PREFIX = "/v1/transactions"
 PUBLISH = "/v1/namespaces/{ns}/transactions/publish"
 
+_T = TypeVar("_T")
 _Batch = tuple[str, list[Record | bytes]]
 
 
@@ -258,39 +259,22 @@ async def _transact(
     """Begin, publish every batch, commit; on the event loop, awaiting each step's
     group commit through a future (no worker thread is held).
 
-    The batches are submitted together, so they share a group commit. If a publish
-    fails, exactly those that succeeded are rolled back and the transaction aborted
-    (invalidated if that fails), then the publish's error is raised; if the commit
-    fails, the transaction is invalidated. ``ended`` collects the counters to bump.
+    The batches are published in one store write: all of them, or none. If that fails,
+    nothing of the transaction was written, so it is aborted (invalidated if the abort
+    fails) and the error raised; if the commit fails, the transaction is invalidated.
+    ``ended`` collects the counters to bump.
     """
-    snapshot = await asyncio.wrap_future(
+    snapshot = await _result(
         tx.begin_future(timeout, transactional_id=transactional_id, epoch=epoch)
     )
     ended.append("begun")
     wp = snapshot.write_pointer
-    futures: list[Future[RollbackInfo | None] | Exception] = []
-    for topic, records in batches:
-        try:
-            futures.append(messaging.publish_future(ns, topic, records, wp))
-        except Exception as exc:  # bad input is refused at once, before any write
-            futures.append(exc)
-    published: list[tuple[str, RollbackInfo]] = []
-    errors: list[Exception] = []
-    for (topic, _), future in zip(batches, futures, strict=True):
-        try:
-            if isinstance(future, Exception):
-                raise future
-            info = await asyncio.wrap_future(future)
-        except Exception as exc:
-            errors.append(exc)
-        else:
-            if info is not None:
-                published.append((topic, info))
-    if errors:
-        await _end_failed(
-            messaging, tx, ns, wp, published, errors[0], transactional_id, epoch, ended
-        )
-        raise errors[0]
+    try:
+        # Bad input is refused here, at once, before anything is written.
+        await asyncio.wrap_future(messaging.publish_all_future(ns, batches, wp))
+    except Exception as exc:
+        await _end_failed(tx, wp, exc, transactional_id, epoch, ended)
+        raise
     try:
         await asyncio.wrap_future(
             tx.commit_future(wp, (), transactional_id=transactional_id, epoch=epoch)
@@ -304,37 +288,32 @@ async def _transact(
     return snapshot
 
 
+async def _result(future: Future[_T]) -> _T:
+    # A begin is usually answered at once (from the pointer reservation): take its
+    # result without the thread-safe hand-over and event-loop round trip of wrap_future.
+    if future.done():
+        return future.result()
+    return await asyncio.wrap_future(future)
+
+
 async def _end_failed(
-    messaging: MessagingService,
     tx: TransactionManager,
-    ns: str,
     wp: int,
-    published: list[tuple[str, RollbackInfo]],
     error: Exception,
     transactional_id: str | None,
     epoch: int | None,
     ended: list[str],
 ) -> None:
-    # A failed publish wrote nothing (its store write was not committed), so rolling
-    # back the others leaves no entry of the transaction behind, and it may abort.
-    rolled_back = True
-    for topic, info in published:
-        try:
-            await asyncio.wrap_future(messaging.rollback_future(ns, topic, info))
-        except Exception as exc:
-            rolled_back = False
-            error.add_note(f"rollback of {topic} failed: {exc!r}")
-    if rolled_back:
-        try:
-            await asyncio.wrap_future(
-                tx.abort_future(wp, transactional_id=transactional_id, epoch=epoch)
-            )
-        except TidingsError:
-            pass
-        else:
-            ended.append("aborted")
-            return
-    await _invalidate(tx, wp, error, ended)
+    # The publish wrote nothing (one store write, not committed), so the transaction
+    # left no entry behind and may simply abort.
+    try:
+        await asyncio.wrap_future(
+            tx.abort_future(wp, transactional_id=transactional_id, epoch=epoch)
+        )
+    except TidingsError:
+        await _invalidate(tx, wp, error, ended)
+    else:
+        ended.append("aborted")
 
 
 async def _invalidate(tx: TransactionManager, wp: int, error: Exception, ended: list[str]) -> None:
