@@ -472,7 +472,7 @@ def stats(ctx: click.Context, topic: str, as_json: bool) -> None:
 
 @main.group("tx")
 def tx_group() -> None:
-    """List, abort and invalidate transactions."""
+    """List, abort, invalidate transactions; prune the invalid list."""
 
 
 @tx_group.command("list")
@@ -519,6 +519,23 @@ def tx_invalidate(ctx: click.Context, write_pointer: int) -> None:
     """Invalidate a transaction: its writes are never visible."""
     _client(ctx).invalidate(write_pointer)
     click.echo(f"invalidated transaction {write_pointer}")
+
+
+@tx_group.command("prune")
+@click.option("--below", type=int, help="Drop every invalid pointer below this one.")
+@click.argument("write_pointers", nargs=-1, type=int)
+@click.pass_context
+def tx_prune(ctx: click.Context, below: int | None, write_pointers: tuple[int, ...]) -> None:
+    """Drop pointers from the invalid list once no stored entry refers to them.
+
+    Name them (WRITE_POINTERS) and/or give --below; prints what was dropped.
+    """
+    if below is None and not write_pointers:
+        raise click.UsageError("name write pointers and/or give --below")
+    pruned = _client(ctx).prune(below=below, ids=write_pointers)
+    click.echo(f"pruned {len(pruned)} invalid pointer{'' if len(pruned) == 1 else 's'}")
+    for wp in pruned:
+        click.echo(f"  {wp}")
 
 
 # --- inspect ------------------------------------------------------------------------

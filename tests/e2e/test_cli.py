@@ -100,6 +100,10 @@ def test_uncommitted_and_tx_admin(run: Run, server: ServerProcess, topic: str) -
     run("tx", "invalidate", str(tx.write_pointer))
     assert tx.write_pointer in json.loads(run("tx", "list", "--json").stdout)["invalid"]
     assert run("consume", topic).stdout == ""
+    pruned = run("tx", "prune", str(tx.write_pointer)).stdout
+    assert pruned.splitlines() == ["pruned 1 invalid pointer", f"  {tx.write_pointer}"]
+    assert tx.write_pointer not in json.loads(run("tx", "list", "--json").stdout)["invalid"]
+    assert run("tx", "prune", ok=False).exit_code == 2  # nothing named
     again = run("tx", "abort", "1", ok=False)
     assert again.exit_code == 1 and "TransactionNotFound" in again.stderr
 
