@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Self, TypeVar, overload
 
 from tidings.client.api import Call
+from tidings.client.asyncio_transport import AsyncioTransport
 from tidings.client.base import (
     DEFAULT_MEDIA,
     DEFAULT_NAMESPACE,
@@ -32,7 +33,7 @@ from tidings.client.transactions import (
     AsyncTransactionAware,
     AsyncTransactionContext,
 )
-from tidings.client.transports import AiohttpTransport, AsyncTransport
+from tidings.client.transports import AsyncTransport
 from tidings.client.txpublisher import DEFAULT_PAYLOAD_THRESHOLD
 from tidings.codec.wire import Media
 from tidings.errors import InvalidMessageId
@@ -93,7 +94,7 @@ class AsyncClient(BaseClient):
             retry=retry,
             transactions_url=transactions_url,
         )
-        self._transport = transport or AiohttpTransport(max_connections=max_connections)
+        self._transport = transport or AsyncioTransport(max_connections=max_connections)
 
     async def _send(self, call: Call[T]) -> T:
         policy = self._policy_for(call)

@@ -57,7 +57,8 @@ DEFAULT_BATCH_SIZE = 500
 DEFAULT_WAIT = 10.0
 DEFAULT_COMMITTED_WAIT = 0.5
 #: Loop turns an :class:`AsyncConsumer` gives a read-ahead task before decoding a page:
-#: aiohttp needs two to write the request (measured; one left it unsent until after).
+#: the default transport writes the request in one, aiohttp's needs two (measured; one
+#: left it unsent until after).
 _SEND_TURNS = 2
 
 #: What a poll asks for besides topic, limit and wait: start, inclusive, the snapshot

@@ -4,8 +4,11 @@ The clients decide everything in :mod:`tidings.client.base` and hand a finished
 :class:`Request` to a transport, which only does I/O. The libraries were chosen by
 measurement (``benchmarks/http_clients.py``, figures in docs/client.md): urllib3 for
 :class:`~tidings.Client` and aiohttp for :class:`~tidings.AsyncClient` spend about 1.5x
-and 4x less client CPU per request than httpx's sync and async clients. A transport never retries;
-the retry policy lives in the client, where it knows which requests are idempotent.
+and 4x less client CPU per request than httpx's sync and async clients. AsyncClient has
+since moved on to :class:`~tidings.client.asyncio_transport.AsyncioTransport`, which
+spends less again (its module says how much); :class:`AiohttpTransport` remains for
+whoever passes it. A transport never retries; the retry policy lives in the client,
+where it knows which requests are idempotent.
 """
 
 from __future__ import annotations

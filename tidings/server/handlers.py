@@ -24,6 +24,7 @@ from starlette.responses import Response
 from tidings.errors import ServerError, ServiceUnavailable, TidingsError
 from tidings.messaging import MessagingService
 from tidings.server.config import ServerConfig
+from tidings.server.inbox import LoopInbox
 from tidings.server.longpoll import LongPolls
 from tidings.server.metrics import Metrics
 from tidings.server.services import Services
@@ -53,12 +54,14 @@ def error_response(exc: TidingsError, headers: dict[str, str] | None = None) -> 
 
 @dataclass
 class Api:
-    """The state the routes close over: configuration, services, metrics, long-polls."""
+    """The state the routes close over: configuration, services, metrics, long-polls,
+    and the inbox that brings results of other threads to the event loop."""
 
     config: ServerConfig
     services: Services
     metrics: Metrics
     longpolls: LongPolls
+    inbox: LoopInbox
 
     @property
     def messaging(self) -> MessagingService:

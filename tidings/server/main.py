@@ -25,6 +25,7 @@ import tidings
 from tidings.server.app import create_app
 from tidings.server.config import ServerConfig
 from tidings.server.handlers import Api
+from tidings.server.inbox import LoopInbox
 from tidings.server.logs import configure_logging
 from tidings.server.longpoll import LongPolls
 from tidings.server.metrics import Metrics, Sources
@@ -124,15 +125,16 @@ async def _serve(
     config: ServerConfig, services: Services, about: dict[str, object]
 ) -> tuple[bool, int | None]:
     loop = asyncio.get_running_loop()
+    inbox = LoopInbox(loop)
     longpolls = LongPolls()
-    longpolls.bind(loop)
+    longpolls.bind(inbox)
     messaging, tx, store = services.messaging, services.tx, services.store
     sources = Sources(
         topic_counters=messaging.counters if messaging is not None else None,
         tx_state=tx.state if tx is not None else None,
         store_commits=(lambda: store.commits) if store is not None else None,
     )
-    api = Api(config, services, Metrics(sources=sources), longpolls)
+    api = Api(config, services, Metrics(sources=sources), longpolls, inbox)
     if messaging is not None:
         messaging.add_listener(longpolls.on_commit)
 

@@ -1,10 +1,11 @@
 """The messaging API of seed 000 under ``/v1/namespaces/{ns}``, plus stats and long-poll.
 
 Publish, store and rollback await the store's group-commit future on the event loop
-(``asyncio.wrap_future``): no thread is held per request, and every request that
-arrives during one fsync joins the next commit. Polls read LMDB on the loop itself:
-a snapshot read of up to a batch of messages costs less than the hop to a thread and
-back (measured, docs/operations.md).
+(through the server's :class:`~tidings.server.inbox.LoopInbox`: one loop wake-up per
+commit for all its answers and long-poll wake-ups): no thread is held per request, and
+every request that arrives during one fsync joins the next commit. Polls read LMDB on
+the loop itself: a snapshot read of up to a batch of messages costs less than the hop
+to a thread and back (measured, docs/operations.md).
 
 A poll with ``?isolation=read_committed`` and no ``transaction`` in its body is
 read-committed on the server's side: each fetch, including every re-fetch of a
@@ -104,6 +105,7 @@ def routes(api: Api) -> list[Route]:
     max_body = api.config.max_body_bytes
     max_wait_ms = api.config.max_wait_ms
     longpolls = api.longpolls
+    inbox = api.inbox
     if api.services.tx is not None:
         # Wake read-committed long-polls whenever a transaction ends (commits through
         # the transaction routes, timeouts through the manager's sweeper).
@@ -131,9 +133,7 @@ def routes(api: Api) -> list[Route]:
         ns, topic = _names(request)
         media = request_media(request)
         req = wire.decode_publish_request(await read_body(request, max_body), media)
-        info = await asyncio.wrap_future(
-            messaging.publish_future(ns, topic, req.records, req.write_pointer)
-        )
+        info = await inbox.wait(messaging.publish_future(ns, topic, req.records, req.write_pointer))
         if info is None:
             return Response(b"", media_type=media.value)
         return Response(wire.encode_rollback_info(info, media), media_type=media.value)
@@ -151,8 +151,7 @@ def routes(api: Api) -> list[Route]:
         if req.transaction is not None:
             tx = decode_transaction(req.transaction)  # the caller's snapshot wins
         elif read_committed:
-            manager_ = manager()
-            tx = await snapshot(manager_)
+            manager_ = manager()  # its snapshot is taken right before each fetch
 
         def fetch() -> tuple[bytes, int, MessageId | None]:
             return messaging.fetch_encoded(
@@ -165,23 +164,27 @@ def routes(api: Api) -> list[Route]:
                 transaction=tx,
             )
 
-        body, count, last = fetch()
-        if not count and wait_ms > 0:
+        if wait_ms <= 0:
+            if manager_ is not None:
+                tx = await snapshot(manager_)
+            body, count, last = fetch()
+        else:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait_ms / 1000
-            while not longpolls.closed:
-                woken = longpolls.waiter(ns, topic)
-                if manager_ is None:
-                    ended = None
-                else:
-                    # Registered before the snapshot: no commit slips in between.
-                    ended = longpolls.transaction_waiter()
-                    tx = await snapshot(manager_)
-                body, count, last = fetch()
-                remaining = deadline - loop.time()
-                if count or remaining <= 0:
-                    break
-                await longpolls.wait(woken, remaining, ended)
+            while True:
+                # Parked before the fetch (and the snapshot): no commit slips in between,
+                # and a poll that finds nothing fetches once, not twice.
+                woken = longpolls.park(ns, topic, transactions=manager_ is not None)
+                try:
+                    if manager_ is not None:
+                        tx = await snapshot(manager_)
+                    body, count, last = fetch()
+                    remaining = deadline - loop.time()
+                    if count or remaining <= 0 or longpolls.closed:
+                        break
+                    await longpolls.wait(woken, remaining)
+                finally:
+                    longpolls.unpark(woken, ns, topic)
         # The page's extent, so a client can ask for the next page before decoding it.
         headers = {COUNT_HEADER: str(count)}
         if last is not None:
@@ -196,7 +199,7 @@ def routes(api: Api) -> list[Route]:
         req = wire.decode_publish_request(await read_body(request, max_body), media)
         if req.write_pointer is None:
             raise BadRequest("store requires a transactionWritePointer")
-        await asyncio.wrap_future(messaging.store_future(ns, topic, req.write_pointer, req.records))
+        await inbox.wait(messaging.store_future(ns, topic, req.write_pointer, req.records))
         return Response(b"", media_type=media.value)
 
     @api.endpoint(TOPIC + "/rollback")
@@ -205,7 +208,7 @@ def routes(api: Api) -> list[Route]:
         ns, topic = _names(request)
         media = request_media(request)
         info = wire.decode_rollback_info(await read_body(request, max_body), media)
-        count = await asyncio.wrap_future(messaging.rollback_future(ns, topic, info))
+        count = await inbox.wait(messaging.rollback_future(ns, topic, info))
         if media is wire.JSON:
             return json_response({"rolledBack": count})
         return Response(b"", media_type=media.value)
