@@ -50,24 +50,28 @@ def create_app(api: Api) -> ASGIApp:
         return error_response(ServerError(f"internal error: {type(exc).__name__}"))
 
     messaging_routes = messaging.routes(api)
+    transaction_routes = transactions.routes(api)
     app = Starlette(
-        routes=[*messaging_routes, *transactions.routes(api), *ops.routes(api)],
+        routes=[*messaging_routes, *transaction_routes, *ops.routes(api)],
         exception_handlers={HTTPException: http_error, Exception: server_error},
     )
     hot = {
-        route.path.rsplit("/", 1)[1]: route.endpoint
-        for route in messaging_routes
+        route.path: route.endpoint
+        for route in [*messaging_routes, *transaction_routes]
         if isinstance(route, Route) and route.path in _HOT_PATHS
     }
     return _HotPaths(app, hot)
 
 
-#: The requests a producer and a consumer send all the time.
-_HOT_PATHS = (messaging.TOPIC + "/publish", messaging.TOPIC + "/poll")
+#: The requests producers and consumers send all the time.
+_HOT_PATHS = frozenset(
+    {messaging.TOPIC + "/publish", messaging.TOPIC + "/poll", transactions.PUBLISH}
+)
 
 
 class _HotPaths:
-    """Publish and poll straight to their endpoints; everything else through Starlette.
+    """Publish, poll and the one-request transaction straight to their endpoints;
+    everything else through Starlette.
 
     Starlette's middleware, router and request wrapper cost ~10 us of the event loop per
     request (four layers of coroutines and ``send`` wrappers, then a regular expression
@@ -79,24 +83,26 @@ class _HotPaths:
 
     def __init__(self, app: Starlette, hot: dict[str, Endpoint]) -> None:
         self.app = app
-        self._hot = hot
+        self._topic_actions = {
+            action: hot[messaging.TOPIC + "/" + action] for action in ("publish", "poll")
+        }
+        self._tx_publish = hot[transactions.PUBLISH]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-            # "/v1/namespaces/{ns}/topics/{topic}/{action}"
             parts = scope["path"].split("/")
-            if (
-                len(parts) == 7
-                and parts[1] == "v1"
-                and parts[2] == "namespaces"
-                and parts[4] == "topics"
-                and parts[3]
-                and parts[5]
-            ):
-                endpoint = self._hot.get(parts[6])
-                if endpoint is not None:
-                    scope["path_params"] = {"ns": parts[3], "topic": parts[5]}
-                    response = await endpoint(Request(scope, receive, send))
-                    await response(scope, receive, send)
-                    return
+            endpoint: Endpoint | None = None
+            if len(parts) >= 6 and parts[1] == "v1" and parts[2] == "namespaces" and parts[3]:
+                if len(parts) == 7 and parts[4] == "topics" and parts[5]:
+                    # /v1/namespaces/{ns}/topics/{topic}/{publish|poll}
+                    endpoint = self._topic_actions.get(parts[6])
+                    params = {"ns": parts[3], "topic": parts[5]}
+                elif len(parts) == 6 and parts[4] == "transactions" and parts[5] == "publish":
+                    endpoint = self._tx_publish
+                    params = {"ns": parts[3]}
+            if endpoint is not None:
+                scope["path_params"] = params
+                response = await endpoint(Request(scope, receive, send))
+                await response(scope, receive, send)
+                return
         await self.app(scope, receive, send)

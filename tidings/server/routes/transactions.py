@@ -1,16 +1,17 @@
 """The transaction service's API under ``/v1/transactions`` (docs/api.md), JSON only.
 
 Begin, commit, abort and invalidate await the manager's ``*_future`` calls on the event
-loop (``asyncio.wrap_future``): they decide at once (under the manager's lock, which is
-held only for in-memory work) and resolve once the transaction log is durable, so no
-thread is held per request and many concurrent requests share one fsync. The rarer
-calls (state, producers, prune) still run on the worker threads.
+loop (through the server's :class:`~tidings.server.inbox.LoopInbox`): they decide at
+once (under the manager's lock, which is held only for in-memory work) and resolve once
+the transaction log is durable, so no thread is held per request and many concurrent
+requests share one fsync. The rarer calls (state, producers, prune) still run on the
+worker threads.
 
 ``POST /v1/namespaces/{ns}/transactions/publish`` (where one process runs both
 services) is a whole transaction of the direct path in one request: begin, publish
-every topic's messages with the write pointer (concurrently: one group commit), commit.
-If a publish fails, those that succeeded are rolled back and the transaction aborted
-(invalidated if a rollback fails too); so it commits all of its messages or none.
+every topic's messages with the write pointer in one store write (all of them or
+none), commit. If the publish fails, nothing was written and the transaction is
+aborted (invalidated if that fails); so it commits all of its messages or none.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from tidings.server.bodies import (
     require_json,
 )
 from tidings.server.handlers import Api, json_response
+from tidings.server.inbox import LoopInbox
 from tidings.structs import Record, Transaction
 from tidings.tx import TransactionManager, encode_transaction
 
@@ -132,8 +134,8 @@ def routes(api: Api) -> list[Route]:
         timeout = opt_number(obj, "timeout")
         transactional_id = opt_str(obj, "transactionalId")
         epoch = opt_int(obj, "epoch", 0)
-        snapshot = await asyncio.wrap_future(
-            tx.begin_future(timeout, transactional_id=transactional_id, epoch=epoch)
+        snapshot = await _result(
+            api.inbox, tx.begin_future(timeout, transactional_id=transactional_id, epoch=epoch)
         )
         counts.begun += 1
         return json_response(
@@ -155,7 +157,7 @@ def routes(api: Api) -> list[Route]:
         transactional_id = opt_str(obj, "transactionalId")
         epoch = opt_int(obj, "epoch", 0)
         try:
-            await asyncio.wrap_future(
+            await api.inbox.wait(
                 tx.commit_future(wp, changes, transactional_id=transactional_id, epoch=epoch)
             )
         except TransactionConflict:
@@ -171,9 +173,7 @@ def routes(api: Api) -> list[Route]:
         obj = await body(request, "abort request")
         transactional_id = opt_str(obj, "transactionalId")
         epoch = opt_int(obj, "epoch", 0)
-        await asyncio.wrap_future(
-            tx.abort_future(wp, transactional_id=transactional_id, epoch=epoch)
-        )
+        await api.inbox.wait(tx.abort_future(wp, transactional_id=transactional_id, epoch=epoch))
         counts.aborted += 1
         return json_response({})
 
@@ -181,7 +181,7 @@ def routes(api: Api) -> list[Route]:
     async def invalidate(request: Request) -> Response:
         tx = api.tx
         wp = _write_pointer(request)
-        await asyncio.wrap_future(tx.invalidate_future(wp))
+        await api.inbox.wait(tx.invalidate_future(wp))
         counts.invalidated += 1
         return json_response({})
 
@@ -199,7 +199,7 @@ def routes(api: Api) -> list[Route]:
             ended: list[str] = []
             try:
                 return await _transact(
-                    messaging, tx, ns, batches, timeout, transactional_id, epoch, ended
+                    api.inbox, messaging, tx, ns, batches, timeout, transactional_id, epoch, ended
                 )
             finally:
                 for outcome in ended:
@@ -247,6 +247,7 @@ def routes(api: Api) -> list[Route]:
 
 
 async def _transact(
+    inbox: LoopInbox,
     messaging: MessagingService,
     tx: TransactionManager,
     ns: str,
@@ -265,38 +266,37 @@ async def _transact(
     ``ended`` collects the counters to bump.
     """
     snapshot = await _result(
-        tx.begin_future(timeout, transactional_id=transactional_id, epoch=epoch)
+        inbox, tx.begin_future(timeout, transactional_id=transactional_id, epoch=epoch)
     )
     ended.append("begun")
     wp = snapshot.write_pointer
     try:
         # Bad input is refused here, at once, before anything is written.
-        await asyncio.wrap_future(messaging.publish_all_future(ns, batches, wp))
+        await inbox.wait(messaging.publish_all_future(ns, batches, wp))
     except Exception as exc:
-        await _end_failed(tx, wp, exc, transactional_id, epoch, ended)
+        await _end_failed(inbox, tx, wp, exc, transactional_id, epoch, ended)
         raise
     try:
-        await asyncio.wrap_future(
-            tx.commit_future(wp, (), transactional_id=transactional_id, epoch=epoch)
-        )
+        await inbox.wait(tx.commit_future(wp, (), transactional_id=transactional_id, epoch=epoch))
     except TidingsError as exc:
         # Timed out or fenced: already invalid. Anything else: make sure it never
         # commits (its writes then never show).
-        await _invalidate(tx, wp, exc, ended)
+        await _invalidate(inbox, tx, wp, exc, ended)
         raise
     ended.append("committed")
     return snapshot
 
 
-async def _result(future: Future[_T]) -> _T:
+async def _result(inbox: LoopInbox, future: Future[_T]) -> _T:
     # A begin is usually answered at once (from the pointer reservation): take its
-    # result without the thread-safe hand-over and event-loop round trip of wrap_future.
+    # result without the hand-over to the event loop.
     if future.done():
         return future.result()
-    return await asyncio.wrap_future(future)
+    return await inbox.wait(future)
 
 
 async def _end_failed(
+    inbox: LoopInbox,
     tx: TransactionManager,
     wp: int,
     error: Exception,
@@ -307,18 +307,18 @@ async def _end_failed(
     # The publish wrote nothing (one store write, not committed), so the transaction
     # left no entry behind and may simply abort.
     try:
-        await asyncio.wrap_future(
-            tx.abort_future(wp, transactional_id=transactional_id, epoch=epoch)
-        )
+        await inbox.wait(tx.abort_future(wp, transactional_id=transactional_id, epoch=epoch))
     except TidingsError:
-        await _invalidate(tx, wp, error, ended)
+        await _invalidate(inbox, tx, wp, error, ended)
     else:
         ended.append("aborted")
 
 
-async def _invalidate(tx: TransactionManager, wp: int, error: Exception, ended: list[str]) -> None:
+async def _invalidate(
+    inbox: LoopInbox, tx: TransactionManager, wp: int, error: Exception, ended: list[str]
+) -> None:
     try:
-        await asyncio.wrap_future(tx.invalidate_future(wp))
+        await inbox.wait(tx.invalidate_future(wp))
     except TidingsError as exc:
         error.add_note(f"could not invalidate transaction {wp}: {exc}")
     else:
