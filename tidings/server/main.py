@@ -151,6 +151,9 @@ async def _serve(
         log_config=None,
         access_log=config.access_log,
         server_header=False,
+        # No X-Forwarded-* rewriting: nothing uses the client address, and the
+        # middleware is one more coroutine layer on every request.
+        proxy_headers=False,
         timeout_graceful_shutdown=math.ceil(config.shutdown_timeout),
     )
     server = _Server(uv_config, on_signal, about)

@@ -58,8 +58,8 @@ def encode_state(image: StateImage) -> bytes:
     out += _COUNT.pack(len(image.invalid))
     out += struct.pack(f">{len(image.invalid)}q", *image.invalid)
     out += _COUNT.pack(len(image.history))
-    out += struct.pack(f">{len(image.history)}q", *(wp for wp, _ in image.history))
-    out += bytes(outcome for _, outcome in image.history)
+    out += struct.pack(f">{len(image.history)}q", *image.history)
+    out += image.history_outcomes
     out += _COUNT.pack(len(image.change_sets))
     for commit_pointer, keys in image.change_sets:
         out += _CHANGE_SET.pack(commit_pointer, len(keys))
@@ -142,7 +142,8 @@ class _Reader:
             reserved=reserved,
             in_progress=tuple(in_progress),
             invalid=invalid,
-            history=tuple(zip(history_ids, outcomes, strict=True)),
+            history=history_ids,
+            history_outcomes=bytes(outcomes),
             change_sets=tuple(change_sets),
             producers=tuple(producers),
         )

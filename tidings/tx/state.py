@@ -102,7 +102,9 @@ class StateImage:
     reserved: int
     in_progress: tuple[tuple[int, InProgress], ...]
     invalid: tuple[int, ...]
-    history: tuple[tuple[int, Outcome], ...]
+    #: Ended transactions, oldest first, and how each ended (an ``Outcome`` per byte).
+    history: tuple[int, ...]
+    history_outcomes: bytes
     change_sets: tuple[tuple[int, tuple[bytes, ...]], ...]
     producers: tuple[ProducerInfo, ...]
 
@@ -395,6 +397,7 @@ class TxStateMachine:
     # -- snapshots -----------------------------------------------------------------------
 
     def export(self) -> StateImage:
+        order = tuple(self._history_order)
         return StateImage(
             last_write_pointer=self.last_write_pointer,
             read_pointer=self.read_pointer,
@@ -403,7 +406,12 @@ class TxStateMachine:
             reserved=self.reserved,
             in_progress=tuple(self.in_progress.items()),
             invalid=self.invalid_ids(),
-            history=tuple((wp, self._history[wp]) for wp in self._history_order),
+            # Ids and outcomes apart, built at C speed without an object per entry:
+            # snapshots export under the manager's lock, the history holds up to
+            # 100,000 entries, and 100,000 fresh pairs set off garbage collections
+            # of the whole heap (~40 ms instead of ~1).
+            history=order,
+            history_outcomes=bytes(map(self._history.__getitem__, order)),
             change_sets=tuple(self._change_sets.items()),
             producers=tuple(self.producers),
         )
@@ -419,8 +427,8 @@ class TxStateMachine:
             state.in_progress[wp] = tx
         state.invalid = set(image.invalid)
         state._invalid_sorted = None
-        for wp, outcome in image.history:
-            state._remember(wp, outcome)
+        for wp, outcome in zip(image.history, image.history_outcomes, strict=True):
+            state._remember(wp, Outcome(outcome))
         for commit_pointer, keys in sorted(image.change_sets):
             state._change_sets[commit_pointer] = keys
             for key in keys:
