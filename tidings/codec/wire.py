@@ -55,6 +55,7 @@ __all__ = [
     "decode_consume_request",
     "decode_messages",
     "decode_publish_request",
+    "publish_request_from_json",
     "decode_rollback_info",
     "encode_consume_request",
     "encode_messages",
@@ -336,19 +337,7 @@ def _check_extras_avro(raw: list[dict[str, Any]] | None, n: int) -> None:
 def decode_publish_request(body: bytes, media: Media) -> PublishRequest:
     """Decode a ``publish``/``store`` body (seed's PublishRequest, plus ``extras``)."""
     if media is JSON:
-        obj = _json_object(body, "publish request")
-        wp = _int(
-            obj.get("transactionWritePointer"),
-            "transactionWritePointer",
-            INT64_MIN,
-            INT64_MAX,
-            optional=True,
-        )
-        raw_messages = obj.get("messages", [])
-        if not isinstance(raw_messages, list):
-            raise BadRequest("messages must be a list of base64 strings")
-        payloads = _b64decode_all(raw_messages, "messages")
-        extras = _check_extras_json(obj.get("extras"), len(payloads))
+        return publish_request_from_json(_json_object(body, "publish request"))
     else:
         schema = PUBLISH_REQUEST_EXT if media is AVRO_EXT else PUBLISH_REQUEST
         value = _avro_read(body, schema, "publish request")
@@ -356,6 +345,26 @@ def decode_publish_request(body: bytes, media: Media) -> PublishRequest:
         payloads = value["messages"]
         extras = value.get("extras")
         _check_extras_avro(extras, len(payloads))
+    if extras is None:
+        return PublishRequest(wp, payloads)
+    return PublishRequest(wp, [_record(p, e) for p, e in zip(payloads, extras, strict=True)])
+
+
+def publish_request_from_json(obj: dict[str, Any]) -> PublishRequest:
+    """The PublishRequest in an already parsed JSON object (e.g. one topic of a
+    transactional publish); the same checks as :func:`decode_publish_request`."""
+    wp = _int(
+        obj.get("transactionWritePointer"),
+        "transactionWritePointer",
+        INT64_MIN,
+        INT64_MAX,
+        optional=True,
+    )
+    raw_messages = obj.get("messages", [])
+    if not isinstance(raw_messages, list):
+        raise BadRequest("messages must be a list of base64 strings")
+    payloads = _b64decode_all(raw_messages, "messages")
+    extras = _check_extras_json(obj.get("extras"), len(payloads))
     if extras is None:
         return PublishRequest(wp, payloads)
     return PublishRequest(wp, [_record(p, e) for p, e in zip(payloads, extras, strict=True)])

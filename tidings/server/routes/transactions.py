@@ -20,7 +20,6 @@ import asyncio
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -86,8 +85,7 @@ def _batches(obj: dict[str, Any]) -> list[_Batch]:
         if "transactionWritePointer" in item:
             raise BadRequest("the server assigns the write pointer; do not send one")
         # Each item is a JSON PublishRequest plus its topic: decode it as one.
-        part = {k: v for k, v in item.items() if k != "topic"}
-        records = wire.decode_publish_request(orjson.dumps(part), wire.JSON).records
+        records = wire.publish_request_from_json(item).records
         if not records:
             raise EmptyPublish(f"topics[{i}] ({topic}) has no messages")
         batches.append((topic, list(records)))
