@@ -39,6 +39,8 @@ import httpx
 import urllib3
 
 from tidings.client import AVRO_EXT, JSON, AsyncClient, Client, Media
+from tidings.client.asyncio_transport import AsyncioTransport
+from tidings.client.transports import Request
 from tidings.codec import wire
 from tidings.structs import Message, MessageId, Record
 
@@ -145,6 +147,22 @@ async def bench_aiohttp(w: Workload, url: str, body: bytes, n: int, concurrency:
         return await time_async(send, n, concurrency)
 
 
+async def bench_tidings_asyncio(
+    w: Workload, url: str, body: bytes, n: int, concurrency: int
+) -> Timing:
+    """AsyncClient's own transport (``tidings.client.asyncio_transport``)."""
+    transport = AsyncioTransport(max_connections=concurrency)
+    request = Request("POST", url, body, w.headers["Content-Type"], 30.0)
+    try:
+
+        async def send() -> int:
+            return (await transport.send(request)).status
+
+        return await time_async(send, n, concurrency)
+    finally:
+        await transport.aclose()
+
+
 async def bench_httpx_async(w: Workload, url: str, body: bytes, n: int, concurrency: int) -> Timing:
     async with httpx.AsyncClient() as client:
 
@@ -225,13 +243,17 @@ def run(url: str, repeat: int, concurrency: int) -> None:
     w = Workload(url)
     print(f"server {url}; best of {repeat}; async concurrency {concurrency}")
     print("wall: elapsed time; cpu: this (client) process's CPU time per request")
-    print(f"{'library':<24}{'workload':<10}{'seconds':>9}{'req/s':>10}{'µs/req':>9}{'cpu µs':>8}")
+    print(f"{'library':<28}{'workload':<10}{'seconds':>9}{'req/s':>10}{'µs/req':>9}{'cpu µs':>8}")
     for name, target, body, n in w.cases():
         results: dict[str, list[Timing]] = {}
         for _ in range(repeat):
             for lib, fn in (("urllib3 (sync)", bench_urllib3), ("httpx (sync)", bench_httpx)):
                 results.setdefault(lib, []).append(fn(w, target, body, n))
-            for lib, afn in (("aiohttp", bench_aiohttp), ("httpx", bench_httpx_async)):
+            for lib, afn in (
+                ("tidings asyncio", bench_tidings_asyncio),
+                ("aiohttp", bench_aiohttp),
+                ("httpx", bench_httpx_async),
+            ):
                 for c in sorted({1, concurrency}):
                     elapsed = asyncio.run(afn(w, target, body, n, c))
                     results.setdefault(f"{lib} (async, {c})", []).append(elapsed)
@@ -239,7 +261,7 @@ def run(url: str, repeat: int, concurrency: int) -> None:
             t = best([wall for wall, _ in runs])
             cpu = best([c for _, c in runs])
             print(
-                f"{lib:<24}{name:<10}{t:>9.3f}{n / t:>10,.0f}{t / n * 1e6:>9,.0f}"
+                f"{lib:<28}{name:<10}{t:>9.3f}{n / t:>10,.0f}{t / n * 1e6:>9,.0f}"
                 f"{cpu / n * 1e6:>8,.0f}"
             )
     print()

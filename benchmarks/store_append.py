@@ -18,7 +18,13 @@ from tidings.store import LmdbStore
 
 
 def run_case(
-    sync: bool, threads: int, seconds: float, batch: int, row_size: int, where: str | None
+    sync: bool,
+    threads: int,
+    seconds: float,
+    batch: int,
+    row_size: int,
+    where: str | None,
+    append: bool = False,
 ) -> str:
     value = bytes(row_size)
     rows = [0] * threads
@@ -31,7 +37,9 @@ def run_case(
             while time.perf_counter() < deadline:
                 base = rows[n]
                 items = [(prefix + (base + i).to_bytes(8, "big"), value) for i in range(batch)]
-                store.apply(lambda view, items=items: view.put_many("messages", items))
+                store.apply(
+                    lambda view, items=items: view.put_many("messages", items, append=append)
+                )
                 rows[n] += batch
 
         started = time.perf_counter()
@@ -45,7 +53,7 @@ def run_case(
         store.close()
     total = sum(rows)
     return (
-        f"sync={'on ' if sync else 'off'} threads={threads}  "
+        f"sync={'on ' if sync else 'off'} threads={threads} append={'on ' if append else 'off'} "
         f"{total / elapsed:>10,.0f} rows/s  {total / batch / elapsed:>8,.0f} batches/s  "
         f"{commits / elapsed:>7,.0f} commits/s  "
         f"{total / batch / max(commits, 1):5.2f} batches/commit"
@@ -59,13 +67,19 @@ def main() -> None:
     parser.add_argument("--row-size", type=int, default=100, help="value bytes per row")
     parser.add_argument("--threads", default="1,4", help="writer thread counts, comma-separated")
     parser.add_argument("--dir", help="where to create the stores (default: the temp dir)")
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="also run with put_many(append=True) (one writer's keys follow the table's)",
+    )
     args = parser.parse_args()
     for sync in (True, False):
         for threads in (int(t) for t in args.threads.split(",")):
-            print(
-                run_case(sync, threads, args.seconds, args.batch, args.row_size, args.dir),
-                flush=True,
-            )
+            for append in (False, True) if args.append else (False,):
+                line = run_case(
+                    sync, threads, args.seconds, args.batch, args.row_size, args.dir, append
+                )
+                print(line, flush=True)
 
 
 if __name__ == "__main__":
