@@ -118,3 +118,26 @@ def test_publish_encoder_matches_fastavro(write_pointer: int | None, payloads: l
         )
         assert decoded.write_pointer == write_pointer
         assert [r if isinstance(r, bytes) else r.payload for r in decoded.records] == payloads
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.none() | ids | st.integers(0, 2**63 - 1),
+    st.booleans(),
+    st.none() | st.integers(1, 2**31 - 1),
+    st.none() | st.binary(max_size=300),
+)
+def test_consume_request_encoder_matches_fastavro(
+    start: MessageId | int | None, inclusive: bool, limit: int | None, tx: bytes | None
+) -> None:
+    req = wire.ConsumeRequest(start, inclusive, limit, tx)
+    value = {
+        "startFrom": start.to_bytes() if isinstance(start, MessageId) else start,
+        "inclusive": inclusive,
+        "limit": limit,
+        "transaction": tx,
+    }
+    for media in (wire.AVRO, wire.AVRO_EXT):
+        body = wire.encode_consume_request(req, media)
+        assert body == wire._avro_write(value, wire.CONSUME_REQUEST)
+        assert wire.decode_consume_request(body, media) == req

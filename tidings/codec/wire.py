@@ -552,14 +552,22 @@ def encode_consume_request(req: ConsumeRequest, media: Media) -> bytes:
                 "transaction": None if req.transaction is None else b64encode(req.transaction),
             }
         )
-    # A long startFrom must be written as the union's long branch, not bytes.
-    value = {
-        "startFrom": start,
-        "inclusive": req.inclusive,
-        "limit": req.limit,
-        "transaction": req.transaction,
-    }
-    return _avro_write(value, CONSUME_REQUEST)
+    # Written by hand (a consumer sends one per page; fastavro's generic writer took
+    # ~25 us of it under load): each union is its branch index, then the value.
+    parts: list[bytes]
+    if isinstance(start, bytes):
+        parts = [b"\x00", _long(len(start)), start]
+    elif start is None:
+        parts = [b"\x04"]
+    else:
+        parts = [b"\x02", _long(start)]  # a timestamp: the union's long branch
+    parts.append(b"\x01" if req.inclusive else b"\x00")
+    parts.append(b"\x02" if req.limit is None else b"\x00" + _long(req.limit))
+    if req.transaction is None:
+        parts.append(b"\x02")
+    else:
+        parts += (b"\x00", _long(len(req.transaction)), req.transaction)
+    return b"".join(parts)
 
 
 def encode_messages(messages: Sequence[Message], media: Media) -> bytes:
