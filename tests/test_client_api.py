@@ -19,7 +19,15 @@ from tidings.errors import (
     TopicNotFound,
     TransactionConflict,
 )
-from tidings.structs import Message, MessageId, Record, RollbackInfo, Transaction, TransactionState
+from tidings.structs import (
+    Message,
+    MessageId,
+    PayloadRange,
+    Record,
+    RollbackInfo,
+    Transaction,
+    TransactionState,
+)
 from tidings.tx import decode_transaction
 
 URL = "http://h:1"
@@ -217,3 +225,44 @@ def test_malformed_answers_are_server_errors() -> None:
         api().list_topics().result(ok(b"{not json"))
     with pytest.raises(ServerError):
         api().get_topic("t").result(ok({"name": "t"}))
+
+
+# --- payload ranges ---
+
+
+@pytest.mark.parametrize("media", [JSON, AVRO, AVRO_EXT], ids=lambda m: m.name)
+def test_store_returns_the_range_in_its_answers_header(media: wire.Media) -> None:
+    call = api(media).store("t", [b"a"], 7)
+    assert call.request.url.endswith("/topics/t/store")
+    answer = Response(200, b"", media.value, {"tidings-payload-range": "1700.3-1701.0"})
+    assert call.result(answer) == PayloadRange(1700, 3, 1701, 0)
+
+
+@pytest.mark.parametrize("header", [None, "", "1.2", "1.2-3", "a.b-c.d", "1.2-3.4-5", "-1.2-3.4"])
+def test_store_without_a_well_formed_range_is_a_server_error(header: str | None) -> None:
+    headers = {} if header is None else {"tidings-payload-range": header}
+    with pytest.raises(ServerError):
+        api().store("t", [b"a"], 7).result(Response(200, b"", JSON.value, headers))
+
+
+@pytest.mark.parametrize("media", [JSON, AVRO_EXT], ids=lambda m: m.name)
+def test_publish_with_ranges_is_a_json_body(media: wire.Media) -> None:
+    ranges = [PayloadRange(5, 0, 5, 9), PayloadRange(1, 2, 3, 4)]
+    call = api(media).publish_transactional("t", [], 7, ranges)
+    assert call.request.content_type == JSON.value
+    assert orjson.loads(call.request.body) == {
+        "transactionWritePointer": 7,
+        "messages": [],
+        "payloadRanges": [{"first": [5, 0], "last": [5, 9]}, {"first": [1, 2], "last": [3, 4]}],
+    }
+    # ...which the server decodes back to the same ranges.
+    decoded = wire.decode_publish_request(call.request.body, JSON)
+    assert (decoded.write_pointer, decoded.payload_ranges) == (7, ranges)
+    info = RollbackInfo(7, 1, 0, 1, 1)
+    assert call.result(ok(orjson.loads(wire.encode_rollback_info(info, JSON)))) == info
+
+
+def test_publish_without_ranges_keeps_the_clients_media() -> None:
+    call = api(AVRO_EXT).publish_transactional("t", [], 7)
+    assert call.request.content_type == AVRO_EXT.value
+    assert wire.decode_publish_request(call.request.body, AVRO_EXT).payload_ranges is None

@@ -145,11 +145,75 @@ def test_expansion_resumes_exactly_after_the_last_id(service: MessagingService) 
     assert payloads(service.fetch("ns", "t", start=p4.id, limit=2)) == [b"p4", b"p5"]
 
 
+def _ranged_topic(service: MessagingService) -> list[Message]:
+    # Three stores under one pointer; the middle one (an attempt that failed) is not
+    # published. Returns every message the topic then shows.
+    service.publish("ns", "t", [b"first"])
+    a = service.store_payloads("ns", "t", 3, [b"a%d" % i for i in range(4)])
+    service.store_payloads("ns", "t", 3, [b"failed%d" % i for i in range(3)])
+    b = service.store_payloads("ns", "t", 3, [b"b%d" % i for i in range(4)])
+    service.publish("ns", "t", [], write_pointer=3, payload_ranges=[a, b])
+    service.publish("ns", "t", [b"last"])
+    everything = service.fetch("ns", "t", limit=8) + service.fetch(
+        "ns", "t", start=service.fetch("ns", "t", limit=8)[-1].id, inclusive=False, limit=8
+    )
+    assert payloads(everything) == [
+        b"first",
+        *[b"a%d" % i for i in range(4)],
+        *[b"b%d" % i for i in range(4)],
+        b"last",
+    ]
+    return everything
+
+
+def test_resume_inside_a_ranged_entry(service: MessagingService) -> None:
+    everything = _ranged_topic(service)
+    for i, message in enumerate(everything):
+        assert service.fetch("ns", "t", start=message.id, limit=8) == everything[i : i + 8]
+        assert (
+            service.fetch("ns", "t", start=message.id, inclusive=False, limit=8)
+            == everything[i + 1 : i + 9]
+        )
+    # Paging by 3 (limits stop inside ranges) yields each message once, in order.
+    seen: list[Message] = []
+    start: MessageId | None = None
+    while page := service.fetch("ns", "t", start=start, inclusive=False, limit=3):
+        seen.extend(page)
+        start = page[-1].id
+    assert seen == everything
+
+
+def test_resume_from_an_id_of_a_row_outside_the_ranges(service: MessagingService) -> None:
+    everything = _ranged_topic(service)
+    a3, b0 = everything[4], everything[5]
+    assert (a3.payload, b0.payload) == (b"a3", b"b0")
+    # An id that would name a failed attempt's row (between the ranges, same entry as
+    # a): the next message is still b0, and no failed row ever shows.
+    between = a3.id._replace(p_seq=a3.id.p_seq + 1)
+    for inclusive in (True, False):
+        page = service.fetch("ns", "t", start=between, inclusive=inclusive, limit=2)
+        assert payloads(page) == [b"b0", b"b1"]
+    # An id before the start of b's entry's range resumes at that range's first row.
+    early = b0.id._replace(write_ts=0, p_seq=0)
+    assert payloads(service.fetch("ns", "t", start=early, limit=1)) == [b"b0"]
+
+
+def test_ranged_entries_under_a_transaction(service: MessagingService) -> None:
+    rng = service.store_payloads("ns", "t", 3, [b"a"])
+    service.store_payloads("ns", "t", 3, [b"failed"])
+    service.publish("ns", "t", [], write_pointer=3, payload_ranges=[rng])
+    blocked = Transaction(read_pointer=2, write_pointer=10, in_progress=(3,))
+    assert service.fetch("ns", "t", transaction=blocked) == []
+    done = Transaction(read_pointer=9, write_pointer=10)
+    assert payloads(service.fetch("ns", "t", transaction=done)) == [b"a"]
+    assert payloads(service.fetch("ns", "t")) == [b"a"]
+
+
 # --- property: paging through any mix equals one big fetch --------------------------
 
 batches = st.lists(
     st.tuples(
-        st.sampled_from(["plain", "tx", "stored", "rolled-back"]),
+        st.sampled_from(["plain", "tx", "stored", "rolled-back", "ranged"]),
         st.integers(1, 6),
     ),
     min_size=1,
@@ -174,6 +238,15 @@ def test_paging_returns_every_message_once_in_order(
             service.publish("ns", "t", batch)
         elif kind == "tx":
             service.publish("ns", "t", batch, write_pointer=wp)
+        elif kind == "ranged":
+            # Rows of a failed attempt sit between the two ranges published.
+            head = service.store_payloads("ns", "t", wp, batch[: count // 2 + 1])
+            service.store_payloads("ns", "t", wp, [b"%d-failed" % n])
+            tail = batch[count // 2 + 1 :]
+            ranges = [head]
+            if tail:
+                ranges.append(service.store_payloads("ns", "t", wp, tail))
+            service.publish("ns", "t", [], write_pointer=wp, payload_ranges=ranges)
         else:
             service.store_payloads("ns", "t", wp, batch[: count // 2 + 1])
             service.store_payloads("ns", "t", wp, batch[count // 2 + 1 :] or [b"%d-x" % n])

@@ -14,7 +14,7 @@ from tidings.errors import BadRequest, EmptyPublish, PayloadsAlreadyPublished, T
 from tidings.messaging import MessagingService
 from tidings.messaging.sequencing import assign
 from tidings.store import Store
-from tidings.structs import MessageId, Record, RollbackInfo, Transaction
+from tidings.structs import MessageId, PayloadRange, Record, RollbackInfo, Transaction
 
 NOW = 1_700_000_000_000
 
@@ -324,7 +324,9 @@ def test_futures_resolve_with_results(service: MessagingService) -> None:
     ]
     infos = [f.result(timeout=10) for f in futures]
     assert [i.write_pointer for i in infos if i is not None] == [1, 2, 3, 4, 5]
-    assert service.store_future("ns", "t", 9, [b"s"]).result(timeout=10) is None
+    assert service.store_future("ns", "t", 9, [b"s"]).result(timeout=10) == PayloadRange(
+        NOW, 0, NOW, 0
+    )
     first = infos[0]
     assert first is not None
     assert service.rollback_future("ns", "t", first).result(timeout=10) == 1
@@ -370,3 +372,168 @@ def test_direct_publishes_do_not_seal(service: MessagingService) -> None:
     service.store_payloads("ns", "t", 9, [b"z"])
     service.publish("ns", "t", [], write_pointer=9)
     assert [m.payload for m in service.fetch("ns", "t")] == [b"x", b"y", b"z"]
+
+
+# --- payload ranges: a pointer publish exposing only the rows named -------------
+
+
+def test_store_returns_the_range_it_wrote(service: MessagingService, clock: FakeClock) -> None:
+    first = service.store_payloads("ns", "t", 7, [b"a", b"b", b"c"])
+    assert first == PayloadRange(NOW, 0, NOW, 2)
+    other_pointer = service.store_payloads("ns", "t", 8, [b"x"])
+    assert other_pointer == PayloadRange(NOW, 3, NOW, 3)  # one sequence per topic
+    clock.advance(5)
+    assert service.store_payloads("ns", "t", 7, [b"d"]) == PayloadRange(NOW + 5, 0, NOW + 5, 0)
+
+
+def test_ranges_expose_exactly_their_rows(service: MessagingService, clock: FakeClock) -> None:
+    # Two attempts of the same task store under one write pointer; the first failed.
+    failed = service.store_payloads("ns", "t", 7, [b"failed-1", b"failed-2"])
+    clock.advance(1)
+    kept_a = service.store_payloads("ns", "t", 7, [b"a1", b"a2"])
+    service.store_payloads("ns", "t", 7, [b"failed-3"])
+    kept_b = service.store_payloads("ns", "t", 7, [b"b1"])
+    assert failed.last < kept_a.first
+    info = service.publish("ns", "t", [], write_pointer=7, payload_ranges=[kept_b, kept_a])
+    messages = service.fetch("ns", "t")
+    assert [m.payload for m in messages] == [b"a1", b"a2", b"b1"]
+    assert all(m.write_pointer == 7 for m in messages)
+    # One Message Table entry per range, in ascending range order.
+    assert info is not None
+    assert (info.end_ts, info.end_seq) == (info.start_ts, info.start_seq + 1)
+    assert [m.id[:2] for m in messages] == [
+        (info.start_ts, info.start_seq),
+        (info.start_ts, info.start_seq),
+        (info.end_ts, info.end_seq),
+    ]
+    assert [m.id[2:] for m in messages] == [(NOW + 1, 0), (NOW + 1, 1), (NOW + 1, 3)]
+    committed = Transaction(read_pointer=7, write_pointer=100)
+    assert [m.payload for m in service.fetch("ns", "t", transaction=committed)] == [
+        b"a1",
+        b"a2",
+        b"b1",
+    ]
+
+
+def test_range_of_part_of_a_store_and_of_missing_rows(service: MessagingService) -> None:
+    service.store_payloads("ns", "t", 7, [b"a", b"b", b"c", b"d"])
+    service.publish(
+        "ns",
+        "t",
+        [],
+        write_pointer=7,
+        payload_ranges=[PayloadRange(NOW, 1, NOW, 2), PayloadRange(NOW + 50, 0, NOW + 60, 9)],
+    )
+    assert [m.payload for m in service.fetch("ns", "t")] == [b"b", b"c"]
+
+
+def test_plain_pointer_publish_still_exposes_every_row(service: MessagingService) -> None:
+    service.store_payloads("ns", "t", 7, [b"a"])
+    service.store_payloads("ns", "t", 7, [b"b"])
+    service.publish("ns", "t", [], write_pointer=7)
+    assert [m.payload for m in service.fetch("ns", "t")] == [b"a", b"b"]
+
+
+def test_ranged_entries_roll_back_and_stay_sealed(service: MessagingService) -> None:
+    rng = service.store_payloads("ns", "t", 7, [b"a", b"b"])
+    service.store_payloads("ns", "t", 7, [b"other-attempt"])
+    info = service.publish("ns", "t", [], write_pointer=7, payload_ranges=[rng])
+    assert info is not None
+    assert service.rollback("ns", "t", info) == 1
+    tx = Transaction(read_pointer=7, write_pointer=100)
+    assert service.fetch("ns", "t", transaction=tx) == []
+    # Non-transactional readers still see the rolled-back entry, and only its range.
+    rolled = service.fetch("ns", "t")
+    assert [(m.payload, m.write_pointer) for m in rolled] == [(b"a", -7), (b"b", -7)]
+    with pytest.raises(PayloadsAlreadyPublished):
+        service.publish("ns", "t", [], write_pointer=7, payload_ranges=[rng])
+    with pytest.raises(PayloadsAlreadyPublished):
+        service.store_payloads("ns", "t", 7, [b"late"])
+
+
+def test_publish_all_with_ranges(service: MessagingService) -> None:
+    service.create_topic("ns", "u")
+    rng = service.store_payloads("ns", "t", 7, [b"t1"])
+    service.store_payloads("ns", "t", 7, [b"t-failed"])
+    service.store_payloads("ns", "u", 7, [b"u1"])
+    service.publish_all_future(
+        "ns", [("t", []), ("u", [])], write_pointer=7, payload_ranges={"t": [rng]}
+    ).result(timeout=10)
+    assert [m.payload for m in service.fetch("ns", "t")] == [b"t1"]
+    assert [m.payload for m in service.fetch("ns", "u")] == [b"u1"]  # no ranges: all
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "ranges"),
+    [
+        ({"write_pointer": 7}, []),  # none at all: omit the field to mean "every row"
+        ({"write_pointer": 7}, [PayloadRange(NOW, 2, NOW, 1)]),  # first after last
+        ({"write_pointer": 7}, [PayloadRange(NOW + 1, 0, NOW, 5)]),
+        ({"write_pointer": 7}, [PayloadRange(NOW, 0, NOW, 3), PayloadRange(NOW, 3, NOW, 4)]),
+        ({"write_pointer": 7}, [PayloadRange(NOW, 5, NOW, 9), PayloadRange(NOW, 0, NOW, 7)]),
+        ({"write_pointer": 7}, [(NOW, 0, NOW)]),  # not four fields
+        ({"write_pointer": 7}, [PayloadRange(NOW, 0x10000, NOW, 0x10000)]),
+        ({"write_pointer": 7}, [PayloadRange(-1, 0, NOW, 0)]),
+        ({"write_pointer": 7}, [PayloadRange(True, 0, NOW, 0)]),
+        ({"write_pointer": 7}, "not a list"),
+        ({"write_pointer": 7}, [PayloadRange(i, 0, i, 0) for i in range(10_001)]),
+        ({}, [PayloadRange(NOW, 0, NOW, 0)]),  # no write pointer
+    ],
+)
+def test_bad_payload_ranges_are_refused(
+    service: MessagingService, kwargs: dict[str, int], ranges: object
+) -> None:
+    service.store_payloads("ns", "t", 7, [b"a"])
+    messages: list[bytes] = [] if kwargs else [b"direct"]
+    with pytest.raises(BadRequest):
+        service.publish("ns", "t", messages, payload_ranges=ranges, **kwargs)  # type: ignore[arg-type]
+    # Nothing was written, nothing sealed: a correct publish still works.
+    assert service.fetch("ns", "t") == []
+    service.publish("ns", "t", [], write_pointer=7, payload_ranges=[PayloadRange(NOW, 0, NOW, 0)])
+    assert [m.payload for m in service.fetch("ns", "t")] == [b"a"]
+
+
+def test_ranges_with_messages_are_refused(service: MessagingService) -> None:
+    with pytest.raises(BadRequest):
+        service.publish(
+            "ns", "t", [b"x"], write_pointer=7, payload_ranges=[PayloadRange(NOW, 0, NOW, 0)]
+        )
+
+
+def test_largest_allowed_number_of_ranges(service: MessagingService) -> None:
+    service.store_payloads("ns", "t", 7, [b"%d" % i for i in range(20)])
+    many = [PayloadRange(NOW, i, NOW, i) for i in range(0, 20, 2)]
+    many += [PayloadRange(NOW + 1 + i, 0, NOW + 1 + i, 0) for i in range(10_000 - len(many))]
+    service.publish("ns", "t", [], write_pointer=7, payload_ranges=many)
+    assert [m.payload for m in service.fetch("ns", "t", limit=10_000)] == [
+        b"%d" % i for i in range(0, 20, 2)
+    ]
+
+
+@PROPERTY
+@given(
+    st.integers(1, 2**63 - 1),
+    st.tuples(
+        st.integers(0, 2**64 - 1),
+        st.integers(0, 0xFFFF),
+        st.integers(0, 2**64 - 1),
+        st.integers(0, 0xFFFF),
+    ),
+)
+def test_ranged_pointer_value_round_trip(
+    write_pointer: int, fields: tuple[int, int, int, int]
+) -> None:
+    rng = PayloadRange(*fields)
+    value = values.encode_pointer(write_pointer, rng)
+    assert len(value) == 9 + values.RANGE_SIZE
+    decoded = values.decode_value(value)
+    assert decoded.write_pointer == write_pointer
+    assert decoded.payload is None
+    assert values.read_payload_range(value) == rng
+    # Rollback rewrites t and keeps the range.
+    flipped = values.with_write_pointer(value, -write_pointer)
+    assert values.read_payload_range(flipped) == rng
+    # The old, unranged pointer value still means "every row".
+    plain = values.encode_pointer(write_pointer)
+    assert values.decode_value(plain) == (write_pointer, None, None, {}, None)
+    assert values.read_payload_range(plain) is None

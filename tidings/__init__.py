@@ -28,6 +28,7 @@ from tidings.errors import __all__ as _error_names
 from tidings.structs import (
     Message,
     MessageId,
+    PayloadRange,
     ProducerInfo,
     Record,
     RollbackInfo,
@@ -64,6 +65,7 @@ __all__ = [
     # value types
     "Message",
     "MessageId",
+    "PayloadRange",
     "ProducerInfo",
     "Record",
     "RollbackInfo",

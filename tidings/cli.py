@@ -667,8 +667,14 @@ def _inspect_topic(
             continue
         assert wp is not None
         p_lo, p_hi = keys.write_pointer_range(topic_id, state.generation, abs(wp))
+        rng = values.read_payload_range(value)
+        if rng is not None:
+            # A ranged entry stands for only its rows (keys are fixed-width: + b"\0").
+            p_hi = p_lo + keys.ts_seq(*rng.last) + b"\0"
+            p_lo = p_lo + keys.ts_seq(*rng.first)
         rows = list(view.scan("payloads", p_lo, p_hi))
-        click.echo(f"{prefix}pointer to {len(rows)} payload row(s){note}")
+        shown_range = "" if rng is None else f" in range {rng.first}-{rng.last}"
+        click.echo(f"{prefix}pointer to {len(rows)} payload row(s){shown_range}{note}")
         if show_payloads:
             for p_key, p_value in rows:
                 payload = values.decode_value(p_value).payload or b""

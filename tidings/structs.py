@@ -17,6 +17,7 @@ __all__ = [
     "NO_HEADERS",
     "Message",
     "MessageId",
+    "PayloadRange",
     "ProducerInfo",
     "Record",
     "RollbackInfo",
@@ -109,6 +110,32 @@ class Message(NamedTuple):
     def publish_time(self) -> int:
         """Publish time in milliseconds since the epoch (from the id)."""
         return self.id.publish_ts
+
+
+class PayloadRange(NamedTuple):
+    """The Payload Table rows one ``store`` wrote: from ``(first_ts, first_seq)`` to
+    ``(last_ts, last_seq)`` inclusive, the ``write_ts | p_seq`` of its first and last row.
+
+    A store assigns its rows one contiguous run of positions in a single write, so the
+    range holds exactly that store's rows and no other's. A pointer publish that names
+    ranges exposes only the rows inside them (a Spark sink publishes only the ranges of
+    the task attempts that succeeded).
+    """
+
+    first_ts: int
+    first_seq: int
+    last_ts: int
+    last_seq: int
+
+    @property
+    def first(self) -> tuple[int, int]:
+        """``(first_ts, first_seq)``."""
+        return self.first_ts, self.first_seq
+
+    @property
+    def last(self) -> tuple[int, int]:
+        """``(last_ts, last_seq)``."""
+        return self.last_ts, self.last_seq
 
 
 @dataclass(frozen=True, slots=True)

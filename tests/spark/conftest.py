@@ -1,8 +1,10 @@
 """One local SparkSession and one ``tidings serve`` for every Spark test.
 
-Starting Spark costs seconds, so the whole run shares one ``local[2]`` session; it never
-calls ``tidings.spark.register``, so every test also checks that Spark finds the
-``tidings`` format by itself (``pyspark_tidings``). Tests use their own topics.
+Starting Spark costs seconds, so the whole run shares one ``local[2,2]`` session: two
+threads, and a failed task is tried once more as on a cluster (plain ``local[2]`` never
+retries a task). It never calls ``tidings.spark.register``, so every test also checks
+that Spark finds the ``tidings`` format by itself (``pyspark_tidings``). Tests use their
+own topics.
 """
 
 from __future__ import annotations
@@ -34,11 +36,11 @@ def spark_env() -> dict[str, str]:
 
 
 def build_session(app: str) -> Any:
-    """A small ``local[2]`` session bound to 127.0.0.1 with no UI."""
+    """A small ``local[2,2]`` session (a task may fail once) bound to 127.0.0.1 with no UI."""
     from pyspark.sql import SparkSession
 
     return (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master("local[2,2]")
         .appName(app)
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")

@@ -18,8 +18,8 @@ from tidings.spark.sink import (
     publish_and_commit,
     store_rows,
 )
-from tidings.spark.writer import SinkMessage, _retried
-from tidings.structs import Record
+from tidings.spark.writer import SinkMessage, _ranges
+from tidings.structs import PayloadRange, Record
 
 pytestmark = pytest.mark.spark
 
@@ -30,9 +30,10 @@ def test_store_rows_batches_per_topic_in_order(
     a, b = new_topic(), new_topic()
     tx = begin_write(client, 60, None)
     rows = [(a if i % 2 else b, Record(str(i).encode())) for i in range(25)]
-    counts = store_rows(client, tx.write_pointer, rows, max_records=4, max_bytes=1 << 20)
-    assert counts == {a: 12, b: 13}
-    publish_and_commit(client, tx, counts)
+    ranges = store_rows(client, tx.write_pointer, rows, max_records=4, max_bytes=1 << 20)
+    assert [len(ranges[a]), len(ranges[b])] == [3, 4]  # one range per store, in order
+    assert SinkMessage(tx, ranges).counts == {a: 12, b: 13}
+    publish_and_commit(client, tx, ranges)
     snap = client.snapshot()
     assert [m.payload for m in client.poll(a, transaction=snap)] == [
         str(i).encode() for i in range(1, 25, 2)
@@ -78,10 +79,34 @@ def test_markers_record_the_newest_batch(
     assert last_committed_batch(client, sink_id) == 2
 
 
-def test_a_rerun_task_blocks_the_commit() -> None:
+def test_only_the_ranges_reported_are_published(
+    server: ServerProcess, client: Client, new_topic: Callable[[], str]
+) -> None:
+    # Two attempts of one task stored the same rows; Spark hands commit() only the
+    # message of the attempt that succeeded.
+    out = new_topic()
+    tx = begin_write(client, 60, None)
+    rows = [(out, Record(b"%d" % i)) for i in range(5)]
+    store_rows(client, tx.write_pointer, rows, max_records=2, max_bytes=1 << 20)  # failed
+    kept = store_rows(client, tx.write_pointer, rows, max_records=2, max_bytes=1 << 20)
+    other = store_rows(client, tx.write_pointer, [(out, Record(b"p2"))], max_records=9, max_bytes=9)
+    messages = [SinkMessage(tx, other, 0), SinkMessage(tx, kept, 1), SinkMessage(tx, {}, 0)]
+    publish_and_commit(client, tx, _ranges(messages))
+    got = [m.payload for m in client.poll(out, transaction=client.snapshot())]
+    assert got == [b"0", b"1", b"2", b"3", b"4", b"p2"]
+
+
+def test_ranges_of_committed_attempts_are_merged_per_topic_in_order() -> None:
     from tidings.spark.sink import SinkTransaction
 
     tx = SinkTransaction(1)
-    assert _retried([SinkMessage(tx, {"t": 1}, 0), SinkMessage(tx, {}, 0)]) is None
-    problem = _retried([SinkMessage(tx, {"t": 1}, 0), SinkMessage(tx, {}, 1)])
-    assert problem is not None and "re-run" in problem
+    late, early, other = (
+        PayloadRange(9, 0, 9, 3),
+        PayloadRange(5, 0, 5, 0),
+        PayloadRange(1, 0, 2, 1),
+    )
+    merged = _ranges(
+        [SinkMessage(tx, {"t": [late], "u": []}), SinkMessage(tx, {"t": [early], "v": [other]})]
+    )
+    assert merged == {"t": [early, late], "v": [other]}
+    assert SinkMessage(tx, {"v": [other]}).counts == {"v": 65536 + 2}

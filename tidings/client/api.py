@@ -31,6 +31,7 @@ from tidings.errors import (
 from tidings.structs import (
     Message,
     MessageId,
+    PayloadRange,
     ProducerInfo,
     Record,
     RollbackInfo,
@@ -256,6 +257,16 @@ def _pruned(response: Response) -> list[int]:
     return list(_pointers(_field(_json(response), "pruned", list)))
 
 
+def _payload_range(response: Response) -> PayloadRange:
+    raw = response.headers.get("tidings-payload-range")
+    if raw is None:
+        raise ServerError("the server sent no Tidings-Payload-Range with the store's answer")
+    try:
+        return wire.parse_payload_range(raw)
+    except ValueError as exc:
+        raise ServerError(str(exc)) from None
+
+
 def _rolled_back(response: Response) -> int:
     obj = _json(response)
     count = obj.get("rolledBack") if isinstance(obj, dict) else None
@@ -399,27 +410,36 @@ class RestApi:
         )
 
     def publish_transactional(
-        self, topic: str, records: Sequence[Record | bytes], write_pointer: int
+        self,
+        topic: str,
+        records: Sequence[Record | bytes],
+        write_pointer: int,
+        payload_ranges: Sequence[PayloadRange] | None = None,
     ) -> Call[RollbackInfo]:
         media = self.media
+        if payload_ranges is None:
+            body = self._publish_body(write_pointer, records)
+        else:
+            # payloadRanges exist in the JSON body only (docs/api.md), so a publish
+            # naming ranges is sent as JSON whatever the client's media.
+            media = JSON
+            obj: dict[str, Any] = orjson.loads(
+                wire.encode_publish_request(write_pointer, records, JSON)
+            )
+            obj["payloadRanges"] = wire.payload_ranges_json(payload_ranges)
+            body = orjson.dumps(obj)
 
         def decode(response: Response) -> RollbackInfo:
             return wire.decode_rollback_info(response.body, _response_media(response, media))
 
         return Call(
-            Request(
-                "POST",
-                self._topic_url(topic, "/publish"),
-                self._publish_body(write_pointer, records),
-                media.value,
-                self.timeout,
-            ),
+            Request("POST", self._topic_url(topic, "/publish"), body, media.value, self.timeout),
             decode,
         )
 
     def store(
         self, topic: str, records: Sequence[Record | bytes], write_pointer: int
-    ) -> Call[None]:
+    ) -> Call[PayloadRange]:
         return Call(
             Request(
                 "POST",
@@ -428,7 +448,7 @@ class RestApi:
                 self.media.value,
                 self.timeout,
             ),
-            _ignore,
+            _payload_range,
         )
 
     def rollback(self, topic: str, info: RollbackInfo) -> Call[int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self, TypeVar, overload
 
@@ -37,9 +37,10 @@ from tidings.client.transactions import (
 from tidings.client.transports import SyncTransport, Urllib3Transport
 from tidings.client.txpublisher import DEFAULT_PAYLOAD_THRESHOLD
 from tidings.codec.wire import Media
-from tidings.errors import InvalidMessageId
+from tidings.errors import BadRequest, InvalidMessageId
 from tidings.structs import (
     Message,
+    PayloadRange,
     ProducerInfo,
     RollbackInfo,
     TopicMetadata,
@@ -177,7 +178,12 @@ class Client(BaseClient):
 
     @overload
     def publish(
-        self, topic: str, messages: MessageLike | Iterable[MessageLike], *, write_pointer: int
+        self,
+        topic: str,
+        messages: MessageLike | Iterable[MessageLike],
+        *,
+        write_pointer: int,
+        payload_ranges: Sequence[PayloadRange] | None = None,
     ) -> RollbackInfo: ...
 
     def publish(
@@ -186,25 +192,39 @@ class Client(BaseClient):
         messages: MessageLike | Iterable[MessageLike],
         *,
         write_pointer: int | None = None,
+        payload_ranges: Sequence[PayloadRange] | None = None,
     ) -> RollbackInfo | None:
         """Publish; returns once the messages are durable.
 
         Without ``write_pointer``: non-transactional, visible at once. With it: a
         transactional publish (the messages, or with none, what ``store`` put under the
         write pointer), answered with the :class:`RollbackInfo` to undo it.
+
+        ``payload_ranges`` (with a write pointer and no messages) publishes only the
+        stored rows inside those ranges -- the :class:`PayloadRange` values ``store``
+        returned -- rather than every row under the write pointer; it is sent as a
+        JSON body whatever the client's media. Bad ranges raise :class:`BadRequest`.
         """
         records = to_records(messages)
         if write_pointer is None:
+            if payload_ranges is not None:
+                raise BadRequest("payload_ranges need a write_pointer (and no messages)")
             self._send(self._api.publish(topic, records))
             return None
-        return self._send(self._api.publish_transactional(topic, records, write_pointer))
+        return self._send(
+            self._api.publish_transactional(topic, records, write_pointer, payload_ranges)
+        )
 
     def store(
         self, topic: str, messages: MessageLike | Iterable[MessageLike], *, write_pointer: int
-    ) -> None:
+    ) -> PayloadRange:
         """Write payloads of transaction ``write_pointer`` to the Payload Table (durable,
-        invisible until a ``publish`` of the write pointer and the commit)."""
-        self._send(self._api.store(topic, to_records(messages), write_pointer))
+        invisible until a ``publish`` of the write pointer and the commit).
+
+        Returns the :class:`PayloadRange` the rows got; ``publish(topic, [],
+        write_pointer=..., payload_ranges=[...])`` can then expose exactly them.
+        """
+        return self._send(self._api.store(topic, to_records(messages), write_pointer))
 
     def rollback(self, topic: str, info: RollbackInfo) -> int:
         """Mark exactly the entries a transactional publish wrote as rolled back."""

@@ -10,10 +10,18 @@ fixed order, then the payload, so the payload is a plain slice of the stored val
     headers               if FLAG_HEADERS: varint count, then per header varint length +
                           UTF-8 name, varint length + value
     payload               if FLAG_P: the rest of the value (seed 000 column "p")
+    range (20)            if not FLAG_P, optionally: first_ts (8) | first_seq (2) |
+                          last_ts (8) | last_seq (2), unsigned big-endian
 
 ``t`` sits at a fixed offset (1..9) so a rollback rewrites eight bytes and copies the
 rest (seed 000, "Rollback of Published Message"). An entry without ``p`` is a Payload
-Table pointer: its messages are the Payload Table rows under ``abs(t)``.
+Table pointer: its messages are the Payload Table rows under ``abs(t)``. If the rest of
+a pointer value (after its fields) is empty, that is every row under the pointer (the
+only form before payload ranges, so older data reads the same); if it is a 20-byte
+range, only the rows whose ``write_ts | p_seq`` lies between its first and last
+position, both inclusive. A pointer publish naming ranges writes one such entry per
+range (docs/design.md, "Payload ranges"). The common pointer value is therefore
+``POINTER | t`` (9 bytes) or ``POINTER | t | range`` (29 bytes).
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ import struct
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from tidings.structs import PayloadRange
+
 __all__ = [
     "FLAG_EXPIRY",
     "FLAG_HEADERS",
@@ -31,6 +41,7 @@ __all__ = [
     "FLAG_T",
     "PLAIN",
     "POINTER",
+    "RANGE_SIZE",
     "TX_PLAIN",
     "VERSION",
     "StoredValue",
@@ -42,8 +53,10 @@ __all__ = [
     "encode_next_topic_id",
     "encode_state",
     "encode_topic_record",
+    "encode_pointer",
     "encode_value",
     "payload_header",
+    "read_payload_range",
     "read_write_pointer",
     "with_write_pointer",
 ]
@@ -67,6 +80,9 @@ POINTER = _VERSION_BITS | FLAG_T
 _I64 = struct.Struct(">q")
 _U64 = struct.Struct(">Q")
 _PLAIN_BYTE = bytes([PLAIN])
+_RANGE = struct.Struct(">QHQH")
+#: Bytes of the optional range at the end of a pointer value.
+RANGE_SIZE = _RANGE.size
 
 
 class StoredValue(NamedTuple):
@@ -124,8 +140,38 @@ def encode_value(
     return bytes([flags]) + b"".join(parts)
 
 
+def encode_pointer(write_pointer: int, payload_range: PayloadRange | None = None) -> bytes:
+    """A Payload Table pointer entry: every row under ``write_pointer``, or with
+    ``payload_range`` only the rows inside it (see the module docstring)."""
+    if payload_range is None:
+        return encode_value(None, write_pointer)
+    return bytes([POINTER]) + _I64.pack(write_pointer) + _RANGE.pack(*payload_range)
+
+
+def read_payload_range(value: bytes) -> PayloadRange | None:
+    """The range of a pointer value (None: every row under its pointer); ValueError if
+    ``value`` is not a pointer entry."""
+    if value[0] == POINTER:
+        # The only shape publish writes: no optional fields, so no full decode.
+        if len(value) == 9:
+            return None
+        if len(value) == 9 + RANGE_SIZE:
+            return PayloadRange._make(_RANGE.unpack_from(value, 9))
+        raise ValueError("a pointer value has 0 or 20 bytes after its write pointer")
+    stored, payload_range = _decode(value)
+    if stored.payload is not None:
+        raise ValueError("not a pointer entry")
+    return payload_range
+
+
 def decode_value(value: bytes) -> StoredValue:
-    """Decode a value written by :func:`encode_value`; ValueError if it is not one."""
+    """Decode a value written by :func:`encode_value` or :func:`encode_pointer`;
+    ValueError if it is not one. A pointer entry's range is read with
+    :func:`read_payload_range`."""
+    return _decode(value)[0]
+
+
+def _decode(value: bytes) -> tuple[StoredValue, PayloadRange | None]:
     if not value:
         raise ValueError("empty value")
     flags = value[0]
@@ -151,13 +197,17 @@ def decode_value(value: bytes) -> StoredValue:
             raw, pos = _take(value, pos, size)
             size, pos = _read_varint(value, pos)
             headers[raw.decode("utf-8")], pos = _take(value, pos, size)
+    payload_range = None
     if flags & FLAG_P:
         payload: bytes | None = value[pos:]
-    elif pos != len(value):
-        raise ValueError("trailing bytes after the fields of a pointer entry")
-    else:
+    elif pos == len(value):
         payload = None
-    return StoredValue(write_pointer, payload, key, headers, expires_at)
+    elif len(value) - pos == RANGE_SIZE:
+        payload = None
+        payload_range = PayloadRange._make(_RANGE.unpack_from(value, pos))
+    else:
+        raise ValueError("trailing bytes after the fields of a pointer entry")
+    return StoredValue(write_pointer, payload, key, headers, expires_at), payload_range
 
 
 def read_write_pointer(value: bytes) -> int | None:

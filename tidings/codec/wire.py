@@ -35,6 +35,7 @@ from tidings.structs import (
     NO_HEADERS,
     Message,
     MessageId,
+    PayloadRange,
     Record,
     RollbackInfo,
 )
@@ -55,6 +56,9 @@ __all__ = [
     "decode_consume_request",
     "decode_messages",
     "decode_publish_request",
+    "format_payload_range",
+    "parse_payload_range",
+    "payload_ranges_json",
     "publish_request_from_json",
     "decode_rollback_info",
     "encode_consume_request",
@@ -282,6 +286,9 @@ class PublishRequest:
 
     write_pointer: int | None
     records: Sequence[Record | bytes]
+    #: ``payloadRanges`` of a JSON pointer publish (None if absent); only ever set
+    #: together with a write pointer and no messages.
+    payload_ranges: list[PayloadRange] | None = None
 
 
 def _record(payload: bytes, extras: Mapping[str, Any] | None) -> Record:
@@ -364,10 +371,59 @@ def publish_request_from_json(obj: dict[str, Any]) -> PublishRequest:
     if not isinstance(raw_messages, list):
         raise BadRequest("messages must be a list of base64 strings")
     payloads = _b64decode_all(raw_messages, "messages")
+    ranges = _payload_ranges_from_json(obj.get("payloadRanges"))
+    if ranges is not None and (wp is None or payloads):
+        raise BadRequest("payloadRanges need a transactionWritePointer and no messages")
     extras = _check_extras_json(obj.get("extras"), len(payloads))
     if extras is None:
-        return PublishRequest(wp, payloads)
-    return PublishRequest(wp, [_record(p, e) for p, e in zip(payloads, extras, strict=True)])
+        return PublishRequest(wp, payloads, ranges)
+    return PublishRequest(
+        wp, [_record(p, e) for p, e in zip(payloads, extras, strict=True)], ranges
+    )
+
+
+def _position_from_json(raw: object, what: str) -> tuple[int, int]:
+    if not isinstance(raw, list) or len(raw) != 2:
+        raise BadRequest(f"{what} must be a [writeTs, seq] pair of integers")
+    ts = _int(raw[0], f"{what}[0]", 0, INT64_MAX, optional=False)
+    seq = _int(raw[1], f"{what}[1]", 0, 0xFFFF, optional=False)
+    assert ts is not None and seq is not None
+    return ts, seq
+
+
+def _payload_ranges_from_json(raw: object) -> list[PayloadRange] | None:
+    # Shape only; order, overlap and count are the messaging core's checks.
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise BadRequest("payloadRanges must be a list of {first, last} objects")
+    out: list[PayloadRange] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise BadRequest(f"payloadRanges[{i}] must be an object with first and last")
+        first = _position_from_json(item.get("first"), f"payloadRanges[{i}].first")
+        last = _position_from_json(item.get("last"), f"payloadRanges[{i}].last")
+        out.append(PayloadRange(*first, *last))
+    return out
+
+
+def payload_ranges_json(ranges: Sequence[PayloadRange]) -> list[dict[str, list[int]]]:
+    """The ``payloadRanges`` field of a JSON publish body."""
+    return [{"first": [r[0], r[1]], "last": [r[2], r[3]]} for r in ranges]
+
+
+def format_payload_range(rng: PayloadRange) -> str:
+    """The ``Tidings-Payload-Range`` header value: ``first_ts.first_seq-last_ts.last_seq``."""
+    return f"{rng.first_ts}.{rng.first_seq}-{rng.last_ts}.{rng.last_seq}"
+
+
+def parse_payload_range(text: str) -> PayloadRange:
+    """Inverse of :func:`format_payload_range`; ValueError if ``text`` is not one."""
+    first, sep, last = text.strip().partition("-")
+    parts = [*first.split("."), *last.split(".")] if sep else []
+    if len(parts) != 4 or not all(p.isascii() and p.isdigit() for p in parts):
+        raise ValueError(f"not a payload range: {text[:80]!r}")
+    return PayloadRange(*map(int, parts))
 
 
 def _has_extras(r: Record) -> bool:

@@ -2,7 +2,8 @@
 
 Seed 000 "Consuming": scan the Message Table in ascending order from a start id or
 timestamp; a row with ``p`` is one message; a row without ``p`` stands for the Payload
-Table rows stored under its ``t``, which expand in place. A transactional reader skips
+Table rows stored under its ``t`` (or, if the entry names a payload range, only those of
+them inside it), which expand in place. A transactional reader skips
 entries of invalid and rolled-back transactions and stops at the first entry whose
 transaction is in progress (invariant 3, via :func:`tidings.tx.visibility.classify`);
 entries without ``t`` are always visible. A non-transactional reader sees everything.
@@ -23,7 +24,7 @@ from tidings.codec import keys, values
 from tidings.codec.values import FLAG_P, FLAG_T, PLAIN, TX_PLAIN, TopicState
 from tidings.codec.wire import AvroItems
 from tidings.store.backend import ReadView
-from tidings.structs import NO_HEADERS, Message, MessageId, Transaction
+from tidings.structs import NO_HEADERS, Message, MessageId, PayloadRange, Transaction
 from tidings.tx.visibility import Visibility, classify
 
 __all__ = ["fetch_messages", "retention_cutoff"]
@@ -207,17 +208,32 @@ class _Reader:
             self.out.append(Message(MessageId(ts, seq), payload, stored.key, stored.headers, wp))
             return True
         if wp is not None:
-            self._expand(ts, seq, wp, resume, inclusive)
+            self._expand(ts, seq, wp, values.read_payload_range(value), resume, inclusive)
         return True
 
     def _expand(
-        self, ts: int, seq: int, wp: int, resume: tuple[int, int] | None, inclusive: bool
+        self,
+        ts: int,
+        seq: int,
+        wp: int,
+        rng: PayloadRange | None,
+        resume: tuple[int, int] | None,
+        inclusive: bool,
     ) -> None:
         # Payload rows are keyed by the positive pointer; a rolled-back entry (-t) still
         # expands for non-transactional readers (seed 000: repeatable reads).
         prefix, stop = keys.write_pointer_range(self.topic_id, self.generation, abs(wp))
-        start = prefix if resume is None else prefix + keys.ts_seq(*resume)
-        skip = None if resume is None or inclusive else start
+        start = prefix
+        if rng is not None:
+            # Only the rows of the range: payload keys are fixed-width, so the last key
+            # + b"\0" is the first key after it.
+            start = prefix + keys.ts_seq(rng.first_ts, rng.first_seq)
+            stop = prefix + keys.ts_seq(rng.last_ts, rng.last_seq) + b"\0"
+        skip = None
+        if resume is not None:
+            resume_key = prefix + keys.ts_seq(*resume)
+            start = max(start, resume_key)
+            skip = None if inclusive else resume_key
         out, cutoff, now, limit = self.out, self.cutoff, self.now, self.limit
         for pkey, pvalue in self.view.scan(_PAYLOADS, start, stop):
             if pkey == skip:

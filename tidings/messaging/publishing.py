@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from tidings.clock import Clock
 from tidings.codec import keys, values
@@ -19,11 +20,13 @@ from tidings.errors import BadRequest, PayloadsAlreadyPublished
 from tidings.messaging.sequencing import assign
 from tidings.messaging.topics import Topics
 from tidings.store.backend import WriteView
-from tidings.structs import Record, RollbackInfo
+from tidings.structs import PayloadRange, Record, RollbackInfo
 
 __all__ = [
+    "MAX_PAYLOAD_RANGES",
     "MAX_WRITE_POINTER",
     "EncodedBatch",
+    "check_payload_ranges",
     "check_rollback_info",
     "check_write_pointer",
     "encode_batch",
@@ -36,6 +39,9 @@ _META = "metadata"
 _MESSAGES = "messages"
 _PAYLOADS = "payloads"
 MAX_WRITE_POINTER = 2**63 - 1
+#: Most ranges one pointer publish may name: each becomes a Message Table entry written
+#: in the store's single write transaction, so this bounds that transaction's size.
+MAX_PAYLOAD_RANGES = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +62,40 @@ def check_write_pointer(write_pointer: object) -> int:
     ):
         raise BadRequest(f"a write pointer is a positive 64-bit integer, got {write_pointer!r}")
     return write_pointer
+
+
+def check_payload_ranges(ranges: object) -> list[PayloadRange]:
+    """The ranges of a pointer publish in ascending order; BadRequest unless each is
+    well-formed with first <= last, they do not overlap, and there are 1 to
+    :data:`MAX_PAYLOAD_RANGES` of them."""
+    if isinstance(ranges, str | bytes) or not isinstance(ranges, Sequence):
+        raise BadRequest(f"payload ranges must be a list, got {type(ranges).__name__}")
+    if not ranges:
+        # An empty list would otherwise publish nothing yet seal the pointer; a caller
+        # meaning "every row" omits the ranges instead.
+        raise BadRequest("payload ranges, if given, must name at least one range")
+    if len(ranges) > MAX_PAYLOAD_RANGES:
+        raise BadRequest(
+            f"at most {MAX_PAYLOAD_RANGES} payload ranges per publish, got {len(ranges)}"
+        )
+    checked: list[PayloadRange] = []
+    for i, item in enumerate(ranges):
+        if not isinstance(item, tuple) or len(item) != 4:
+            raise BadRequest(f"payload range {i} must be a PayloadRange, got {item!r:.80}")
+        for name, value, hi in zip(
+            PayloadRange._fields, item, (MAX_WRITE_POINTER, keys.MAX_SEQ) * 2, strict=True
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= hi:
+                raise BadRequest(f"payload range {i}: {name} must be 0-{hi}, got {value!r:.40}")
+        rng = PayloadRange._make(item)
+        if rng.first > rng.last:
+            raise BadRequest(f"payload range {i} starts after it ends: {tuple(rng)}")
+        checked.append(rng)
+    checked.sort()
+    for before, after in pairwise(checked):
+        if after.first <= before.last:
+            raise BadRequest(f"payload ranges overlap: {tuple(before)} and {tuple(after)}")
+    return checked
 
 
 def encode_batch(
@@ -129,13 +169,22 @@ def publish_fn(
     topic: str,
     batch: EncodedBatch,
     write_pointer: int | None,
+    payload_ranges: Sequence[PayloadRange] | None = None,
 ) -> Callable[[WriteView], RollbackInfo | None]:
     """The write function of a publish: direct messages, or (no messages and a write
-    pointer) one pointer entry standing for the Payload Table rows of that pointer."""
+    pointer) one pointer entry standing for the Payload Table rows of that pointer --
+    or, with ``payload_ranges`` (checked and sorted by :func:`check_payload_ranges`),
+    one pointer entry per range, in ascending order, each standing for only its rows."""
     rows = batch.values
     if not rows:
         assert write_pointer is not None
-        rows = [values.encode_value(None, write_pointer)]
+        if payload_ranges is None:
+            rows = [values.encode_value(None, write_pointer)]
+        else:
+            # Ascending ranges under ascending keys: ids stay in the order read.
+            rows = [values.encode_pointer(write_pointer, r) for r in payload_ranges]
+    else:
+        assert payload_ranges is None
 
     def publish(view: WriteView) -> RollbackInfo | None:
         ref = topics.resolve(view, namespace, topic)
@@ -177,11 +226,12 @@ def store_fn(
     topic: str,
     batch: EncodedBatch,
     write_pointer: int,
-) -> Callable[[WriteView], None]:
+) -> Callable[[WriteView], PayloadRange]:
     """The write function of a store: Payload Table rows under ``write_pointer``, their
-    ``(write_ts, p_seq)`` assigned by the same monotonic rule as publish keys."""
+    ``(write_ts, p_seq)`` assigned by the same monotonic rule as publish keys. Returns
+    the positions assigned: one contiguous range holding exactly this store's rows."""
 
-    def store(view: WriteView) -> None:
+    def store(view: WriteView) -> PayloadRange:
         ref = topics.resolve(view, namespace, topic)
         state = ref.state
         if view.get(_META, keys.sealed_key(ref.topic_id, state.generation, write_pointer)):
@@ -198,6 +248,7 @@ def store_fn(
             view.put(_META, keys.expiry_key(expires_at, _PAYLOADS, row_keys[index]), b"")
         new_state = state._replace(last_write_ts=end_ts, last_p_seq=end_seq)
         view.put(_META, keys.state_key(ref.topic_id), values.encode_state(new_state))
+        return PayloadRange(start_ts, start_seq, end_ts, end_seq)
 
     return store
 
@@ -219,8 +270,11 @@ def _seal(
 ) -> None:
     # A pointer entry exposes every Payload Table row under its write pointer, in place.
     # Rows stored after that (a zombie executor) or a second pointer entry would insert
-    # messages behind ones consumers already read: refuse both (invariant 1). The
-    # marker holds its time so the cleaner can drop it with the topic's TTL.
+    # messages behind ones consumers already read: refuse both (invariant 1). Ranged
+    # entries are sealed the same way: late rows would fall outside their ranges, but a
+    # second publish could name the same rows again (duplicates), and one rule for both
+    # kinds keeps the guarantee simple. The marker holds its time so
+    # the cleaner can drop it with the topic's TTL.
     assert write_pointer is not None
     marker = keys.sealed_key(topic_id, generation, write_pointer)
     if view.get(_META, marker) is not None:

@@ -31,6 +31,7 @@ from tidings.store.backend import Store, WriteView
 from tidings.structs import (
     Message,
     MessageId,
+    PayloadRange,
     Record,
     RollbackInfo,
     TopicMetadata,
@@ -127,14 +128,20 @@ class MessagingService:
         topic: str,
         messages: Sequence[Record | bytes],
         write_pointer: int | None = None,
+        payload_ranges: Sequence[PayloadRange] | None = None,
     ) -> RollbackInfo | None:
         """Append ``messages`` to the topic; returns once they are durable.
 
         With ``write_pointer`` the publish is transactional and returns the rollback
         info; with a write pointer and no messages it publishes the Payload Table rows
-        stored under that pointer (one Message Table entry). Without either, EmptyPublish.
+        stored under that pointer (one Message Table entry). ``payload_ranges`` (the
+        :class:`PayloadRange` values ``store`` returned) narrows that to the rows inside
+        them: one entry per range, in ascending order; rows outside every range stay
+        invisible. Without a write pointer or messages, EmptyPublish.
         """
-        return self.publish_future(namespace, topic, messages, write_pointer).result()
+        return self.publish_future(
+            namespace, topic, messages, write_pointer, payload_ranges
+        ).result()
 
     def publish_future(
         self,
@@ -142,6 +149,7 @@ class MessagingService:
         topic: str,
         messages: Sequence[Record | bytes],
         write_pointer: int | None = None,
+        payload_ranges: Sequence[PayloadRange] | None = None,
     ) -> Future[RollbackInfo | None]:
         """:meth:`publish` without waiting: bad input raises here, at once; the future
         resolves once the messages are durable (or with the storage error)."""
@@ -151,9 +159,10 @@ class MessagingService:
             publishing.check_write_pointer(write_pointer)
         elif not messages:
             raise EmptyPublish("a publish without a write pointer needs at least one message")
+        ranges = _ranges(payload_ranges, write_pointer, messages)
         batch = publishing.encode_batch(messages, write_pointer, self._clock.now_ms())
         fn = publishing.publish_fn(
-            self._topics, self._clock, namespace, topic, batch, write_pointer
+            self._topics, self._clock, namespace, topic, batch, write_pointer, ranges
         )
         return self._submit(fn, namespace, topic, began, len(batch.values), batch.size)
 
@@ -162,11 +171,14 @@ class MessagingService:
         namespace: str,
         batches: Sequence[tuple[str, Sequence[Record | bytes]]],
         write_pointer: int | None = None,
+        payload_ranges: Mapping[str, Sequence[PayloadRange]] | None = None,
     ) -> Future[list[RollbackInfo | None]]:
         """Several publishes (``(topic, messages)``, in order) in one write transaction:
         all become durable together, or none is written (the future then carries the
         first error, e.g. a topic deleted meanwhile). Bad input raises here, at once.
-        Resolves to each batch's :meth:`publish` result, in order."""
+        ``payload_ranges`` maps a topic of a pointer publish (no messages) to the ranges
+        to publish there, as in :meth:`publish`. Resolves to each batch's
+        :meth:`publish` result, in order."""
         began = time.perf_counter()
         if write_pointer is not None:
             publishing.check_write_pointer(write_pointer)
@@ -176,10 +188,15 @@ class MessagingService:
             self._topics.check_live(namespace, topic)
             if write_pointer is None and not messages:
                 raise EmptyPublish("a publish without a write pointer needs at least one message")
+            ranges = _ranges(
+                None if payload_ranges is None else payload_ranges.get(topic),
+                write_pointer,
+                messages,
+            )
             batch = publishing.encode_batch(messages, write_pointer, self._clock.now_ms())
             fns.append(
                 publishing.publish_fn(
-                    self._topics, self._clock, namespace, topic, batch, write_pointer
+                    self._topics, self._clock, namespace, topic, batch, write_pointer, ranges
                 )
             )
             counts.append(((namespace, topic), len(batch.values), batch.size))
@@ -206,10 +223,11 @@ class MessagingService:
         topic: str,
         write_pointer: int,
         messages: Sequence[Record | bytes],
-    ) -> None:
+    ) -> PayloadRange:
         """Store payloads under ``write_pointer`` in the Payload Table; returns once
-        durable. They become visible when that pointer is published."""
-        self.store_future(namespace, topic, write_pointer, messages).result()
+        durable. They become visible when that pointer is published. Returns the range
+        of positions they got, which a pointer publish can name to expose exactly them."""
+        return self.store_future(namespace, topic, write_pointer, messages).result()
 
     def store_future(
         self,
@@ -217,7 +235,7 @@ class MessagingService:
         topic: str,
         write_pointer: int,
         messages: Sequence[Record | bytes],
-    ) -> Future[None]:
+    ) -> Future[PayloadRange]:
         """:meth:`store_payloads` without waiting (bad input raises at once)."""
         began = time.perf_counter()
         self._topics.check_live(namespace, topic)
@@ -466,6 +484,19 @@ class MessagingService:
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+
+
+def _ranges(
+    payload_ranges: Sequence[PayloadRange] | None,
+    write_pointer: int | None,
+    messages: Sequence[Record | bytes],
+) -> list[PayloadRange] | None:
+    # Ranges only narrow a pointer publish; with messages they would mean nothing.
+    if payload_ranges is None:
+        return None
+    if write_pointer is None or messages:
+        raise BadRequest("payload ranges need a write pointer and no messages")
+    return publishing.check_payload_ranges(payload_ranges)
 
 
 def _check_start(start: object) -> None:

@@ -21,6 +21,13 @@ AVRO_EXT = wire.AVRO_EXT.value
 _INT64 = {"type": "integer", "format": "int64"}
 _POSITIVE_INT64 = {"type": "integer", "format": "int64", "minimum": 1, "maximum": wire.INT64_MAX}
 _BYTES = {"type": "string", "format": "byte", "description": "standard base64"}
+#: A Payload Table position of a payload range: [writeTs, seq].
+_POSITION = {
+    "type": "array",
+    "minItems": 2,
+    "maxItems": 2,
+    "items": {"type": "integer", "minimum": 0, "maximum": wire.INT64_MAX},
+}
 _NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,128}$"}
 
 
@@ -156,6 +163,27 @@ def _schemas() -> dict[str, Any]:
                 "transactionWritePointer": _nullable(_INT64),
                 "messages": {"type": "array", "items": _BYTES},
                 "extras": _nullable({"type": "array", "items": _nullable(extras)}),
+                "payloadRanges": _nullable(
+                    {
+                        "type": "array",
+                        "description": "publish only, JSON only: with "
+                        "transactionWritePointer and no messages, publish just the "
+                        "stored rows inside these ranges (each a store's "
+                        "Tidings-Payload-Range), one entry per range; at most 10000, "
+                        "first <= last, no overlaps",
+                        "maxItems": 10000,
+                        "items": _ref("PayloadRange"),
+                    }
+                ),
+            },
+        },
+        "PayloadRange": {
+            "type": "object",
+            "description": "Payload Table positions [writeTs, seq], both ends inclusive",
+            "required": ["first", "last"],
+            "properties": {
+                "first": _POSITION,
+                "last": _POSITION,
             },
         },
         "PublishResponse": {
@@ -399,7 +427,23 @@ def _messaging_paths() -> dict[str, Any]:
         topic + "/store": {
             "post": _op(
                 "Store payloads under a transaction write pointer (Payload Table)",
-                {"200": empty_ok, **not_found},
+                {
+                    "200": {
+                        **empty_ok,
+                        "headers": {
+                            "Tidings-Payload-Range": {
+                                "description": "the rows' positions, "
+                                "<firstWriteTs>.<firstSeq>-<lastWriteTs>.<lastSeq>; a "
+                                "publish's payloadRanges can name them",
+                                "schema": {
+                                    "type": "string",
+                                    "pattern": "^[0-9]+\\.[0-9]+-[0-9]+\\.[0-9]+$",
+                                },
+                            }
+                        },
+                    },
+                    **not_found,
+                },
                 body=publish_body,
                 required=True,
                 tags=("messages",),

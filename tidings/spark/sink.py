@@ -9,14 +9,17 @@ For a streaming sink ``sinkId`` the driver, when it plans each micro-batch,
    their later commits fail with :class:`~tidings.errors.ProducerFenced` (a Python
    worker that outlived a killed driver cannot finish an old commit);
 2. begins the batch's transaction under that epoch; executors ``store`` their rows
-   under its write pointer;
+   under its write pointer, and each task attempt reports the
+   :class:`~tidings.structs.PayloadRange` of every store it made;
 
 and when Spark commits the batch it
 
 3. reads the control topic ``__tidings_sink_<sinkId>`` read-committed: if a marker for
    this batch id (or a later one) is there, the batch was published before Spark could
    record it -- abort, publish nothing;
-4. publishes the write pointer on every topic written, and the marker
+4. publishes, on every topic written, exactly the ranges reported by the task attempts
+   Spark committed (rows a failed or losing attempt stored under the same write pointer
+   stay outside every range and are never seen), and the marker
    ``{sinkId, batchId, writePointer}`` on the control topic, in the same transaction;
 5. commits (with the epoch). Output and marker become visible in that one commit, or
    neither does (invariant 4): "recorded" and "published" cannot come apart.
@@ -31,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tidings.client import Client
@@ -45,7 +48,7 @@ from tidings.errors import (
     TransactionCommitted,
     TransactionNotInProgress,
 )
-from tidings.structs import MessageId, Record, RollbackInfo
+from tidings.structs import MessageId, PayloadRange, Record, RollbackInfo
 
 __all__ = [
     "CONTROL_PREFIX",
@@ -57,6 +60,7 @@ __all__ = [
     "last_committed_batch",
     "marker",
     "publish_and_commit",
+    "range_size",
     "store_rows",
     "transactional_id",
 ]
@@ -110,29 +114,36 @@ def store_rows(
     *,
     max_records: int,
     max_bytes: int,
-) -> dict[str, int]:
+) -> dict[str, list[PayloadRange]]:
     """Store ``(topic, record)`` rows under ``write_pointer`` in batches, keeping each
-    topic's rows in their order; returns how many rows went to each topic."""
+    topic's rows in their order; returns, per topic, the range of every store made, in
+    order (publishing exactly these exposes exactly these rows)."""
     buffers: dict[str, list[MessageLike]] = {}
     sizes: dict[str, int] = {}
-    counts: dict[str, int] = {}
+    ranges: dict[str, list[PayloadRange]] = {}
 
     def flush(topic: str) -> None:
         batch = buffers.pop(topic, None)
         sizes.pop(topic, None)
         if batch:
-            client.store(topic, batch, write_pointer=write_pointer)
+            stored = client.store(topic, batch, write_pointer=write_pointer)
+            ranges.setdefault(topic, []).append(stored)
 
     for topic, record in rows:
         buffer = buffers.setdefault(topic, [])
         buffer.append(record)
         sizes[topic] = sizes.get(topic, 0) + len(record.payload) + 64
-        counts[topic] = counts.get(topic, 0) + 1
         if len(buffer) >= max_records or sizes[topic] >= max_bytes:
             flush(topic)
     for topic in list(buffers):
         flush(topic)
-    return counts
+    return ranges
+
+
+def range_size(rng: PayloadRange) -> int:
+    """How many rows a store's range holds: a store's positions are consecutive, the
+    sequence running 0-65535 within each millisecond."""
+    return (rng.last_ts - rng.first_ts) * 0x10000 + rng.last_seq - rng.first_seq + 1
 
 
 def marker(sink_id: str, batch_id: int, write_pointer: int, counts: Mapping[str, int]) -> Record:
@@ -242,15 +253,27 @@ def _committed_after_all(client: Client, tx: SinkTransaction) -> bool | None:
 def publish_and_commit(
     client: Client,
     tx: SinkTransaction,
-    topics: Iterable[str],
+    topics: Mapping[str, Sequence[PayloadRange]] | Iterable[str],
     extra: tuple[str, Record] | None = None,
 ) -> None:
     """Publish ``tx``'s write pointer on every topic (and ``extra``, a direct message
-    such as a batch marker), then commit; on failure undo and raise."""
+    such as a batch marker), then commit; on failure undo and raise.
+
+    ``topics`` maps each topic to the payload ranges to publish there (only those rows
+    become visible); a plain iterable of topic names publishes every row stored under
+    the write pointer on each.
+    """
     published: list[tuple[str, RollbackInfo]] = []
+    ranges = topics if isinstance(topics, Mapping) else None
     try:
         for topic in sorted(set(topics)):
-            published.append((topic, client.publish(topic, [], write_pointer=tx.write_pointer)))
+            info = client.publish(
+                topic,
+                [],
+                write_pointer=tx.write_pointer,
+                payload_ranges=None if ranges is None else list(ranges[topic]),
+            )
+            published.append((topic, info))
         if extra is not None:
             topic, record = extra
             published.append((topic, client.publish(topic, record, write_pointer=tx.write_pointer)))

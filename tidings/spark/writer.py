@@ -9,11 +9,15 @@ So the transaction begins when the writer is *pickled* -- the moment it must exi
 and its write pointer travels inside the writer to the executors and back in every
 commit message.
 
-A task attempt that is not the first (a retry, or a stage re-run) cannot know what an
-earlier attempt already stored under the same write pointer, and ``publish`` makes all
-of it visible. So the driver refuses to commit a write with a re-run task: it aborts
-and fails, and a streaming query restarted from its checkpoint replays the batch
-exactly once. (``spark.speculation`` must stay off for the same reason.)
+Every task attempt stores its rows under the write's one write pointer and returns, in
+its commit message, the :class:`~tidings.structs.PayloadRange` of each store it made.
+The driver publishes exactly the ranges in the messages Spark hands to ``commit`` --
+one per partition, from the attempt Spark's output commit coordinator let commit --
+so rows stored by an attempt that failed, was killed, or lost a speculative race stay
+under the write pointer outside every published range: never visible, dropped with
+the topic's TTL. Task retries (``spark.task.maxFailures``), stage re-attempts and
+``spark.speculation`` therefore need no special handling. An attempt that is still
+storing after the publish (a zombie) is refused with ``PayloadsAlreadyPublished``.
 """
 
 from __future__ import annotations
@@ -43,8 +47,10 @@ from tidings.spark.sink import (
     last_committed_batch,
     marker,
     publish_and_commit,
+    range_size,
     store_rows,
 )
+from tidings.structs import PayloadRange
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
@@ -59,13 +65,19 @@ __all__ = [
 
 @dataclass
 class SinkMessage(WriterCommitMessage):
-    """What one task tells the driver: the transaction it stored under, how many rows
-    it stored per topic, which attempt it was, and (streaming) the query it ran in."""
+    """What one task attempt tells the driver: the transaction it stored under, the
+    ranges of its stores per topic (what the driver publishes), which attempt it was,
+    and (streaming) the query it ran in."""
 
     tx: SinkTransaction
-    counts: dict[str, int] = field(default_factory=dict)
+    ranges: dict[str, list[PayloadRange]] = field(default_factory=dict)
     attempt: int = 0
     query_id: str | None = None
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """How many rows the attempt stored per topic."""
+        return {t: sum(map(range_size, rs)) for t, rs in self.ranges.items()}
 
 
 def query_id_from_checkpoint(location: str) -> str | None:
@@ -96,20 +108,18 @@ def _write_task(
     ctx = TaskContext.get()
     attempt = ctx.attemptNumber() if ctx is not None else 0
     query_id = ctx.getLocalProperty("sql.streaming.queryId") if ctx is not None else None
-    if attempt != 0:
-        # An earlier attempt may have stored rows already: store nothing; the driver
-        # sees the attempt and refuses to commit.
-        return SinkMessage(tx, {}, attempt, query_id)
+    # Any attempt stores: the driver publishes only the ranges of the attempt whose
+    # message it gets, so what an earlier attempt of this task stored stays unseen.
     rows = (row for batch in batches for row in records_from_batch(batch, columns, options.topic))
     with connect(options.url, options.namespace, options.request_timeout) as client:
-        counts = store_rows(
+        ranges = store_rows(
             client,
             tx.write_pointer,
             rows,
             max_records=options.store_batch,
             max_bytes=options.store_bytes,
         )
-    return SinkMessage(tx, counts, attempt, query_id)
+    return SinkMessage(tx, ranges, attempt, query_id)
 
 
 def _sink_messages(messages: Sequence[WriterCommitMessage | None]) -> list[SinkMessage]:
@@ -131,16 +141,15 @@ def _counts(messages: Sequence[SinkMessage]) -> dict[str, int]:
     return total
 
 
-def _retried(messages: Sequence[SinkMessage]) -> str | None:
-    again = sorted({m.attempt for m in messages if m.attempt != 0})
-    if not again:
-        return None
-    return (
-        f"a task of this write was re-run (attempt {', '.join(map(str, again))}); rows "
-        "an earlier attempt stored cannot be told "
-        "apart, so nothing was published. A streaming query replays the batch exactly "
-        "once when restarted from its checkpoint; a batch write can simply be run again."
-    )
+def _ranges(messages: Sequence[SinkMessage]) -> dict[str, list[PayloadRange]]:
+    """Per topic, the ranges of every committed attempt (one message per partition),
+    sorted: the publish writes them in that order, partitions interleaved as stored."""
+    out: dict[str, list[PayloadRange]] = {}
+    for m in messages:
+        for topic, ranges in m.ranges.items():
+            if ranges:
+                out.setdefault(topic, []).extend(ranges)
+    return {topic: sorted(ranges) for topic, ranges in out.items()}
 
 
 class _WriterBase:
@@ -191,15 +200,11 @@ class TidingsBatchWriter(_WriterBase, DataSourceArrowWriter):
         if tx is None:
             return
         with self._client() as client:
-            problem = _retried(ours)
-            if problem is not None:
-                notes = end_write(client, tx)
-                raise RuntimeError(" ".join([problem, *notes]))
-            counts = _counts(ours)
-            if not any(counts.values()):
+            ranges = _ranges(ours)
+            if not ranges:
                 end_write(client, tx)
                 return
-            publish_and_commit(client, tx, [t for t, n in counts.items() if n])
+            publish_and_commit(client, tx, ranges)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         self._abort(messages)
@@ -243,20 +248,17 @@ class TidingsStreamWriter(_WriterBase, DataSourceStreamArrowWriter):
         if tx.sink_id != self.sink_id:
             raise RuntimeError(f"commit of sink {self.sink_id} got sink {tx.sink_id}'s rows")
         with self._client() as client:
-            problem = _retried(ours)
-            if problem is not None:
-                notes = end_write(client, tx)
-                raise RuntimeError(" ".join([problem, *notes]))
-            counts = {t: n for t, n in _counts(ours).items() if n}
-            if not counts:
+            ranges = _ranges(ours)
+            if not ranges:
                 end_write(client, tx)
                 return
+            counts = {t: n for t, n in _counts(ours).items() if n}
             done = last_committed_batch(client, self.sink_id)
             if done is not None and done >= batchId:
                 end_write(client, tx)  # published before Spark could record it: no-op
                 return
             record = marker(self.sink_id, batchId, tx.write_pointer, counts)
-            publish_and_commit(client, tx, counts, (control_topic(self.sink_id), record))
+            publish_and_commit(client, tx, ranges, (control_topic(self.sink_id), record))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._abort(messages)

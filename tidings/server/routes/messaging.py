@@ -38,6 +38,8 @@ TOPIC = PREFIX + "/topics/{topic}"
 #: Poll response headers (docs/api.md): messages in the page, id of the last one.
 COUNT_HEADER = "Tidings-Count"
 LAST_ID_HEADER = "Tidings-Last-Id"
+#: Store response header (docs/api.md): the Payload Table range the store wrote.
+PAYLOAD_RANGE_HEADER = "Tidings-Payload-Range"
 
 
 def _names(request: Request) -> tuple[str, str]:
@@ -133,7 +135,9 @@ def routes(api: Api) -> list[Route]:
         ns, topic = _names(request)
         media = request_media(request)
         req = wire.decode_publish_request(await read_body(request, max_body), media)
-        info = await inbox.wait(messaging.publish_future(ns, topic, req.records, req.write_pointer))
+        info = await inbox.wait(
+            messaging.publish_future(ns, topic, req.records, req.write_pointer, req.payload_ranges)
+        )
         if info is None:
             return Response(b"", media_type=media.value)
         return Response(wire.encode_rollback_info(info, media), media_type=media.value)
@@ -199,8 +203,15 @@ def routes(api: Api) -> list[Route]:
         req = wire.decode_publish_request(await read_body(request, max_body), media)
         if req.write_pointer is None:
             raise BadRequest("store requires a transactionWritePointer")
-        await inbox.wait(messaging.store_future(ns, topic, req.write_pointer, req.records))
-        return Response(b"", media_type=media.value)
+        if req.payload_ranges is not None:
+            raise BadRequest("payloadRanges belong to a publish, not to a store")
+        rng = await inbox.wait(messaging.store_future(ns, topic, req.write_pointer, req.records))
+        # A header, not a body: the store's body stays empty in every encoding.
+        return Response(
+            b"",
+            media_type=media.value,
+            headers={PAYLOAD_RANGE_HEADER: wire.format_payload_range(rng)},
+        )
 
     @api.endpoint(TOPIC + "/rollback")
     async def rollback(request: Request) -> Response:
