@@ -110,3 +110,10 @@ def test_ranges_of_committed_attempts_are_merged_per_topic_in_order() -> None:
     )
     assert merged == {"t": [early, late], "v": [other]}
     assert SinkMessage(tx, {"v": [other]}).counts == {"v": 65536 + 2}
+    # Ranges that touch (consecutive stores of one task) become one; a gap (another
+    # attempt's rows) keeps them apart; the sequence rolls over into the next ms.
+    touching = [PayloadRange(7, 0, 7, 9), PayloadRange(7, 10, 7, 0xFFFF), PayloadRange(8, 0, 8, 4)]
+    gap = PayloadRange(8, 6, 8, 8)
+    assert _ranges([SinkMessage(tx, {"t": [gap, *reversed(touching)]})]) == {
+        "t": [PayloadRange(7, 0, 8, 4), gap]
+    }

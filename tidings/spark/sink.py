@@ -146,6 +146,31 @@ def range_size(rng: PayloadRange) -> int:
     return (rng.last_ts - rng.first_ts) * 0x10000 + rng.last_seq - rng.first_seq + 1
 
 
+def merge_ranges(ranges: Iterable[PayloadRange]) -> list[PayloadRange]:
+    """``ranges`` sorted, with ranges that touch (no position between them) joined.
+
+    A task's consecutive stores into a topic usually touch, so a publish then names a
+    few ranges instead of one per store batch (a publish takes at most 10,000).
+    """
+    merged: list[PayloadRange] = []
+    for rng in sorted(ranges):
+        if merged:
+            last = merged[-1]
+            after = (
+                (last.last_ts, last.last_seq + 1)
+                if last.last_seq < 0xFFFF
+                else (
+                    last.last_ts + 1,
+                    0,
+                )
+            )
+            if (rng.first_ts, rng.first_seq) == after:
+                merged[-1] = last._replace(last_ts=rng.last_ts, last_seq=rng.last_seq)
+                continue
+        merged.append(rng)
+    return merged
+
+
 def marker(sink_id: str, batch_id: int, write_pointer: int, counts: Mapping[str, int]) -> Record:
     """The control-topic message recording that ``batch_id`` was published."""
     body = {

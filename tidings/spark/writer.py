@@ -46,6 +46,7 @@ from tidings.spark.sink import (
     end_write,
     last_committed_batch,
     marker,
+    merge_ranges,
     publish_and_commit,
     range_size,
     store_rows,
@@ -143,13 +144,14 @@ def _counts(messages: Sequence[SinkMessage]) -> dict[str, int]:
 
 def _ranges(messages: Sequence[SinkMessage]) -> dict[str, list[PayloadRange]]:
     """Per topic, the ranges of every committed attempt (one message per partition),
-    sorted: the publish writes them in that order, partitions interleaved as stored."""
+    sorted and with touching ones joined: the publish writes them in that order,
+    partitions interleaved as stored."""
     out: dict[str, list[PayloadRange]] = {}
     for m in messages:
         for topic, ranges in m.ranges.items():
             if ranges:
                 out.setdefault(topic, []).extend(ranges)
-    return {topic: sorted(ranges) for topic, ranges in out.items()}
+    return {topic: merge_ranges(ranges) for topic, ranges in out.items()}
 
 
 class _WriterBase:
