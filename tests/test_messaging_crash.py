@@ -21,9 +21,10 @@ THREADS = 4
 BATCH = 50
 
 # Publishes from several threads; prints "thread batch" only after publish() returned,
-# i.e. once the batch was acknowledged as durable.
+# i.e. once the batch was acknowledged as durable. Each line is one write() to the pipe,
+# so a kill cannot leave half of one (print() may write a line in pieces).
 CHILD = f"""
-import sys, threading
+import os, sys, threading
 from tidings.store.backends.lmdb import LmdbStore
 from tidings.messaging import MessagingService
 service = MessagingService(LmdbStore(sys.argv[1]))
@@ -35,7 +36,7 @@ def run(t):
     while True:
         service.publish("ns", "t", [b"%d:%d:%d" % (t, b, i) for i in range({BATCH})])
         with lock:
-            print(t, b, flush=True)
+            os.write(1, b"%d %d\\n" % (t, b))
         b += 1
 for t in range({THREADS}):
     threading.Thread(target=run, args=(t,), daemon=True).start()
@@ -55,17 +56,18 @@ def test_every_acknowledged_batch_survives_sigkill(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert child.stdout is not None
-    try:
-        assert child.stdout.readline().strip() == b"ready"
-        time.sleep(1.5)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=10)
+    with child.stdout:
+        try:
+            assert child.stdout.readline().strip() == b"ready"
+            time.sleep(1.5)
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=10)
+        lines = child.stdout.read().decode().split("\n")
     acked: dict[int, int] = {}
-    for line in child.stdout.read().decode().splitlines():
+    for line in lines[:-1]:  # the text after the last newline is not a whole line
         t, b = map(int, line.split())
         acked[t] = max(acked.get(t, -1), b)
-    child.stdout.close()
     assert sum(b + 1 for b in acked.values()) > 4, "the child published too little to test"
 
     store = LmdbStore(path)

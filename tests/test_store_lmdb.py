@@ -218,7 +218,7 @@ def test_bad_keys_are_value_errors(store: LmdbStore) -> None:
 def test_acknowledged_writes_survive_kill_9(path: Path) -> None:
     child = run_python(
         f"""
-        import sys, threading
+        import os, sys, threading
         from tidings.store import LmdbStore
         s = LmdbStore({str(path)!r})
         lock = threading.Lock()
@@ -227,7 +227,8 @@ def test_acknowledged_writes_survive_kill_9(path: Path) -> None:
                 key = b"%d-%07d" % (n, i)
                 s.apply(lambda v: v.put("messages", key, b"v" * 100))
                 with lock:
-                    print(key.decode(), flush=True)
+                    # One write() per line: a kill cannot leave half a key in the pipe.
+                    os.write(1, key + b"\\n")
         for n in range(4):
             threading.Thread(target=write, args=(n,)).start()
         """
@@ -242,7 +243,8 @@ def test_acknowledged_writes_survive_kill_9(path: Path) -> None:
             acknowledged.append(line.strip())
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
-        acknowledged += child.stdout.read().split()  # printed after its commit: durable too
+        # Printed after its commit, so durable too; text after the last newline is cut.
+        acknowledged += child.stdout.read().split("\n")[:-1]
     assert len(acknowledged) > 100
     with LmdbStore(path) as s:
         stored = {k.decode() for k, _ in s.scan_list(M, b"", END)}
