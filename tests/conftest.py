@@ -6,8 +6,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from tidings.store import MemoryStore, Store
+
+# The suite shares two cores with whatever else CI runs: a property's examples may take
+# longer than hypothesis's 200 ms deadline without anything being wrong, and timing is
+# not among the properties tested. Tests that set their own settings keep this default.
+settings.register_profile("tidings", deadline=None)
+settings.load_profile("tidings")
 
 STORE_KINDS = ["memory", "lmdb"]
 
