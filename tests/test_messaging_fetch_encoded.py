@@ -1,4 +1,5 @@
-"""The pre-encoded poll path answers byte for byte what encoding fetch()'s messages does."""
+"""The pre-encoded poll path answers byte for byte what encoding fetch()'s messages does,
+and the ids-only fetch answers exactly those messages' ids."""
 
 from __future__ import annotations
 
@@ -96,6 +97,7 @@ def _check(
             "transaction": transaction,
         }
         messages = service.fetch("ns", topic, **kwargs)  # type: ignore[arg-type]
+        assert service.fetch_ids("ns", topic, **kwargs) == [m.id for m in messages]  # type: ignore[arg-type]
         if media is wire.AVRO and any(m.key is not None or m.headers for m in messages):
             continue  # plain avro/binary drops keys and headers either way
         body, count, last = service.fetch_encoded("ns", topic, media, **kwargs)  # type: ignore[arg-type]

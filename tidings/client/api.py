@@ -507,6 +507,28 @@ class RestApi:
         )
         return Call(request, lambda response: _poll_page(response, media), final)
 
+    def poll_ids(
+        self,
+        topic: str,
+        start: MessageId | int | None,
+        *,
+        inclusive: bool,
+        limit: int | None,
+        transaction: bytes | None,
+        wait: float | None,
+        isolation: str | None = None,
+    ) -> Call[list[MessageId]]:
+        """:meth:`poll` answering only the messages' ids (``?fields=id``)."""
+        media = self.media
+        request, final = self._poll_request(
+            topic, start, inclusive, limit, transaction, wait, isolation, ids_only=True
+        )
+
+        def decode(response: Response) -> list[MessageId]:
+            return wire.decode_message_ids(response.body, _response_media(response, media))
+
+        return Call(request, decode, final)
+
     def _poll_request(
         self,
         topic: str,
@@ -516,10 +538,12 @@ class RestApi:
         transaction: bytes | None,
         wait: float | None,
         isolation: str | None,
+        *,
+        ids_only: bool = False,
     ) -> tuple[Request, tuple[type[BaseException], ...]]:
         url = self._topic_url(topic, "/poll")
         timeout = self.timeout
-        query = []
+        query = ["fields=id"] if ids_only else []
         if wait:
             wait_ms = max(0, round(wait * 1000))
             query.append(f"waitMs={wait_ms}")

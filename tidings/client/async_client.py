@@ -39,6 +39,7 @@ from tidings.codec.wire import Media
 from tidings.errors import BadRequest, InvalidMessageId
 from tidings.structs import (
     Message,
+    MessageId,
     PayloadRange,
     ProducerInfo,
     RollbackInfo,
@@ -257,6 +258,35 @@ class AsyncClient(BaseClient):
             raise InvalidMessageId("poll needs a concrete start; consume() resolves 'latest'")
         return await self._send(
             self._api.poll(
+                topic,
+                position,
+                inclusive=inclusive,
+                limit=limit,
+                transaction=encoded_transaction(transaction),
+                wait=wait,
+                isolation=isolation,
+            )
+        )
+
+    async def poll_ids(
+        self,
+        topic: str,
+        start: StartPosition = None,
+        *,
+        inclusive: bool = True,
+        limit: int | None = None,
+        transaction: Transaction | bytes | None = None,
+        wait: float | None = None,
+        isolation: str | None = None,
+    ) -> list[MessageId]:
+        """:meth:`poll`, answering only the ids of the messages it would return: what
+        a planner needs to find where a range ends or to split it, without carrying
+        the payloads (``?fields=id``, docs/api.md)."""
+        position = resolve_start(start)
+        if position == "latest":
+            raise InvalidMessageId("poll needs a concrete start; consume() resolves 'latest'")
+        return await self._send(
+            self._api.poll_ids(
                 topic,
                 position,
                 inclusive=inclusive,

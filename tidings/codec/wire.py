@@ -54,6 +54,7 @@ __all__ = [
     "b64decode",
     "b64encode",
     "decode_consume_request",
+    "decode_message_ids",
     "decode_messages",
     "decode_publish_request",
     "format_payload_range",
@@ -62,6 +63,7 @@ __all__ = [
     "publish_request_from_json",
     "decode_rollback_info",
     "encode_consume_request",
+    "encode_message_ids",
     "encode_messages",
     "encode_publish_request",
     "encode_rollback_info",
@@ -195,6 +197,9 @@ MESSAGES_EXT = fastavro.parse_schema(
     }
 )
 
+#: The answer of a poll with ``fields=id``: the ids of the messages it would return.
+MESSAGE_IDS = fastavro.parse_schema({"type": "array", "items": "bytes"})
+
 #: Every Avro schema of the API by name, for docs and the OpenAPI document.
 SCHEMAS: dict[str, Any] = {
     "PublishRequest": PUBLISH_REQUEST,
@@ -203,6 +208,7 @@ SCHEMAS: dict[str, Any] = {
     "ConsumeRequest": CONSUME_REQUEST,
     "Messages": MESSAGES,
     "MessagesExt": MESSAGES_EXT,
+    "MessageIds": MESSAGE_IDS,
 }
 
 
@@ -724,6 +730,33 @@ def _avro_messages(messages: Sequence[Message | bytes], *, extended: bool) -> by
             add(b"\x00")
     add(b"\x00")
     return b"".join(parts)
+
+
+def encode_message_ids(ids: Sequence[MessageId], media: Media) -> bytes:
+    """Encode the answer of an ids-only poll: base64 strings in JSON, Avro
+    ``array<bytes>`` in both Avro media."""
+    if media is JSON:
+        b2a = _b2a
+        return orjson.dumps([b2a(i.to_bytes(), newline=False).decode() for i in ids])
+    if not ids:
+        return b"\x00"
+    # One block: the count, then each id as a 20-byte Avro bytes (length 0x28), then
+    # the end of the array.
+    return b"".join([_zigzag(len(ids)), *(b"\x28" + i.to_bytes() for i in ids), b"\x00"])
+
+
+def decode_message_ids(body: bytes, media: Media) -> list[MessageId]:
+    """Decode the answer of an ids-only poll (used by the client)."""
+    if media is JSON:
+        try:
+            items = orjson.loads(body) if body else []
+        except orjson.JSONDecodeError:
+            raise BadRequest("malformed JSON id list") from None
+        if not isinstance(items, list):
+            raise BadRequest("an id list is a JSON list")
+        return [MessageId.from_bytes(b64decode(item, "id")) for item in items]
+    raw = _avro_read(body, MESSAGE_IDS, "id list") if body else []
+    return [MessageId.from_bytes(item) for item in raw]
 
 
 def decode_messages(body: bytes, media: Media) -> list[Message]:

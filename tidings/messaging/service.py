@@ -309,6 +309,21 @@ class MessagingService:
         items = self._fetch(namespace, topic, start, inclusive, limit, transaction, None)
         return cast("list[Message]", items)
 
+    def fetch_ids(
+        self,
+        namespace: str,
+        topic: str,
+        *,
+        start: MessageId | int | None = None,
+        inclusive: bool = True,
+        limit: int | None = None,
+        transaction: Transaction | None = None,
+    ) -> list[MessageId]:
+        """The ids of the messages :meth:`fetch` returns, without their payloads (to
+        find where a range ends, or to count it, without carrying the data)."""
+        items = self._fetch(namespace, topic, start, inclusive, limit, transaction, None)
+        return [cast(Message, m).id for m in items]
+
     def fetch_encoded(
         self,
         namespace: str,

@@ -235,6 +235,11 @@ def _schemas() -> dict[str, Any]:
                 },
             },
         },
+        "MessageIds": {
+            "type": "array",
+            "description": "the ids an ids-only poll (fields=id) returns, oldest first",
+            "items": _BYTES,
+        },
         "BeginRequest": {
             "type": "object",
             "properties": {
@@ -472,11 +477,20 @@ def _messaging_paths() -> dict[str, Any]:
         },
         topic + "/poll": {
             "post": _op(
-                "Fetch messages in order; waitMs long-polls, isolation (additions)",
+                "Fetch messages in order; waitMs long-polls, isolation, fields (additions)",
                 {
                     "200": {
-                        "description": "messages, oldest first",
-                        "content": _content(_ref("Messages"), "Messages", "MessagesExt"),
+                        "description": (
+                            "messages, oldest first (MessageIds with fields=id); headers "
+                            "Tidings-Count and Tidings-Last-Id give the page's extent"
+                        ),
+                        "content": {
+                            JSON: {"schema": {"oneOf": [_ref("Messages"), _ref("MessageIds")]}},
+                            AVRO: {"schema": {"oneOf": [_avro("Messages"), _avro("MessageIds")]}},
+                            AVRO_EXT: {
+                                "schema": {"oneOf": [_avro("MessagesExt"), _avro("MessageIds")]}
+                            },
+                        },
                     },
                     **not_found,
                 },
@@ -499,6 +513,19 @@ def _messaging_paths() -> dict[str, Any]:
                                 "read_committed without a body transaction: the server "
                                 "takes a fresh snapshot at each fetch (addition; 503 "
                                 "where the transaction service does not run)"
+                            ),
+                        },
+                        "query",
+                    ),
+                    _param(
+                        "fields",
+                        {
+                            "type": "string",
+                            "enum": ["all", "id"],
+                            "default": "all",
+                            "description": (
+                                "id: only the ids of the messages the poll would return "
+                                "(addition; MessageIds)"
                             ),
                         },
                         "query",

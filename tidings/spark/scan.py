@@ -70,9 +70,11 @@ def scan(
     start, inclusive = poll_start(position)
     while True:
         want = fetch_size if max_messages is None else min(fetch_size, max_messages - found.count)
-        page = client.poll(topic, start, inclusive=inclusive, limit=want, transaction=transaction)
-        for message in page:
-            mid = message.id
+        # Ids only: the driver keeps nothing else, so the payloads stay on the server.
+        page = client.poll_ids(
+            topic, start, inclusive=inclusive, limit=want, transaction=transaction
+        )
+        for mid in page:
             if (stop_after is not None and mid > stop_after) or (
                 stop_before_ts is not None and mid.publish_ts >= stop_before_ts
             ):
@@ -85,7 +87,7 @@ def scan(
                 found.ids.append(mid)
         if len(page) < want or (max_messages is not None and found.count >= max_messages):
             return found
-        start, inclusive = page[-1].id, False
+        start, inclusive = page[-1], False
 
 
 @dataclass

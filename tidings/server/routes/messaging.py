@@ -93,6 +93,18 @@ READ_UNCOMMITTED = "read_uncommitted"
 ISOLATION_LEVELS = (READ_COMMITTED, READ_UNCOMMITTED)
 
 
+FIELDS = ("all", "id")
+
+
+def _ids_only(request: Request) -> bool:
+    raw = request.query_params.get("fields")
+    if raw is None or raw == "all":
+        return False
+    if raw == "id":
+        return True
+    raise BadRequest(f"fields must be one of {', '.join(FIELDS)}, got {raw[:64]!r}")
+
+
 def _read_committed(request: Request) -> bool:
     raw = request.query_params.get("isolation")
     if raw is None or raw == READ_UNCOMMITTED:
@@ -148,6 +160,7 @@ def routes(api: Api) -> list[Route]:
         ns, topic = _names(request)
         wait_ms = _wait_ms(request, max_wait_ms)
         read_committed = _read_committed(request)
+        ids_only = _ids_only(request)
         media = request_media(request)
         req = wire.decode_consume_request(await read_body(request, max_body), media)
         tx: Transaction | None = None
@@ -158,6 +171,16 @@ def routes(api: Api) -> list[Route]:
             manager_ = manager()  # its snapshot is taken right before each fetch
 
         def fetch() -> tuple[bytes, int, MessageId | None]:
+            if ids_only:
+                ids = messaging.fetch_ids(
+                    ns,
+                    topic,
+                    start=req.start,
+                    inclusive=req.inclusive,
+                    limit=req.limit,
+                    transaction=tx,
+                )
+                return wire.encode_message_ids(ids, media), len(ids), ids[-1] if ids else None
             return messaging.fetch_encoded(
                 ns,
                 topic,
