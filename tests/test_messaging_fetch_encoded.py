@@ -97,7 +97,11 @@ def _check(
             "transaction": transaction,
         }
         messages = service.fetch("ns", topic, **kwargs)  # type: ignore[arg-type]
-        assert service.fetch_ids("ns", topic, **kwargs) == [m.id for m in messages]  # type: ignore[arg-type]
+        ids = [m.id for m in messages]
+        assert service.fetch_ids("ns", topic, **kwargs) == ids  # type: ignore[arg-type]
+        ids_body, ids_count, ids_last = service.fetch_ids_encoded("ns", topic, media, **kwargs)  # type: ignore[arg-type]
+        assert ids_body == wire.encode_message_ids(ids, media)
+        assert (ids_count, ids_last) == (len(ids), ids[-1] if ids else None)
         if media is wire.AVRO and any(m.key is not None or m.headers for m in messages):
             continue  # plain avro/binary drops keys and headers either way
         body, count, last = service.fetch_encoded("ns", topic, media, **kwargs)  # type: ignore[arg-type]

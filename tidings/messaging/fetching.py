@@ -33,6 +33,7 @@ _MESSAGES = "messages"
 _PAYLOADS = "payloads"
 _TAIL = struct.Struct(">QH")
 _I64 = struct.Struct(">q")
+_NO_PAYLOAD_ROW = bytes(10)
 _SKIP = Visibility.SKIP
 _BLOCK = Visibility.BLOCK
 
@@ -52,12 +53,16 @@ def fetch_messages(
     limit: int,
     transaction: Transaction | None,
     avro: AvroItems | None = None,
+    *,
+    ids: bool = False,
 ) -> list[Message | bytes]:
     """At most ``limit`` messages of one topic generation, in id order.
 
     With ``avro``, plain messages (the common case) come back already encoded as Avro
     poll-response items (see :func:`tidings.codec.wire.avro_messages`) rather than as
     :class:`Message`: the server then skips building and re-reading a tuple per message.
+    With ``ids``, every message comes back as its 20-byte id only (for ids-only polls),
+    taken from the keys without building a message.
 
     ``start`` is a message id, a timestamp (ms), or None for the oldest live message;
     ``inclusive`` says whether a message at exactly ``start`` is returned. A limit may
@@ -68,7 +73,7 @@ def fetch_messages(
     cutoff = retention_cutoff(state, now)
     prefix, stop = keys.generation_range(topic_id, generation)
     out: list[Message | bytes] = []
-    reader = _Reader(view, topic_id, generation, cutoff, now, transaction, out, limit)
+    reader = _Reader(view, topic_id, generation, cutoff, now, transaction, out, limit, ids)
     if isinstance(start, MessageId):
         if start.publish_ts >= cutoff:
             first = prefix + keys.ts_seq(start.publish_ts, start.seq)
@@ -95,6 +100,9 @@ def fetch_messages(
     no_headers, no_payload_table = NO_HEADERS, (0, 0)
     if avro is not None:
         _append_avro(view, scan_from, stop, out, reader, avro, plain, tx_plain, limit)
+        return out
+    if ids:
+        _append_ids(view, scan_from, stop, out, reader, plain, tx_plain, limit)
         return out
     for key, value in view.scan(_MESSAGES, scan_from, stop):
         flags = value[0]
@@ -149,10 +157,33 @@ def _append_avro(
             return
 
 
+def _append_ids(
+    view: ReadView,
+    scan_from: bytes,
+    stop: bytes,
+    out: list[Message | bytes],
+    reader: _Reader,
+    plain: int,
+    tx_plain: int,
+    limit: int,
+) -> None:
+    # The Message loop's walk again; a plain entry's id is its key's ts|seq and ten zero
+    # bytes (no Payload Table part), so its value is never copied.
+    append, zero = out.append, _NO_PAYLOAD_ROW
+    for key, value in view.scan(_MESSAGES, scan_from, stop):
+        flags = value[0]
+        if flags in (plain, tx_plain):
+            append(key[8:18] + zero)
+        elif not reader.entry(key, value, None, True):
+            return
+        if len(out) >= limit:
+            return
+
+
 class _Reader:
     """Expands one Message Table entry at a time into the output list."""
 
-    __slots__ = ("cutoff", "generation", "limit", "now", "out", "topic_id", "tx", "view")
+    __slots__ = ("cutoff", "generation", "ids", "limit", "now", "out", "topic_id", "tx", "view")
 
     def __init__(
         self,
@@ -164,8 +195,10 @@ class _Reader:
         tx: Transaction | None,
         out: list[Message | bytes],
         limit: int,
+        ids: bool = False,
     ) -> None:
         self.view = view
+        self.ids = ids  # append 20-byte ids instead of messages
         self.topic_id = topic_id
         self.generation = generation
         self.cutoff = cutoff
@@ -196,6 +229,9 @@ class _Reader:
         if flags & FLAG_P:
             if resume is not None and (resume != (0, 0) or not inclusive):
                 return True  # the start id is at or after this entry's single message
+            if self.ids and flags in (PLAIN, TX_PLAIN):
+                self.out.append(key[8:18] + _NO_PAYLOAD_ROW)
+                return True
             if flags in (PLAIN, TX_PLAIN):
                 self.out.append(
                     Message(MessageId(ts, seq), value[1 if wp is None else 9 :], write_pointer=wp)
@@ -203,6 +239,9 @@ class _Reader:
                 return True
             stored = values.decode_value(value)
             if stored.expires_at is not None and stored.expires_at <= self.now:
+                return True
+            if self.ids:
+                self.out.append(key[8:18] + _NO_PAYLOAD_ROW)
                 return True
             payload = stored.payload if stored.payload is not None else b""
             self.out.append(Message(MessageId(ts, seq), payload, stored.key, stored.headers, wp))
@@ -234,12 +273,22 @@ class _Reader:
             resume_key = prefix + keys.ts_seq(*resume)
             start = max(start, resume_key)
             skip = None if inclusive else resume_key
-        out, cutoff, now, limit = self.out, self.cutoff, self.now, self.limit
+        out, cutoff, now, limit, ids = self.out, self.cutoff, self.now, self.limit, self.ids
+        entry_part = keys.ts_seq(ts, seq) if ids else b""
         for pkey, pvalue in self.view.scan(_PAYLOADS, start, stop):
             if pkey == skip:
                 continue
             write_ts, p_seq = _TAIL.unpack_from(pkey, 16)
             if write_ts < cutoff:
+                continue
+            if ids:
+                if pvalue[0] != PLAIN:
+                    stored = values.decode_value(pvalue)
+                    if stored.expires_at is not None and stored.expires_at <= now:
+                        continue
+                out.append(entry_part + pkey[16:26])
+                if len(out) >= limit:
+                    return
                 continue
             message_id = MessageId(ts, seq, write_ts, p_seq)
             if pvalue[0] == PLAIN:

@@ -321,8 +321,40 @@ class MessagingService:
     ) -> list[MessageId]:
         """The ids of the messages :meth:`fetch` returns, without their payloads (to
         find where a range ends, or to count it, without carrying the data)."""
-        items = self._fetch(namespace, topic, start, inclusive, limit, transaction, None)
-        return [cast(Message, m).id for m in items]
+        raw = self._fetch_ids(namespace, topic, start, inclusive, limit, transaction)
+        return [MessageId.from_bytes(item) for item in raw]
+
+    def fetch_ids_encoded(
+        self,
+        namespace: str,
+        topic: str,
+        media: Media,
+        *,
+        start: MessageId | int | None = None,
+        inclusive: bool = True,
+        limit: int | None = None,
+        transaction: Transaction | None = None,
+    ) -> tuple[bytes, int, MessageId | None]:
+        """:meth:`fetch_ids` as an ids-only poll response body in ``media``, with the
+        count and the last id (as :meth:`fetch_encoded`); the ids go from the store's
+        keys into the body without a :class:`MessageId` each."""
+        raw = self._fetch_ids(namespace, topic, start, inclusive, limit, transaction)
+        last = MessageId.from_bytes(raw[-1]) if raw else None
+        return wire.encode_raw_message_ids(raw, media), len(raw), last
+
+    def _fetch_ids(
+        self,
+        namespace: str,
+        topic: str,
+        start: MessageId | int | None,
+        inclusive: bool,
+        limit: int | None,
+        transaction: Transaction | None,
+    ) -> list[bytes]:
+        items = self._fetch(namespace, topic, start, inclusive, limit, transaction, None, True)
+        # Entries the reader expanded before the fast loop (a start inside an entry)
+        # may still be messages.
+        return [m if type(m) is bytes else cast(Message, m).id.to_bytes() for m in items]
 
     def fetch_encoded(
         self,
@@ -361,6 +393,7 @@ class MessagingService:
         limit: int | None,
         transaction: Transaction | None,
         avro: AvroItems | None,
+        ids: bool = False,
     ) -> list[Message | bytes]:
         check_name("namespace", namespace)
         check_name("topic", topic)
@@ -380,6 +413,7 @@ class MessagingService:
                 checked_limit,
                 transaction,
                 avro,
+                ids=ids,
             )
         self._counters.fetched((namespace, topic), len(out))
         return out

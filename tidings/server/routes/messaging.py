@@ -171,17 +171,7 @@ def routes(api: Api) -> list[Route]:
             manager_ = manager()  # its snapshot is taken right before each fetch
 
         def fetch() -> tuple[bytes, int, MessageId | None]:
-            if ids_only:
-                ids = messaging.fetch_ids(
-                    ns,
-                    topic,
-                    start=req.start,
-                    inclusive=req.inclusive,
-                    limit=req.limit,
-                    transaction=tx,
-                )
-                return wire.encode_message_ids(ids, media), len(ids), ids[-1] if ids else None
-            return messaging.fetch_encoded(
+            return (messaging.fetch_ids_encoded if ids_only else messaging.fetch_encoded)(
                 ns,
                 topic,
                 media,
