@@ -30,8 +30,11 @@ def client(server: ServerProcess) -> Iterator[Client]:
 
 
 @pytest.fixture
-def filled(client: Client, topic: str) -> str:
-    """A topic with every entry shape: plain, keyed, committed, stored, in progress."""
+def filled(client: Client, topic: str) -> Iterator[str]:
+    """A topic with every entry shape: plain, keyed, committed, stored, in progress.
+
+    The transaction left in progress is aborted afterwards: the server is shared, and
+    other tests expect no transaction of theirs to be in progress."""
     client.create_topic(topic)
     client.publish(topic, [b"p1", b"p2"])
     client.publish(topic, [Record(b"k1", key=b"k", headers={"h": b"v"})])
@@ -45,7 +48,8 @@ def filled(client: Client, topic: str) -> str:
     open_tx = client.begin()  # stays in progress: a read-committed poll stops here
     client.publish(topic, [b"open"], write_pointer=open_tx.write_pointer)
     client.publish(topic, [b"after"])
-    return topic
+    yield topic
+    client.abort(open_tx)
 
 
 def post_poll(
@@ -61,7 +65,11 @@ def post_poll(
 
 @pytest.mark.parametrize("media", MEDIA, ids=lambda m: m.value)
 def test_ids_are_those_of_the_same_poll(server: ServerProcess, filled: str, media: Media) -> None:
-    snapshot = base64.b64decode(httpx.post(f"{server.url}/v1/transactions").json()["encoded"])
+    reader = httpx.post(f"{server.url}/v1/transactions").json()
+    snapshot = base64.b64decode(reader["encoded"])
+    # Ended at once: its snapshot stays usable, and the shared server keeps no
+    # transaction of this test in progress.
+    assert httpx.post(f"{server.url}/v1/transactions/{reader['writePointer']}/abort").is_success
     for req in [
         ConsumeRequest(),
         ConsumeRequest(limit=4),

@@ -36,6 +36,7 @@ __all__ = [
     "StartPosition",
     "as_record",
     "check_name",
+    "concrete_start",
     "encoded_transaction",
     "read_only_snapshot",
     "resolve_start",
@@ -123,6 +124,15 @@ def resolve_start(start: StartPosition) -> MessageId | int | Literal["latest"] |
         "start must be earliest, latest, a message id (40 hex), "
         f"a timestamp in ms or an ISO-8601 time: {start!r}"
     )
+
+
+def concrete_start(start: StartPosition) -> MessageId | int | None:
+    """:func:`resolve_start` for one poll, which needs a concrete start: "latest" is
+    :class:`InvalidMessageId` (a consumer resolves it from the topic's statistics)."""
+    position = resolve_start(start)
+    if position == "latest":
+        raise InvalidMessageId("poll needs a concrete start; consume() resolves 'latest'")
+    return position
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,9 +18,9 @@ from tidings.client.base import (
     MessageLike,
     RetryPolicy,
     StartPosition,
+    concrete_start,
     encoded_transaction,
     read_only_snapshot,
-    resolve_start,
     to_records,
 )
 from tidings.client.consumer import (
@@ -37,7 +37,7 @@ from tidings.client.transactions import (
 from tidings.client.transports import SyncTransport, Urllib3Transport
 from tidings.client.txpublisher import DEFAULT_PAYLOAD_THRESHOLD
 from tidings.codec.wire import Media
-from tidings.errors import BadRequest, InvalidMessageId
+from tidings.errors import BadRequest
 from tidings.structs import (
     Message,
     MessageId,
@@ -275,13 +275,10 @@ class Client(BaseClient):
         with a fresh snapshot the server takes at each fetch (a long poll then also
         wakes when a transaction commits); :class:`ServiceUnavailable` if the server does
         not run the transaction service. ``transaction``, if given, wins."""
-        position = resolve_start(start)
-        if position == "latest":
-            raise InvalidMessageId("poll needs a concrete start; consume() resolves 'latest'")
         return self._send(
             self._api.poll(
                 topic,
-                position,
+                concrete_start(start),
                 inclusive=inclusive,
                 limit=limit,
                 transaction=encoded_transaction(transaction),
@@ -304,13 +301,10 @@ class Client(BaseClient):
         """:meth:`poll`, answering only the ids of the messages it would return: what
         a planner needs to find where a range ends or to split it, without carrying
         the payloads (``?fields=id``, docs/api.md)."""
-        position = resolve_start(start)
-        if position == "latest":
-            raise InvalidMessageId("poll needs a concrete start; consume() resolves 'latest'")
         return self._send(
             self._api.poll_ids(
                 topic,
-                position,
+                concrete_start(start),
                 inclusive=inclusive,
                 limit=limit,
                 transaction=encoded_transaction(transaction),
