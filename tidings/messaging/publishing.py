@@ -170,11 +170,14 @@ def publish_fn(
     batch: EncodedBatch,
     write_pointer: int | None,
     payload_ranges: Sequence[PayloadRange] | None = None,
+    guard: Callable[[int], None] | None = None,
 ) -> Callable[[WriteView], RollbackInfo | None]:
     """The write function of a publish: direct messages, or (no messages and a write
     pointer) one pointer entry standing for the Payload Table rows of that pointer --
     or, with ``payload_ranges`` (checked and sorted by :func:`check_payload_ranges`),
-    one pointer entry per range, in ascending order, each standing for only its rows."""
+    one pointer entry per range, in ascending order, each standing for only its rows.
+    ``guard(write_pointer)`` runs inside the write transaction, before the entries are
+    written; if it raises, the write function fails and nothing of it is kept."""
     rows = batch.values
     if not rows:
         assert write_pointer is not None
@@ -191,6 +194,9 @@ def publish_fn(
         state = ref.state
         if not batch.values:
             _seal(view, ref.topic_id, state.generation, write_pointer, topic, clock.now_ms())
+        if guard is not None and write_pointer is not None:
+            # After the seal: a second publish of stored payloads says so (409).
+            guard(write_pointer)
         start_ts, start_seq, end_ts, end_seq = assign(
             state.last_ts, state.last_seq, clock.now_ms(), len(rows)
         )

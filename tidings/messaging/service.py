@@ -10,15 +10,16 @@ reads only evaluate the snapshot the caller passes in (invariant 6).
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
 from tidings.clock import Clock, SystemClock
-from tidings.codec import wire
+from tidings.codec import values, wire
 from tidings.codec.wire import AvroItems, Media
 from tidings.errors import BadRequest, EmptyPublish, InvalidMessageId
 from tidings.messaging import publishing
@@ -40,6 +41,10 @@ from tidings.structs import (
 )
 
 __all__ = ["MessagingConfig", "MessagingService"]
+
+_I64 = struct.Struct(">q")
+#: Above every key (LMDB keys are at most 511 bytes).
+_KEY_END = b"\xff" * 512
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -81,6 +86,7 @@ class MessagingService:
         self._topics = Topics(store, self._config.default_ttl)
         self._counters = Counters()
         self._listeners: list[Callable[[str, str], None]] = []
+        self._guard: Callable[[int], None] | None = None
         self._cleaner = Cleaner(store, self._topics, self._clock, self._config.cleanup_batch)
         self._clean_lock = threading.Lock()
         self._stop = threading.Event()
@@ -162,7 +168,7 @@ class MessagingService:
         ranges = _ranges(payload_ranges, write_pointer, messages)
         batch = publishing.encode_batch(messages, write_pointer, self._clock.now_ms())
         fn = publishing.publish_fn(
-            self._topics, self._clock, namespace, topic, batch, write_pointer, ranges
+            self._topics, self._clock, namespace, topic, batch, write_pointer, ranges, self._guard
         )
         return self._submit(fn, namespace, topic, began, len(batch.values), batch.size)
 
@@ -196,7 +202,14 @@ class MessagingService:
             batch = publishing.encode_batch(messages, write_pointer, self._clock.now_ms())
             fns.append(
                 publishing.publish_fn(
-                    self._topics, self._clock, namespace, topic, batch, write_pointer, ranges
+                    self._topics,
+                    self._clock,
+                    namespace,
+                    topic,
+                    batch,
+                    write_pointer,
+                    ranges,
+                    self._guard,
                 )
             )
             counts.append(((namespace, topic), len(batch.values), batch.size))
@@ -479,6 +492,61 @@ class MessagingService:
         )
 
     # --- listeners and counters ------------------------------------------------------
+
+    def guard_publishes(self, check: Callable[[int], None] | None) -> None:
+        """Run ``check(write_pointer)`` inside the write function of every publish with
+        a write pointer, in the write transaction: if it raises, nothing of that publish
+        is written and its caller gets the error. The server passes the transaction
+        manager's :meth:`~tidings.tx.TransactionManager.check_writable` when it runs
+        both services, so nothing is published under a transaction that has ended
+        (which is what makes pruning the invalid list safe, see
+        :meth:`referenced_pointers`). None (the default) checks nothing."""
+        self._guard = check
+
+    def barrier(self) -> None:
+        """Wait until every write function submitted before this call has committed
+        (or failed): an empty write queued behind them, in the writer's order."""
+        self._store.apply(lambda view: None)
+
+    def referenced_pointers(
+        self,
+        candidates: Iterable[int],
+        *,
+        chunk: int = 10_000,
+        pause: float = 0.0,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> set[int]:
+        """Those of ``candidates`` (positive write pointers) that a Message Table entry
+        still names, not rolled back, in any topic or generation: a scan of the whole
+        table, ``chunk`` entries per read snapshot, sleeping ``pause`` seconds between
+        chunks so a large table does not hold the CPU.
+
+        An invalid pointer no entry names can be pruned from the invalid list only if no
+        entry can name it later either: publishes must be guarded
+        (:meth:`guard_publishes`) and the scan must start after :meth:`barrier` has let
+        every publish that passed the guard before the pointer ended commit. If
+        ``cancelled()`` turns true between chunks, the scan stops and reports every
+        candidate as named (the safe answer).
+        """
+        wanted = {int(c) for c in candidates}
+        found: set[int] = set()
+        start = b""
+        while wanted - found:
+            with self._store.read() as view:
+                batch = list(view.scan("messages", start, _KEY_END, chunk))
+            for _, value in batch:
+                if value[0] & values.FLAG_T:
+                    (wp,) = _I64.unpack_from(value, 1)
+                    if wp in wanted:
+                        found.add(wp)
+            if len(batch) < chunk:
+                break
+            start = batch[-1][0] + b"\0"
+            if cancelled is not None and cancelled():
+                return wanted
+            if pause > 0:
+                time.sleep(pause)
+        return found
 
     def add_listener(self, fn: Callable[[str, str], None]) -> None:
         """Call ``fn(namespace, topic)`` after each durable publish, store or rollback.

@@ -66,6 +66,7 @@ class ServerConfig:
     tx_sweep_interval: float = 1.0
     tx_snapshot_every: int = 10_000
     tx_history_size: int = 100_000
+    tx_prune_interval: float = 3600.0
 
     @property
     def runs_messaging(self) -> bool:
@@ -126,6 +127,7 @@ _KINDS: dict[str, str] = {
     "tx_sweep_interval": "float",
     "tx_snapshot_every": "int",
     "tx_history_size": "int",
+    "tx_prune_interval": "float",
 }
 _FLAGS = {"host": "--host", "port": "--port", "data_dir": "--data-dir", "role": "--role"}
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ServerConfig)}
@@ -216,6 +218,8 @@ def _check(cfg: ServerConfig) -> None:
             problems.append(f"{name} must be positive, got {getattr(cfg, name)}")
     if cfg.tx_history_size < 0:
         problems.append(f"tx_history_size must not be negative, got {cfg.tx_history_size}")
+    if cfg.tx_prune_interval < 0:
+        problems.append(f"tx_prune_interval must not be negative, got {cfg.tx_prune_interval}")
     if cfg.shutdown_timeout < 0:
         problems.append(f"shutdown_timeout must not be negative, got {cfg.shutdown_timeout}")
     if cfg.fetch_default_limit > cfg.fetch_max_limit:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from tidings.messaging import MessagingConfig, MessagingService
 from tidings.server.config import ServerConfig
+from tidings.server.pruner import InvalidListPruner
 from tidings.store.backends.lmdb import LmdbStore
 from tidings.tx import TransactionManager, TxConfig
 
@@ -30,6 +31,7 @@ class Services:
     store: LmdbStore | None = None
     messaging: MessagingService | None = None
     tx: TransactionManager | None = None
+    pruner: InvalidListPruner | None = None
     #: Runs the calls that block (transaction service, topic admin, stats).
     executor: ThreadPoolExecutor = field(init=False)
     serving: bool = False
@@ -72,6 +74,15 @@ class Services:
                     ),
                 )
                 services.tx.start()
+            if services.messaging is not None and services.tx is not None:
+                # Nothing is published under a transaction that has ended, which is
+                # also what lets the pruner drop invalid pointers no entry names.
+                services.messaging.guard_publishes(services.tx.check_writable)
+                if config.tx_prune_interval > 0:
+                    services.pruner = InvalidListPruner(
+                        services.messaging, services.tx, config.tx_prune_interval
+                    )
+                    services.pruner.start()
         except BaseException:
             services.close()
             raise
@@ -86,6 +97,8 @@ class Services:
     def close(self) -> None:
         """Finish pending writes, then close the services and the store. Idempotent."""
         self.serving = False
+        if self.pruner is not None:
+            self.pruner.stop()
         self.executor.shutdown(wait=True)
         # Each close is attempted even if an earlier one fails: the store must be closed.
         errors: list[BaseException] = []

@@ -40,7 +40,13 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from tidings.clock import Clock, SystemClock
-from tidings.errors import BadRequest, ServiceUnavailable, TidingsError, TimeoutTooLarge
+from tidings.errors import (
+    BadRequest,
+    ServiceUnavailable,
+    TidingsError,
+    TimeoutTooLarge,
+    TransactionTimedOut,
+)
 from tidings.structs import ProducerInfo, Transaction, TransactionState
 from tidings.tx.config import TxConfig
 from tidings.tx.durable import TxStorage
@@ -269,6 +275,27 @@ class TransactionManager:
         except TidingsError as exc:
             return _failed(exc)
         return self._run_future(lambda now: self._state.invalidate(write_pointer), _none)
+
+    def check_writable(self, write_pointer: int) -> None:
+        """Raise unless ``write_pointer`` is a transaction in progress and not past its
+        expiry: :class:`TransactionTimedOut`, :class:`TransactionCommitted`,
+        :class:`TransactionAborted`, :class:`TransactionInvalid` or
+        :class:`TransactionNotFound`, as a commit would.
+
+        The messaging core calls it inside a publish's write function (on the store's
+        writer thread), so no entry is published under a pointer that has ended: a late
+        write into a committed transaction would appear in it after the fact, and one
+        under an invalid pointer would count as committed once that pointer is pruned.
+        It reads the in-memory state without the manager's lock (a decision is in
+        memory before it is durable, so an ended transaction is refused at once).
+        """
+        entry = self._state.in_progress.get(write_pointer)
+        if entry is None:
+            raise self._state.ended_error(write_pointer, "publish under")
+        if self._clock.now_ms() >= entry.expiry_ms:
+            raise TransactionTimedOut(
+                f"cannot publish under transaction {write_pointer}: it timed out"
+            )
 
     def state(self) -> TransactionState:
         """Read pointer, last write pointer, in-progress expiries (ms) and invalid list."""

@@ -189,7 +189,7 @@ class TxStateMachine:
         producer = self.producers.check(transactional_id, epoch)
         entry = self.in_progress.get(write_pointer)
         if entry is None:
-            return Result(error=self._ended_error(write_pointer, "commit"))
+            return Result(error=self.ended_error(write_pointer, "commit"))
         _check_owner(write_pointer, entry, producer)
         keys = _change_keys(changes)
         if now_ms >= entry.expiry_ms:
@@ -217,7 +217,7 @@ class TxStateMachine:
             outcome = self.outcome(write_pointer)
             if outcome is Outcome.ABORTED or outcome in _ENDED_INVALID:
                 return Result()  # already aborted, or its data is skipped anyway
-            return Result(error=self._ended_error(write_pointer, "abort"))
+            return Result(error=self.ended_error(write_pointer, "abort"))
         _check_owner(write_pointer, entry, producer)
         return self._applied(Abort(write_pointer))
 
@@ -225,7 +225,7 @@ class TxStateMachine:
         if write_pointer not in self.in_progress:
             if write_pointer in self.invalid or self.outcome(write_pointer) in _ENDED_INVALID:
                 return Result()
-            return Result(error=self._ended_error(write_pointer, "invalidate"))
+            return Result(error=self.ended_error(write_pointer, "invalidate"))
         return self._applied(Invalidate(write_pointer, Outcome.INVALIDATED))
 
     def expire(self, now_ms: int) -> Result:
@@ -356,7 +356,8 @@ class TxStateMachine:
                 if self._last_commit_of.get(key) == commit_pointer:
                     del self._last_commit_of[key]
 
-    def _ended_error(self, write_pointer: int, verb: str) -> TidingsError:
+    def ended_error(self, write_pointer: int, verb: str) -> TidingsError:
+        """The error for ``verb`` on a transaction no longer in progress (why it ended)."""
         outcome = self.outcome(write_pointer)
         prefix = f"cannot {verb} transaction {write_pointer}"
         if outcome is Outcome.COMMITTED:
