@@ -68,7 +68,7 @@ def test_invalid_pointers_are_pruned_once_no_entry_names_them(
         client.create_topic(topic)
         # Timed out with an entry still published: it must stay invalid. (A timeout
         # long enough for the publish to get in first on a loaded machine.)
-        kept = client.begin(timeout=1.5)
+        kept = client.begin(timeout=2.5)
         info = client.publish(topic, [b"zombie"], write_pointer=kept.write_pointer)
         assert info is not None
         # Timed out having written nothing: nothing names it.
