@@ -580,7 +580,7 @@ def _inspect_store(view: ReadView, path: Path) -> None:
     from rich.table import Table
 
     from tidings.codec import keys, values
-    from tidings.store.backend import TABLES
+    from tidings.store.backend import AFTER_ALL_KEYS, TABLES
 
     console = _console()
     counts = Table(title=f"tables in {path}")
@@ -588,7 +588,7 @@ def _inspect_store(view: ReadView, path: Path) -> None:
     counts.add_column("rows", justify="right")
     with _progress(len(TABLES), "counting rows") as progress:
         for table in TABLES:
-            counts.add_row(table, f"{_count(view, table, b'', _AFTER_ALL_KEYS):,}")
+            counts.add_row(table, f"{_count(view, table, b'', AFTER_ALL_KEYS):,}")
             progress.advance(progress.task_ids[0])
     console.print(counts)
 
@@ -615,7 +615,6 @@ def _inspect_store(view: ReadView, path: Path) -> None:
 
 
 #: Sorts after every key (LMDB keys are at most 511 bytes).
-_AFTER_ALL_KEYS = b"\xff" * 512
 
 
 def _count(view: ReadView, table: str, start: bytes, stop: bytes) -> int:

@@ -28,7 +28,7 @@ from tidings.messaging.fetching import fetch_messages
 from tidings.messaging.names import check_name, parse_ttl
 from tidings.messaging.retention import Cleaner, CleanupReport
 from tidings.messaging.topics import Topics
-from tidings.store.backend import Store, WriteView
+from tidings.store.backend import AFTER_ALL_KEYS, Store, WriteView
 from tidings.structs import (
     Message,
     MessageId,
@@ -43,8 +43,6 @@ from tidings.structs import (
 __all__ = ["MessagingConfig", "MessagingService"]
 
 _I64 = struct.Struct(">q")
-#: Above every key (LMDB keys are at most 511 bytes).
-_KEY_END = b"\xff" * 512
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -365,9 +363,7 @@ class MessagingService:
         transaction: Transaction | None,
     ) -> list[bytes]:
         items = self._fetch(namespace, topic, start, inclusive, limit, transaction, None, True)
-        # Entries the reader expanded before the fast loop (a start inside an entry)
-        # may still be messages.
-        return [m if type(m) is bytes else cast(Message, m).id.to_bytes() for m in items]
+        return cast("list[bytes]", items)  # with ids=True every item is a 20-byte id
 
     def fetch_encoded(
         self,
@@ -533,7 +529,7 @@ class MessagingService:
         start = b""
         while wanted - found:
             with self._store.read() as view:
-                batch = list(view.scan("messages", start, _KEY_END, chunk))
+                batch = list(view.scan("messages", start, AFTER_ALL_KEYS, chunk))
             for _, value in batch:
                 if value[0] & values.FLAG_T:
                     (wp,) = _I64.unpack_from(value, 1)

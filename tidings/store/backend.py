@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager
 from typing import Protocol, Self, TypeVar
 
 __all__ = [
+    "AFTER_ALL_KEYS",
     "TABLES",
     "ReadView",
     "Store",
@@ -32,6 +33,9 @@ T = TypeVar("T")
 
 #: The tables every store holds. ``tx`` is free for components that keep state there.
 TABLES: tuple[str, ...] = ("metadata", "messages", "payloads", "tx")
+
+#: A scan bound above every key a store can hold (keys are at most 511 bytes).
+AFTER_ALL_KEYS = b"\xff" * 512
 
 
 class ReadView(Protocol):
