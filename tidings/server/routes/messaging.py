@@ -170,8 +170,10 @@ def routes(api: Api) -> list[Route]:
         elif read_committed:
             manager_ = manager()  # its snapshot is taken right before each fetch
 
+        page = messaging.fetch_ids_encoded if ids_only else messaging.fetch_encoded
+
         def fetch() -> tuple[bytes, int, MessageId | None]:
-            return (messaging.fetch_ids_encoded if ids_only else messaging.fetch_encoded)(
+            return page(
                 ns,
                 topic,
                 media,
