@@ -100,6 +100,8 @@ def test_invalid_pointers_are_pruned_once_no_entry_names_them(
         assert kept.write_pointer not in invalid()
         assert client.poll(topic, transaction=client.snapshot()) == []
         assert everything(client, topic) == [b"zombie"]  # the entry is still there
+        metrics = httpx.get(f"{server.url}/metrics").text
+        assert "tidings_transactions_pruned_total 2.0" in metrics
         # The pruned pointer cannot be written again.
         with pytest.raises(TransactionTimedOut):
             client.publish(topic, [b"again"], write_pointer=kept.write_pointer)

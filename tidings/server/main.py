@@ -129,10 +129,12 @@ async def _serve(
     longpolls = LongPolls()
     longpolls.bind(inbox)
     messaging, tx, store = services.messaging, services.tx, services.store
+    pruner = services.pruner
     sources = Sources(
         topic_counters=messaging.counters if messaging is not None else None,
         tx_state=tx.state if tx is not None else None,
         store_commits=(lambda: store.commits) if store is not None else None,
+        tx_pruned=(lambda: pruner.pruned_total) if pruner is not None else None,
     )
     api = Api(config, services, Metrics(sources=sources), longpolls, inbox)
     if messaging is not None:

@@ -77,6 +77,7 @@ class Sources:
     topic_counters: Callable[[], Mapping[tuple[str, str], TopicCounters]] | None = None
     tx_state: Callable[[], TransactionState] | None = None
     store_commits: Callable[[], int] | None = None
+    tx_pruned: Callable[[], int] | None = None
 
 
 def _cumulative(bounds: Sequence[float], counts: Sequence[float]) -> list[tuple[str, float]]:
@@ -198,6 +199,14 @@ class _Collector:
         ):
             family = CounterMetricFamily(f"tidings_transactions_{name}", doc)
             family.add_metric([], value)
+            yield family
+        pruned = self._m.sources.tx_pruned
+        if pruned is not None:
+            family = CounterMetricFamily(
+                "tidings_transactions_pruned",
+                "Invalid write pointers pruned automatically (no entry named them).",
+            )
+            family.add_metric([], pruned())
             yield family
         yield GaugeMetricFamily(
             "tidings_transactions_in_progress",
