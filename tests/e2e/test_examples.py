@@ -1,0 +1,48 @@
+"""The examples in examples/ run against a real server and print what they promise.
+(examples/spark_pipeline.py is run by tests/spark/test_crash.py.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.serverproc import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_example(name: str, server: ServerProcess) -> str:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name), "--url", server.url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_quickstart(server: ServerProcess) -> None:
+    out = run_example("quickstart.py", server)
+    assert "hello" in out and "world" in out and "order 42 shipped" in out
+    assert "key=b'42'" in out
+    assert "background publisher: 100 sent" in out
+    assert "103 messages" in out
+
+
+def test_transactions(server: ServerProcess) -> None:
+    out = run_example("transactions.py", server)
+    assert "committed: {'alice': 100}" in out
+    assert "rolled back: balances may not go negative {'alice': 100}" in out
+    assert "conflict, rolled back:" in out
+    committed = next(line for line in out.splitlines() if "read-committed" in line)
+    # Never the rolled-back or the conflicting writer's messages.
+    assert "alice: -5" not in committed and "loses" not in committed
+    assert "alice: 100" in committed and "carol: 5" in committed
