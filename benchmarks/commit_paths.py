@@ -6,6 +6,8 @@ cheaper than LMDB's own two flushes? Cases, each a loop of one-row commits:
 
 - ``log``: one pwrite of 200 B + fdatasync on a preallocated file (the one-flush floor)
 - ``lmdb``: an LMDB commit as the store makes it (data pages flushed, then the meta page)
+- ``lmdb-writemap``: the same with ``MDB_WRITEMAP`` (pages written through the map and
+  flushed with msync instead of write + fdatasync)
 - ``lmdb-nometasync``: LMDB skipping the meta-page flush (not durable on its own)
 - ``lmdb-nometasync+log``: that, plus a 200 B log write + fdatasync on another thread,
   started with the commit and waited for after it (the write-ahead-log design)
@@ -27,7 +29,7 @@ from collections.abc import Callable
 
 import lmdb
 
-CASES = ["log", "lmdb", "lmdb-nometasync", "lmdb-nometasync+log"]
+CASES = ["log", "lmdb", "lmdb-writemap", "lmdb-nometasync", "lmdb-nometasync+log"]
 
 
 class _Log:
@@ -85,7 +87,8 @@ def run_case(case: str, commits: int, where: str | None) -> list[float]:
                 os.path.join(tmp, "db"),
                 map_size=1 << 30,
                 max_dbs=2,
-                metasync=case == "lmdb",
+                metasync=case in ("lmdb", "lmdb-writemap"),
+                writemap=case == "lmdb-writemap",
             )
         parallel = case.endswith("+log")
         if parallel:

@@ -29,6 +29,7 @@ from tidings.server.inbox import LoopInbox
 from tidings.server.logs import configure_logging
 from tidings.server.longpoll import LongPolls
 from tidings.server.metrics import Metrics, Sources
+from tidings.server.protocol import HttpProtocol
 from tidings.server.services import Services
 
 __all__ = ["run"]
@@ -148,7 +149,7 @@ async def _serve(
         create_app(api),
         host=config.host,
         port=config.port,
-        http="httptools",
+        http=HttpProtocol,
         lifespan="off",
         log_config=None,
         access_log=config.access_log,
