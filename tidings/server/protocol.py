@@ -7,8 +7,8 @@ every response with a body cost two ``write`` system calls and went out as two T
 segments, and the client often woke up twice for it. :class:`HttpProtocol` gives
 uvicorn a transport that holds a response head until the next write (the body, in the
 same loop turn) and hands both to uvloop together: one ``writev``, one segment. A head
-that nothing follows in its loop turn (a streamed or empty response) is written at the
-end of that turn.
+that nothing follows in its loop turn (the answer to a HEAD request, ``100 Continue``,
+a streamed response waiting for its first chunk) is written at the end of that turn.
 """
 
 from __future__ import annotations
