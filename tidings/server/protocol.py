@@ -67,4 +67,5 @@ class HttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         # (uvloop's transports are not asyncio.Transport subclasses, only alike.)
-        super().connection_made(_JoinedWrites(transport, self.loop))  # type: ignore[arg-type]
+        joined = _JoinedWrites(transport, asyncio.get_running_loop())
+        super().connection_made(joined)  # type: ignore[arg-type]
