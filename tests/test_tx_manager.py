@@ -199,7 +199,14 @@ def test_snapshots_truncate_the_log(tmp_path: Path, clock: FakeClock) -> None:
         wait_for(lambda: len(list(tmp_path.glob("wal-*"))) == 1)
         before = m.state()
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert len(names) == 3, names  # LOCK, one snapshot, one log
+    # One snapshot, and no log older than it. A snapshot may still have been under way
+    # at the close (its log rotated, its file not yet written): then two logs remain,
+    # both at or after the snapshot, and the reopen below replays them.
+    snapshots = [n for n in names if n.startswith("snapshot-")]
+    logs = [n for n in names if n.startswith("wal-")]
+    assert len(snapshots) == 1 and 1 <= len(logs) <= 2, names
+    newest_snapshot = int(snapshots[0].split("-")[1].split(".")[0])
+    assert all(int(n.split("-")[1].split(".")[0]) >= newest_snapshot for n in logs), names
     with TransactionManager(tmp_path, config, clock) as m:
         assert m.state() == before
         assert open_.write_pointer in m.state().in_progress
