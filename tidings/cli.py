@@ -328,7 +328,7 @@ def publish(
     payloads: Iterable[bytes] = (
         [m.encode() for m in messages]
         if messages
-        else _stdin_lines(click.get_binary_stream("stdin"))
+        else _stdin_lines(sys.stdin.buffer)
     )
     records = (Record(p, raw_key, header_map) for p in payloads)
     client = _client(ctx)
@@ -411,7 +411,7 @@ def consume(
         follow=follow,
         batch_size=min(limit or 1000, 1000),
     )
-    out = click.get_binary_stream("stdout")
+    out = sys.stdout.buffer
     count = 0
     with _progress(limit, f"consuming {topic}") as progress:
         task = progress.task_ids[0]
