@@ -18,6 +18,7 @@ import pytest
 from tidings.clock import FakeClock
 from tidings.errors import (
     BadRequest,
+    LogFailed,
     ProducerFenced,
     ServiceUnavailable,
     TimeoutTooLarge,
@@ -27,7 +28,7 @@ from tidings.errors import (
 from tidings.structs import Transaction
 from tidings.tx import TransactionManager, TxConfig
 from tidings.tx import log as txlog
-from tidings.tx.log import LogFailed, WriteAheadLog, read_log
+from tidings.tx.log import WriteAheadLog, read_log
 from tidings.tx.state import RESERVATION
 
 QUIET = TxConfig(sweep_interval=3600)

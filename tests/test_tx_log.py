@@ -10,12 +10,11 @@ from pathlib import Path
 import pytest
 
 from tidings.clock import FakeClock
-from tidings.errors import ServerError, TransactionCommitted, TransactionNotFound
+from tidings.errors import CorruptSnapshot, ServerError, TransactionCommitted, TransactionNotFound
 from tidings.structs import TransactionState
 from tidings.tx import TransactionManager, TxConfig
 from tidings.tx import log as txlog
 from tidings.tx.log import HEADER, WriteAheadLog, read_log
-from tidings.tx.snapshot import CorruptSnapshot
 from tidings.tx.state import RESERVATION
 
 QUIET = TxConfig(sweep_interval=3600)

@@ -29,6 +29,8 @@
     ├── PayloadTooLarge               413
     ├── UnsupportedMediaType          415
     ├── ServerError                   500  a bug or a storage failure (retriable)
+    │   ├── LogFailed                 500  the transaction log could not be written
+    │   └── CorruptSnapshot           500  a transaction snapshot file is damaged
     ├── ServiceUnavailable            503  e.g. the transaction role is not running here
     └── ClientError                        raised only by the client, never sent on the wire
         ├── TidingsConnectionError         cannot reach the server (retriable)
@@ -48,6 +50,7 @@ __all__ = [
     "BadRequest",
     "ClientError",
     "Conflict",
+    "CorruptSnapshot",
     "EmptyPublish",
     "Forbidden",
     "InvalidMessageId",
@@ -55,6 +58,7 @@ __all__ = [
     "InvalidProducer",
     "InvalidProperties",
     "InvalidTransaction",
+    "LogFailed",
     "NotFound",
     "PayloadTooLarge",
     "PayloadsAlreadyPublished",
@@ -223,6 +227,14 @@ class ServerError(TidingsError):
 
     status = 500
     retriable = True
+
+
+class LogFailed(ServerError):
+    """The transaction log could not be written; the service must be restarted."""
+
+
+class CorruptSnapshot(ServerError):
+    """A snapshot file is damaged (it was written whole, so this is not a crash artifact)."""
 
 
 class ServiceUnavailable(TidingsError):

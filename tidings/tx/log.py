@@ -42,9 +42,9 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
-from tidings.errors import ServerError
+from tidings.errors import LogFailed, ServerError
 
-__all__ = ["HEADER", "LogFailed", "WriteAheadLog", "frame", "fsync_dir", "read_log"]
+__all__ = ["HEADER", "WriteAheadLog", "frame", "fsync_dir", "read_log"]
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,6 @@ MAX_FRAME = 1 << 30
 CHUNK = 4 << 20
 _UNBOUNDED = 1 << 62
 
-
-class LogFailed(ServerError):
-    """The transaction log could not be written; the service must be restarted."""
 
 
 def frame(payload: bytes) -> bytes:

@@ -25,13 +25,13 @@ import struct
 import zlib
 from pathlib import Path
 
-from tidings.errors import ServerError
+from tidings.errors import CorruptSnapshot
 from tidings.structs import ProducerInfo
 from tidings.tx.log import fsync_dir
 from tidings.tx.records import Outcome
 from tidings.tx.state import InProgress, StateImage
 
-__all__ = ["CorruptSnapshot", "decode_state", "encode_state", "write_snapshot"]
+__all__ = ["decode_state", "encode_state", "write_snapshot"]
 
 MAGIC = b"TDTXSNP\x02"
 #: Version 1 (before reservations) is still read: it reserved nothing.
@@ -43,9 +43,6 @@ _IN_PROGRESS = struct.Struct(">qqQQ")
 _CHANGE_SET = struct.Struct(">qI")
 _PRODUCER = struct.Struct(">QQH")
 
-
-class CorruptSnapshot(ServerError):
-    """A snapshot file is damaged (it was written whole, so this is not a crash artifact)."""
 
 
 def encode_state(image: StateImage) -> bytes:
