@@ -9,6 +9,7 @@ from tidings.client.api import RestApi, error_from_response
 from tidings.client.base import encoded_transaction
 from tidings.client.transports import Response
 from tidings.codec import wire
+from tidings.codec.transaction import decode_transaction
 from tidings.codec.wire import AVRO, AVRO_EXT, JSON
 from tidings.errors import (
     BadRequest,
@@ -28,7 +29,6 @@ from tidings.structs import (
     Transaction,
     TransactionState,
 )
-from tidings.tx import decode_transaction
 
 URL = "http://h:1"
 

@@ -15,6 +15,7 @@ from tidings.client.base import (
     resolve_start,
     to_records,
 )
+from tidings.codec.transaction import decode_transaction
 from tidings.errors import (
     InvalidMessageId,
     RequestTimeout,
@@ -22,7 +23,6 @@ from tidings.errors import (
     TopicNotFound,
 )
 from tidings.structs import MessageId, Record, TransactionState
-from tidings.tx import decode_transaction
 
 
 def test_messages_accept_bytes_text_and_records() -> None:

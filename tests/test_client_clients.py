@@ -11,9 +11,9 @@ import pytest
 from tidings.client import AsyncClient, Client, RetryPolicy
 from tidings.client.transports import AiohttpTransport, Request, Response, Urllib3Transport
 from tidings.codec import wire
+from tidings.codec.transaction import decode_transaction
 from tidings.errors import RequestTimeout, ServiceUnavailable, TidingsConnectionError, TopicNotFound
 from tidings.structs import RollbackInfo, Transaction
-from tidings.tx import decode_transaction
 
 RETRY = RetryPolicy(attempts=3, initial_backoff=0, jitter=0)
 Handler = Callable[[Request], Response]

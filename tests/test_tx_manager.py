@@ -269,8 +269,6 @@ def test_public_names() -> None:
         [
             "TransactionManager",
             "TxConfig",
-            "encode_transaction",
-            "decode_transaction",
             "is_visible",
             "classify",
             "Visibility",

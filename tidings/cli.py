@@ -326,9 +326,7 @@ def publish(
     header_map = {k: v.encode() for k, v in _pairs(headers, "--header").items()}
     raw_key = None if key is None else key.encode()
     payloads: Iterable[bytes] = (
-        [m.encode() for m in messages]
-        if messages
-        else _stdin_lines(sys.stdin.buffer)
+        [m.encode() for m in messages] if messages else _stdin_lines(sys.stdin.buffer)
     )
     records = (Record(p, raw_key, header_map) for p in payloads)
     client = _client(ctx)

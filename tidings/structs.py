@@ -1,6 +1,6 @@
 """Small immutable value types shared by every layer (server, client, core, Spark).
 
-They hold data only; encodings live in ``tidings.codec`` and ``tidings.tx.codec``.
+They hold data only; encodings live in ``tidings.codec`` and ``tidings.codec.transaction``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.e2e.serverproc import ServerProcess
-from tidings.tx import decode_transaction
+from tidings.codec.transaction import decode_transaction
 
 pytestmark = pytest.mark.e2e
 

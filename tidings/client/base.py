@@ -17,10 +17,10 @@ from datetime import datetime
 from typing import Any, Literal, TypeAlias
 
 from tidings.client.api import Call, RestApi, check_name
+from tidings.codec.transaction import encode_transaction
 from tidings.codec.wire import AVRO_EXT, Media
 from tidings.errors import InvalidMessageId, TidingsError
 from tidings.structs import MessageId, Record, Transaction, TransactionState
-from tidings.tx import encode_transaction
 
 __all__ = [
     "DEFAULT_MEDIA",

@@ -1,2 +1,3 @@
 """Encodings: row keys and message ids (:mod:`.keys`), stored values (:mod:`.values`),
-and the REST request/response bodies (:mod:`.wire`). All pure functions."""
+the REST request/response bodies (:mod:`.wire`) and a transaction snapshot's wire form
+(:mod:`.transaction`). All pure functions."""

@@ -4,7 +4,6 @@ Transport-free: the HTTP server exposes it, the messaging core uses its visibili
 See docs/transactions.md for the model and the durability design.
 """
 
-from tidings.tx.codec import decode_transaction, encode_transaction
 from tidings.tx.config import TxConfig
 from tidings.tx.manager import TransactionManager
 from tidings.tx.visibility import Visibility, classify, is_visible
@@ -13,9 +12,6 @@ __all__ = [
     # the service
     "TransactionManager",
     "TxConfig",
-    # the snapshot's wire form (the poll request's ``transaction`` field)
-    "decode_transaction",
-    "encode_transaction",
     # the visibility rule shared with the messaging core
     "Visibility",
     "classify",

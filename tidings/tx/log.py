@@ -57,7 +57,6 @@ CHUNK = 4 << 20
 _UNBOUNDED = 1 << 62
 
 
-
 def frame(payload: bytes) -> bytes:
     """``payload`` with its length and CRC32 in front."""
     return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload

@@ -44,7 +44,6 @@ _CHANGE_SET = struct.Struct(">qI")
 _PRODUCER = struct.Struct(">QQH")
 
 
-
 def encode_state(image: StateImage) -> bytes:
     out = bytearray(MAGIC)
     out += _HEAD.pack(image.last_write_pointer, image.read_pointer, image.next_producer_id)

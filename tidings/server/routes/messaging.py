@@ -24,12 +24,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tidings.codec import wire
+from tidings.codec.transaction import decode_transaction
 from tidings.errors import BadRequest, ServiceUnavailable
 from tidings.messaging.names import check_name
 from tidings.server.bodies import json_object, read_body, request_media, require_json
 from tidings.server.handlers import Api, json_response
 from tidings.structs import MessageId, TopicMetadata, TopicStats, Transaction
-from tidings.tx import TransactionManager, decode_transaction
+from tidings.tx import TransactionManager
 
 __all__ = ["PREFIX", "routes"]
 

@@ -25,6 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tidings.codec import wire
+from tidings.codec.transaction import encode_transaction
 from tidings.codec.wire import INT64_MAX, b64encode
 from tidings.errors import (
     BadRequest,
@@ -47,7 +48,7 @@ from tidings.server.bodies import (
 from tidings.server.handlers import Api, json_response
 from tidings.server.inbox import LoopInbox
 from tidings.structs import Record, Transaction
-from tidings.tx import TransactionManager, encode_transaction
+from tidings.tx import TransactionManager
 
 __all__ = ["PREFIX", "PUBLISH", "routes"]
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tidings.codec.transaction import decode_transaction, encode_transaction
 from tidings.errors import InvalidTransaction
 from tidings.structs import Transaction
-from tidings.tx import decode_transaction, encode_transaction
 
 MAX = 2**63 - 1
 BASE = 1_700_000_000_000 * 1_000_000
