@@ -8,7 +8,8 @@ import pytest
 
 from tidings.errors import InvalidName, InvalidProperties, TopicAlreadyExists, TopicNotFound
 from tidings.messaging import MessagingConfig, MessagingService
-from tidings.messaging.names import MAX_TTL, check_name, normalize_properties, parse_ttl
+from tidings.messaging.names import MAX_TTL, normalize_properties, parse_ttl
+from tidings.names import check_name
 from tidings.store import Store
 
 
@@ -114,7 +115,7 @@ def test_bad_names_are_rejected(service: MessagingService, name: object) -> None
 
 def test_good_names() -> None:
     for name in ["a", "A-z_0", "x" * 128]:
-        assert check_name("topic", name) == name
+        assert check_name(name, "topic") == name
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ import click
 import orjson
 
 from tidings.errors import TidingsError
+from tidings.names import DEFAULT_URL
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
-DEFAULT_URL = "http://127.0.0.1:8470"
 
 _T = TypeVar("_T")
 

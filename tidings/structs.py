@@ -27,7 +27,9 @@ __all__ = [
     "TransactionState",
 ]
 
-_ID = struct.Struct(">QHQH")
+#: The one layout of a message id: publish_ts (8) | seq (2) | write_ts (8) | p_seq (2).
+MESSAGE_ID_LAYOUT = ">QHQH"
+_ID = struct.Struct(MESSAGE_ID_LAYOUT)
 MESSAGE_ID_SIZE = _ID.size  # 20
 
 

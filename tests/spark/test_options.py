@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tidings.names import DEFAULT_URL
 from tidings.spark.options import (
     DEFAULT_NAMESPACE,
-    DEFAULT_URL,
     Bound,
     Start,
     parse_read_options,

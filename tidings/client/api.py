@@ -9,7 +9,6 @@ as its Tidings class. Both clients send the same calls, so they cannot drift.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -22,12 +21,12 @@ from tidings.codec import wire
 from tidings.codec.wire import JSON, ConsumeRequest, Media
 from tidings.errors import (
     EmptyPublish,
-    InvalidName,
     ServerError,
     ServiceUnavailable,
     TidingsError,
     error_for,
 )
+from tidings.names import check_name
 from tidings.structs import (
     Message,
     MessageId,
@@ -48,7 +47,6 @@ __all__ = [
     "Call",
     "PollPage",
     "RestApi",
-    "check_name",
     "error_from_response",
 ]
 
@@ -58,19 +56,6 @@ READ_UNCOMMITTED = "read_uncommitted"
 ISOLATION_LEVELS = (READ_COMMITTED, READ_UNCOMMITTED)
 
 T = TypeVar("T")
-
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
-
-
-def check_name(name: str, what: str = "topic") -> str:
-    """``name`` if it is a valid namespace/topic name, else :class:`InvalidName`.
-
-    Checked before sending: an invalid name would otherwise change the URL's path and
-    come back as an unknown path instead of the same error the server gives.
-    """
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise InvalidName(f"{what} name must be 1-128 characters of [A-Za-z0-9_-]: {name!r}")
-    return name
 
 
 @dataclass(frozen=True, slots=True)

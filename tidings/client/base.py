@@ -16,17 +16,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, TypeAlias
 
-from tidings.client.api import Call, RestApi, check_name
+from tidings.client.api import Call, RestApi
 from tidings.codec.transaction import encode_transaction
 from tidings.codec.wire import AVRO_EXT, Media
 from tidings.errors import InvalidMessageId, TidingsError
+from tidings.names import DEFAULT_URL, INT64_MAX
 from tidings.structs import MessageId, Record, Transaction, TransactionState
 
 __all__ = [
     "DEFAULT_MEDIA",
     "DEFAULT_NAMESPACE",
     "DEFAULT_TIMEOUT",
-    "DEFAULT_URL",
     "NO_RETRY",
     "READ_ONLY_WRITE_POINTER",
     "BaseClient",
@@ -35,7 +35,6 @@ __all__ = [
     "RetryPolicy",
     "StartPosition",
     "as_record",
-    "check_name",
     "concrete_start",
     "encoded_transaction",
     "read_only_snapshot",
@@ -44,7 +43,6 @@ __all__ = [
     "to_records",
 ]
 
-DEFAULT_URL = "http://127.0.0.1:8470"
 DEFAULT_NAMESPACE = "default"
 #: Seconds to wait for an answer; a long poll waits its ``wait`` on top of this.
 DEFAULT_TIMEOUT = 30.0
@@ -178,7 +176,7 @@ ONE_REQUEST_RETRY_AFTER = 60.0
 #: The write pointer of a read-only snapshot. Pointers are ``ms x 1,000,000``, so the
 #: service would hand this one out in the year 2262: no entry can ever carry it, and the
 #: "own writes are visible" rule of the snapshot never applies.
-READ_ONLY_WRITE_POINTER = 2**63 - 1
+READ_ONLY_WRITE_POINTER = INT64_MAX
 
 
 def read_only_snapshot(state: TransactionState) -> Transaction:

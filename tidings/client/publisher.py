@@ -41,10 +41,10 @@ from tidings.client.base import (
     Outgoing,
     RetryPolicy,
     as_record,
-    check_name,
     to_record,
 )
 from tidings.errors import RequestTimeout
+from tidings.names import check_name
 from tidings.structs import Record
 
 if TYPE_CHECKING:

@@ -13,7 +13,6 @@ from tidings.client.base import (
     DEFAULT_MEDIA,
     DEFAULT_NAMESPACE,
     DEFAULT_TIMEOUT,
-    DEFAULT_URL,
     BaseClient,
     MessageLike,
     RetryPolicy,
@@ -38,6 +37,7 @@ from tidings.client.transports import SyncTransport, Urllib3Transport
 from tidings.client.txpublisher import DEFAULT_PAYLOAD_THRESHOLD
 from tidings.codec.wire import Media
 from tidings.errors import BadRequest
+from tidings.names import DEFAULT_URL
 from tidings.structs import (
     Message,
     MessageId,

@@ -23,9 +23,10 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from tidings.client.base import MessageLike, Outgoing, check_name, to_records
+from tidings.client.base import MessageLike, Outgoing, to_records
 from tidings.client.publisher import record_size
 from tidings.errors import ClientError, ServerError, TransactionFailure
+from tidings.names import check_name
 from tidings.structs import RollbackInfo, Transaction
 
 if TYPE_CHECKING:

@@ -24,12 +24,12 @@ same snapshots, so ``decode(encode(t)) == t`` for every ``t`` it accepts.
 from __future__ import annotations
 
 from tidings.errors import InvalidTransaction
+from tidings.names import INT64_MAX
 from tidings.structs import Transaction
 
 __all__ = ["VERSION", "decode_transaction", "encode_transaction"]
 
 VERSION = 1
-_MAX = 2**63 - 1
 _MAX_VARINT = 9  # 63 bits need at most 9 groups of 7
 
 
@@ -85,7 +85,7 @@ def _validate(tx: Transaction) -> None:
     for name, value in (("read pointer", rp), ("write pointer", wp)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidTransaction(f"{name} is not an integer: {value!r}")
-    if not 0 <= rp < wp <= _MAX:
+    if not 0 <= rp < wp <= INT64_MAX:
         raise InvalidTransaction(
             f"need 0 <= read pointer < write pointer < 2**63, got {rp} and {wp}"
         )
@@ -127,7 +127,7 @@ class _Reader:
                 if byte == 0 and i > 0:
                     raise InvalidTransaction(f"non-canonical varint in the {what}")
                 self.pos = pos + i + 1
-                if value > _MAX:
+                if value > INT64_MAX:
                     raise InvalidTransaction(f"the {what} does not fit in 63 bits")
                 return value
         raise InvalidTransaction(f"varint too long in the {what}")

@@ -30,7 +30,9 @@ import fastavro
 import orjson
 
 from tidings.errors import BadRequest, InvalidMessageId, UnsupportedMediaType
+from tidings.names import INT64_MAX, INT64_MIN
 from tidings.structs import (
+    MESSAGE_ID_LAYOUT,
     MESSAGE_ID_SIZE,
     NO_HEADERS,
     Message,
@@ -40,8 +42,9 @@ from tidings.structs import (
     RollbackInfo,
 )
 
-_ID_STRUCT = struct.Struct(">QHQH")
-_ID_ITEM = struct.Struct(">BQHQH")  # an id in an Avro array<bytes>: length 20, then it
+_ID_STRUCT = struct.Struct(MESSAGE_ID_LAYOUT)
+# An id in an Avro array<bytes>: its length (20, one zigzag byte), then the id.
+_ID_ITEM = struct.Struct(">B" + MESSAGE_ID_LAYOUT[1:])
 
 __all__ = [
     "AVRO",
@@ -72,7 +75,6 @@ __all__ = [
     "media_for",
 ]
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 

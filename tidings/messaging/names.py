@@ -1,4 +1,4 @@
-"""Validation of what callers name and configure: namespaces, topics, topic properties.
+"""Validation of topic properties (names are :func:`tidings.names.check_name`).
 
 Pure functions; each raises the :mod:`tidings.errors` class the REST API maps to 400
 (DESIGN.md invariant 5: bad input gets a clear error and changes nothing).
@@ -6,24 +6,16 @@ Pure functions; each raises the :mod:`tidings.errors` class the REST API maps to
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
-from tidings.errors import InvalidName, InvalidProperties
+from tidings.errors import InvalidProperties
+from tidings.names import INT64_MAX
 
-__all__ = ["MAX_TTL", "TTL_PROPERTY", "check_name", "normalize_properties", "parse_ttl"]
+__all__ = ["MAX_TTL", "TTL_PROPERTY", "normalize_properties", "parse_ttl"]
 
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
 TTL_PROPERTY = "ttl"
 #: The largest ttl (seconds) whose milliseconds still fit in a signed 64-bit integer.
-MAX_TTL = (2**63 - 1) // 1000
-
-
-def check_name(kind: str, name: object) -> str:
-    """Return ``name`` if it is 1-128 characters of ``[A-Za-z0-9_-]``; else InvalidName."""
-    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
-        raise InvalidName(f"{kind} name must be 1-128 characters of [A-Za-z0-9_-], got {name!r}")
-    return name
+MAX_TTL = INT64_MAX // 1000
 
 
 def parse_ttl(value: object) -> int:

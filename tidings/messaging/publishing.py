@@ -19,12 +19,12 @@ from tidings.codec import keys, values
 from tidings.errors import BadRequest, PayloadsAlreadyPublished
 from tidings.messaging.sequencing import assign
 from tidings.messaging.topics import Topics
+from tidings.names import INT64_MAX
 from tidings.store.backend import WriteView
 from tidings.structs import PayloadRange, Record, RollbackInfo
 
 __all__ = [
     "MAX_PAYLOAD_RANGES",
-    "MAX_WRITE_POINTER",
     "EncodedBatch",
     "check_payload_ranges",
     "check_rollback_info",
@@ -38,7 +38,6 @@ __all__ = [
 _META = "metadata"
 _MESSAGES = "messages"
 _PAYLOADS = "payloads"
-MAX_WRITE_POINTER = 2**63 - 1
 #: Most ranges one pointer publish may name: each becomes a Message Table entry written
 #: in the store's single write transaction, so this bounds that transaction's size.
 MAX_PAYLOAD_RANGES = 10_000
@@ -58,7 +57,7 @@ def check_write_pointer(write_pointer: object) -> int:
     if (
         isinstance(write_pointer, bool)
         or not isinstance(write_pointer, int)
-        or not 0 < write_pointer <= MAX_WRITE_POINTER
+        or not 0 < write_pointer <= INT64_MAX
     ):
         raise BadRequest(f"a write pointer is a positive 64-bit integer, got {write_pointer!r}")
     return write_pointer
@@ -83,7 +82,7 @@ def check_payload_ranges(ranges: object) -> list[PayloadRange]:
         if not isinstance(item, tuple) or len(item) != 4:
             raise BadRequest(f"payload range {i} must be a PayloadRange, got {item!r:.80}")
         for name, value, hi in zip(
-            PayloadRange._fields, item, (MAX_WRITE_POINTER, keys.MAX_SEQ) * 2, strict=True
+            PayloadRange._fields, item, (INT64_MAX, keys.MAX_SEQ) * 2, strict=True
         ):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= hi:
                 raise BadRequest(f"payload range {i}: {name} must be 0-{hi}, got {value!r:.40}")
@@ -128,7 +127,7 @@ def encode_batch(
                     raise BadRequest(f"message ttl must be an integer, got {message.ttl!r}")
                 if message.ttl <= 0:
                     raise BadRequest(f"message ttl must be positive, got {message.ttl}")
-                expires_at = min(now + message.ttl * 1000, MAX_WRITE_POINTER)
+                expires_at = min(now + message.ttl * 1000, INT64_MAX)
                 expiries.append((i, expires_at))
             encoded.append(
                 values.encode_value(
@@ -293,7 +292,7 @@ def check_rollback_info(info: RollbackInfo) -> None:
     check_write_pointer(info.write_pointer)
     for name in ("start_ts", "end_ts"):
         ts = getattr(info, name)
-        if isinstance(ts, bool) or not isinstance(ts, int) or not 0 <= ts <= MAX_WRITE_POINTER:
+        if isinstance(ts, bool) or not isinstance(ts, int) or not 0 <= ts <= INT64_MAX:
             raise BadRequest(f"rollback {name} must be a non-negative int64, got {ts!r}")
     for name in ("start_seq", "end_seq"):
         seq = getattr(info, name)

@@ -25,9 +25,10 @@ from tidings.errors import BadRequest, EmptyPublish, InvalidMessageId
 from tidings.messaging import publishing
 from tidings.messaging.counters import Counters, TopicCounters
 from tidings.messaging.fetching import fetch_messages
-from tidings.messaging.names import check_name, parse_ttl
+from tidings.messaging.names import parse_ttl
 from tidings.messaging.retention import Cleaner, CleanupReport
 from tidings.messaging.topics import Topics
+from tidings.names import check_name
 from tidings.store.backend import AFTER_ALL_KEYS, Store, WriteView
 from tidings.structs import (
     Message,
@@ -404,8 +405,8 @@ class MessagingService:
         avro: AvroItems | None,
         ids: bool = False,
     ) -> list[Message | bytes]:
-        check_name("namespace", namespace)
-        check_name("topic", topic)
+        check_name(namespace, "namespace")
+        check_name(topic, "topic")
         checked_limit = self._limit(limit)
         _check_start(start)
         if transaction is not None and not isinstance(transaction, Transaction):

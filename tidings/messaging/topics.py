@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from tidings.codec import keys, values
 from tidings.codec.values import TopicState
 from tidings.errors import ServerError, TopicAlreadyExists, TopicNotFound
-from tidings.messaging.names import check_name, normalize_properties
+from tidings.messaging.names import normalize_properties
+from tidings.names import check_name
 from tidings.store.backend import ReadView, Store, WriteView
 from tidings.structs import TopicMetadata
 
@@ -56,8 +57,8 @@ class Topics:
         self, namespace: str, topic: str, properties: Mapping[str, object] | None
     ) -> TopicMetadata:
         """Create a topic; TopicAlreadyExists if it is live."""
-        check_name("namespace", namespace)
-        check_name("topic", topic)
+        check_name(namespace, "namespace")
+        check_name(topic, "topic")
         ttl, props = normalize_properties(properties, self._default_ttl)
 
         def create(view: WriteView) -> TopicRef:
@@ -85,8 +86,8 @@ class Topics:
 
     def update(self, namespace: str, topic: str, properties: Mapping[str, object]) -> TopicMetadata:
         """Replace all properties of a live topic; TopicNotFound otherwise."""
-        check_name("namespace", namespace)
-        check_name("topic", topic)
+        check_name(namespace, "namespace")
+        check_name(topic, "topic")
         ttl, props = normalize_properties(properties, self._default_ttl)
 
         def update(view: WriteView) -> TopicRef:
@@ -106,8 +107,8 @@ class Topics:
 
     def get(self, namespace: str, topic: str) -> TopicMetadata:
         """A live topic's metadata; TopicNotFound otherwise."""
-        check_name("namespace", namespace)
-        check_name("topic", topic)
+        check_name(namespace, "namespace")
+        check_name(topic, "topic")
         with self._store.read() as view:
             raw = view.get(_META, keys.topic_record_key(namespace, topic))
             ref = self.resolve(view, namespace, topic)
@@ -117,7 +118,7 @@ class Topics:
 
     def names(self, namespace: str) -> list[str]:
         """Names of the live topics of a namespace, sorted."""
-        check_name("namespace", namespace)
+        check_name(namespace, "namespace")
         start, stop = keys.topic_records_range(namespace)
         names: list[str] = []
         with self._store.read() as view:
@@ -129,8 +130,8 @@ class Topics:
 
     def delete(self, namespace: str, topic: str) -> None:
         """Delete a live topic: its generation turns negative, its rows become invisible."""
-        check_name("namespace", namespace)
-        check_name("topic", topic)
+        check_name(namespace, "namespace")
+        check_name(topic, "topic")
 
         def delete(view: WriteView) -> TopicRef:
             ref = self.resolve(view, namespace, topic)
@@ -167,8 +168,8 @@ class Topics:
         Trusts a cached live entry (the write function checks again); anything else is
         read from the store, so a topic re-created elsewhere is found.
         """
-        check_name("namespace", namespace)
-        check_name("topic", topic)
+        check_name(namespace, "namespace")
+        check_name(topic, "topic")
         cached = self._cache.get((namespace, topic))
         if cached is not None and cached.state.generation > 0:
             return cached

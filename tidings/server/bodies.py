@@ -12,8 +12,9 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
-from tidings.codec.wire import INT64_MAX, INT64_MIN, Media, b64decode, media_for
+from tidings.codec.wire import Media, b64decode, media_for
 from tidings.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from tidings.names import INT64_MAX, INT64_MIN
 
 __all__ = [
     "base64_list",

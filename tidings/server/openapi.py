@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tidings.codec import wire
+from tidings.names import INT64_MAX
 
 __all__ = ["openapi_document"]
 
@@ -19,14 +20,14 @@ AVRO = wire.AVRO.value
 AVRO_EXT = wire.AVRO_EXT.value
 
 _INT64 = {"type": "integer", "format": "int64"}
-_POSITIVE_INT64 = {"type": "integer", "format": "int64", "minimum": 1, "maximum": wire.INT64_MAX}
+_POSITIVE_INT64 = {"type": "integer", "format": "int64", "minimum": 1, "maximum": INT64_MAX}
 _BYTES = {"type": "string", "format": "byte", "description": "standard base64"}
 #: A Payload Table position of a payload range: [writeTs, seq].
 _POSITION = {
     "type": "array",
     "minItems": 2,
     "maxItems": 2,
-    "items": {"type": "integer", "minimum": 0, "maximum": wire.INT64_MAX},
+    "items": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
 }
 _NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,128}$"}
 
@@ -104,7 +105,7 @@ def _schemas() -> dict[str, Any]:
         "properties": {
             "key": _nullable(_BYTES),
             "headers": {"type": "object", "additionalProperties": _BYTES},
-            "ttl": _nullable({"type": "integer", "minimum": 1, "maximum": wire.INT64_MAX}),
+            "ttl": _nullable({"type": "integer", "minimum": 1, "maximum": INT64_MAX}),
         },
     }
     return {
@@ -538,7 +539,7 @@ def _messaging_paths() -> dict[str, Any]:
 
 def _transaction_paths() -> dict[str, Any]:
     tags = ("transactions",)
-    wp = [_param("wp", {"type": "integer", "minimum": 1, "maximum": wire.INT64_MAX})]
+    wp = [_param("wp", {"type": "integer", "minimum": 1, "maximum": INT64_MAX})]
     ok = {"200": _json("done", _ref("Empty"))}
     unknown = {"404": _error("unknown transaction")}
     fenced = {"403": _error("fenced: a newer epoch of the transactional id exists")}

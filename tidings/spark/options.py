@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tidings.errors import InvalidMessageId
+from tidings.names import DEFAULT_URL, NAME_PATTERN
 from tidings.structs import MessageId
 
 __all__ = [
     "DEFAULT_FETCH_SIZE",
     "DEFAULT_NAMESPACE",
     "DEFAULT_TRANSACTION_TIMEOUT",
-    "DEFAULT_URL",
     "Bound",
     "Isolation",
     "ReadOptions",
@@ -32,7 +32,6 @@ __all__ = [
     "parse_write_options",
 ]
 
-DEFAULT_URL = "http://127.0.0.1:8470"
 DEFAULT_NAMESPACE = "default"
 #: Messages asked for per poll: the server's maximum is 10,000; 5,000 1 KiB messages
 #: keep a response around 5 MiB.
@@ -45,7 +44,6 @@ DEFAULT_STORE_BYTES = 4 * 1024 * 1024
 
 Isolation = Literal["read_committed", "read_uncommitted"]
 
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
 #: Control topics are ``__tidings_sink_<sinkId>``; a topic name is at most 128 characters.
 _SINK_ID = re.compile(r"[A-Za-z0-9_-]{1,113}")
 
@@ -135,7 +133,7 @@ def _get(options: Mapping[str, str], key: str) -> str | None:
 
 
 def _name(value: str, what: str) -> str:
-    if not _NAME.fullmatch(value):
+    if not NAME_PATTERN.fullmatch(value):
         raise ValueError(f"option {what}: not 1-128 characters of [A-Za-z0-9_-]: {value!r}")
     return value
 

@@ -47,12 +47,13 @@ from tidings.errors import (
     TimeoutTooLarge,
     TransactionTimedOut,
 )
+from tidings.names import INT64_MAX
 from tidings.structs import ProducerInfo, Transaction, TransactionState
 from tidings.tx.config import TxConfig
 from tidings.tx.durable import TxStorage
 from tidings.tx.log import WriteAheadLog
 from tidings.tx.records import Abort, Begin, Commit, Prune, Release, Reserve, encode_record
-from tidings.tx.state import MAX_POINTER, Result, TxStateMachine
+from tidings.tx.state import Result, TxStateMachine
 
 __all__ = ["TransactionManager"]
 
@@ -325,7 +326,7 @@ class TransactionManager:
             self._check_running()
             state = self._state
             tx = Transaction(
-                state.read_pointer, MAX_POINTER, state.invalid_ids(), tuple(state.in_progress)
+                state.read_pointer, INT64_MAX, state.invalid_ids(), tuple(state.in_progress)
             )
             wal = self._wal
             seq = self._visible_seq

@@ -38,6 +38,7 @@ from tidings.errors import (
     TransactionNotFound,
     TransactionTimedOut,
 )
+from tidings.names import INT64_MAX
 from tidings.structs import ProducerInfo, Transaction, TransactionState
 from tidings.tx.producers import ProducerTable
 from tidings.tx.records import (
@@ -53,10 +54,9 @@ from tidings.tx.records import (
     Reserve,
 )
 
-__all__ = ["MAX_POINTER", "RESERVATION", "InProgress", "Result", "StateImage", "TxStateMachine"]
+__all__ = ["RESERVATION", "InProgress", "Result", "StateImage", "TxStateMachine"]
 
 #: Write pointers are signed 64-bit everywhere they are stored.
-MAX_POINTER = 2**63 - 1
 #: Pointers are ``ms x 1,000,000``: a million begins per ms before the counter runs ahead.
 POINTERS_PER_MS = 1_000_000
 
@@ -331,7 +331,7 @@ class TxStateMachine:
             # unlogged rest of it, which must be a short list, not a stretch of the clock.
             return self.last_write_pointer + 1
         pointer = max(self.last_write_pointer + 1, now_ms * POINTERS_PER_MS)
-        if pointer > MAX_POINTER:
+        if pointer > INT64_MAX:
             raise ServerError("write pointers exhausted (is the clock far in the future?)")
         return pointer
 

@@ -26,7 +26,7 @@ from starlette.routing import Route
 from tidings.codec import wire
 from tidings.codec.transaction import decode_transaction
 from tidings.errors import BadRequest, ServiceUnavailable
-from tidings.messaging.names import check_name
+from tidings.names import check_name
 from tidings.server.bodies import json_object, read_body, request_media, require_json
 from tidings.server.handlers import Api, json_response
 from tidings.structs import MessageId, TopicMetadata, TopicStats, Transaction
@@ -45,7 +45,7 @@ PAYLOAD_RANGE_HEADER = "Tidings-Payload-Range"
 
 def _names(request: Request) -> tuple[str, str]:
     params = request.path_params
-    return check_name("namespace", params["ns"]), check_name("topic", params["topic"])
+    return check_name(params["ns"], "namespace"), check_name(params["topic"], "topic")
 
 
 def topic_json(meta: TopicMetadata) -> dict[str, Any]:
@@ -266,7 +266,7 @@ def routes(api: Api) -> list[Route]:
     @api.endpoint(PREFIX + "/topics")
     async def topics(request: Request) -> Response:
         messaging = api.messaging
-        ns = check_name("namespace", request.path_params["ns"])
+        ns = check_name(request.path_params["ns"], "namespace")
         return json_response(sorted(await api.blocking(messaging.list_topics, ns)))
 
     @api.endpoint(TOPIC + "/stats")

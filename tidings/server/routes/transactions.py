@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from tidings.codec import wire
 from tidings.codec.transaction import encode_transaction
-from tidings.codec.wire import INT64_MAX, b64encode
+from tidings.codec.wire import b64encode
 from tidings.errors import (
     BadRequest,
     EmptyPublish,
@@ -34,7 +34,7 @@ from tidings.errors import (
     TransactionConflict,
 )
 from tidings.messaging import MessagingService
-from tidings.messaging.names import check_name
+from tidings.names import INT64_MAX, check_name
 from tidings.server.bodies import (
     base64_list,
     int_list,
@@ -79,7 +79,7 @@ def _batches(obj: dict[str, Any]) -> list[_Batch]:
         topic = item.get("topic")
         if not isinstance(topic, str):
             raise BadRequest(f"topics[{i}].topic must be a topic name")
-        check_name("topic", topic)
+        check_name(topic, "topic")
         if topic in seen:
             raise BadRequest(f"topic {topic!r} appears more than once")
         seen.add(topic)
@@ -187,7 +187,7 @@ def routes(api: Api) -> list[Route]:
     @api.endpoint(PUBLISH)
     async def publish(request: Request) -> Response:
         messaging, tx = api.messaging, api.tx  # 503 unless this process runs both
-        ns = check_name("namespace", request.path_params["ns"])
+        ns = check_name(request.path_params["ns"], "namespace")
         obj = await body(request, "transactional publish")
         batches = _batches(obj)
         timeout = opt_number(obj, "timeout")
