@@ -7,7 +7,9 @@ from typing import Any, cast
 import pytest
 
 from tidings.client import AsyncClient, Client
+from tidings.client.api import PollPage
 from tidings.client.consumer import AsyncConsumer, Consumer, ConsumerCursor
+from tidings.codec.wire import JSON, encode_messages
 from tidings.structs import Message, MessageId, TopicStats, Transaction
 
 
@@ -17,6 +19,8 @@ def mid(n: int) -> MessageId:
 
 class FakeClient:
     """Serves ``messages`` like the server: from a start id, exclusive or not."""
+
+    server_snapshots = False  # the consumer takes its snapshots itself
 
     def __init__(self, messages: list[Message]) -> None:
         self.messages = messages
@@ -41,6 +45,10 @@ class FakeClient:
             if start is None or (m.id >= start if kw["inclusive"] else m.id > start)
         ]
         return out[: kw["limit"]]
+
+    def poll_page(self, topic: str, start: Any, **kw: Any) -> PollPage:
+        # An undecoded page without extent headers, as a server without them sends.
+        return PollPage(encode_messages(self.poll(topic, start, **kw), JSON), JSON, None, None)
 
 
 def messages(n: int) -> list[Message]:
@@ -117,6 +125,8 @@ def test_cursor_validates() -> None:
 
 
 class AsyncFakeClient:
+    server_snapshots = False
+
     def __init__(self, inner: FakeClient) -> None:
         self.inner = inner
 
@@ -126,8 +136,8 @@ class AsyncFakeClient:
     async def snapshot(self) -> Transaction:
         return self.inner.snapshot()
 
-    async def poll(self, topic: str, start: Any, **kw: Any) -> list[Message]:
-        return self.inner.poll(topic, start, **kw)
+    async def poll_page(self, topic: str, start: Any, **kw: Any) -> PollPage:
+        return self.inner.poll_page(topic, start, **kw)
 
 
 async def test_async_consumer() -> None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor, Future
 from typing import Any, cast
 
 import pytest
@@ -25,6 +26,32 @@ from tidings.structs import Record, RollbackInfo, Transaction
 WP = 1000
 
 
+class _RunOnResult(Future[Any]):
+    """A job that runs when its result is first asked for."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        super().__init__()
+        self._job: tuple[Callable[..., Any], tuple[Any, ...]] | None = (fn, args)
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self._job is not None:
+            (fn, args), self._job = self._job, None
+            try:
+                self.set_result(fn(*args))
+            except BaseException as exc:
+                self.set_exception(exc)
+        return super().result(timeout)
+
+
+class _InPlanOrder(Executor):
+    """Runs a transaction's per-topic publishes one after another, in plan order (the
+    committing thread takes the first, then waits for the others in turn): what these
+    tests record. The real client runs them concurrently."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kw: Any) -> Future[Any]:
+        return _RunOnResult(lambda *a: fn(*a, **kw), args)
+
+
 class FakeClient:
     """Records every call; ``fail`` maps a method name to the error it raises."""
 
@@ -42,6 +69,16 @@ class FakeClient:
     def begin(self, timeout: float | None, **kw: Any) -> Transaction:
         self._call("begin", timeout, kw.get("transactional_id"))
         return Transaction(WP - 1, WP)
+
+    # Step by step, one publish after another: what these tests record.
+    def _one_request_transactions(self) -> bool:
+        return False
+
+    def _no_one_request_transactions(self) -> None:
+        pass
+
+    def _commit_pool(self) -> Executor:
+        return _InPlanOrder()
 
     def store(self, topic: str, records: list[Record | bytes], *, write_pointer: int) -> None:
         self._call("store", topic, [as_record(r).payload for r in records], write_pointer)
@@ -319,6 +356,9 @@ def test_producer_ids_flow_to_begin_commit_and_abort() -> None:
 class AsyncFakeClient:
     def __init__(self, inner: FakeClient) -> None:
         self.inner = inner
+
+    def _one_request_transactions(self) -> bool:
+        return False
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self.inner, name)

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Self, TypeVar, overload
 
-from tidings.client.api import Call
+from tidings.client.api import Call, PollPage
 from tidings.client.asyncio_transport import AsyncioTransport
 from tidings.client.base import (
     DEFAULT_MEDIA,
@@ -257,6 +257,31 @@ class AsyncClient(BaseClient):
             self._api.poll(
                 topic,
                 concrete_start(start),
+                inclusive=inclusive,
+                limit=limit,
+                transaction=encoded_transaction(transaction),
+                wait=wait,
+                isolation=isolation,
+            )
+        )
+
+    async def poll_page(
+        self,
+        topic: str,
+        start: MessageId | int | None,
+        *,
+        inclusive: bool,
+        limit: int | None,
+        transaction: Transaction | bytes | None,
+        wait: float | None,
+        isolation: str | None,
+    ) -> PollPage:
+        """:meth:`poll`, answered undecoded with the page's extent (what consumers use
+        to read ahead: they decode one page while the server prepares the next)."""
+        return await self._send(
+            self._api.poll_page(
+                topic,
+                start,
                 inclusive=inclusive,
                 limit=limit,
                 transaction=encoded_transaction(transaction),

@@ -40,16 +40,12 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
 
-from tidings.client.api import READ_COMMITTED, PollPage, RestApi
-from tidings.client.base import StartPosition, encoded_transaction, resolve_start
+from tidings.client.api import READ_COMMITTED, PollPage
+from tidings.client.base import StartPosition, resolve_start
+from tidings.client.session import AsyncSession, Session
 from tidings.errors import ServiceUnavailable
 from tidings.structs import Message, MessageId, TopicStats, Transaction
-
-if TYPE_CHECKING:
-    from tidings.client.async_client import AsyncClient
-    from tidings.client.sync_client import Client
 
 __all__ = ["AsyncConsumer", "Consumer", "ConsumerCursor"]
 
@@ -174,7 +170,7 @@ class Consumer(Iterator[Message]):
 
     def __init__(
         self,
-        client: Client,
+        client: Session,
         topic: str,
         start: StartPosition = "earliest",
         *,
@@ -195,13 +191,10 @@ class Consumer(Iterator[Message]):
             wait=wait,
             committed_wait=committed_wait,
             follow=follow,
-            # Stand-ins for a client (tests) may lack it: then client-side snapshots.
-            server_snapshots=getattr(client, "server_snapshots", False),
+            server_snapshots=client.server_snapshots,
         )
         self._buffer: deque[Message] = deque()
         self._position = self._cursor.after
-        # Undecoded pages need the real client (stand-ins in tests only have poll()).
-        self._api: RestApi | None = _rest_api(client)
         self._executor: ThreadPoolExecutor | None = None
         self._ahead: tuple[PollKey, Future[PollPage]] | None = None
 
@@ -231,18 +224,16 @@ class Consumer(Iterator[Message]):
             executor.shutdown(wait=False)
 
     def _send_page(self, key: PollKey, wait: float) -> PollPage:
-        assert self._api is not None
         start, inclusive, snapshot, isolation = key
-        call = self._api.poll_page(
+        return self._client.poll_page(
             self.topic,
             start,
             inclusive=inclusive,
             limit=self._cursor.batch_size,
-            transaction=encoded_transaction(snapshot),
+            transaction=snapshot,
             wait=wait,
             isolation=isolation,
         )
-        return self._client._send(call)
 
     def _taken_ahead(self) -> PollPage | None:
         """The answer of the poll sent ahead, if it is the one to send now."""
@@ -265,8 +256,6 @@ class Consumer(Iterator[Message]):
         cursor = self._cursor
         if cursor.latest_pending:
             cursor.resolve_latest(self._client.stats(self.topic))
-        if self._api is None:
-            return self._fetch_decoded()
         page = self._taken_ahead()
         while page is None:
             if cursor.needs_snapshot:
@@ -281,27 +270,6 @@ class Consumer(Iterator[Message]):
         messages = page.messages()
         cursor.advance(messages)
         return messages
-
-    def _fetch_decoded(self) -> list[Message]:
-        cursor = self._cursor
-        while True:
-            if cursor.needs_snapshot:
-                cursor.snapshot = self._client.snapshot()
-            try:
-                messages = self._client.poll(
-                    self.topic,
-                    cursor.start,
-                    inclusive=cursor.inclusive,
-                    limit=cursor.batch_size,
-                    transaction=cursor.snapshot,
-                    wait=cursor.poll_wait(),
-                    isolation=cursor.isolation,
-                )
-            except ServiceUnavailable as exc:
-                cursor.fall_back(exc)
-                continue
-            cursor.advance(messages)
-            return messages
 
     def __iter__(self) -> Consumer:
         return self
@@ -322,7 +290,7 @@ class AsyncConsumer(AsyncIterator[Message]):
 
     def __init__(
         self,
-        client: AsyncClient,
+        client: AsyncSession,
         topic: str,
         start: StartPosition = "earliest",
         *,
@@ -343,13 +311,10 @@ class AsyncConsumer(AsyncIterator[Message]):
             wait=wait,
             committed_wait=committed_wait,
             follow=follow,
-            # Stand-ins for a client (tests) may lack it: then client-side snapshots.
-            server_snapshots=getattr(client, "server_snapshots", False),
+            server_snapshots=client.server_snapshots,
         )
         self._buffer: deque[Message] = deque()
         self._position = self._cursor.after
-        # Undecoded pages need the real client (stand-ins in tests only have poll()).
-        self._api: RestApi | None = _rest_api(client)
         self._ahead: tuple[PollKey, asyncio.Task[PollPage]] | None = None
 
     @property
@@ -377,18 +342,16 @@ class AsyncConsumer(AsyncIterator[Message]):
             ahead[1].cancel()
 
     async def _send_page(self, key: PollKey, wait: float) -> PollPage:
-        assert self._api is not None
         start, inclusive, snapshot, isolation = key
-        call = self._api.poll_page(
+        return await self._client.poll_page(
             self.topic,
             start,
             inclusive=inclusive,
             limit=self._cursor.batch_size,
-            transaction=encoded_transaction(snapshot),
+            transaction=snapshot,
             wait=wait,
             isolation=isolation,
         )
-        return await self._client._send(call)
 
     async def _taken_ahead(self) -> PollPage | None:
         """The answer of the poll sent ahead, if it is the one to send now."""
@@ -414,8 +377,6 @@ class AsyncConsumer(AsyncIterator[Message]):
         cursor = self._cursor
         if cursor.latest_pending:
             cursor.resolve_latest(await self._client.stats(self.topic))
-        if self._api is None:
-            return await self._fetch_decoded()
         page = await self._taken_ahead()
         while page is None:
             if cursor.needs_snapshot:
@@ -431,27 +392,6 @@ class AsyncConsumer(AsyncIterator[Message]):
         cursor.advance(messages)
         return messages
 
-    async def _fetch_decoded(self) -> list[Message]:
-        cursor = self._cursor
-        while True:
-            if cursor.needs_snapshot:
-                cursor.snapshot = await self._client.snapshot()
-            try:
-                messages = await self._client.poll(
-                    self.topic,
-                    cursor.start,
-                    inclusive=cursor.inclusive,
-                    limit=cursor.batch_size,
-                    transaction=cursor.snapshot,
-                    wait=cursor.poll_wait(),
-                    isolation=cursor.isolation,
-                )
-            except ServiceUnavailable as exc:
-                cursor.fall_back(exc)
-                continue
-            cursor.advance(messages)
-            return messages
-
     def __aiter__(self) -> AsyncConsumer:
         return self
 
@@ -464,12 +404,6 @@ class AsyncConsumer(AsyncIterator[Message]):
         message = self._buffer.popleft()
         self._position = message.id
         return message
-
-
-def _rest_api(client: Any) -> RestApi | None:
-    """The client's :class:`RestApi`, if it is a real client (it sends undecoded polls)."""
-    api = getattr(client, "_api", None)
-    return api if isinstance(api, RestApi) and hasattr(client, "_send") else None
 
 
 def _retrieve(task: asyncio.Task[PollPage]) -> None:

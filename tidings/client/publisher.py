@@ -34,7 +34,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from tidings.client.base import (
     MessageLike,
@@ -43,13 +43,10 @@ from tidings.client.base import (
     as_record,
     to_record,
 )
+from tidings.client.session import AsyncSession, Session
 from tidings.errors import RequestTimeout
 from tidings.names import check_name
 from tidings.structs import Record
-
-if TYPE_CHECKING:
-    from tidings.client.async_client import AsyncClient
-    from tidings.client.sync_client import Client
 
 __all__ = ["AsyncPublisher", "Batcher", "ErrorCallback", "Publisher", "record_size"]
 
@@ -232,7 +229,7 @@ class Publisher:
 
     def __init__(
         self,
-        client: Client,
+        client: Session,
         *,
         max_batch_messages: int = 500,
         max_batch_bytes: int = 1 << 20,
@@ -386,7 +383,7 @@ class AsyncPublisher:
 
     def __init__(
         self,
-        client: AsyncClient,
+        client: AsyncSession,
         *,
         max_batch_messages: int = 500,
         max_batch_bytes: int = 1 << 20,

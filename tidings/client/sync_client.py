@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self, TypeVar, overload
 
-from tidings.client.api import Call
+from tidings.client.api import Call, PollPage
 from tidings.client.base import (
     DEFAULT_MEDIA,
     DEFAULT_NAMESPACE,
@@ -279,6 +279,31 @@ class Client(BaseClient):
             self._api.poll(
                 topic,
                 concrete_start(start),
+                inclusive=inclusive,
+                limit=limit,
+                transaction=encoded_transaction(transaction),
+                wait=wait,
+                isolation=isolation,
+            )
+        )
+
+    def poll_page(
+        self,
+        topic: str,
+        start: MessageId | int | None,
+        *,
+        inclusive: bool,
+        limit: int | None,
+        transaction: Transaction | bytes | None,
+        wait: float | None,
+        isolation: str | None,
+    ) -> PollPage:
+        """:meth:`poll`, answered undecoded with the page's extent (what consumers use
+        to read ahead: they decode one page while the server prepares the next)."""
+        return self._send(
+            self._api.poll_page(
+                topic,
+                start,
                 inclusive=inclusive,
                 limit=limit,
                 transaction=encoded_transaction(transaction),

@@ -43,9 +43,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from tidings.client.base import MessageLike, to_records
+from tidings.client.session import AsyncSession, Session
 from tidings.client.txpublisher import (
     DEFAULT_PAYLOAD_THRESHOLD,
     AsyncTransactionalPublisher,
@@ -61,10 +62,6 @@ from tidings.errors import (
     TransactionNotInProgress,
 )
 from tidings.structs import ProducerInfo, Transaction
-
-if TYPE_CHECKING:
-    from tidings.client.async_client import AsyncClient
-    from tidings.client.sync_client import Client
 
 __all__ = [
     "AsyncTransactionAware",
@@ -239,7 +236,7 @@ class TransactionContext(_ContextBase):
 
     def __init__(
         self,
-        client: Client,
+        client: Session,
         *participants: TransactionAware,
         timeout: float | None = None,
         producer: ProducerInfo | None = None,
@@ -339,7 +336,7 @@ class TransactionContext(_ContextBase):
             self._rollback_and_end(None)
 
     def __enter__(self) -> TransactionContext:
-        if self._defer and _one_request(self._client):
+        if self._defer and self._client._one_request_transactions():
             self._state = _State.PENDING
             self.publisher.defer()
         else:
@@ -457,7 +454,7 @@ class AsyncTransactionContext(_ContextBase):
 
     def __init__(
         self,
-        client: AsyncClient,
+        client: AsyncSession,
         *participants: AsyncTransactionAware,
         timeout: float | None = None,
         producer: ProducerInfo | None = None,
@@ -562,7 +559,7 @@ class AsyncTransactionContext(_ContextBase):
             await self._rollback_and_end(None)
 
     async def __aenter__(self) -> AsyncTransactionContext:
-        if self._defer and _one_request(self._client):
+        if self._defer and self._client._one_request_transactions():
             self._state = _State.PENDING
             self.publisher.defer()
         else:
@@ -668,12 +665,6 @@ class AsyncTransactionContext(_ContextBase):
         if errors:
             errors[0].add_note(f"transaction {self.write_pointer} did commit")
             raise errors[0]
-
-
-def _one_request(client: object) -> bool:
-    # Stand-ins for a client (tests) may lack the method: then step by step.
-    check = getattr(client, "_one_request_transactions", None)
-    return check is not None and check() is True
 
 
 def _attach(cause: BaseException | None, notes: list[str]) -> None:

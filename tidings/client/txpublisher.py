@@ -20,18 +20,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 from tidings.client.base import MessageLike, Outgoing, to_records
 from tidings.client.publisher import record_size
+from tidings.client.session import AsyncSession, Session
 from tidings.errors import ClientError, ServerError, TransactionFailure
 from tidings.names import check_name
 from tidings.structs import RollbackInfo, Transaction
-
-if TYPE_CHECKING:
-    from tidings.client.async_client import AsyncClient
-    from tidings.client.sync_client import Client
 
 __all__ = [
     "DEFAULT_PAYLOAD_THRESHOLD",
@@ -195,7 +190,7 @@ class TransactionalPublisher(_Base):
     """The messaging system as a :class:`TransactionAware` for :class:`~tidings.Client`."""
 
     def __init__(
-        self, client: Client, *, payload_threshold: int = DEFAULT_PAYLOAD_THRESHOLD
+        self, client: Session, *, payload_threshold: int = DEFAULT_PAYLOAD_THRESHOLD
     ) -> None:
         super().__init__(payload_threshold)
         self._client = client
@@ -215,13 +210,11 @@ class TransactionalPublisher(_Base):
     def commit(self) -> None:
         wp = self.transaction.write_pointer
         plan = self._buffer.commit_plan()
-        # Stand-ins for a client (tests) may have no commit threads: one after another.
-        threads = getattr(self._client, "_commit_pool", None)
-        if len(plan) <= 1 or threads is None:
+        if len(plan) <= 1:
             for topic, records, streamed in plan:
                 self._commit_topic(wp, topic, records, streamed)
             return
-        pool: ThreadPoolExecutor = threads()
+        pool = self._client._commit_pool()
         futures = [pool.submit(self._commit_topic, wp, *step) for step in plan[1:]]
         errors: list[BaseException] = []
         try:
@@ -264,7 +257,7 @@ class AsyncTransactionalPublisher(_Base):
     :class:`~tidings.AsyncClient`."""
 
     def __init__(
-        self, client: AsyncClient, *, payload_threshold: int = DEFAULT_PAYLOAD_THRESHOLD
+        self, client: AsyncSession, *, payload_threshold: int = DEFAULT_PAYLOAD_THRESHOLD
     ) -> None:
         super().__init__(payload_threshold)
         self._client = client
