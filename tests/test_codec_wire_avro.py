@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidings.codec import wire
+from tidings.codec import avro, wire
 from tidings.errors import BadRequest, TidingsError
 from tidings.structs import Message, MessageId
 
@@ -46,16 +46,16 @@ small_messages = st.builds(
 @settings(max_examples=60, deadline=None)
 @given(st.lists(messages, max_size=40))
 def test_matches_fastavro(batch: list[Message]) -> None:
-    plain = wire._avro_write(
-        [{"id": m.id.to_bytes(), "payload": m.payload} for m in batch], wire.MESSAGES
+    plain = avro.write(
+        [{"id": m.id.to_bytes(), "payload": m.payload} for m in batch], avro.MESSAGES
     )
     assert wire.encode_messages(batch, wire.AVRO) == plain
-    extended = wire._avro_write(
+    extended = avro.write(
         [
             {"id": m.id.to_bytes(), "payload": m.payload, "key": m.key, "headers": m.headers}
             for m in batch
         ],
-        wire.MESSAGES_EXT,
+        avro.MESSAGES_EXT,
     )
     assert wire.encode_messages(batch, wire.AVRO_EXT) == extended
     assert [_plain(m) for m in wire.decode_messages(extended, wire.AVRO_EXT)] == [
@@ -73,18 +73,18 @@ def _plain(m: Message) -> tuple[object, ...]:
 @settings(max_examples=30, deadline=None)
 @given(st.lists(messages, max_size=20))
 def test_hand_written_decoder_reads_what_fastavro_writes(batch: list[Message]) -> None:
-    extended = wire._avro_write(
+    extended = avro.write(
         [
             {"id": m.id.to_bytes(), "payload": m.payload, "key": m.key, "headers": m.headers}
             for m in batch
         ],
-        wire.MESSAGES_EXT,
+        avro.MESSAGES_EXT,
     )
     assert [_plain(m) for m in wire.decode_messages(extended, wire.AVRO_EXT)] == [
         _plain(m) for m in batch
     ]
-    plain = wire._avro_write(
-        [{"id": m.id.to_bytes(), "payload": m.payload} for m in batch], wire.MESSAGES
+    plain = avro.write(
+        [{"id": m.id.to_bytes(), "payload": m.payload} for m in batch], avro.MESSAGES
     )
     assert [(m.id, m.payload) for m in wire.decode_messages(plain, wire.AVRO)] == [
         (m.id, m.payload) for m in batch
@@ -114,11 +114,11 @@ def test_decoder_rejects_truncated_or_extended_bodies(
 )
 def test_publish_encoder_matches_fastavro(write_pointer: int | None, payloads: list[bytes]) -> None:
     value = {"transactionWritePointer": write_pointer, "messages": payloads}
-    assert wire.encode_publish_request(write_pointer, payloads, wire.AVRO) == wire._avro_write(
-        value, wire.PUBLISH_REQUEST
+    assert wire.encode_publish_request(write_pointer, payloads, wire.AVRO) == avro.write(
+        value, avro.PUBLISH_REQUEST
     )
-    assert wire.encode_publish_request(write_pointer, payloads, wire.AVRO_EXT) == wire._avro_write(
-        {**value, "extras": None}, wire.PUBLISH_REQUEST_EXT
+    assert wire.encode_publish_request(write_pointer, payloads, wire.AVRO_EXT) == avro.write(
+        {**value, "extras": None}, avro.PUBLISH_REQUEST_EXT
     )
     for media in (wire.AVRO, wire.AVRO_EXT):
         decoded = wire.decode_publish_request(
@@ -147,7 +147,7 @@ def test_consume_request_encoder_matches_fastavro(
     }
     for media in (wire.AVRO, wire.AVRO_EXT):
         body = wire.encode_consume_request(req, media)
-        assert body == wire._avro_write(value, wire.CONSUME_REQUEST)
+        assert body == avro.write(value, avro.CONSUME_REQUEST)
         assert wire.decode_consume_request(body, media) == req
 
 
@@ -157,10 +157,10 @@ def test_id_lists_match_fastavro_and_round_trip(batch: list[MessageId]) -> None:
     raw = [i.to_bytes() for i in batch]
     for media in (wire.AVRO, wire.AVRO_EXT):
         body = wire.encode_message_ids(batch, media)
-        assert wire._avro_read(body, wire.MESSAGE_IDS, "ids") == raw
+        assert avro.read(body, avro.MESSAGE_IDS, "ids") == raw
         assert wire.decode_message_ids(body, media) == batch
         # fastavro's own encoding (blocks may differ in layout) decodes the same.
-        assert wire.decode_message_ids(wire._avro_write(raw, wire.MESSAGE_IDS), media) == batch
+        assert wire.decode_message_ids(avro.write(raw, avro.MESSAGE_IDS), media) == batch
     assert wire.decode_message_ids(wire.encode_message_ids(batch, wire.JSON), wire.JSON) == batch
 
 
@@ -169,7 +169,7 @@ def test_bad_id_lists_are_typed_errors() -> None:
     for body, media in [
         (good[:-1], wire.AVRO),  # truncated
         (good + b"\x00", wire.AVRO),  # trailing bytes
-        (wire._avro_write([b"short"], wire.MESSAGE_IDS), wire.AVRO),  # not 20 bytes
+        (avro.write([b"short"], avro.MESSAGE_IDS), wire.AVRO),  # not 20 bytes
         (b"{", wire.JSON),
         (b'{"ids": []}', wire.JSON),
         (b'["not base64!"]', wire.JSON),

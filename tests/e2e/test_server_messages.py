@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from tests.e2e.serverproc import ServerProcess
-from tidings.codec import wire
+from tidings.codec import avro, wire
 from tidings.codec.wire import AVRO, AVRO_EXT, JSON, ConsumeRequest, Media
 from tidings.structs import Message, MessageId, Record, RollbackInfo
 
@@ -96,7 +96,7 @@ def test_seed_only_avro_client(api: httpx.Client, live: str) -> None:
     """A client that knows only seed 000's schemas decodes the plain Avro answer."""
     publish(api, live, [b"x"], AVRO)
     r = post(api, live + "/poll", b"", AVRO)
-    [msg] = wire._avro_read(r.content, wire.MESSAGES, "poll response")
+    [msg] = avro.read(r.content, avro.MESSAGES, "poll response")
     assert set(msg) == {"id", "payload"} and msg["payload"] == b"x"
 
 

@@ -1,0 +1,403 @@
+"""The Avro schemas of the REST API (seed 000) and the hand-written fast paths.
+
+``*_EXT`` schemas add message keys, headers and per-message TTLs (the
+``avro/binary; schema=tidings`` medium). fastavro reads and writes every schema; the
+hot bodies, whose layout is simple, are also written (and the poll response read)
+directly, each fast path justified by a figure in BENCHMARKS.md and checked against
+fastavro in tests/test_codec_wire_avro.py.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import fastavro
+
+from tidings.codec.media import AVRO_EXT, JSON, Media
+from tidings.errors import BadRequest
+from tidings.structs import MESSAGE_ID_LAYOUT, NO_HEADERS, Message, MessageId
+
+__all__ = [
+    "CONSUME_REQUEST",
+    "MESSAGES",
+    "MESSAGES_EXT",
+    "MESSAGE_IDS",
+    "PUBLISH_REQUEST",
+    "PUBLISH_REQUEST_EXT",
+    "PUBLISH_RESPONSE",
+    "SCHEMAS",
+    "AvroItems",
+    "read",
+    "read_ids",
+    "read_long",
+    "read_messages",
+    "varint",
+    "write",
+    "write_consume_request",
+    "write_ids",
+    "write_messages",
+    "write_publish",
+]
+
+_ID_STRUCT = struct.Struct(MESSAGE_ID_LAYOUT)
+# An id in an Avro array<bytes>: its length (20, one zigzag byte), then the id.
+_ID_ITEM = struct.Struct(">B" + MESSAGE_ID_LAYOUT[1:])
+
+_EXTRAS = {
+    "type": "record",
+    "name": "MessageExtras",
+    "fields": [
+        {"name": "key", "type": ["null", "bytes"], "default": None},
+        {"name": "headers", "type": {"type": "map", "values": "bytes"}, "default": {}},
+        {"name": "ttl", "type": ["null", "long"], "default": None},
+    ],
+}
+PUBLISH_REQUEST = fastavro.parse_schema(
+    {
+        "type": "record",
+        "name": "PublishRequest",
+        "fields": [
+            {"name": "transactionWritePointer", "type": ["long", "null"]},
+            {"name": "messages", "type": {"type": "array", "items": "bytes"}},
+        ],
+    }
+)
+PUBLISH_REQUEST_EXT = fastavro.parse_schema(
+    {
+        "type": "record",
+        "name": "PublishRequest",
+        "fields": [
+            {"name": "transactionWritePointer", "type": ["long", "null"]},
+            {"name": "messages", "type": {"type": "array", "items": "bytes"}},
+            {
+                "name": "extras",
+                "type": ["null", {"type": "array", "items": _EXTRAS}],
+                "default": None,
+            },
+        ],
+    }
+)
+PUBLISH_RESPONSE = fastavro.parse_schema(
+    {
+        "type": "record",
+        "name": "PublishResponse",
+        "fields": [
+            {"name": "transactionWritePointer", "type": ["long", "null"]},
+            {"name": "startTimestamp", "type": "long"},
+            {"name": "startSequenceId", "type": "int"},
+            {"name": "endTimestamp", "type": "long"},
+            {"name": "endSequenceId", "type": "int"},
+        ],
+    }
+)
+CONSUME_REQUEST = fastavro.parse_schema(
+    {
+        "type": "record",
+        "name": "ConsumeRequest",
+        "fields": [
+            {"name": "startFrom", "type": ["bytes", "long", "null"]},
+            {"name": "inclusive", "type": "boolean", "default": True},
+            {"name": "limit", "type": ["int", "null"]},
+            {"name": "transaction", "type": ["bytes", "null"]},
+        ],
+    }
+)
+MESSAGES = fastavro.parse_schema(
+    {
+        "type": "array",
+        "items": {
+            "type": "record",
+            "name": "Message",
+            "fields": [
+                {"name": "id", "type": "bytes"},
+                {"name": "payload", "type": "bytes"},
+            ],
+        },
+    }
+)
+MESSAGES_EXT = fastavro.parse_schema(
+    {
+        "type": "array",
+        "items": {
+            "type": "record",
+            "name": "Message",
+            "fields": [
+                {"name": "id", "type": "bytes"},
+                {"name": "payload", "type": "bytes"},
+                {"name": "key", "type": ["null", "bytes"], "default": None},
+                {"name": "headers", "type": {"type": "map", "values": "bytes"}, "default": {}},
+            ],
+        },
+    }
+)
+
+#: The answer of a poll with ``fields=id``: the ids of the messages it would return.
+MESSAGE_IDS = fastavro.parse_schema({"type": "array", "items": "bytes"})
+
+#: Every Avro schema of the API by name, for docs and the OpenAPI document.
+SCHEMAS: dict[str, Any] = {
+    "PublishRequest": PUBLISH_REQUEST,
+    "PublishRequestExt": PUBLISH_REQUEST_EXT,
+    "PublishResponse": PUBLISH_RESPONSE,
+    "ConsumeRequest": CONSUME_REQUEST,
+    "Messages": MESSAGES,
+    "MessagesExt": MESSAGES_EXT,
+    "MessageIds": MESSAGE_IDS,
+}
+
+
+def read(body: bytes, schema: Any, what: str) -> Any:
+    """Decode ``body`` with fastavro; :class:`BadRequest` naming ``what`` if it is not
+    exactly one value of ``schema``."""
+    buf = io.BytesIO(body)
+    try:
+        value = fastavro.schemaless_reader(buf, schema, None)
+    except Exception as exc:  # fastavro raises many types on garbage; all mean "bad body"
+        raise BadRequest(f"malformed Avro {what}: {type(exc).__name__}") from None
+    if buf.tell() != len(body):
+        raise BadRequest(f"malformed Avro {what}: trailing bytes")
+    return value
+
+
+def write(value: Any, schema: Any) -> bytes:
+    """Encode ``value`` with fastavro (the bodies that are not on a hot path)."""
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, schema, value)
+    return buf.getvalue()
+
+
+def _zigzag(n: int) -> bytes:
+    """Avro's zig-zag varint of a long."""
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+# Payload lengths under 16 KiB are the common case; a table lookup beats the loop.
+_SMALL = tuple(_zigzag(n) for n in range(16384))
+
+
+def varint(n: int) -> bytes:
+    """Avro's zig-zag varint of a long, from the table when it is small."""
+    return _SMALL[n] if 0 <= n < 16384 else _zigzag(n)
+
+
+def read_long(buf: bytes, pos: int) -> tuple[int, int]:
+    """Avro zig-zag varint at ``pos``: (value, next position)."""
+    b = buf[pos]
+    n = b & 0x7F
+    shift = 7
+    while b & 0x80:
+        pos += 1
+        b = buf[pos]
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if shift > 70:
+            raise ValueError("varint too long")
+    return (n >> 1) ^ -(n & 1), pos + 1
+
+
+# BENCHMARKS.md, "Where the time goes", Publish (W1): the publish body is the
+# producer's hot path; fastavro's generic writer cost ~1 us per message, this 0.15.
+def write_publish(write_pointer: int | None, payloads: Sequence[bytes], *, extended: bool) -> bytes:
+    """A PublishRequest of plain payloads (no extras)."""
+    parts = [b"\x02" if write_pointer is None else b"\x00" + varint(write_pointer)]
+    if payloads:
+        small, zigzag = _SMALL, _zigzag
+        parts.append(varint(len(payloads)))
+        for payload in payloads:
+            n = len(payload)
+            parts.append(small[n] if n < 16384 else zigzag(n))
+            parts.append(payload)
+    parts.append(b"\x00")
+    if extended:
+        parts.append(b"\x00")  # extras: the union's null branch
+    return b"".join(parts)
+
+
+# BENCHMARKS.md, "Where the time goes", Read (W2): a consumer sends one per page and
+# fastavro's generic writer took ~25 us of it under load.
+def write_consume_request(
+    start: bytes | int | None, inclusive: bool, limit: int | None, transaction: bytes | None
+) -> bytes:
+    """A ConsumeRequest; each union is its branch index, then the value."""
+    parts: list[bytes]
+    if isinstance(start, bytes):
+        parts = [b"\x00", varint(len(start)), start]
+    elif start is None:
+        parts = [b"\x04"]
+    else:
+        parts = [b"\x02", varint(start)]  # a timestamp: the union's long branch
+    parts.append(b"\x01" if inclusive else b"\x00")
+    parts.append(b"\x02" if limit is None else b"\x00" + varint(limit))
+    if transaction is None:
+        parts.append(b"\x02")
+    else:
+        parts += (b"\x00", varint(len(transaction)), transaction)
+    return b"".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class AvroItems:
+    """How the messaging core writes plain messages straight into an Avro poll response."""
+
+    suffix: bytes  # after the payload: b"" (seed schema) or null key + empty headers
+    small: tuple[bytes, ...]  # zig-zag varints of 0..16383
+    zigzag: Callable[[int], bytes]
+
+    @classmethod
+    def for_media(cls, media: Media) -> AvroItems | None:
+        """The item layout of ``media``; None for JSON (no pre-encoding)."""
+        if media is JSON:
+            return None
+        return cls(b"\x00\x00" if media is AVRO_EXT else b"", _SMALL, _zigzag)
+
+
+# BENCHMARKS.md, "Where the time goes", Read (W2): the poll response is the one large
+# body the server writes; fastavro's generic writer spends ~2.5 us per Message record,
+# this ~0.25 us (and items the core pre-encoded from LMDB rows are copied as they are).
+def write_messages(messages: Sequence[Message | bytes], *, extended: bool) -> bytes:
+    """A poll response from messages and pre-encoded items (see :class:`AvroItems`)."""
+    if not messages:
+        return b"\x00"
+    small, long_ = _SMALL, varint
+    parts: list[bytes] = [long_(len(messages))]
+    add = parts.append
+    for m in messages:
+        if type(m) is bytes:
+            add(m)
+            continue
+        assert isinstance(m, Message)
+        payload = m.payload
+        add(b"\x28")  # the id: always 20 bytes
+        add(m.id.to_bytes())
+        add(small[len(payload)] if len(payload) < 16384 else _zigzag(len(payload)))
+        add(payload)
+        if extended:
+            key = m.key
+            if key is None:
+                add(b"\x00")
+            else:
+                add(b"\x02")
+                add(long_(len(key)))
+                add(key)
+            headers = m.headers
+            if headers:
+                add(long_(len(headers)))
+                for name, value in headers.items():
+                    raw = name.encode()
+                    add(long_(len(raw)))
+                    add(raw)
+                    add(long_(len(value)))
+                    add(value)
+            add(b"\x00")
+    add(b"\x00")
+    return b"".join(parts)
+
+
+def write_ids(ids: Sequence[bytes]) -> bytes:
+    """An ``array<bytes>`` of 20-byte ids in one block."""
+    if not ids:
+        return b"\x00"
+    # The count, then each id as a 20-byte Avro bytes (length 0x28), then the end.
+    return b"".join([_zigzag(len(ids)), b"\x28", b"\x28".join(ids), b"\x00"])
+
+
+def read_ids(body: bytes) -> list[MessageId]:
+    """The ids of an ``array<bytes>`` body; :class:`BadRequest` if it is not one."""
+    if not body:
+        return []
+    # The layout the server writes (one block of 21-byte items) is read in place;
+    # anything else that is valid Avro goes through fastavro.
+    try:
+        count, pos = read_long(body, 0)
+    except (IndexError, ValueError):
+        count = pos = 0
+    if count > 0 and len(body) == pos + 21 * count + 1 and body[-1] == 0:
+        unpack, make = _ID_ITEM.iter_unpack, MessageId._make
+        items = memoryview(body)[pos : pos + 21 * count]
+        if all(item[0] == 0x28 for item in unpack(items)):
+            return [make(item[1:]) for item in unpack(items)]
+    raw = read(body, MESSAGE_IDS, "id list")
+    return [MessageId.from_bytes(item) for item in raw]
+
+
+# BENCHMARKS.md, "Where the time goes", Read (W2): reading a large poll response is
+# the consumer's hot path; fastavro built a dict per record (13 us per message with
+# the objects after it), this reads the layout directly, ids unpacked in place (1.7 us).
+def read_messages(body: bytes, *, extended: bool) -> list[Message]:
+    """The messages of a poll response; ValueError, IndexError or struct.error on a
+    malformed body."""
+    out: list[Message] = []
+    append, new = out.append, tuple.__new__
+    unpack_id, read_long_ = _ID_STRUCT.unpack_from, read_long
+    end = len(body)
+    pos = 0
+    while True:
+        count, pos = read_long_(body, pos)
+        if count == 0:
+            break
+        if count < 0:  # a block with its size in bytes, which we do not need
+            count = -count
+            _, pos = read_long_(body, pos)
+        for _ in range(count):
+            if body[pos] != 0x28:  # the id's length, always 20
+                raise ValueError("message id is not 20 bytes")
+            message_id = new(MessageId, unpack_id(body, pos + 1))
+            pos += 21
+            size, pos = read_long_(body, pos)
+            if size < 0 or pos + size > end:
+                raise ValueError("bad payload length")
+            payload = body[pos : pos + size]
+            pos += size
+            if not extended:
+                append(new(Message, (message_id, payload, None, NO_HEADERS, None)))
+                continue
+            if body[pos] == 0 and body[pos + 1] == 0:  # no key, no headers: the usual case
+                pos += 2
+                append(new(Message, (message_id, payload, None, NO_HEADERS, None)))
+                continue
+            branch = body[pos]
+            pos += 1
+            key = None
+            if branch == 2:
+                size, pos = read_long_(body, pos)
+                if size < 0 or pos + size > end:
+                    raise ValueError("bad key length")
+                key = body[pos : pos + size]
+                pos += size
+            elif branch != 0:
+                raise ValueError("bad key union branch")
+            headers: Mapping[str, bytes] = NO_HEADERS
+            pairs, pos = read_long_(body, pos)
+            if pairs:
+                built: dict[str, bytes] = {}
+                while pairs:
+                    if pairs < 0:
+                        pairs = -pairs
+                        _, pos = read_long_(body, pos)
+                    for _ in range(pairs):
+                        size, pos = read_long_(body, pos)
+                        if size < 0 or pos + size > end:
+                            raise ValueError("bad header name length")
+                        name = body[pos : pos + size].decode()
+                        pos += size
+                        size, pos = read_long_(body, pos)
+                        if size < 0 or pos + size > end:
+                            raise ValueError("bad header value length")
+                        built[name] = body[pos : pos + size]
+                        pos += size
+                    pairs, pos = read_long_(body, pos)
+                headers = built
+            append(new(Message, (message_id, payload, key, headers, None)))
+    if pos != end:
+        raise ValueError("trailing bytes")
+    return out

@@ -1,0 +1,49 @@
+"""The three media a REST body may come in, and how a Content-Type names one.
+
+- ``application/json``: Avro ``bytes`` fields are standard base64 strings.
+- ``avro/binary``: exactly seed 000's schemas, so a seed-only client works unchanged.
+- ``avro/binary; schema=tidings``: the seed's schemas extended with message keys,
+  headers and per-message TTLs. Avro binary carries no field names, so the extension
+  needs its own media type rather than optional fields.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from tidings.errors import UnsupportedMediaType
+
+__all__ = ["AVRO", "AVRO_EXT", "JSON", "Media", "media_for"]
+
+
+class Media(enum.Enum):
+    """A body encoding; ``value`` is the Content-Type the server answers with."""
+
+    JSON = "application/json"
+    AVRO = "avro/binary"
+    AVRO_EXT = "avro/binary; schema=tidings"
+
+
+JSON, AVRO, AVRO_EXT = Media.JSON, Media.AVRO, Media.AVRO_EXT
+
+
+def media_for(content_type: str | None) -> Media:
+    """The medium a Content-Type header names; no header means JSON.
+
+    Raises :class:`UnsupportedMediaType` for anything else.
+    """
+    if not content_type:
+        return JSON
+    main, _, params = content_type.partition(";")
+    main = main.strip().lower()
+    if main == "application/json":
+        return JSON
+    if main == "avro/binary":
+        for param in params.split(";"):
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "schema" and value.strip().strip('"').lower() == "tidings":
+                return AVRO_EXT
+        return AVRO
+    raise UnsupportedMediaType(
+        f"unsupported Content-Type {content_type!r}; use application/json or avro/binary"
+    )
