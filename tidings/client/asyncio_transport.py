@@ -9,7 +9,8 @@ server that answers at once (uvloop, loopback): aiohttp 230-300 us round trip an
 220-280 us of client CPU per request, this transport 110-120 us and 100-110 us. Where
 client and server share the cores, that CPU is latency: in the W3 benchmark
 (``benchmarks/workloads.py``, a publisher and a consumer in one process) the median
-fell by ~0.1 ms with it.
+fell by ~0.1 ms with it (BENCHMARKS.md, "Where the time goes", Latency (W3), and the
+"HTTP libraries for the client" row of its in-process table).
 :class:`~tidings.client.transports.AiohttpTransport` remains available.
 
 Each connection carries one request at a time; ``max_connections`` bounds the requests

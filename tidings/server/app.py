@@ -79,6 +79,7 @@ class _HotPaths:
     message is one publish and one poll. The endpoints map their own errors
     (:meth:`Api.endpoint`), so this path answers exactly as Starlette would; any path
     it does not recognise, including malformed ones, goes the ordinary way.
+    Justified by BENCHMARKS.md, "Where the time goes", Latency (W3).
     """
 
     def __init__(self, app: Starlette, hot: dict[str, Endpoint]) -> None:
