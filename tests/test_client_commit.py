@@ -12,9 +12,8 @@ from typing import Any, cast
 
 import pytest
 
-from tidings.client import AsyncClient, Client
+from tidings.client import AsyncClient, AsyncTransactionContext, Client, TransactionContext
 from tidings.client.base import as_record, to_records
-from tidings.client.transactions import AsyncTransactionContext, TransactionContext
 from tidings.errors import (
     PayloadTooLarge,
     ProducerFenced,

@@ -6,9 +6,9 @@ from typing import Any, cast
 
 import pytest
 
-from tidings.client import AsyncClient, Client
+from tidings.client import AsyncClient, AsyncConsumer, Client, Consumer
 from tidings.client.api import PollPage
-from tidings.client.consumer import AsyncConsumer, Consumer, ConsumerCursor
+from tidings.client.cursor import ConsumerCursor
 from tidings.codec.wire import JSON, encode_messages
 from tidings.structs import Message, MessageId, TopicStats, Transaction
 

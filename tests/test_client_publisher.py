@@ -9,9 +9,9 @@ from typing import Any, cast
 
 import pytest
 
-from tidings.client import AsyncClient, Client, RetryPolicy
+from tidings.client import AsyncClient, AsyncPublisher, Client, Publisher, RetryPolicy
 from tidings.client.base import as_record
-from tidings.client.publisher import AsyncPublisher, Batcher, Publisher
+from tidings.client.batching import Batcher
 from tidings.errors import RequestTimeout, TidingsConnectionError, TopicNotFound
 from tidings.structs import Record
 

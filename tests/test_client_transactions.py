@@ -9,10 +9,9 @@ from typing import Any, cast
 
 import pytest
 
-from tidings.client import AsyncClient, Client
+from tidings.client import AsyncClient, AsyncTransactionContext, Client, TransactionContext
 from tidings.client.base import as_record
-from tidings.client.transactions import AsyncTransactionContext, TransactionContext
-from tidings.client.txpublisher import TxBuffer
+from tidings.client.txbuffer import TxBuffer
 from tidings.errors import (
     RequestTimeout,
     TidingsError,
@@ -164,7 +163,7 @@ def test_buffer_streams_past_the_threshold_then_publishes_the_pointer() -> None:
 
 
 def test_streaming_cuts_big_stores_into_chunks() -> None:
-    from tidings.client.txpublisher import STORE_CHUNK_BYTES
+    from tidings.client.txbuffer import STORE_CHUNK_BYTES
 
     buf = TxBuffer(payload_threshold=0)
     big = [b"x" * (STORE_CHUNK_BYTES // 3)] * 7

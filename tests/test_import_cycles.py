@@ -98,7 +98,7 @@ def test_the_checker_finds_a_cycle() -> None:
 def test_the_graph_sees_type_checking_imports() -> None:
     graph = _graph(_modules())
     # consumers depend on the Session protocol, not on the client classes
-    assert "tidings.client.session" in graph["tidings.client.consumer"]
+    assert "tidings.client._async.session" in graph["tidings.client._async.consumer"]
 
 
 def test_tidings_has_no_import_cycles() -> None:
@@ -107,8 +107,13 @@ def test_tidings_has_no_import_cycles() -> None:
 
 def test_client_classes_are_not_imported_by_their_helpers() -> None:
     graph = _graph(_modules())
-    helpers = ["consumer", "publisher", "txpublisher", "transactions", "base", "session"]
-    for helper in helpers:
-        deps = graph[f"tidings.client.{helper}"]
-        assert "tidings.client.sync_client" not in deps, helper
-        assert "tidings.client.async_client" not in deps, helper
+    helpers = ["consumer", "publisher", "txpublisher", "transactions", "session"]
+    for side in ("_async", "_sync"):
+        for helper in helpers:
+            deps = graph[f"tidings.client.{side}.{helper}"]
+            assert f"tidings.client.{side}.client" not in deps, (side, helper)
+    shared = ["base", "api", "cursor", "batching", "txbuffer", "txcontext"]
+    for module in shared:
+        deps = graph[f"tidings.client.{module}"]
+        io_side = ("tidings.client._async", "tidings.client._sync")
+        assert not any(d.startswith(io_side) for d in deps), module

@@ -4,75 +4,15 @@ Topics with one immutable order, transactional publish and consume, and exactly-
 pipelines on Spark. See README.md for a tour.
 """
 
-from tidings.client import (
-    AVRO,
-    AVRO_EXT,
-    JSON,
-    AsyncClient,
-    AsyncConsumer,
-    AsyncPublisher,
-    AsyncTransactionalPublisher,
-    AsyncTransactionAware,
-    AsyncTransactionContext,
-    Client,
-    Consumer,
-    Media,
-    Publisher,
-    RetryPolicy,
-    TransactionalPublisher,
-    TransactionAware,
-    TransactionContext,
-)
+from tidings.client import *  # noqa: F403
+from tidings.client import __all__ as _client_names
 from tidings.errors import *  # noqa: F403
 from tidings.errors import __all__ as _error_names
-from tidings.structs import (
-    Message,
-    MessageId,
-    PayloadRange,
-    ProducerInfo,
-    Record,
-    RollbackInfo,
-    TopicMetadata,
-    TopicStats,
-    Transaction,
-    TransactionState,
-)
+from tidings.structs import *  # noqa: F403
+from tidings.structs import __all__ as _struct_names
 
 __version__ = "0.1.0"
 
-__all__ = [
-    # clients (tidings.client)
-    "AsyncClient",
-    "Client",
-    "RetryPolicy",
-    # body encodings of publish, store and poll (tidings.codec.wire)
-    "AVRO",
-    "AVRO_EXT",
-    "JSON",
-    "Media",
-    # publishing and consuming
-    "AsyncConsumer",
-    "AsyncPublisher",
-    "Consumer",
-    "Publisher",
-    # transactions across the messaging system and your own participants
-    "AsyncTransactionAware",
-    "AsyncTransactionContext",
-    "AsyncTransactionalPublisher",
-    "TransactionAware",
-    "TransactionContext",
-    "TransactionalPublisher",
-    # value types
-    "Message",
-    "MessageId",
-    "PayloadRange",
-    "ProducerInfo",
-    "Record",
-    "RollbackInfo",
-    "TopicMetadata",
-    "TopicStats",
-    "Transaction",
-    "TransactionState",
-    # errors (tidings.errors)
-    *_error_names,
-]
+#: The clients, their publishers, consumers and transactions, and the body encodings
+#: (tidings.client); the value types (tidings.structs); the errors (tidings.errors).
+__all__ = [*_client_names, *_struct_names, *_error_names]

@@ -8,7 +8,7 @@ import pytest
 
 from tests.e2e.serverproc import ServerProcess
 from tidings import AsyncClient, Client
-from tidings.client.consumer import AsyncConsumer, Consumer
+from tidings.client import AsyncConsumer, Consumer
 from tidings.structs import Message
 
 pytestmark = pytest.mark.e2e

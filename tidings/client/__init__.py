@@ -1,21 +1,22 @@
 """The Python client: :class:`Client` (sync) and :class:`AsyncClient` over the REST API.
 
-Both share every decision in :mod:`.base` and differ only in how they do I/O
-(:mod:`.transports`). See docs/client.md.
+The async code in :mod:`._async` is the one source: :mod:`._sync` is generated from
+it (``python scripts/unasync.py``). Every decision without I/O is in the modules
+beside them (:mod:`.base`, :mod:`.api`, :mod:`.cursor`, :mod:`.batching`,
+:mod:`.txbuffer`, :mod:`.txcontext`). See docs/client.md.
 """
 
-from tidings.client.async_client import AsyncClient
+from tidings.client._async.client import AsyncClient
+from tidings.client._async.consumer import AsyncConsumer
+from tidings.client._async.publisher import AsyncPublisher
+from tidings.client._async.transactions import AsyncTransactionAware, AsyncTransactionContext
+from tidings.client._async.txpublisher import AsyncTransactionalPublisher
+from tidings.client._sync.client import Client
+from tidings.client._sync.consumer import Consumer
+from tidings.client._sync.publisher import Publisher
+from tidings.client._sync.transactions import TransactionAware, TransactionContext
+from tidings.client._sync.txpublisher import TransactionalPublisher
 from tidings.client.base import MessageLike, RetryPolicy, StartPosition
-from tidings.client.consumer import AsyncConsumer, Consumer
-from tidings.client.publisher import AsyncPublisher, Publisher
-from tidings.client.sync_client import Client
-from tidings.client.transactions import (
-    AsyncTransactionAware,
-    AsyncTransactionContext,
-    TransactionAware,
-    TransactionContext,
-)
-from tidings.client.txpublisher import AsyncTransactionalPublisher, TransactionalPublisher
 from tidings.codec.wire import AVRO, AVRO_EXT, JSON, Media
 
 __all__ = [

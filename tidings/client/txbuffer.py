@@ -1,19 +1,6 @@
-"""The messaging system as a transaction participant (seed 000 "Transactional publishing").
-
-:class:`TransactionalPublisher` buffers a transaction's messages client-side and
-publishes them at commit (the direct path: consumers are blocked only between that
-publish and the commit). Once the buffered bytes pass ``payload_threshold`` it streams
-them with ``store`` instead (the payload path, for large or long transactions); at
-commit each such topic gets one ``publish`` of the write pointer alone. Its rollback
-inverts the published entries with the rollback info each publish returned; stored
-payloads need none (no entry refers to them). If a publish got no answer, the entries it
-may have written are unknown, so its rollback fails and the transaction is invalidated.
-
-At commit the topics are published concurrently (the async publisher gathers them, the
-sync one uses the client's commit threads), so a transaction over several topics costs
-one round trip and its publishes share one group commit on the server. Every topic's
-publish is waited for even when another fails, and each that succeeded is recorded, so
-a rollback undoes exactly what was published.
+"""What a transactional publisher holds and decides without I/O (seed 000
+"Transactional publishing"); the publishers themselves are in
+:mod:`tidings.client._async.txpublisher` and its generated sync twin.
 """
 
 from __future__ import annotations
@@ -22,18 +9,20 @@ import asyncio
 from collections.abc import Iterable
 
 from tidings.client.base import MessageLike, Outgoing, to_records
-from tidings.client.publisher import record_size
-from tidings.client.session import AsyncSession, Session
+from tidings.client.batching import record_size
 from tidings.errors import ClientError, ServerError, TransactionFailure
 from tidings.names import check_name
 from tidings.structs import RollbackInfo, Transaction
 
 __all__ = [
     "DEFAULT_PAYLOAD_THRESHOLD",
-    "AsyncTransactionalPublisher",
-    "TransactionalPublisher",
+    "STORE_CHUNK_BYTES",
     "TxBuffer",
+    "TxPublisherState",
     "ambiguous",
+    "chunks",
+    "raise_first",
+    "raise_rollback_errors",
 ]
 
 #: Bytes a transaction buffers client-side before it streams with ``store``.
@@ -64,7 +53,7 @@ class TxBuffer:
         self.buffered_bytes += sum(record_size(r) for r in records)
         if self.buffered_bytes <= self.payload_threshold:
             return []
-        out = [(t, chunk) for t, recs in self.buffers.items() for chunk in _chunks(recs) if recs]
+        out = [(t, chunk) for t, recs in self.buffers.items() for chunk in chunks(recs) if recs]
         for t, _ in out:
             self.streamed[t] = None
         self.buffers = {t: [] for t in self.buffers}
@@ -96,7 +85,7 @@ class TxBuffer:
         self.unknown_publish = False
 
 
-def _chunks(records: list[Outgoing]) -> list[list[Outgoing]]:
+def chunks(records: list[Outgoing]) -> list[list[Outgoing]]:
     """``records`` cut into ``store`` requests of at most STORE_CHUNK_BYTES (roughly)."""
     chunks: list[list[Outgoing]] = [[]]
     size = 0
@@ -117,8 +106,8 @@ def ambiguous(error: BaseException) -> bool:
     )
 
 
-class _Base:
-    """State shared by the sync and async publishers."""
+class TxPublisherState:
+    """What the transactional publishers hold and decide (no I/O)."""
 
     name = "tidings"
 
@@ -186,135 +175,7 @@ class _Base:
         self._end()
 
 
-class TransactionalPublisher(_Base):
-    """The messaging system as a :class:`TransactionAware` for :class:`~tidings.Client`."""
-
-    def __init__(
-        self, client: Session, *, payload_threshold: int = DEFAULT_PAYLOAD_THRESHOLD
-    ) -> None:
-        super().__init__(payload_threshold)
-        self._client = client
-
-    def start(self, transaction: Transaction) -> None:
-        self._begin(transaction)
-
-    def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None:
-        """Add messages to the transaction (buffered, or streamed past the threshold)."""
-        wp = self.transaction.write_pointer
-        for t, records in self._add(topic, messages):
-            self._client.store(t, records, write_pointer=wp)
-
-    def changes(self) -> Iterable[bytes]:
-        return ()
-
-    def commit(self) -> None:
-        wp = self.transaction.write_pointer
-        plan = self._buffer.commit_plan()
-        if len(plan) <= 1:
-            for topic, records, streamed in plan:
-                self._commit_topic(wp, topic, records, streamed)
-            return
-        pool = self._client._commit_pool()
-        futures = [pool.submit(self._commit_topic, wp, *step) for step in plan[1:]]
-        errors: list[BaseException] = []
-        try:
-            self._commit_topic(wp, *plan[0])
-        except BaseException as exc:
-            errors.append(exc)
-        for future in futures:
-            try:
-                future.result()
-            except BaseException as exc:
-                errors.append(exc)
-        _raise_first(errors)
-
-    def _commit_topic(self, wp: int, topic: str, records: list[Outgoing], streamed: bool) -> None:
-        if streamed and records:
-            self._client.store(topic, records, write_pointer=wp)
-        try:
-            info = self._client.publish(topic, () if streamed else records, write_pointer=wp)
-        except BaseException as exc:
-            self._note_publish_failure(exc)
-            raise
-        self._buffer.published.append((topic, info))
-
-    def post_commit(self) -> None:
-        self._end()
-
-    def rollback(self) -> None:
-        errors: list[BaseException] = []
-        for topic, info in self._buffer.published:
-            try:
-                self._client.rollback(topic, info)
-            except Exception as exc:
-                errors.append(exc)
-        _raise_rollback_errors(self._buffer, errors)
-        self._end()
-
-
-class AsyncTransactionalPublisher(_Base):
-    """The messaging system as an :class:`AsyncTransactionAware` for
-    :class:`~tidings.AsyncClient`."""
-
-    def __init__(
-        self, client: AsyncSession, *, payload_threshold: int = DEFAULT_PAYLOAD_THRESHOLD
-    ) -> None:
-        super().__init__(payload_threshold)
-        self._client = client
-
-    async def start(self, transaction: Transaction) -> None:
-        self._begin(transaction)
-
-    async def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None:
-        """Add messages to the transaction (buffered, or streamed past the threshold)."""
-        wp = self.transaction.write_pointer
-        for t, records in self._add(topic, messages):
-            await self._client.store(t, records, write_pointer=wp)
-
-    async def changes(self) -> Iterable[bytes]:
-        return ()
-
-    async def commit(self) -> None:
-        wp = self.transaction.write_pointer
-        plan = self._buffer.commit_plan()
-        if len(plan) <= 1:
-            for topic, records, streamed in plan:
-                await self._commit_topic(wp, topic, records, streamed)
-            return
-        # Every publish runs to its end (even if the caller is cancelled meanwhile, gather
-        # finishes only once all have), so ``published`` is complete when this returns.
-        results = await asyncio.gather(
-            *(self._commit_topic(wp, *step) for step in plan), return_exceptions=True
-        )
-        _raise_first([r for r in results if isinstance(r, BaseException)])
-
-    async def _commit_topic(
-        self, wp: int, topic: str, records: list[Outgoing], streamed: bool
-    ) -> None:
-        if streamed and records:
-            await self._client.store(topic, records, write_pointer=wp)
-        try:
-            info = await self._client.publish(topic, () if streamed else records, write_pointer=wp)
-        except BaseException as exc:
-            self._note_publish_failure(exc)
-            raise
-        self._buffer.published.append((topic, info))
-
-    async def post_commit(self) -> None:
-        self._end()
-
-    async def rollback(self) -> None:
-        errors: list[BaseException] = []
-        for topic, info in self._buffer.published:
-            try:
-                await self._client.rollback(topic, info)
-            except Exception as exc:
-                errors.append(exc)
-        _raise_rollback_errors(self._buffer, errors)
-        self._end()
-
-
-def _raise_first(errors: list[BaseException]) -> None:
+def raise_first(errors: list[BaseException]) -> None:
     """Raise the first of ``errors`` (if any), the others attached as notes."""
     if errors:
         first = errors[0]
@@ -324,9 +185,9 @@ def _raise_first(errors: list[BaseException]) -> None:
         raise first
 
 
-def _raise_rollback_errors(buffer: TxBuffer, errors: list[BaseException]) -> None:
+def raise_rollback_errors(buffer: TxBuffer, errors: list[BaseException]) -> None:
     if buffer.unknown_publish:
         errors.append(
             TransactionFailure("a publish failed without an answer; its entries are unknown")
         )
-    _raise_first(errors)
+    raise_first(errors)

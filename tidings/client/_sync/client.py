@@ -1,13 +1,19 @@
-"""The asynchronous client: :class:`AsyncClient` (same API as :class:`~tidings.Client`, awaited)."""
+# Generated from tidings/client/_async/client.py by scripts/unasync.py; do not edit.
+
+"""The client: one method per call of the REST API (docs/client.md)."""
 
 from __future__ import annotations
 
-import asyncio
+import threading
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self, TypeVar, overload
 
+from tidings.client._sync.concurrency import sleep
+from tidings.client._sync.consumer import Consumer
+from tidings.client._sync.publisher import Publisher
+from tidings.client._sync.transactions import TransactionAware, TransactionContext
 from tidings.client.api import Call, PollPage
-from tidings.client.asyncio_transport import AsyncioTransport
 from tidings.client.base import (
     DEFAULT_MEDIA,
     DEFAULT_NAMESPACE,
@@ -21,19 +27,10 @@ from tidings.client.base import (
     read_only_snapshot,
     to_records,
 )
-from tidings.client.consumer import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_COMMITTED_WAIT,
-    DEFAULT_WAIT,
-    AsyncConsumer,
-)
-from tidings.client.publisher import AsyncPublisher, ErrorCallback
-from tidings.client.transactions import (
-    AsyncTransactionAware,
-    AsyncTransactionContext,
-)
-from tidings.client.transports import AsyncTransport
-from tidings.client.txpublisher import DEFAULT_PAYLOAD_THRESHOLD
+from tidings.client.batching import ErrorCallback
+from tidings.client.cursor import DEFAULT_BATCH_SIZE, DEFAULT_COMMITTED_WAIT, DEFAULT_WAIT
+from tidings.client.transports import SyncTransport, Urllib3Transport
+from tidings.client.txbuffer import DEFAULT_PAYLOAD_THRESHOLD
 from tidings.codec.wire import Media
 from tidings.errors import BadRequest
 from tidings.names import DEFAULT_URL
@@ -49,7 +46,7 @@ from tidings.structs import (
     TransactionState,
 )
 
-__all__ = ["AsyncClient"]
+__all__ = ["Client"]
 
 T = TypeVar("T")
 
@@ -58,15 +55,15 @@ def _wp(transaction: Transaction | int) -> int:
     return transaction.write_pointer if isinstance(transaction, Transaction) else transaction
 
 
-class AsyncClient(BaseClient):
-    """A Tidings client for asyncio; use it from one event loop.
+class Client(BaseClient):
+    """A Tidings client for one server and namespace; thread-safe.
 
     ::
 
-        async with tidings.AsyncClient("http://127.0.0.1:8470") as client:
-            await client.create_topic("events")
-            await client.publish("events", [b"one", "two"])
-            async for message in client.consume("events", follow=False):
+        with tidings.Client("http://127.0.0.1:8470") as client:
+            client.create_topic("events")
+            client.publish("events", [b"one", "two"])
+            for message in client.consume("events", follow=False):
                 print(message.payload)
 
     ``media`` is the encoding of publish, store and poll bodies (the Avro extension by
@@ -86,7 +83,7 @@ class AsyncClient(BaseClient):
         retry: RetryPolicy | None = None,
         max_connections: int = 10,
         transactions_url: str | None = None,
-        transport: AsyncTransport | None = None,
+        transport: SyncTransport | None = None,
     ) -> None:
         super().__init__(
             url,
@@ -96,67 +93,88 @@ class AsyncClient(BaseClient):
             retry=retry,
             transactions_url=transactions_url,
         )
-        self._transport = transport or AsyncioTransport(max_connections=max_connections)
+        self._transport = transport or Urllib3Transport(max_connections=max_connections)
+        self._max_connections = max_connections
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
-    async def _send(self, call: Call[T]) -> T:
+    def _commit_pool(self) -> ThreadPoolExecutor:
+        """Threads that send a transaction's per-topic publishes concurrently at commit
+        (created on first use, at most one per pooled connection)."""
+        pool = self._pool
+        if pool is None:
+            with self._pool_lock:
+                pool = self._pool
+                if pool is None:
+                    pool = self._pool = ThreadPoolExecutor(
+                        max(1, min(8, self._max_connections)),
+                        thread_name_prefix="tidings-commit",
+                    )
+        return pool
+
+    def _send(self, call: Call[T]) -> T:
         policy = self._policy_for(call)
         attempt = 1
         while True:
             try:
-                return call.result(await self._transport.send(call.request))
+                return call.result(self._transport.send(call.request))
             except Exception as exc:
                 if isinstance(exc, call.final) or not policy.should_retry(exc, attempt):
                     raise
-            await asyncio.sleep(policy.backoff(attempt))
+            sleep(policy.backoff(attempt))
             attempt += 1
 
-    async def close(self) -> None:
-        """Close pooled connections."""
-        await self._transport.aclose()
+    def close(self) -> None:
+        """Close pooled connections (and the commit threads, if any were started)."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        self._transport.close()
 
-    async def __aenter__(self) -> Self:
+    def __enter__(self) -> Self:
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # --- topics ---
 
-    async def create_topic(
+    def create_topic(
         self, topic: str, *, ttl: int | None = None, properties: Mapping[str, Any] | None = None
     ) -> TopicMetadata:
         """Create a topic (``ttl`` in seconds); :class:`TopicAlreadyExists` if it exists."""
-        return await self._send(self._api.create_topic(topic, ttl, properties))
+        return self._send(self._api.create_topic(topic, ttl, properties))
 
-    async def update_topic(
+    def update_topic(
         self, topic: str, *, ttl: int | None = None, properties: Mapping[str, Any] | None = None
     ) -> TopicMetadata:
         """Replace all of a topic's properties (seed 000); unset ones return to defaults."""
-        return await self._send(self._api.update_topic(topic, ttl, properties))
+        return self._send(self._api.update_topic(topic, ttl, properties))
 
-    async def get_topic(self, topic: str) -> TopicMetadata:
+    def get_topic(self, topic: str) -> TopicMetadata:
         """A topic's metadata; :class:`TopicNotFound` if there is none."""
-        return await self._send(self._api.get_topic(topic))
+        return self._send(self._api.get_topic(topic))
 
-    async def list_topics(self) -> list[str]:
+    def list_topics(self) -> list[str]:
         """The namespace's topic names, sorted."""
-        return await self._send(self._api.list_topics())
+        return self._send(self._api.list_topics())
 
-    async def delete_topic(self, topic: str) -> None:
+    def delete_topic(self, topic: str) -> None:
         """Delete a topic and (lazily) its messages."""
-        await self._send(self._api.delete_topic(topic))
+        self._send(self._api.delete_topic(topic))
 
-    async def stats(self, topic: str) -> TopicStats:
+    def stats(self, topic: str) -> TopicStats:
         """A topic's contents and traffic."""
-        return await self._send(self._api.stats(topic))
+        return self._send(self._api.stats(topic))
 
     # --- publishing ---
 
     @overload
-    async def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None: ...
+    def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None: ...
 
     @overload
-    async def publish(
+    def publish(
         self,
         topic: str,
         messages: MessageLike | Iterable[MessageLike],
@@ -165,7 +183,7 @@ class AsyncClient(BaseClient):
         payload_ranges: Sequence[PayloadRange] | None = None,
     ) -> RollbackInfo: ...
 
-    async def publish(
+    def publish(
         self,
         topic: str,
         messages: MessageLike | Iterable[MessageLike],
@@ -188,13 +206,13 @@ class AsyncClient(BaseClient):
         if write_pointer is None:
             if payload_ranges is not None:
                 raise BadRequest("payload_ranges need a write_pointer (and no messages)")
-            await self._send(self._api.publish(topic, records))
+            self._send(self._api.publish(topic, records))
             return None
-        return await self._send(
+        return self._send(
             self._api.publish_transactional(topic, records, write_pointer, payload_ranges)
         )
 
-    async def store(
+    def store(
         self, topic: str, messages: MessageLike | Iterable[MessageLike], *, write_pointer: int
     ) -> PayloadRange:
         """Write payloads of transaction ``write_pointer`` to the Payload Table (durable,
@@ -203,11 +221,11 @@ class AsyncClient(BaseClient):
         Returns the :class:`PayloadRange` the rows got; ``publish(topic, [],
         write_pointer=..., payload_ranges=[...])`` can then expose exactly them.
         """
-        return await self._send(self._api.store(topic, to_records(messages), write_pointer))
+        return self._send(self._api.store(topic, to_records(messages), write_pointer))
 
-    async def rollback(self, topic: str, info: RollbackInfo) -> int:
+    def rollback(self, topic: str, info: RollbackInfo) -> int:
         """Mark exactly the entries a transactional publish wrote as rolled back."""
-        return await self._send(self._api.rollback(topic, info))
+        return self._send(self._api.rollback(topic, info))
 
     def publisher(
         self,
@@ -219,9 +237,9 @@ class AsyncClient(BaseClient):
         linger: float = 0.005,
         retry: RetryPolicy | None = None,
         on_error: ErrorCallback | None = None,
-    ) -> AsyncPublisher:
-        """A background batching publisher (see :class:`~tidings.client.AsyncPublisher`)."""
-        return AsyncPublisher(
+    ) -> Publisher:
+        """A background batching publisher (see :class:`~tidings.client.Publisher`)."""
+        return Publisher(
             self,
             max_batch_messages=max_batch_messages,
             max_batch_bytes=max_batch_bytes,
@@ -234,7 +252,7 @@ class AsyncClient(BaseClient):
 
     # --- consuming ---
 
-    async def poll(
+    def poll(
         self,
         topic: str,
         start: StartPosition = None,
@@ -253,7 +271,7 @@ class AsyncClient(BaseClient):
         with a fresh snapshot the server takes at each fetch (a long poll then also
         wakes when a transaction commits); :class:`ServiceUnavailable` if the server does
         not run the transaction service. ``transaction``, if given, wins."""
-        return await self._send(
+        return self._send(
             self._api.poll(
                 topic,
                 concrete_start(start),
@@ -265,7 +283,7 @@ class AsyncClient(BaseClient):
             )
         )
 
-    async def poll_page(
+    def poll_page(
         self,
         topic: str,
         start: MessageId | int | None,
@@ -278,7 +296,7 @@ class AsyncClient(BaseClient):
     ) -> PollPage:
         """:meth:`poll`, answered undecoded with the page's extent (what consumers use
         to read ahead: they decode one page while the server prepares the next)."""
-        return await self._send(
+        return self._send(
             self._api.poll_page(
                 topic,
                 start,
@@ -290,7 +308,7 @@ class AsyncClient(BaseClient):
             )
         )
 
-    async def poll_ids(
+    def poll_ids(
         self,
         topic: str,
         start: StartPosition = None,
@@ -304,7 +322,7 @@ class AsyncClient(BaseClient):
         """:meth:`poll`, answering only the ids of the messages it would return: what
         a planner needs to find where a range ends or to split it, without carrying
         the payloads (``?fields=id``, docs/api.md)."""
-        return await self._send(
+        return self._send(
             self._api.poll_ids(
                 topic,
                 concrete_start(start),
@@ -327,14 +345,14 @@ class AsyncClient(BaseClient):
         wait: float = DEFAULT_WAIT,
         committed_wait: float = DEFAULT_COMMITTED_WAIT,
         follow: bool = True,
-    ) -> AsyncConsumer:
+    ) -> Consumer:
         """An iterator over a topic's messages from ``start``, in the one order.
 
         Read-committed unless ``transactional=False``. With ``follow`` it waits for new
         messages forever (long-poll); without, it stops once caught up. To resume after
         a saved ``consumer.position``, pass it as ``start`` with ``inclusive=False``.
         """
-        return AsyncConsumer(
+        return Consumer(
             self,
             topic,
             start,
@@ -346,20 +364,20 @@ class AsyncClient(BaseClient):
             follow=follow,
         )
 
-    async def snapshot(self) -> Transaction:
+    def snapshot(self) -> Transaction:
         """A read-only snapshot of what is committed now, for :meth:`poll`."""
-        return read_only_snapshot(await self.transactions())
+        return read_only_snapshot(self.transactions())
 
     # --- transactions ---
 
     def transaction(
         self,
-        *participants: AsyncTransactionAware,
+        *participants: TransactionAware,
         timeout: float | None = None,
         producer: ProducerInfo | None = None,
         payload_threshold: int = DEFAULT_PAYLOAD_THRESHOLD,
         defer_begin: bool = True,
-    ) -> AsyncTransactionContext:
+    ) -> TransactionContext:
         """A transaction over the messaging publisher and ``participants``::
 
         with client.transaction() as tx:
@@ -370,7 +388,7 @@ class AsyncClient(BaseClient):
         request at the end of the block (begin, publish, commit on the server); see
         :class:`~tidings.client.transactions.TransactionContext`.
         """
-        return AsyncTransactionContext(
+        return TransactionContext(
             self,
             *participants,
             timeout=timeout,
@@ -379,7 +397,7 @@ class AsyncClient(BaseClient):
             defer_begin=defer_begin,
         )
 
-    async def publish_transaction(
+    def publish_transaction(
         self,
         batches: Mapping[str, MessageLike | Iterable[MessageLike]],
         *,
@@ -396,11 +414,9 @@ class AsyncClient(BaseClient):
         without an answer, it either committed or stays invisible for good.
         """
         parts = [(topic, to_records(messages)) for topic, messages in batches.items()]
-        return await self._send(
-            self._api.publish_transaction(parts, timeout, transactional_id, epoch)
-        )
+        return self._send(self._api.publish_transaction(parts, timeout, transactional_id, epoch))
 
-    async def begin(
+    def begin(
         self,
         timeout: float | None = None,
         *,
@@ -408,9 +424,9 @@ class AsyncClient(BaseClient):
         epoch: int | None = None,
     ) -> Transaction:
         """Begin a transaction (``timeout`` seconds; the server's default if None)."""
-        return await self._send(self._api.begin(timeout, transactional_id, epoch))
+        return self._send(self._api.begin(timeout, transactional_id, epoch))
 
-    async def commit(
+    def commit(
         self,
         transaction: Transaction | int,
         changes: Iterable[bytes] = (),
@@ -419,9 +435,9 @@ class AsyncClient(BaseClient):
         epoch: int | None = None,
     ) -> None:
         """Commit; :class:`TransactionConflict` if a change key was written meanwhile."""
-        await self._send(self._api.commit(_wp(transaction), changes, transactional_id, epoch))
+        self._send(self._api.commit(_wp(transaction), changes, transactional_id, epoch))
 
-    async def abort(
+    def abort(
         self,
         transaction: Transaction | int,
         *,
@@ -429,22 +445,20 @@ class AsyncClient(BaseClient):
         epoch: int | None = None,
     ) -> None:
         """Abort; its published entries must have been rolled back first (Tephra)."""
-        await self._send(self._api.abort(_wp(transaction), transactional_id, epoch))
+        self._send(self._api.abort(_wp(transaction), transactional_id, epoch))
 
-    async def invalidate(self, transaction: Transaction | int) -> None:
+    def invalidate(self, transaction: Transaction | int) -> None:
         """Make a transaction invalid: its writes are never visible."""
-        await self._send(self._api.invalidate(_wp(transaction)))
+        self._send(self._api.invalidate(_wp(transaction)))
 
-    async def transactions(self) -> TransactionState:
+    def transactions(self) -> TransactionState:
         """The transaction service's state: pointers, in-progress and invalid lists."""
-        return await self._send(self._api.transactions())
+        return self._send(self._api.transactions())
 
-    async def register_producer(self, transactional_id: str) -> ProducerInfo:
+    def register_producer(self, transactional_id: str) -> ProducerInfo:
         """Register a transactional id: bumps its epoch and fences older holders."""
-        return await self._send(self._api.register_producer(transactional_id))
+        return self._send(self._api.register_producer(transactional_id))
 
-    async def prune(
-        self, *, below: int | None = None, ids: Iterable[int] | None = None
-    ) -> list[int]:
+    def prune(self, *, below: int | None = None, ids: Iterable[int] | None = None) -> list[int]:
         """Drop invalid pointers below ``below`` and/or in ``ids`` from the invalid list."""
-        return await self._send(self._api.prune(below, ids))
+        return self._send(self._api.prune(below, ids))

@@ -1,14 +1,20 @@
-"""The synchronous client: :class:`Client`."""
+"""The client: one method per call of the REST API (docs/client.md)."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self, TypeVar, overload
 
+# ---- sync only
+# import threading
+# from concurrent.futures import ThreadPoolExecutor
+# ---- end
+from tidings.client._async.concurrency import sleep
+from tidings.client._async.consumer import AsyncConsumer
+from tidings.client._async.publisher import AsyncPublisher
+from tidings.client._async.transactions import AsyncTransactionAware, AsyncTransactionContext
 from tidings.client.api import Call, PollPage
+from tidings.client.asyncio_transport import AsyncioTransport
 from tidings.client.base import (
     DEFAULT_MEDIA,
     DEFAULT_NAMESPACE,
@@ -22,19 +28,10 @@ from tidings.client.base import (
     read_only_snapshot,
     to_records,
 )
-from tidings.client.consumer import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_COMMITTED_WAIT,
-    DEFAULT_WAIT,
-    Consumer,
-)
-from tidings.client.publisher import ErrorCallback, Publisher
-from tidings.client.transactions import (
-    TransactionAware,
-    TransactionContext,
-)
-from tidings.client.transports import SyncTransport, Urllib3Transport
-from tidings.client.txpublisher import DEFAULT_PAYLOAD_THRESHOLD
+from tidings.client.batching import ErrorCallback
+from tidings.client.cursor import DEFAULT_BATCH_SIZE, DEFAULT_COMMITTED_WAIT, DEFAULT_WAIT
+from tidings.client.transports import AsyncTransport
+from tidings.client.txbuffer import DEFAULT_PAYLOAD_THRESHOLD
 from tidings.codec.wire import Media
 from tidings.errors import BadRequest
 from tidings.names import DEFAULT_URL
@@ -50,7 +47,7 @@ from tidings.structs import (
     TransactionState,
 )
 
-__all__ = ["Client"]
+__all__ = ["AsyncClient"]
 
 T = TypeVar("T")
 
@@ -59,15 +56,16 @@ def _wp(transaction: Transaction | int) -> int:
     return transaction.write_pointer if isinstance(transaction, Transaction) else transaction
 
 
-class Client(BaseClient):
-    """A Tidings client for one server and namespace; thread-safe.
+class AsyncClient(BaseClient):
+    # ---- async only
+    """A Tidings client for asyncio; use it from one event loop.
 
     ::
 
-        with tidings.Client("http://127.0.0.1:8470") as client:
-            client.create_topic("events")
-            client.publish("events", [b"one", "two"])
-            for message in client.consume("events", follow=False):
+        async with tidings.AsyncClient("http://127.0.0.1:8470") as client:
+            await client.create_topic("events")
+            await client.publish("events", [b"one", "two"])
+            async for message in client.consume("events", follow=False):
                 print(message.payload)
 
     ``media`` is the encoding of publish, store and poll bodies (the Avro extension by
@@ -76,6 +74,25 @@ class Client(BaseClient):
     sent once. ``transactions_url`` points the transaction calls at another server
     (``tidings serve --role transactions``).
     """
+
+    # ---- sync only
+    # """A Tidings client for one server and namespace; thread-safe.
+    #
+    # ::
+    #
+    #     with tidings.Client("http://127.0.0.1:8470") as client:
+    #         client.create_topic("events")
+    #         client.publish("events", [b"one", "two"])
+    #         for message in client.consume("events", follow=False):
+    #             print(message.payload)
+    #
+    # ``media`` is the encoding of publish, store and poll bodies (the Avro extension by
+    # default: measured faster than JSON). Requests that are safe to repeat (reads, polls,
+    # property updates) are retried per ``retry`` when they fail retriably; others are
+    # sent once. ``transactions_url`` points the transaction calls at another server
+    # (``tidings serve --role transactions``).
+    # """
+    # ---- end
 
     def __init__(
         self,
@@ -87,7 +104,7 @@ class Client(BaseClient):
         retry: RetryPolicy | None = None,
         max_connections: int = 10,
         transactions_url: str | None = None,
-        transport: SyncTransport | None = None,
+        transport: AsyncTransport | None = None,
     ) -> None:
         super().__init__(
             url,
@@ -97,88 +114,94 @@ class Client(BaseClient):
             retry=retry,
             transactions_url=transactions_url,
         )
-        self._transport = transport or Urllib3Transport(max_connections=max_connections)
-        self._max_connections = max_connections
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
+        self._transport = transport or AsyncioTransport(max_connections=max_connections)
+        # ---- sync only
+        # self._max_connections = max_connections
+        # self._pool: ThreadPoolExecutor | None = None
+        # self._pool_lock = threading.Lock()
+        # ---- end
 
-    def _commit_pool(self) -> ThreadPoolExecutor:
-        """Threads that send a transaction's per-topic publishes concurrently at commit
-        (created on first use, at most one per pooled connection)."""
-        pool = self._pool
-        if pool is None:
-            with self._pool_lock:
-                pool = self._pool
-                if pool is None:
-                    pool = self._pool = ThreadPoolExecutor(
-                        max(1, min(8, self._max_connections)),
-                        thread_name_prefix="tidings-commit",
-                    )
-        return pool
+    # ---- sync only
+    # def _commit_pool(self) -> ThreadPoolExecutor:
+    #     """Threads that send a transaction's per-topic publishes concurrently at commit
+    #     (created on first use, at most one per pooled connection)."""
+    #     pool = self._pool
+    #     if pool is None:
+    #         with self._pool_lock:
+    #             pool = self._pool
+    #             if pool is None:
+    #                 pool = self._pool = ThreadPoolExecutor(
+    #                     max(1, min(8, self._max_connections)),
+    #                     thread_name_prefix="tidings-commit",
+    #                 )
+    #     return pool
+    # ---- end
 
-    def _send(self, call: Call[T]) -> T:
+    async def _send(self, call: Call[T]) -> T:
         policy = self._policy_for(call)
         attempt = 1
         while True:
             try:
-                return call.result(self._transport.send(call.request))
+                return call.result(await self._transport.send(call.request))
             except Exception as exc:
                 if isinstance(exc, call.final) or not policy.should_retry(exc, attempt):
                     raise
-            time.sleep(policy.backoff(attempt))
+            await sleep(policy.backoff(attempt))
             attempt += 1
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """Close pooled connections (and the commit threads, if any were started)."""
-        with self._pool_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
-        self._transport.close()
+        # ---- sync only
+        # with self._pool_lock:
+        #     pool, self._pool = self._pool, None
+        # if pool is not None:
+        #     pool.shutdown(wait=True)
+        # ---- end
+        await self._transport.aclose()
 
-    def __enter__(self) -> Self:
+    async def __aenter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
     # --- topics ---
 
-    def create_topic(
+    async def create_topic(
         self, topic: str, *, ttl: int | None = None, properties: Mapping[str, Any] | None = None
     ) -> TopicMetadata:
         """Create a topic (``ttl`` in seconds); :class:`TopicAlreadyExists` if it exists."""
-        return self._send(self._api.create_topic(topic, ttl, properties))
+        return await self._send(self._api.create_topic(topic, ttl, properties))
 
-    def update_topic(
+    async def update_topic(
         self, topic: str, *, ttl: int | None = None, properties: Mapping[str, Any] | None = None
     ) -> TopicMetadata:
         """Replace all of a topic's properties (seed 000); unset ones return to defaults."""
-        return self._send(self._api.update_topic(topic, ttl, properties))
+        return await self._send(self._api.update_topic(topic, ttl, properties))
 
-    def get_topic(self, topic: str) -> TopicMetadata:
+    async def get_topic(self, topic: str) -> TopicMetadata:
         """A topic's metadata; :class:`TopicNotFound` if there is none."""
-        return self._send(self._api.get_topic(topic))
+        return await self._send(self._api.get_topic(topic))
 
-    def list_topics(self) -> list[str]:
+    async def list_topics(self) -> list[str]:
         """The namespace's topic names, sorted."""
-        return self._send(self._api.list_topics())
+        return await self._send(self._api.list_topics())
 
-    def delete_topic(self, topic: str) -> None:
+    async def delete_topic(self, topic: str) -> None:
         """Delete a topic and (lazily) its messages."""
-        self._send(self._api.delete_topic(topic))
+        await self._send(self._api.delete_topic(topic))
 
-    def stats(self, topic: str) -> TopicStats:
+    async def stats(self, topic: str) -> TopicStats:
         """A topic's contents and traffic."""
-        return self._send(self._api.stats(topic))
+        return await self._send(self._api.stats(topic))
 
     # --- publishing ---
 
     @overload
-    def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None: ...
+    async def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None: ...
 
     @overload
-    def publish(
+    async def publish(
         self,
         topic: str,
         messages: MessageLike | Iterable[MessageLike],
@@ -187,7 +210,7 @@ class Client(BaseClient):
         payload_ranges: Sequence[PayloadRange] | None = None,
     ) -> RollbackInfo: ...
 
-    def publish(
+    async def publish(
         self,
         topic: str,
         messages: MessageLike | Iterable[MessageLike],
@@ -210,13 +233,13 @@ class Client(BaseClient):
         if write_pointer is None:
             if payload_ranges is not None:
                 raise BadRequest("payload_ranges need a write_pointer (and no messages)")
-            self._send(self._api.publish(topic, records))
+            await self._send(self._api.publish(topic, records))
             return None
-        return self._send(
+        return await self._send(
             self._api.publish_transactional(topic, records, write_pointer, payload_ranges)
         )
 
-    def store(
+    async def store(
         self, topic: str, messages: MessageLike | Iterable[MessageLike], *, write_pointer: int
     ) -> PayloadRange:
         """Write payloads of transaction ``write_pointer`` to the Payload Table (durable,
@@ -225,11 +248,11 @@ class Client(BaseClient):
         Returns the :class:`PayloadRange` the rows got; ``publish(topic, [],
         write_pointer=..., payload_ranges=[...])`` can then expose exactly them.
         """
-        return self._send(self._api.store(topic, to_records(messages), write_pointer))
+        return await self._send(self._api.store(topic, to_records(messages), write_pointer))
 
-    def rollback(self, topic: str, info: RollbackInfo) -> int:
+    async def rollback(self, topic: str, info: RollbackInfo) -> int:
         """Mark exactly the entries a transactional publish wrote as rolled back."""
-        return self._send(self._api.rollback(topic, info))
+        return await self._send(self._api.rollback(topic, info))
 
     def publisher(
         self,
@@ -241,9 +264,9 @@ class Client(BaseClient):
         linger: float = 0.005,
         retry: RetryPolicy | None = None,
         on_error: ErrorCallback | None = None,
-    ) -> Publisher:
-        """A background batching publisher (see :class:`~tidings.client.Publisher`)."""
-        return Publisher(
+    ) -> AsyncPublisher:
+        """A background batching publisher (see :class:`~tidings.client.AsyncPublisher`)."""
+        return AsyncPublisher(
             self,
             max_batch_messages=max_batch_messages,
             max_batch_bytes=max_batch_bytes,
@@ -256,7 +279,7 @@ class Client(BaseClient):
 
     # --- consuming ---
 
-    def poll(
+    async def poll(
         self,
         topic: str,
         start: StartPosition = None,
@@ -275,7 +298,7 @@ class Client(BaseClient):
         with a fresh snapshot the server takes at each fetch (a long poll then also
         wakes when a transaction commits); :class:`ServiceUnavailable` if the server does
         not run the transaction service. ``transaction``, if given, wins."""
-        return self._send(
+        return await self._send(
             self._api.poll(
                 topic,
                 concrete_start(start),
@@ -287,7 +310,7 @@ class Client(BaseClient):
             )
         )
 
-    def poll_page(
+    async def poll_page(
         self,
         topic: str,
         start: MessageId | int | None,
@@ -300,7 +323,7 @@ class Client(BaseClient):
     ) -> PollPage:
         """:meth:`poll`, answered undecoded with the page's extent (what consumers use
         to read ahead: they decode one page while the server prepares the next)."""
-        return self._send(
+        return await self._send(
             self._api.poll_page(
                 topic,
                 start,
@@ -312,7 +335,7 @@ class Client(BaseClient):
             )
         )
 
-    def poll_ids(
+    async def poll_ids(
         self,
         topic: str,
         start: StartPosition = None,
@@ -326,7 +349,7 @@ class Client(BaseClient):
         """:meth:`poll`, answering only the ids of the messages it would return: what
         a planner needs to find where a range ends or to split it, without carrying
         the payloads (``?fields=id``, docs/api.md)."""
-        return self._send(
+        return await self._send(
             self._api.poll_ids(
                 topic,
                 concrete_start(start),
@@ -349,14 +372,14 @@ class Client(BaseClient):
         wait: float = DEFAULT_WAIT,
         committed_wait: float = DEFAULT_COMMITTED_WAIT,
         follow: bool = True,
-    ) -> Consumer:
+    ) -> AsyncConsumer:
         """An iterator over a topic's messages from ``start``, in the one order.
 
         Read-committed unless ``transactional=False``. With ``follow`` it waits for new
         messages forever (long-poll); without, it stops once caught up. To resume after
         a saved ``consumer.position``, pass it as ``start`` with ``inclusive=False``.
         """
-        return Consumer(
+        return AsyncConsumer(
             self,
             topic,
             start,
@@ -368,20 +391,20 @@ class Client(BaseClient):
             follow=follow,
         )
 
-    def snapshot(self) -> Transaction:
+    async def snapshot(self) -> Transaction:
         """A read-only snapshot of what is committed now, for :meth:`poll`."""
-        return read_only_snapshot(self.transactions())
+        return read_only_snapshot(await self.transactions())
 
     # --- transactions ---
 
     def transaction(
         self,
-        *participants: TransactionAware,
+        *participants: AsyncTransactionAware,
         timeout: float | None = None,
         producer: ProducerInfo | None = None,
         payload_threshold: int = DEFAULT_PAYLOAD_THRESHOLD,
         defer_begin: bool = True,
-    ) -> TransactionContext:
+    ) -> AsyncTransactionContext:
         """A transaction over the messaging publisher and ``participants``::
 
         with client.transaction() as tx:
@@ -392,7 +415,7 @@ class Client(BaseClient):
         request at the end of the block (begin, publish, commit on the server); see
         :class:`~tidings.client.transactions.TransactionContext`.
         """
-        return TransactionContext(
+        return AsyncTransactionContext(
             self,
             *participants,
             timeout=timeout,
@@ -401,7 +424,7 @@ class Client(BaseClient):
             defer_begin=defer_begin,
         )
 
-    def publish_transaction(
+    async def publish_transaction(
         self,
         batches: Mapping[str, MessageLike | Iterable[MessageLike]],
         *,
@@ -418,9 +441,11 @@ class Client(BaseClient):
         without an answer, it either committed or stays invisible for good.
         """
         parts = [(topic, to_records(messages)) for topic, messages in batches.items()]
-        return self._send(self._api.publish_transaction(parts, timeout, transactional_id, epoch))
+        return await self._send(
+            self._api.publish_transaction(parts, timeout, transactional_id, epoch)
+        )
 
-    def begin(
+    async def begin(
         self,
         timeout: float | None = None,
         *,
@@ -428,9 +453,9 @@ class Client(BaseClient):
         epoch: int | None = None,
     ) -> Transaction:
         """Begin a transaction (``timeout`` seconds; the server's default if None)."""
-        return self._send(self._api.begin(timeout, transactional_id, epoch))
+        return await self._send(self._api.begin(timeout, transactional_id, epoch))
 
-    def commit(
+    async def commit(
         self,
         transaction: Transaction | int,
         changes: Iterable[bytes] = (),
@@ -439,9 +464,9 @@ class Client(BaseClient):
         epoch: int | None = None,
     ) -> None:
         """Commit; :class:`TransactionConflict` if a change key was written meanwhile."""
-        self._send(self._api.commit(_wp(transaction), changes, transactional_id, epoch))
+        await self._send(self._api.commit(_wp(transaction), changes, transactional_id, epoch))
 
-    def abort(
+    async def abort(
         self,
         transaction: Transaction | int,
         *,
@@ -449,20 +474,22 @@ class Client(BaseClient):
         epoch: int | None = None,
     ) -> None:
         """Abort; its published entries must have been rolled back first (Tephra)."""
-        self._send(self._api.abort(_wp(transaction), transactional_id, epoch))
+        await self._send(self._api.abort(_wp(transaction), transactional_id, epoch))
 
-    def invalidate(self, transaction: Transaction | int) -> None:
+    async def invalidate(self, transaction: Transaction | int) -> None:
         """Make a transaction invalid: its writes are never visible."""
-        self._send(self._api.invalidate(_wp(transaction)))
+        await self._send(self._api.invalidate(_wp(transaction)))
 
-    def transactions(self) -> TransactionState:
+    async def transactions(self) -> TransactionState:
         """The transaction service's state: pointers, in-progress and invalid lists."""
-        return self._send(self._api.transactions())
+        return await self._send(self._api.transactions())
 
-    def register_producer(self, transactional_id: str) -> ProducerInfo:
+    async def register_producer(self, transactional_id: str) -> ProducerInfo:
         """Register a transactional id: bumps its epoch and fences older holders."""
-        return self._send(self._api.register_producer(transactional_id))
+        return await self._send(self._api.register_producer(transactional_id))
 
-    def prune(self, *, below: int | None = None, ids: Iterable[int] | None = None) -> list[int]:
+    async def prune(
+        self, *, below: int | None = None, ids: Iterable[int] | None = None
+    ) -> list[int]:
         """Drop invalid pointers below ``below`` and/or in ``ids`` from the invalid list."""
-        return self._send(self._api.prune(below, ids))
+        return await self._send(self._api.prune(below, ids))

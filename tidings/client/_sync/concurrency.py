@@ -1,0 +1,126 @@
+"""What the sync client waits on: the threaded twin of
+:mod:`tidings.client._async.concurrency`, with the same names less ``Async``."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, ParamSpec, Self, TypeVar
+
+__all__ = [
+    "Condition",
+    "Future",
+    "Pending",
+    "Sender",
+    "Worker",
+    "claim",
+    "new_future",
+    "settle",
+    "sleep",
+    "yield_turns",
+]
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def sleep(seconds: float) -> None:
+    """Block the calling thread ``seconds``."""
+    time.sleep(seconds)
+
+
+def yield_turns(turns: int) -> None:
+    """Nothing to do: a thread started runs on its own."""
+
+
+def new_future() -> Future[None]:
+    """A future a thread resolves."""
+    return Future()
+
+
+def claim(future: Future[None]) -> bool:
+    """True if ``future`` still wants a result; marks it running (no more cancelling)."""
+    return future.set_running_or_notify_cancel()
+
+
+def settle(future: Future[None], error: BaseException | None) -> None:
+    """Resolve a claimed ``future`` (to None, or failed with ``error``)."""
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+class Condition:
+    """A :class:`threading.Condition` with the async twin's methods."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+
+    def __enter__(self) -> Self:
+        self._cond.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._cond.release()
+
+    def notify_all(self) -> None:
+        """Wake every waiter (the lock must be held)."""
+        self._cond.notify_all()
+
+    def wait(self, timeout: float | None) -> None:
+        """Wait for a notification, at most ``timeout`` seconds (None: no limit)."""
+        self._cond.wait(timeout)
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float | None) -> bool:
+        """Wait until ``predicate()`` holds; False if ``timeout`` seconds pass first."""
+        return bool(self._cond.wait_for(predicate, timeout))
+
+
+class Pending(Generic[T]):
+    """A call running in the background (see :class:`Worker`)."""
+
+    def __init__(self, future: Future[T]) -> None:
+        self._future = future
+
+    def result(self) -> T:
+        """Its result, once it is done (its exception, if it failed)."""
+        return self._future.result()
+
+    def cancel(self) -> None:
+        """Stop it if it has not started; an answer on its way is dropped."""
+        self._future.cancel()
+
+
+class Worker:
+    """Runs calls in the background: one thread, started on first use."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._executor: ThreadPoolExecutor | None = None
+
+    def start(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Pending[T]:
+        """Start ``fn(*args, **kwargs)`` in the background."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix=self.name)
+        return Pending(self._executor.submit(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        """Let the thread end once its call returns."""
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False)
+
+
+class Sender:
+    """A long-running background loop (a publisher's sender): a daemon thread."""
+
+    def __init__(self, fn: Callable[[], None], name: str) -> None:
+        self._thread = threading.Thread(target=fn, name=name, daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float | None) -> None:
+        """Wait for the loop to end, at most ``timeout`` seconds."""
+        self._thread.join(timeout)

@@ -1,0 +1,154 @@
+# Generated from tidings/client/_async/consumer.py by scripts/unasync.py; do not edit.
+
+"""Consuming a topic as an iterator; every decision is :mod:`tidings.client.cursor`'s.
+
+At most one poll is sent ahead of the page being decoded (a task, or a worker thread
+for the sync consumer); see the cursor's module for when and why.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+
+from tidings.client._sync.concurrency import Pending, Worker, yield_turns
+from tidings.client._sync.session import Session
+from tidings.client.api import PollPage
+from tidings.client.base import StartPosition
+from tidings.client.cursor import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_COMMITTED_WAIT,
+    DEFAULT_WAIT,
+    ConsumerCursor,
+    PollKey,
+)
+from tidings.errors import ServiceUnavailable
+from tidings.structs import Message, MessageId
+
+__all__ = ["Consumer"]
+
+#: Loop turns a read-ahead gets before a page is decoded, if it runs on the event loop:
+#: the default transport writes the request in one, aiohttp's needs two (measured; one
+#: left it unsent until after). A thread needs none.
+_SEND_TURNS = 2
+
+
+class Consumer(Iterator[Message]):
+    """Iterates over a topic's messages, polling as needed (see
+    :meth:`Client.consume`)."""
+
+    def __init__(
+        self,
+        client: Session,
+        topic: str,
+        start: StartPosition = "earliest",
+        *,
+        inclusive: bool = True,
+        transactional: bool = True,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        wait: float = DEFAULT_WAIT,
+        committed_wait: float = DEFAULT_COMMITTED_WAIT,
+        follow: bool = True,
+    ) -> None:
+        self._client = client
+        self.topic = topic
+        self._cursor = ConsumerCursor(
+            start,
+            inclusive=inclusive,
+            transactional=transactional,
+            batch_size=batch_size,
+            wait=wait,
+            committed_wait=committed_wait,
+            follow=follow,
+            server_snapshots=client.server_snapshots,
+        )
+        self._buffer: deque[Message] = deque()
+        self._position = self._cursor.after
+        self._worker = Worker("tidings-read-ahead")
+        self._ahead: tuple[PollKey, Pending[PollPage]] | None = None
+
+    @property
+    def position(self) -> MessageId | None:
+        """The id of the last message this consumer returned (to resume after it)."""
+        return self._position
+
+    @property
+    def transactional(self) -> bool:
+        """True if this consumer reads committed messages only."""
+        return self._cursor.transactional
+
+    def poll(self) -> list[Message]:
+        """The next page of messages (waiting as configured), instead of iterating."""
+        page = list(self._buffer) if self._buffer else self._fetch()
+        self._buffer.clear()
+        if page:
+            self._position = page[-1].id
+        return page
+
+    def close(self) -> None:
+        """Drop a poll sent ahead, if any, and stop the read-ahead."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[1].cancel()
+        self._worker.close()
+
+    def _send_page(self, key: PollKey, wait: float) -> PollPage:
+        start, inclusive, snapshot, isolation = key
+        return self._client.poll_page(
+            self.topic,
+            start,
+            inclusive=inclusive,
+            limit=self._cursor.batch_size,
+            transaction=snapshot,
+            wait=wait,
+            isolation=isolation,
+        )
+
+    def _taken_ahead(self) -> PollPage | None:
+        """The answer of the poll sent ahead, if it is the one to send now."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        key, pending = ahead
+        try:
+            page = pending.result()
+        except Exception:
+            return None  # polled again below, where the error counts
+        return page if self._cursor.accepts(key, page) else None
+
+    def _send_ahead(self, key: PollKey) -> None:
+        self._ahead = (key, self._worker.start(self._send_page, key, 0.0))
+        # Let the request go out before decoding holds the loop.
+        yield_turns(_SEND_TURNS)
+
+    def _fetch(self) -> list[Message]:
+        cursor = self._cursor
+        if cursor.latest_pending:
+            cursor.resolve_latest(self._client.stats(self.topic))
+        page = self._taken_ahead()
+        while page is None:
+            if cursor.needs_snapshot:
+                cursor.snapshot = self._client.snapshot()
+            try:
+                page = self._send_page(cursor.key(), cursor.poll_wait())
+            except ServiceUnavailable as exc:
+                cursor.fall_back(exc)
+        key = cursor.ahead_of(page)
+        if key is not None:
+            self._send_ahead(key)  # before decoding: the server works meanwhile
+        messages = page.messages()
+        cursor.advance(messages)
+        return messages
+
+    def __iter__(self) -> Consumer:
+        return self
+
+    def __next__(self) -> Message:
+        while not self._buffer:
+            if self._cursor.exhausted:
+                self.close()
+                raise StopIteration
+            self._buffer.extend(self._fetch())
+        message = self._buffer.popleft()
+        self._position = message.id
+        return message

@@ -1,0 +1,193 @@
+# Generated from tidings/client/_async/publisher.py by scripts/unasync.py; do not edit.
+
+"""The batching publisher: a bounded buffer drained by a background batching sender.
+
+Seed 000 requirements 4.3.3 and 6: publishing can be asynchronous, with retries, and a
+message whose sending keeps failing is dropped. Each ``send`` returns a future at once;
+a sender (a thread for the sync publisher, a task for the async one) takes
+batches from the buffer, one topic at a time, and publishes each with one request.
+
+- **Batching**: a batch is up to ``max_batch_messages`` / ``max_batch_bytes`` of one
+  topic's messages, sent when full, when its oldest message has waited ``linger``
+  seconds, or on :meth:`flush` / :meth:`close`.
+- **Bounded buffer**: at most ``buffer_messages`` / ``buffer_bytes`` wait unsent;
+  ``send`` blocks while it is full (up to its ``timeout``, then
+  :class:`~tidings.errors.RequestTimeout`).
+- **Futures**: a message's future resolves (to None) once its batch is durable.
+- **Retries**: a batch that fails with a retriable error (cannot connect, no answer,
+  5xx) is resent after a backoff, up to ``retry.attempts`` tries. A retried publish may
+  have been stored the first time, so delivery is at-least-once.
+- **When retries run out** (or at once for an error no retry can fix, e.g.
+  ``TopicNotFound``): the batch is dropped; each of its futures fails with the last
+  error, ``on_error(topic, records, error)`` is called if given, the failure is logged
+  and counted in ``failed``; the sender goes on with the next batch. Messages of one
+  topic are sent in ``send`` order, so the delivered ones keep that order, with a gap
+  where a batch was dropped.
+"""
+
+from __future__ import annotations
+
+import time
+
+from tidings.client._sync.concurrency import (
+    Condition,
+    Future,
+    Sender,
+    claim,
+    new_future,
+    settle,
+    sleep,
+)
+from tidings.client._sync.session import Session
+from tidings.client.base import MessageLike, Outgoing, RetryPolicy, to_record
+from tidings.client.batching import (
+    Batcher,
+    ErrorCallback,
+    Pending,
+    PublisherOptions,
+    record_size,
+    report_failure,
+)
+from tidings.errors import RequestTimeout
+from tidings.names import check_name
+
+__all__ = ["Publisher"]
+
+
+class Publisher:
+    """Background batching publisher for :class:`~tidings.Client`; thread-safe.
+
+    Use as a context manager (or call :meth:`close`): leaving it flushes. The sender is
+    a daemon thread, so messages still buffered when the interpreter exits are lost.
+    """
+
+    def __init__(
+        self,
+        client: Session,
+        *,
+        max_batch_messages: int = 500,
+        max_batch_bytes: int = 1 << 20,
+        buffer_messages: int = 10_000,
+        buffer_bytes: int = 32 << 20,
+        linger: float = 0.005,
+        retry: RetryPolicy | None = None,
+        on_error: ErrorCallback | None = None,
+    ) -> None:
+        opts = PublisherOptions(
+            max_batch_messages,
+            max_batch_bytes,
+            buffer_messages,
+            buffer_bytes,
+            linger,
+            retry,
+            on_error,
+        )
+        self._client = client
+        self._retry = opts.retry
+        self._on_error = opts.on_error
+        self._batcher: Batcher[Future[None]] = Batcher(**opts.batcher_args)
+        self._cond = Condition()
+        self._flushing = 0
+        self._closed = False
+        self._sender: Sender | None = None
+        #: Messages made durable / dropped after their retries ran out.
+        self.sent = 0
+        self.failed = 0
+
+    def send(
+        self, topic: str, message: MessageLike, *, timeout: float | None = None
+    ) -> Future[None]:
+        """Buffer one message; the future resolves once it is durable (or fails).
+
+        Waits while the buffer is full, at most ``timeout`` seconds (None: no limit),
+        then raises :class:`~tidings.errors.RequestTimeout`.
+        """
+        check_name(topic)
+        record = to_record(message)
+        size = record_size(record)
+        future = new_future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the publisher is closed")
+            if not self._cond.wait_for(lambda: self._batcher.has_room(size), timeout):
+                raise RequestTimeout("the publisher's buffer stayed full")
+            self._batcher.add(topic, record, future, time.monotonic())
+            if self._sender is None:
+                self._sender = Sender(self._run, "tidings-publisher")
+            self._cond.notify_all()
+        return future
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send everything buffered now and wait until each of it is durable or dropped.
+
+        Does not raise for dropped messages (see their futures, ``on_error``,
+        ``failed``); raises :class:`TimeoutError` if ``timeout`` seconds pass first.
+        """
+        with self._cond:
+            target = self._batcher.last_seq
+            self._flushing += 1
+            self._cond.notify_all()
+            try:
+                done = self._cond.wait_for(lambda: self._batcher.resolved_through(target), timeout)
+            finally:
+                self._flushing -= 1
+        if not done:
+            raise TimeoutError("flush did not finish in time")
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush, then stop the sender; later sends raise."""
+        if self._closed:
+            return
+        try:
+            self.flush(timeout)
+        finally:
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+            if self._sender is not None:
+                self._sender.join(timeout)
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _next_batch(self) -> tuple[str, list[Pending[Future[None]]]] | None:
+        with self._cond:
+            while True:
+                urgent = self._flushing > 0 or self._closed
+                due = self._batcher.next_due(time.monotonic(), urgent=urgent)
+                if due is None and self._closed:
+                    return None
+                if due == 0:
+                    return self._batcher.take()
+                self._cond.wait(due)
+
+    def _run(self) -> None:
+        while (taken := self._next_batch()) is not None:
+            topic, batch = taken
+            live = [p for p in batch if claim(p.future)]
+            error = self._publish(topic, [p.record for p in live]) if live else None
+            for p in live:
+                settle(p.future, error)
+            if error is None:
+                self.sent += len(live)
+            else:
+                self.failed += len(live)
+                report_failure(topic, [p.record for p in live], error, self._on_error)
+            with self._cond:
+                self._batcher.resolve(batch)
+                self._cond.notify_all()
+
+    def _publish(self, topic: str, records: list[Outgoing]) -> BaseException | None:
+        attempt = 1
+        while True:
+            try:
+                self._client.publish(topic, records)
+                return None
+            except Exception as exc:
+                if not self._retry.should_retry(exc, attempt):
+                    return exc
+            sleep(self._retry.backoff(attempt))
+            attempt += 1

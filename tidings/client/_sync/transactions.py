@@ -1,0 +1,318 @@
+# Generated from tidings/client/_async/transactions.py by scripts/unasync.py; do not edit.
+
+"""Client transactions: the participant protocol, and the context that runs the messaging
+publisher with the caller's own participants in one transaction (seed 000 req. 7).
+
+:class:`TransactionContext` follows Apache Tephra's ``TransactionContext``:
+
+1. **start**: begin a transaction, then ``start(tx)`` every participant;
+2. **finish**: collect every participant's ``changes()``; **persist**: ``commit()``
+   each participant in order, the messaging publisher **last** (seed 000: the publish
+   that makes entries appear should be the last write, so transactional consumers are
+   blocked for the shortest time); then **commit** the transaction with the change
+   keys; then ``post_commit()`` each participant.
+3. **on failure** at any step before the commit succeeded: ``rollback()`` every
+   participant; if all rolled back, **abort** the transaction, else **invalidate** it
+   (its writes then stay invisible for good).
+
+Tephra asks the service "can commit?" before persisting; Tidings' commit call checks
+for conflicts and commits in one step, so the check comes after persisting. That is
+still safe: persisted writes are invisible until the commit, and a conflict rolls them
+back. If the commit call's outcome is unknown (no answer, 5xx), the context invalidates
+the transaction: the service answers 410 ``TransactionCommitted`` if it did commit, and
+otherwise the transaction can never commit, so rolling back is safe.
+
+The messaging publisher is :class:`~tidings.client.txpublisher.TransactionalPublisher`.
+
+**One request** (``defer_begin``, the default): when the messaging publisher is the only
+participant, nothing needs the transaction before the commit, so entering the context
+sends nothing; the messages are buffered, and the end of the block sends the whole
+transaction as one request (``POST /v1/namespaces/{ns}/transactions/publish``: begin,
+publish every topic, commit, on the server). It falls back to the steps above when a
+publish would pass the payload threshold, when the transaction is asked for before the
+commit (``transaction`` in sync code, ``start()`` in async code), when the client's
+transactions live on another server, or when the server answers 503 (it
+does not run both services) or 413 (body too large). A block that raises sends nothing.
+
+Errors: an exception in the ``with`` block is re-raised after the rollback; an error of
+the service (:class:`~tidings.errors.TidingsError`, e.g. ``TransactionConflict``) is
+re-raised as itself; any other exception of a participant becomes
+:class:`~tidings.errors.TransactionFailure` (its ``__cause__`` is the original). What
+went wrong while cleaning up is attached to the exception as notes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
+
+from tidings.client._sync.session import Session
+from tidings.client._sync.txpublisher import TransactionalPublisher
+from tidings.client.base import MessageLike, to_records
+from tidings.client.txbuffer import DEFAULT_PAYLOAD_THRESHOLD, ambiguous
+from tidings.client.txcontext import ContextState, State, attach, failure_of, name_of
+from tidings.errors import (
+    PayloadTooLarge,
+    ServiceUnavailable,
+    TidingsError,
+    TransactionCommitted,
+    TransactionFailure,
+    TransactionNotInProgress,
+)
+from tidings.structs import ProducerInfo, Transaction
+
+__all__ = ["TransactionAware", "TransactionContext"]
+
+
+@runtime_checkable
+class TransactionAware(Protocol):
+    """A participant in a client transaction (Tephra's ``TransactionAware``).
+
+    Each method signals failure by raising (or, for ``commit`` and ``rollback``, by
+    returning False).
+    """
+
+    def start(self, transaction: Transaction) -> None:
+        """A transaction began: remember it; writes from now on belong to it."""
+        ...
+
+    def changes(self) -> Iterable[bytes]:
+        """Change keys written, for conflict detection at commit (may be empty)."""
+        ...
+
+    def commit(self) -> bool | None:
+        """Persist the writes (still invisible to others until the transaction commits)."""
+        ...
+
+    def post_commit(self) -> None:
+        """The transaction committed: clean up."""
+        ...
+
+    def rollback(self) -> bool | None:
+        """Undo what was persisted; failing here makes the context invalidate."""
+        ...
+
+
+class TransactionContext(ContextState):
+    """Runs the messaging publisher and the given participants in one transaction.
+
+    ::
+
+        with client.transaction(my_table) as tx:
+            my_table.put(b"k", b"v")       # a TransactionAware of yours
+            tx.publish("events", b"k changed")
+    """
+
+    publisher: TransactionalPublisher
+
+    def __init__(
+        self,
+        client: Session,
+        *participants: TransactionAware,
+        timeout: float | None = None,
+        producer: ProducerInfo | None = None,
+        payload_threshold: int = DEFAULT_PAYLOAD_THRESHOLD,
+        publisher: TransactionalPublisher | None = None,
+        defer_begin: bool = True,
+    ) -> None:
+        self.publisher = publisher or TransactionalPublisher(
+            client, payload_threshold=payload_threshold
+        )
+        # The messaging publisher persists last (seed 000, "Implementation considerations").
+        super().__init__((*participants, self.publisher), timeout, producer, defer_begin)
+        self._all: tuple[TransactionAware, ...] = (*participants, self.publisher)
+        self._client = client
+
+    @property
+    def transaction(self) -> Transaction:
+        """The transaction's snapshot; a deferred transaction begins now."""
+        if self._state is State.PENDING:
+            self.start()
+        return self._snapshot()
+
+    def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None:
+        """Publish in this transaction: visible to read-committed consumers on commit."""
+        self._require_open()
+        records = to_records(messages)
+        if self._state is State.PENDING:
+            if self.publisher.buffer(topic, records):
+                return
+            self.start()  # past the payload threshold: stream, under a write pointer
+        self.publisher.publish(topic, records)
+
+    def start(self) -> Transaction:
+        """Begin the transaction and start every participant (also: begin a deferred
+        transaction now)."""
+        if self._state is not State.NEW and self._state is not State.PENDING:
+            raise RuntimeError(f"the transaction is {self.state}; use a new context")
+        self._tx = self._client.begin(
+            self._timeout, transactional_id=self._producer_id, epoch=self._epoch
+        )
+        self._state = State.ACTIVE
+        for participant in self._all:
+            try:
+                participant.start(self._tx)
+            except BaseException as exc:
+                failure = failure_of(participant, "start", exc)
+                self._abort_after(failure)
+                if failure is exc:
+                    raise
+                raise failure from exc
+        return self._tx
+
+    def finish(self) -> None:
+        """Check, persist, commit, post-commit; on failure roll back and abort."""
+        if self._state is State.PENDING:
+            if self._commit_in_one_request():
+                return
+            try:
+                self.start()  # this server cannot: the steps one by one
+            except BaseException:
+                if self._state is State.PENDING:
+                    self._drop()  # not even begun
+                raise
+        tx = self._require(State.ACTIVE)
+        changes: list[bytes] = []
+        for step in ("changes", "commit"):
+            for participant in self._all:
+                try:
+                    if step == "changes":
+                        changes.extend(bytes(c) for c in participant.changes())
+                    elif participant.commit() is False:
+                        raise TransactionFailure(f"{name_of(participant)} refused to commit")
+                except BaseException as exc:
+                    failure = failure_of(participant, step, exc)
+                    self._abort_after(failure)
+                    if failure is exc:
+                        raise
+                    raise failure from exc
+        try:
+            self._client.commit(tx, changes, transactional_id=self._producer_id, epoch=self._epoch)
+        except TransactionCommitted:
+            pass  # an earlier attempt got through
+        except TidingsError as exc:
+            if not ambiguous(exc):
+                self._abort_after(exc)
+                raise
+            if not self._committed_after_all(exc):
+                raise
+        self._state = State.COMMITTED
+        self._post_commit()
+
+    def abort(self) -> None:
+        """Roll every participant back and abort (invalidate if a rollback failed)."""
+        if self._state is State.PENDING:
+            self._drop()
+        elif self._state is State.ACTIVE:
+            self._rollback_and_end(None)
+
+    def __enter__(self) -> TransactionContext:
+        if self._defer and self._client._one_request_transactions():
+            self._state = State.PENDING
+            self.publisher.defer()
+        else:
+            self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if self._state is not State.ACTIVE and self._state is not State.PENDING:
+            return
+        if exc is not None:
+            self._abort_after(exc)
+        else:
+            self.finish()
+
+    # --- failure handling ---
+
+    def _abort_after(self, cause: BaseException) -> None:
+        if self._state is State.PENDING:
+            self._drop()  # nothing was sent
+        elif self._state is State.ACTIVE:
+            self._rollback_and_end(cause)
+
+    def _commit_in_one_request(self) -> bool:
+        """Begin, publish and commit as one request; False if the server cannot (503,
+        or 413: nothing done)."""
+        try:
+            self._tx = self._client.publish_transaction(
+                dict(self.publisher.batches()),
+                timeout=self._timeout,
+                transactional_id=self._producer_id,
+                epoch=self._epoch,
+            )
+        except ServiceUnavailable:
+            self._client._no_one_request_transactions()
+            return False
+        except PayloadTooLarge:
+            return False  # refused unread (its JSON is bigger than the Avro publishes)
+        except TidingsError as exc:
+            self._one_request_failed(exc)
+            self.publisher.end_deferred()
+            raise
+        except BaseException:
+            self._state = State.UNKNOWN
+            self.publisher.end_deferred()
+            raise
+        self._state = State.COMMITTED
+        self._post_commit()
+        return True
+
+    def _rollback_and_end(self, cause: BaseException | None) -> None:
+        tx = self._snapshot()
+        failed = []
+        for participant in self._all:
+            try:
+                if participant.rollback() is False:
+                    raise TransactionFailure("rollback() returned False")
+            except Exception as exc:
+                failed.append(f"rollback of {name_of(participant)} failed: {exc!r}")
+        self._state = State.ABORTED
+        try:
+            if failed:
+                failed.append(f"transaction {tx.write_pointer} invalidated")
+                self._client.invalidate(tx)
+            else:
+                self._client.abort(tx, transactional_id=self._producer_id, epoch=self._epoch)
+        except TransactionNotInProgress:
+            pass  # it timed out or was invalidated meanwhile: its writes stay invisible
+        except TidingsError as exc:
+            failed.append(
+                f"could not end transaction {tx.write_pointer} ({exc!r}); "
+                "it becomes invalid when it times out"
+            )
+        attach(cause, failed)
+
+    def _committed_after_all(self, error: TidingsError) -> bool:
+        """After a commit without an answer: True if it committed; else roll back."""
+        tx = self._snapshot()
+        try:
+            self._client.invalidate(tx)
+        except TransactionCommitted:
+            return True
+        except TransactionNotInProgress:
+            pass
+        except TidingsError as exc:
+            self._state = State.UNKNOWN
+            error.add_note(
+                f"the outcome of committing transaction {tx.write_pointer} is unknown "
+                f"({exc!r}); if it did not commit, it becomes invalid when it times out"
+            )
+            return False
+        self._rollback_and_end(error)
+        return False
+
+    def _post_commit(self) -> None:
+        errors = []
+        for participant in self._all:
+            try:
+                participant.post_commit()
+            except Exception as exc:
+                failure = failure_of(participant, "post_commit", exc)
+                if failure is not exc:
+                    failure.__cause__ = exc
+                errors.append(failure)
+        if errors:
+            errors[0].add_note(f"transaction {self.write_pointer} did commit")
+            raise errors[0]

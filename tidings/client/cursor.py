@@ -1,0 +1,162 @@
+"""Where a consumer stands and what it polls next: the I/O-free half of consuming.
+
+Consumers (:class:`~tidings.Consumer`, :class:`~tidings.AsyncConsumer`) iterate over a
+topic with long-polls that resume after the last id seen; every decision is here.
+
+Read-committed (the default) follows seed 000's transactional consumption: each poll
+carries a transaction snapshot, the server returns only entries visible in it and stops
+at the first entry of a transaction still in progress, so committed messages come in
+one order, and never one of an aborted or unfinished transaction. The snapshot is a
+read-only one (:func:`~tidings.client.base.read_only_snapshot`): one read of the
+service's state instead of begin + abort, and it is reused while pages come back full
+(catching up), since an older snapshot only ever shows less, never something wrong.
+
+By default the server takes the snapshots (``?isolation=read_committed``, docs/api.md):
+a fresh one at every fetch, and a long poll also wakes when a transaction commits, so
+one request per page and the whole ``wait``. That needs the transaction service in the
+messaging server's process, and the client's transactions addressed there; otherwise
+(a 503, or a separate ``transactions_url``) the consumer takes the snapshots itself:
+one read of the service's state per page, and since a long poll holding a snapshot
+wakes for new non-transactional messages but cannot see a transaction that commits
+while it waits, such polls wait at most ``committed_wait`` seconds before taking a fresh
+snapshot, which bounds the latency of transactional messages. Read-uncommitted polls
+wait the whole ``wait``.
+
+Reading ahead: a poll response says how many messages it holds and the id of the last
+(``Tidings-Count``, ``Tidings-Last-Id``, docs/api.md). When a page is full, the
+consumer sends the poll for the next one (after that id, exclusive, with the same
+snapshot or isolation) as soon as the page arrives, then decodes the page, so the
+server fetches and encodes page N+1 while the client decodes page N. At most one such
+poll is in flight (a worker thread for :class:`Consumer`, a task for
+:class:`AsyncConsumer`), and it waits for nothing on the server (``waitMs`` 0). Its
+answer is used only if it is exactly the poll the consumer would send next; otherwise
+(a page shorter than its header said, a failure, an empty answer while following) it
+is dropped and the consumer polls as it would have anyway, so order, exactly-once
+delivery and read-committed semantics are those of one poll after another. A short
+page, the end of the topic or a server that sends no such headers means no read-ahead.
+"""
+
+from __future__ import annotations
+
+from tidings.client.api import READ_COMMITTED, PollPage
+from tidings.client.base import StartPosition, resolve_start
+from tidings.errors import ServiceUnavailable
+from tidings.structs import Message, MessageId, TopicStats, Transaction
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_COMMITTED_WAIT",
+    "DEFAULT_WAIT",
+    "ConsumerCursor",
+    "PollKey",
+]
+
+DEFAULT_BATCH_SIZE = 500
+DEFAULT_WAIT = 10.0
+DEFAULT_COMMITTED_WAIT = 0.5
+#: What a poll asks for besides topic, limit and wait: start, inclusive, the snapshot
+#: (compared by identity) and the isolation parameter.
+PollKey = tuple[MessageId | int | None, bool, Transaction | None, str | None]
+
+
+class ConsumerCursor:
+    """Where a consumer stands and what its next poll asks for (no I/O)."""
+
+    def __init__(
+        self,
+        start: StartPosition,
+        *,
+        inclusive: bool = True,
+        transactional: bool,
+        batch_size: int,
+        wait: float,
+        committed_wait: float,
+        follow: bool,
+        server_snapshots: bool = False,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if wait < 0 or committed_wait < 0:
+            raise ValueError("waits must not be negative")
+        resolved = resolve_start(start)
+        self.latest_pending = resolved == "latest"
+        self.start: MessageId | int | None = None if resolved == "latest" else resolved
+        self.inclusive = inclusive
+        self.transactional = transactional
+        self.batch_size = batch_size
+        self.wait = wait
+        self.committed_wait = committed_wait
+        self.follow = follow
+        self.snapshot: Transaction | None = None
+        self.exhausted = False
+        #: Read-committed by the server's own snapshots (until it answers 503).
+        self.server_snapshots = transactional and server_snapshots
+
+    @property
+    def after(self) -> MessageId | None:
+        """The id the next poll starts after, if it starts after an id."""
+        return self.start if isinstance(self.start, MessageId) and not self.inclusive else None
+
+    def resolve_latest(self, stats: TopicStats) -> None:
+        """Start right after the newest entry there is now (or at the oldest, if none)."""
+        if stats.newest_id is not None:
+            self.start, self.inclusive = stats.newest_id, False
+        self.latest_pending = False
+
+    @property
+    def needs_snapshot(self) -> bool:
+        """True if the next poll needs a fresh read-committed snapshot from the client."""
+        return self.transactional and not self.server_snapshots and self.snapshot is None
+
+    @property
+    def isolation(self) -> str | None:
+        """The poll's ``isolation`` parameter (None: none sent)."""
+        return READ_COMMITTED if self.server_snapshots else None
+
+    def fall_back(self, error: ServiceUnavailable) -> None:
+        """The server cannot take snapshots: take them client-side from now on."""
+        if not self.server_snapshots:
+            raise error
+        self.server_snapshots = False
+
+    def poll_wait(self) -> float:
+        """How long the next poll may wait on the server."""
+        if not self.follow:
+            return 0.0
+        if self.transactional and not self.server_snapshots:
+            return min(self.wait, self.committed_wait)
+        return self.wait
+
+    def key(self) -> PollKey:
+        """What the next poll asks for (after :meth:`advance`)."""
+        return (self.start, self.inclusive, self.snapshot, self.isolation)
+
+    def ahead_of(self, page: PollPage) -> PollKey | None:
+        """The poll that follows ``page`` if it is worth sending before decoding it: the
+        page is full by its headers, so :meth:`advance` will keep the snapshot and move
+        just past its last id. None otherwise (short page, no headers)."""
+        if page.count is None or page.last_id is None or page.count < self.batch_size:
+            return None
+        return (page.last_id, False, self.snapshot, self.isolation)
+
+    def accepts(self, key: PollKey, page: PollPage | None) -> bool:
+        """True if a poll sent ahead as ``key`` answered what the next poll would."""
+        if page is None or self.latest_pending or self.needs_snapshot:
+            return False
+        start, inclusive, snapshot, isolation = self.key()
+        if not (
+            key[0] == start and key[1] == inclusive and key[2] is snapshot and key[3] == isolation
+        ):
+            return False
+        # Sent without waiting: an empty answer stands for the poll only if that one
+        # would not have waited either.
+        return not self.follow or (page.count is not None and page.count > 0)
+
+    def advance(self, messages: list[Message]) -> None:
+        """Move past a page; a short page means caught up with this snapshot."""
+        if messages:
+            self.start, self.inclusive = messages[-1].id, False
+        if len(messages) < self.batch_size:
+            self.snapshot = None
+            if not messages and not self.follow:
+                self.exhausted = True
