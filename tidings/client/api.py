@@ -17,7 +17,7 @@ from urllib.parse import quote, urlsplit
 import orjson
 
 from tidings.client.transports import Request, Response
-from tidings.codec import wire
+from tidings.codec import admin, wire
 from tidings.codec.wire import JSON, ConsumeRequest, Media
 from tidings.errors import (
     EmptyPublish,
@@ -131,12 +131,6 @@ def _json(response: Response) -> Any:
         raise ServerError(f"malformed JSON from the server: {response.body[:80]!r}") from None
 
 
-def _field(obj: Any, name: str, kind: type | tuple[type, ...]) -> Any:
-    if not isinstance(obj, dict) or not isinstance(obj.get(name), kind):
-        raise ServerError(f"unexpected answer from the server: no {name!r} in {obj!r:.200}")
-    return obj[name]
-
-
 def _response_media(response: Response, sent: Media) -> Media:
     if response.content_type is None:
         return sent
@@ -152,94 +146,33 @@ def _ignore(response: Response) -> None:
 
 def _topic(namespace: str) -> Callable[[Response], TopicMetadata]:
     def decode(response: Response) -> TopicMetadata:
-        obj = _json(response)
-        props = {str(k): str(v) for k, v in _field(obj, "properties", dict).items()}
-        ttl = props.get("ttl", "0")
-        return TopicMetadata(
-            namespace=namespace,
-            name=_field(obj, "name", str),
-            ttl=int(ttl) if ttl.isdigit() else 0,
-            generation=_field(obj, "generation", int),
-            properties=props,
-        )
+        return admin.read_topic(_json(response), namespace)
 
     return decode
 
 
 def _topic_names(response: Response) -> list[str]:
-    obj = _json(response)
-    if not isinstance(obj, list) or not all(isinstance(n, str) for n in obj):
-        raise ServerError(f"unexpected topic list: {obj!r:.200}")
-    return obj
-
-
-def _optional_id(value: object) -> MessageId | None:
-    return MessageId.from_hex(value) if isinstance(value, str) else None
-
-
-def _optional_int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return admin.read_topic_list(_json(response))
 
 
 def _stats(response: Response) -> TopicStats:
-    obj = _json(response)
-    return TopicStats(
-        namespace=_field(obj, "namespace", str),
-        topic=_field(obj, "topic", str),
-        message_count=_field(obj, "messageCount", int),
-        bytes=_field(obj, "bytes", int),
-        oldest_id=_optional_id(obj.get("oldestId")),
-        newest_id=_optional_id(obj.get("newestId")),
-        oldest_time=_optional_int(obj.get("oldestTime")),
-        newest_time=_optional_int(obj.get("newestTime")),
-        messages_published=_field(obj, "messagesPublished", int),
-        bytes_published=_field(obj, "bytesPublished", int),
-        fetches=_field(obj, "fetches", int),
-        publish_rate=float(_field(obj, "publishRate", (int, float))),
-        fetch_rate=float(_field(obj, "fetchRate", (int, float))),
-    )
-
-
-def _pointers(values: object) -> tuple[int, ...]:
-    if not isinstance(values, list):
-        raise ServerError(f"expected a list of write pointers, got {values!r:.200}")
-    return tuple(sorted(int(v) for v in values))
+    return admin.read_stats(_json(response))
 
 
 def _begun(response: Response) -> Transaction:
-    obj = _json(response)
-    return Transaction(
-        read_pointer=_field(obj, "readPointer", int),
-        write_pointer=_field(obj, "writePointer", int),
-        invalid=_pointers(obj.get("invalid", [])),
-        in_progress=_pointers(obj.get("inProgress", [])),
-    )
+    return admin.read_snapshot(_json(response))
 
 
 def _state(response: Response) -> TransactionState:
-    obj = _json(response)
-    in_progress: dict[int, int] = {}
-    for item in _field(obj, "inProgress", list):
-        in_progress[int(_field(item, "writePointer", int))] = int(item.get("expiresAt") or 0)
-    return TransactionState(
-        read_pointer=_field(obj, "readPointer", int),
-        last_write_pointer=_field(obj, "lastWritePointer", int),
-        in_progress=dict(sorted(in_progress.items())),
-        invalid=_pointers(obj.get("invalid", [])),
-    )
+    return admin.read_state(_json(response))
 
 
 def _producer(response: Response) -> ProducerInfo:
-    obj = _json(response)
-    return ProducerInfo(
-        transactional_id=_field(obj, "transactionalId", str),
-        producer_id=_field(obj, "producerId", int),
-        epoch=_field(obj, "epoch", int),
-    )
+    return admin.read_producer(_json(response))
 
 
 def _pruned(response: Response) -> list[int]:
-    return list(_pointers(_field(_json(response), "pruned", list)))
+    return admin.read_pruned(_json(response))
 
 
 def _payload_range(response: Response) -> PayloadRange:
@@ -253,9 +186,7 @@ def _payload_range(response: Response) -> PayloadRange:
 
 
 def _rolled_back(response: Response) -> int:
-    obj = _json(response)
-    count = obj.get("rolledBack") if isinstance(obj, dict) else None
-    return count if isinstance(count, int) else 0
+    return admin.read_rolled_back(_json(response))
 
 
 def _json_batch(topic: str, records: Sequence[Record | bytes]) -> dict[str, Any]:
@@ -269,22 +200,6 @@ def _json_batch(topic: str, records: Sequence[Record | bytes]) -> dict[str, Any]
     part.pop("transactionWritePointer", None)
     part["topic"] = topic
     return part
-
-
-def _properties(ttl: int | None, properties: Mapping[str, object] | None) -> dict[str, Any]:
-    props: dict[str, Any] = dict(properties or {})
-    if ttl is not None:
-        props["ttl"] = ttl
-    return props
-
-
-def _producer_fields(transactional_id: str | None, epoch: int | None) -> dict[str, Any]:
-    fields: dict[str, Any] = {}
-    if transactional_id is not None:
-        fields["transactionalId"] = transactional_id
-    if epoch is not None:
-        fields["epoch"] = epoch
-    return fields
 
 
 class RestApi:
@@ -347,7 +262,7 @@ class RestApi:
     def create_topic(
         self, topic: str, ttl: int | None, properties: Mapping[str, object] | None
     ) -> Call[TopicMetadata]:
-        props = _properties(ttl, properties)
+        props = admin.topic_request(ttl, properties)
         return self._json_call("PUT", self._topic_url(topic), _topic(self.namespace), props or None)
 
     def update_topic(
@@ -357,7 +272,7 @@ class RestApi:
             "PUT",
             self._topic_url(topic, "/properties"),
             _topic(self.namespace),
-            _properties(ttl, properties),
+            admin.topic_request(ttl, properties),
             idempotent=True,
         )
 
@@ -559,9 +474,7 @@ class RestApi:
         epoch: int | None,
     ) -> Call[Transaction]:
         """Begin, publish every ``(topic, records)`` batch, commit: one request."""
-        body = _producer_fields(transactional_id, epoch)
-        if timeout is not None:
-            body["timeout"] = timeout
+        body = admin.begin_request(timeout, transactional_id, epoch)
         body["topics"] = [_json_batch(topic, records) for topic, records in batches]
         return self._json_call(
             "POST", f"{self._ns_url}/transactions/publish", _begun, body, idempotent=False
@@ -570,9 +483,7 @@ class RestApi:
     def begin(
         self, timeout: float | None, transactional_id: str | None, epoch: int | None
     ) -> Call[Transaction]:
-        body = _producer_fields(transactional_id, epoch)
-        if timeout is not None:
-            body["timeout"] = timeout
+        body = admin.begin_request(timeout, transactional_id, epoch)
         return self._json_call("POST", self._tx_url, _begun, body)
 
     def commit(
@@ -582,16 +493,13 @@ class RestApi:
         transactional_id: str | None,
         epoch: int | None,
     ) -> Call[None]:
-        body = _producer_fields(transactional_id, epoch)
-        encoded = [wire.b64encode(bytes(c)) for c in changes]
-        if encoded:
-            body["changes"] = encoded
+        body = admin.commit_request(changes, transactional_id, epoch)
         return self._json_call("POST", f"{self._tx_url}/{int(write_pointer)}/commit", _ignore, body)
 
     def abort(
         self, write_pointer: int, transactional_id: str | None, epoch: int | None
     ) -> Call[None]:
-        body = _producer_fields(transactional_id, epoch)
+        body = admin.abort_request(transactional_id, epoch)
         return self._json_call("POST", f"{self._tx_url}/{int(write_pointer)}/abort", _ignore, body)
 
     def invalidate(self, write_pointer: int) -> Call[None]:
@@ -605,13 +513,9 @@ class RestApi:
             "POST",
             f"{self._tx_url}/producers",
             _producer,
-            {"transactionalId": transactional_id},
+            admin.producer_request(transactional_id),
         )
 
     def prune(self, below: int | None, ids: Iterable[int] | None) -> Call[list[int]]:
-        body: dict[str, Any] = {}
-        if below is not None:
-            body["below"] = below
-        if ids is not None:
-            body["ids"] = [int(i) for i in ids]
+        body = admin.prune_request(below, ids)
         return self._json_call("POST", f"{self._tx_url}/prune", _pruned, body)

@@ -1,7 +1,8 @@
 """Reading request bodies: the size limit (413), the media type (415), JSON objects (400).
 
 Message bodies themselves are decoded by :mod:`tidings.codec.wire`; this module only
-gets the bytes in safely and parses the small JSON bodies of the admin endpoints.
+gets the bytes in safely and parses the small JSON bodies of the admin endpoints (whose
+fields :mod:`tidings.codec.admin` reads).
 """
 
 from __future__ import annotations
@@ -16,17 +17,7 @@ from tidings.codec.wire import Media, b64decode, media_for
 from tidings.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from tidings.names import INT64_MAX, INT64_MIN
 
-__all__ = [
-    "base64_list",
-    "int_list",
-    "json_object",
-    "opt_int",
-    "opt_number",
-    "opt_str",
-    "read_body",
-    "request_media",
-    "require_json",
-]
+__all__ = ["json_object", "read_body", "request_media", "require_json"]
 
 
 def request_media(request: Request) -> Media:

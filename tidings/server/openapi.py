@@ -418,9 +418,15 @@ def _messaging_paths() -> dict[str, Any]:
                 "Publish messages (non-transactional, transactional, or a stored write pointer)",
                 {
                     "200": {
-                        "description": "durable; empty when non-transactional, else the "
-                        "rollback information (PublishResponse)",
-                        "content": _content(_ref("PublishResponse"), "PublishResponse", None),
+                        "description": "durable. Non-transactional: an empty body "
+                        "(application/octet-stream, seed 000); transactional: the "
+                        "rollback information (PublishResponse) in the request's medium",
+                        "content": {
+                            **_content(_ref("PublishResponse"), "PublishResponse", None),
+                            "application/octet-stream": {
+                                "schema": {"type": "string", "maxLength": 0}
+                            },
+                        },
                     },
                     **not_found,
                 },
@@ -541,15 +547,22 @@ def _transaction_paths() -> dict[str, Any]:
     tags = ("transactions",)
     wp = [_param("wp", {"type": "integer", "minimum": 1, "maximum": INT64_MAX})]
     ok = {"200": _json("done", _ref("Empty"))}
-    unknown = {"404": _error("unknown transaction")}
+    unknown = {
+        "404": _error("unknown transaction, or transactionalId never registered (ProducerNotFound)")
+    }
     fenced = {"403": _error("fenced: a newer epoch of the transactional id exists")}
     ended = {"410": _error("the transaction already ended")}
+    producer_unknown = {"404": _error("transactionalId never registered (ProducerNotFound)")}
     base = "/v1/transactions"
     return {
         base: {
             "post": _op(
                 "Begin a transaction",
-                {"200": _json("the snapshot", _ref("TransactionSnapshot")), **fenced},
+                {
+                    "200": _json("the snapshot", _ref("TransactionSnapshot")),
+                    **fenced,
+                    **producer_unknown,
+                },
                 body={JSON: {"schema": _ref("BeginRequest")}},
                 tags=tags,
             ),
@@ -601,7 +614,10 @@ def _transaction_paths() -> dict[str, Any]:
                 "(addition; all or nothing)",
                 {
                     "200": _json("committed: its snapshot", _ref("CommittedTransaction")),
-                    "404": _error("unknown topic (nothing published, the transaction aborted)"),
+                    "404": _error(
+                        "unknown topic (nothing published, the transaction aborted), or "
+                        "transactionalId never registered (ProducerNotFound)"
+                    ),
                     **fenced,
                     **ended,
                 },

@@ -17,19 +17,18 @@ a transaction, so a commit shows up at once instead of after the client's next s
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tidings.codec import wire
+from tidings.codec import admin, wire
 from tidings.codec.transaction import decode_transaction
 from tidings.errors import BadRequest, ServiceUnavailable
 from tidings.names import check_name
 from tidings.server.bodies import json_object, read_body, request_media, require_json
 from tidings.server.handlers import Api, json_response
-from tidings.structs import MessageId, TopicMetadata, TopicStats, Transaction
+from tidings.structs import MessageId, Transaction
 from tidings.tx import TransactionManager
 
 __all__ = ["PREFIX", "routes"]
@@ -41,37 +40,13 @@ COUNT_HEADER = "Tidings-Count"
 LAST_ID_HEADER = "Tidings-Last-Id"
 #: Store response header (docs/api.md): the Payload Table range the store wrote.
 PAYLOAD_RANGE_HEADER = "Tidings-Payload-Range"
+#: The Content-Type of the empty answer to a non-transactional publish.
+EMPTY_TYPE = "application/octet-stream"
 
 
 def _names(request: Request) -> tuple[str, str]:
     params = request.path_params
     return check_name(params["ns"], "namespace"), check_name(params["topic"], "topic")
-
-
-def topic_json(meta: TopicMetadata) -> dict[str, Any]:
-    """A topic as the API shows it: property values as strings (seed 000), ttl included."""
-    properties = dict(meta.properties)
-    properties["ttl"] = str(meta.ttl)
-    return {"name": meta.name, "properties": properties, "generation": meta.generation}
-
-
-def stats_json(stats: TopicStats) -> dict[str, Any]:
-    """A topic's stats with ids in hex."""
-    return {
-        "namespace": stats.namespace,
-        "topic": stats.topic,
-        "messageCount": stats.message_count,
-        "bytes": stats.bytes,
-        "oldestId": None if stats.oldest_id is None else stats.oldest_id.hex,
-        "newestId": None if stats.newest_id is None else stats.newest_id.hex,
-        "oldestTime": stats.oldest_time,
-        "newestTime": stats.newest_time,
-        "messagesPublished": stats.messages_published,
-        "bytesPublished": stats.bytes_published,
-        "fetches": stats.fetches,
-        "publishRate": stats.publish_rate,
-        "fetchRate": stats.fetch_rate,
-    }
 
 
 def _durable_snapshot(tx: TransactionManager) -> Transaction:
@@ -152,7 +127,9 @@ def routes(api: Api) -> list[Route]:
             messaging.publish_future(ns, topic, req.records, req.write_pointer, req.payload_ranges)
         )
         if info is None:
-            return Response(b"", media_type=media.value)
+            # Seed 000: a non-transactional publish answers an empty body. Empty is no
+            # JSON document, so it is not labelled as one (docs/api.md).
+            return Response(b"", media_type=EMPTY_TYPE)
         return Response(wire.encode_rollback_info(info, media), media_type=media.value)
 
     @api.endpoint(TOPIC + "/poll")
@@ -237,7 +214,7 @@ def routes(api: Api) -> list[Route]:
         info = wire.decode_rollback_info(await read_body(request, max_body), media)
         count = await inbox.wait(messaging.rollback_future(ns, topic, info))
         if media is wire.JSON:
-            return json_response({"rolledBack": count})
+            return json_response(admin.rolled_back_json(count))
         return Response(b"", media_type=media.value)
 
     @api.endpoint(TOPIC)
@@ -245,14 +222,15 @@ def routes(api: Api) -> list[Route]:
         messaging = api.messaging
         ns, topic = _names(request)
         if request.method in ("GET", "HEAD"):
-            return json_response(topic_json(await api.blocking(messaging.get_topic, ns, topic)))
+            meta = await api.blocking(messaging.get_topic, ns, topic)
+            return json_response(admin.topic_json(meta))
         if request.method == "DELETE":
             await api.blocking(messaging.delete_topic, ns, topic)
             return json_response({})
         require_json(request)
         properties = json_object(await read_body(request, max_body), "topic properties")
         meta = await api.blocking(messaging.create_topic, ns, topic, properties)
-        return json_response(topic_json(meta))
+        return json_response(admin.topic_json(meta))
 
     @api.endpoint(TOPIC + "/properties")
     async def properties(request: Request) -> Response:
@@ -261,7 +239,7 @@ def routes(api: Api) -> list[Route]:
         require_json(request)
         properties = json_object(await read_body(request, max_body), "topic properties")
         meta = await api.blocking(messaging.update_topic, ns, topic, properties)
-        return json_response(topic_json(meta))
+        return json_response(admin.topic_json(meta))
 
     @api.endpoint(PREFIX + "/topics")
     async def topics(request: Request) -> Response:
@@ -273,7 +251,7 @@ def routes(api: Api) -> list[Route]:
     async def stats(request: Request) -> Response:
         messaging = api.messaging
         ns, topic = _names(request)
-        return json_response(stats_json(await api.blocking(messaging.stats, ns, topic)))
+        return json_response(admin.stats_json(await api.blocking(messaging.stats, ns, topic)))
 
     return [
         Route(TOPIC + "/publish", publish, methods=["POST"]),

@@ -24,9 +24,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tidings.codec import wire
+from tidings.codec import admin, wire
 from tidings.codec.transaction import encode_transaction
-from tidings.codec.wire import b64encode
 from tidings.errors import (
     BadRequest,
     EmptyPublish,
@@ -35,16 +34,7 @@ from tidings.errors import (
 )
 from tidings.messaging import MessagingService
 from tidings.names import INT64_MAX, check_name
-from tidings.server.bodies import (
-    base64_list,
-    int_list,
-    json_object,
-    opt_int,
-    opt_number,
-    opt_str,
-    read_body,
-    require_json,
-)
+from tidings.server.bodies import json_object, read_body, require_json
 from tidings.server.handlers import Api, json_response
 from tidings.server.inbox import LoopInbox
 from tidings.structs import Record, Transaction
@@ -93,15 +83,6 @@ def _batches(obj: dict[str, Any]) -> list[_Batch]:
     return batches
 
 
-def _snapshot_json(snapshot: Transaction) -> dict[str, Any]:
-    return {
-        "writePointer": snapshot.write_pointer,
-        "readPointer": snapshot.read_pointer,
-        "invalid": list(snapshot.invalid),
-        "inProgress": list(snapshot.in_progress),
-    }
-
-
 def routes(api: Api) -> list[Route]:
     """Every transaction route."""
     # Transaction bodies are a few hundred bytes; a change set may be large, but not
@@ -117,44 +98,23 @@ def routes(api: Api) -> list[Route]:
     async def transactions(request: Request) -> Response:
         tx = api.tx
         if request.method in ("GET", "HEAD"):
-            state = await api.blocking(tx.state)
-            return json_response(
-                {
-                    "readPointer": state.read_pointer,
-                    "lastWritePointer": state.last_write_pointer,
-                    "inProgress": [
-                        {"writePointer": wp, "expiresAt": expires}
-                        for wp, expires in sorted(state.in_progress.items())
-                    ],
-                    "invalid": list(state.invalid),
-                }
-            )
-        obj = await body(request, "begin request")
-        timeout = opt_number(obj, "timeout")
-        transactional_id = opt_str(obj, "transactionalId")
-        epoch = opt_int(obj, "epoch", 0)
+            return json_response(admin.state_json(await api.blocking(tx.state)))
+        timeout, (transactional_id, epoch) = admin.read_begin_request(
+            await body(request, "begin request")
+        )
         snapshot = await _result(
             api.inbox, tx.begin_future(timeout, transactional_id=transactional_id, epoch=epoch)
         )
         counts.begun += 1
-        return json_response(
-            {
-                "writePointer": snapshot.write_pointer,
-                "readPointer": snapshot.read_pointer,
-                "invalid": list(snapshot.invalid),
-                "inProgress": list(snapshot.in_progress),
-                "encoded": b64encode(encode_transaction(snapshot)),
-            }
-        )
+        return json_response(admin.snapshot_json(snapshot, encode_transaction(snapshot)))
 
     @api.endpoint(PREFIX + "/{wp}/commit")
     async def commit(request: Request) -> Response:
         tx = api.tx
         wp = _write_pointer(request)
-        obj = await body(request, "commit request")
-        changes = base64_list(obj, "changes")
-        transactional_id = opt_str(obj, "transactionalId")
-        epoch = opt_int(obj, "epoch", 0)
+        changes, (transactional_id, epoch) = admin.read_commit_request(
+            await body(request, "commit request")
+        )
         try:
             await api.inbox.wait(
                 tx.commit_future(wp, changes, transactional_id=transactional_id, epoch=epoch)
@@ -169,9 +129,7 @@ def routes(api: Api) -> list[Route]:
     async def abort(request: Request) -> Response:
         tx = api.tx
         wp = _write_pointer(request)
-        obj = await body(request, "abort request")
-        transactional_id = opt_str(obj, "transactionalId")
-        epoch = opt_int(obj, "epoch", 0)
+        transactional_id, epoch = admin.read_abort_request(await body(request, "abort request"))
         await api.inbox.wait(tx.abort_future(wp, transactional_id=transactional_id, epoch=epoch))
         counts.aborted += 1
         return json_response({})
@@ -190,9 +148,7 @@ def routes(api: Api) -> list[Route]:
         ns = check_name(request.path_params["ns"], "namespace")
         obj = await body(request, "transactional publish")
         batches = _batches(obj)
-        timeout = opt_number(obj, "timeout")
-        transactional_id = opt_str(obj, "transactionalId")
-        epoch = opt_int(obj, "epoch", 0)
+        timeout, (transactional_id, epoch) = admin.read_begin_request(obj)
 
         async def run() -> Transaction:
             ended: list[str] = []
@@ -207,32 +163,21 @@ def routes(api: Api) -> list[Route]:
         # Shielded: a request cancelled midway still ends its transaction (as a worker
         # thread running it to the end did), instead of leaving it to time out.
         snapshot = await asyncio.shield(run())
-        return json_response(_snapshot_json(snapshot))
+        return json_response(admin.snapshot_json(snapshot))
 
     @api.endpoint(PREFIX + "/producers")
     async def producers(request: Request) -> Response:
         tx = api.tx
-        obj = await body(request, "producer registration")
-        transactional_id = opt_str(obj, "transactionalId")
-        if transactional_id is None:
-            raise BadRequest("transactionalId is required")
+        transactional_id = admin.read_producer_request(await body(request, "producer registration"))
         info = await api.blocking(tx.register_producer, transactional_id)
-        return json_response(
-            {
-                "transactionalId": info.transactional_id,
-                "producerId": info.producer_id,
-                "epoch": info.epoch,
-            }
-        )
+        return json_response(admin.producer_json(info))
 
     @api.endpoint(PREFIX + "/prune")
     async def prune(request: Request) -> Response:
         tx = api.tx
-        obj = await body(request, "prune request")
-        below = opt_int(obj, "below", 0)
-        ids = int_list(obj, "ids")
+        below, ids = admin.read_prune_request(await body(request, "prune request"))
         pruned = await api.blocking(tx.prune, below=below, ids=ids)
-        return json_response({"pruned": sorted(pruned)})
+        return json_response(admin.pruned_json(pruned))
 
     return [
         Route(PREFIX, transactions, methods=["GET", "POST"]),

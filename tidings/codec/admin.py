@@ -1,0 +1,391 @@
+"""The JSON bodies of the admin endpoints: topics, stats, transactions, producers.
+
+One codec for both ends: the server writes answers with the ``*_json`` functions and
+the client reads them with the ``read_*`` ones; the client writes requests with the
+``*_request`` functions and the server reads them with the ``read_*_request`` ones.
+A request that does not fit raises :class:`~tidings.errors.BadRequest` (the client
+sent it); an answer that does not fit raises :class:`~tidings.errors.ServerError`
+(the server sent it). docs/api.md and ``GET /openapi.json`` describe the same shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+from tidings.codec.json_bodies import b64decode, b64encode
+from tidings.errors import BadRequest, ServerError
+from tidings.names import INT64_MAX, INT64_MIN
+from tidings.structs import (
+    MessageId,
+    ProducerInfo,
+    TopicMetadata,
+    TopicStats,
+    Transaction,
+    TransactionState,
+)
+
+__all__ = [
+    "ProducerFields",
+    "abort_request",
+    "begin_request",
+    "commit_request",
+    "producer_json",
+    "producer_request",
+    "prune_request",
+    "pruned_json",
+    "read_abort_request",
+    "read_begin_request",
+    "read_commit_request",
+    "read_producer",
+    "read_producer_request",
+    "read_prune_request",
+    "read_pruned",
+    "read_rolled_back",
+    "read_snapshot",
+    "read_state",
+    "read_stats",
+    "read_topic",
+    "read_topic_list",
+    "rolled_back_json",
+    "snapshot_json",
+    "state_json",
+    "stats_json",
+    "topic_json",
+    "topic_request",
+]
+
+
+# --- reading fields of a request (BadRequest) ---
+
+
+def _opt_int(obj: Mapping[str, Any], field: str, lo: int = INT64_MIN) -> int | None:
+    value = obj.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= INT64_MAX:
+        raise BadRequest(f"{field} must be an integer in [{lo}, {INT64_MAX}]")
+    return value
+
+
+def _opt_str(obj: Mapping[str, Any], field: str) -> str | None:
+    value = obj.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"{field} must be a non-empty string")
+    return value
+
+
+def _opt_number(obj: Mapping[str, Any], field: str) -> float | None:
+    value = obj.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise BadRequest(f"{field} must be a number")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise BadRequest(f"{field} must be a finite number")
+    return float(value)
+
+
+def _base64_list(obj: Mapping[str, Any], field: str) -> list[bytes]:
+    value = obj.get(field)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise BadRequest(f"{field} must be a list of base64 strings")
+    return [b64decode(item, f"{field}[{i}]") for i, item in enumerate(value)]
+
+
+def _int_list(obj: Mapping[str, Any], field: str) -> list[int]:
+    value = obj.get(field)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= INT64_MAX for v in value
+    ):
+        raise BadRequest(f"{field} must be a list of integers in [1, {INT64_MAX}]")
+    return value
+
+
+# --- reading fields of an answer (ServerError) ---
+
+
+def _field(obj: Any, name: str, kind: type | tuple[type, ...]) -> Any:
+    if not isinstance(obj, dict) or not isinstance(obj.get(name), kind):
+        raise ServerError(f"unexpected answer from the server: no {name!r} in {obj!r:.200}")
+    return obj[name]
+
+
+def _pointers(values: object) -> tuple[int, ...]:
+    if not isinstance(values, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in values
+    ):
+        raise ServerError(f"expected a list of write pointers, got {values!r:.200}")
+    return tuple(sorted(values))
+
+
+def _optional_id(value: object) -> MessageId | None:
+    return MessageId.from_hex(value) if isinstance(value, str) else None
+
+
+def _optional_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# --- topics ---
+
+
+def topic_request(ttl: int | None, properties: Mapping[str, object] | None) -> dict[str, Any]:
+    """A create or update body: the properties, ``ttl`` (seconds) among them if given.
+    The server checks the values (:mod:`tidings.messaging.topics`)."""
+    props: dict[str, Any] = dict(properties or {})
+    if ttl is not None:
+        props["ttl"] = ttl
+    return props
+
+
+def topic_json(meta: TopicMetadata) -> dict[str, Any]:
+    """A topic as the API shows it: property values as strings (seed 000), ttl included."""
+    properties = dict(meta.properties)
+    properties["ttl"] = str(meta.ttl)
+    return {"name": meta.name, "properties": properties, "generation": meta.generation}
+
+
+def read_topic(obj: Any, namespace: str) -> TopicMetadata:
+    """The :class:`TopicMetadata` in an answer written by :func:`topic_json`."""
+    props = {str(k): str(v) for k, v in _field(obj, "properties", dict).items()}
+    ttl = props.get("ttl", "0")
+    return TopicMetadata(
+        namespace=namespace,
+        name=_field(obj, "name", str),
+        ttl=int(ttl) if ttl.isdigit() else 0,
+        generation=_field(obj, "generation", int),
+        properties=props,
+    )
+
+
+def read_topic_list(obj: Any) -> list[str]:
+    """The topic names of a ``GET /topics`` answer."""
+    if not isinstance(obj, list) or not all(isinstance(n, str) for n in obj):
+        raise ServerError(f"unexpected topic list: {obj!r:.200}")
+    return obj
+
+
+def stats_json(stats: TopicStats) -> dict[str, Any]:
+    """A topic's stats, ids in hex."""
+    return {
+        "namespace": stats.namespace,
+        "topic": stats.topic,
+        "messageCount": stats.message_count,
+        "bytes": stats.bytes,
+        "oldestId": None if stats.oldest_id is None else stats.oldest_id.hex,
+        "newestId": None if stats.newest_id is None else stats.newest_id.hex,
+        "oldestTime": stats.oldest_time,
+        "newestTime": stats.newest_time,
+        "messagesPublished": stats.messages_published,
+        "bytesPublished": stats.bytes_published,
+        "fetches": stats.fetches,
+        "publishRate": stats.publish_rate,
+        "fetchRate": stats.fetch_rate,
+    }
+
+
+def read_stats(obj: Any) -> TopicStats:
+    """The :class:`TopicStats` in an answer written by :func:`stats_json`."""
+    return TopicStats(
+        namespace=_field(obj, "namespace", str),
+        topic=_field(obj, "topic", str),
+        message_count=_field(obj, "messageCount", int),
+        bytes=_field(obj, "bytes", int),
+        oldest_id=_optional_id(obj.get("oldestId")),
+        newest_id=_optional_id(obj.get("newestId")),
+        oldest_time=_optional_int(obj.get("oldestTime")),
+        newest_time=_optional_int(obj.get("newestTime")),
+        messages_published=_field(obj, "messagesPublished", int),
+        bytes_published=_field(obj, "bytesPublished", int),
+        fetches=_field(obj, "fetches", int),
+        publish_rate=float(_field(obj, "publishRate", (int, float))),
+        fetch_rate=float(_field(obj, "fetchRate", (int, float))),
+    )
+
+
+def rolled_back_json(count: int) -> dict[str, Any]:
+    """The JSON answer of a rollback: how many entries it marked."""
+    return {"rolledBack": count}
+
+
+def read_rolled_back(obj: Any) -> int:
+    """The count in a rollback answer (0 for an empty or Avro answer)."""
+    count = obj.get("rolledBack") if isinstance(obj, dict) else None
+    return count if isinstance(count, int) else 0
+
+
+# --- transactions ---
+
+
+class ProducerFields(NamedTuple):
+    """The transactional id and epoch a begin, commit, abort or publish may carry."""
+
+    transactional_id: str | None
+    epoch: int | None
+
+
+def _producer_fields(transactional_id: str | None, epoch: int | None) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    if transactional_id is not None:
+        fields["transactionalId"] = transactional_id
+    if epoch is not None:
+        fields["epoch"] = epoch
+    return fields
+
+
+def _read_producer_fields(obj: Mapping[str, Any]) -> ProducerFields:
+    return ProducerFields(_opt_str(obj, "transactionalId"), _opt_int(obj, "epoch", 0))
+
+
+def begin_request(
+    timeout: float | None, transactional_id: str | None, epoch: int | None
+) -> dict[str, Any]:
+    """A ``POST /v1/transactions`` body (also the head of a one-request transaction)."""
+    body = _producer_fields(transactional_id, epoch)
+    if timeout is not None:
+        body["timeout"] = timeout
+    return body
+
+
+def read_begin_request(obj: Mapping[str, Any]) -> tuple[float | None, ProducerFields]:
+    """The timeout (seconds) and producer fields of a begin body."""
+    return _opt_number(obj, "timeout"), _read_producer_fields(obj)
+
+
+def commit_request(
+    changes: Iterable[bytes], transactional_id: str | None, epoch: int | None
+) -> dict[str, Any]:
+    """A commit body: the change keys (base64) and the producer fields."""
+    body = _producer_fields(transactional_id, epoch)
+    encoded = [b64encode(bytes(c)) for c in changes]
+    if encoded:
+        body["changes"] = encoded
+    return body
+
+
+def read_commit_request(obj: Mapping[str, Any]) -> tuple[list[bytes], ProducerFields]:
+    """The change keys and producer fields of a commit body."""
+    return _base64_list(obj, "changes"), _read_producer_fields(obj)
+
+
+def abort_request(transactional_id: str | None, epoch: int | None) -> dict[str, Any]:
+    """An abort body."""
+    return _producer_fields(transactional_id, epoch)
+
+
+def read_abort_request(obj: Mapping[str, Any]) -> ProducerFields:
+    """The producer fields of an abort body."""
+    return _read_producer_fields(obj)
+
+
+def snapshot_json(snapshot: Transaction, encoded: bytes | None = None) -> dict[str, Any]:
+    """A transaction's snapshot; with ``encoded`` (a begin's answer) its wire form too."""
+    obj: dict[str, Any] = {
+        "writePointer": snapshot.write_pointer,
+        "readPointer": snapshot.read_pointer,
+        "invalid": list(snapshot.invalid),
+        "inProgress": list(snapshot.in_progress),
+    }
+    if encoded is not None:
+        obj["encoded"] = b64encode(encoded)
+    return obj
+
+
+def read_snapshot(obj: Any) -> Transaction:
+    """The :class:`Transaction` in an answer written by :func:`snapshot_json`."""
+    return Transaction(
+        read_pointer=_field(obj, "readPointer", int),
+        write_pointer=_field(obj, "writePointer", int),
+        invalid=_pointers(obj.get("invalid", [])),
+        in_progress=_pointers(obj.get("inProgress", [])),
+    )
+
+
+def state_json(state: TransactionState) -> dict[str, Any]:
+    """The transaction service's state (``GET /v1/transactions``)."""
+    return {
+        "readPointer": state.read_pointer,
+        "lastWritePointer": state.last_write_pointer,
+        "inProgress": [
+            {"writePointer": wp, "expiresAt": expires}
+            for wp, expires in sorted(state.in_progress.items())
+        ],
+        "invalid": list(state.invalid),
+    }
+
+
+def read_state(obj: Any) -> TransactionState:
+    """The :class:`TransactionState` in an answer written by :func:`state_json`."""
+    in_progress: dict[int, int] = {}
+    for item in _field(obj, "inProgress", list):
+        expires = item.get("expiresAt") if isinstance(item, dict) else None
+        in_progress[_field(item, "writePointer", int)] = _optional_int(expires) or 0
+    return TransactionState(
+        read_pointer=_field(obj, "readPointer", int),
+        last_write_pointer=_field(obj, "lastWritePointer", int),
+        in_progress=dict(sorted(in_progress.items())),
+        invalid=_pointers(obj.get("invalid", [])),
+    )
+
+
+def producer_request(transactional_id: str) -> dict[str, Any]:
+    """A ``POST /v1/transactions/producers`` body."""
+    return {"transactionalId": transactional_id}
+
+
+def read_producer_request(obj: Mapping[str, Any]) -> str:
+    """The transactional id to register."""
+    transactional_id = _opt_str(obj, "transactionalId")
+    if transactional_id is None:
+        raise BadRequest("transactionalId is required")
+    return transactional_id
+
+
+def producer_json(info: ProducerInfo) -> dict[str, Any]:
+    """A registered producer."""
+    return {
+        "transactionalId": info.transactional_id,
+        "producerId": info.producer_id,
+        "epoch": info.epoch,
+    }
+
+
+def read_producer(obj: Any) -> ProducerInfo:
+    """The :class:`ProducerInfo` in an answer written by :func:`producer_json`."""
+    return ProducerInfo(
+        transactional_id=_field(obj, "transactionalId", str),
+        producer_id=_field(obj, "producerId", int),
+        epoch=_field(obj, "epoch", int),
+    )
+
+
+def prune_request(below: int | None, ids: Iterable[int] | None) -> dict[str, Any]:
+    """A ``POST /v1/transactions/prune`` body."""
+    body: dict[str, Any] = {}
+    if below is not None:
+        body["below"] = below
+    if ids is not None:
+        body["ids"] = [int(i) for i in ids]
+    return body
+
+
+def read_prune_request(obj: Mapping[str, Any]) -> tuple[int | None, list[int]]:
+    """``below`` and ``ids`` of a prune body."""
+    return _opt_int(obj, "below", 0), _int_list(obj, "ids")
+
+
+def pruned_json(pruned: Iterable[int]) -> dict[str, Any]:
+    """The answer of a prune: the pointers it dropped, sorted."""
+    return {"pruned": sorted(pruned)}
+
+
+def read_pruned(obj: Any) -> list[int]:
+    """The pointers in an answer written by :func:`pruned_json`."""
+    return list(_pointers(_field(obj, "pruned", list)))
