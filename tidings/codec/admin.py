@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from tidings.codec.json_bodies import b64decode, b64encode
+from tidings.codec.json_bodies import b64decode, b64encode, whole
 from tidings.errors import BadRequest, ServerError
 from tidings.names import INT64_MAX, INT64_MIN
 from tidings.structs import (
@@ -60,7 +60,7 @@ __all__ = [
 
 
 def _opt_int(obj: Mapping[str, Any], field: str, lo: int = INT64_MIN) -> int | None:
-    value = obj.get(field)
+    value = whole(obj.get(field))
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= INT64_MAX:
@@ -101,6 +101,8 @@ def _int_list(obj: Mapping[str, Any], field: str) -> list[int]:
     value = obj.get(field)
     if value is None:
         return []
+    if isinstance(value, list):
+        value = [whole(v) for v in value]
     if not isinstance(value, list) or not all(
         isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= INT64_MAX for v in value
     ):

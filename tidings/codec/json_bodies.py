@@ -31,6 +31,7 @@ __all__ = [
     "ids",
     "integer",
     "messages",
+    "whole",
     "obj",
     "payload_ranges_json",
     "publish_request",
@@ -78,10 +79,19 @@ def obj(body: bytes, what: str) -> dict[str, Any]:
     return value
 
 
+def whole(value: object) -> object:
+    """A JSON number that is a whole number (``5.0``) as an int, as JSON Schema counts
+    it an integer; anything else unchanged."""
+    if type(value) is float and value.is_integer() and abs(value) <= 2.0**63:
+        return int(value)
+    return value
+
+
 def integer(value: object, what: str, lo: int, hi: int, *, optional: bool) -> int | None:
     """``value`` if it is an integer in [lo, hi] (or None and ``optional``)."""
     if value is None and optional:
         return None
+    value = whole(value)
     if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
         raise BadRequest(f"{what} must be an integer in [{lo}, {hi}]")
     return value

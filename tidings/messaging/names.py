@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from tidings.codec.json_bodies import whole
 from tidings.errors import InvalidProperties
 from tidings.names import INT64_MAX
 
@@ -48,6 +49,8 @@ def normalize_properties(
     if not isinstance(properties, Mapping):
         raise InvalidProperties(f"properties must be an object, got {type(properties).__name__}")
     result: dict[str, str] = {}
+    # JSON has one number type: 3600.0 is the integer 3600 (as JSON Schema counts it).
+    properties = {key: whole(value) for key, value in properties.items()}
     for key, value in properties.items():
         if not isinstance(key, str) or not key:
             raise InvalidProperties(f"property names must be non-empty strings, got {key!r}")

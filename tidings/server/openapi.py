@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tidings.codec import wire
+from tidings.messaging.names import MAX_TTL
 from tidings.names import INT64_MAX
 
 __all__ = ["openapi_document"]
@@ -30,6 +31,46 @@ _POSITION = {
     "items": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
 }
 _NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,128}$"}
+#: A message id in JSON: 20 bytes, standard base64 (28 characters, one "=").
+_MESSAGE_ID = {
+    "type": "string",
+    "pattern": "^[A-Za-z0-9+/]{26}[AEIMQUYcgkosw048]=$",
+    "description": "a 20-byte message id, standard base64",
+}
+#: What tidings.tx.producers accepts: 1-255 characters, none of them a control character.
+_TRANSACTIONAL_ID = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 255,
+    "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]*$",
+}
+#: transactionalId and epoch come together or not at all (a registered producer); a
+#: null counts as absent, as for every optional field.
+_PRODUCER_RULE = {
+    "allOf": [
+        {
+            "if": {"required": [a], "properties": {a: {"not": {"type": "null"}}}},
+            "then": {"required": [b], "properties": {b: {"not": {"type": "null"}}}},
+        }
+        for a, b in (("epoch", "transactionalId"), ("transactionalId", "epoch"))
+    ]
+}
+
+
+def _decimal_range(high: int) -> str:
+    """A regular expression for the decimal numbers 1..high (leading zeros allowed, as
+    the server reads them)."""
+    digits = str(high)
+    shorter = f"[1-9][0-9]{{0,{len(digits) - 2}}}" if len(digits) > 1 else ""
+    same_length = []
+    for i, d in enumerate(digits):
+        rest = len(digits) - i - 1
+        low = "1" if i == 0 else "0"
+        if int(d) > int(low):
+            top = str(int(d) - 1)
+            same_length.append(digits[:i] + f"[{low}-{top}]" + (f"[0-9]{{{rest}}}" if rest else ""))
+    same_length.append(digits)
+    return "^0*(" + "|".join(filter(None, [shorter, *same_length])) + ")$"
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -99,7 +140,14 @@ def _op(
     return op
 
 
-def _schemas() -> dict[str, Any]:
+def _schemas(max_timeout: float) -> dict[str, Any]:
+    timeout = {
+        "type": "number",
+        "exclusiveMinimum": 0,
+        "maximum": max_timeout,
+        "description": "seconds (the server's tx_max_timeout at most)",
+    }
+    epoch = {"type": "integer", "minimum": 0, "maximum": INT64_MAX}
     extras = {
         "type": "object",
         "properties": {
@@ -121,12 +169,13 @@ def _schemas() -> dict[str, Any]:
             "properties": {
                 "ttl": {
                     "oneOf": [
-                        {"type": "integer", "minimum": 1},
-                        {"type": "string", "pattern": "^[0-9]+$"},
+                        {"type": "integer", "minimum": 1, "maximum": MAX_TTL},
+                        {"type": "string", "pattern": _decimal_range(MAX_TTL)},
                     ]
                 }
             },
             "additionalProperties": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+            "propertyNames": {"minLength": 1},
         },
         "Topic": {
             "type": "object",
@@ -178,6 +227,16 @@ def _schemas() -> dict[str, Any]:
                 ),
             },
         },
+        "StoreRequest": {
+            "type": "object",
+            "description": "a PublishRequest under a write pointer; no payloadRanges",
+            "required": ["transactionWritePointer", "messages"],
+            "properties": {
+                "transactionWritePointer": _POSITIVE_INT64,
+                "messages": {"type": "array", "items": _BYTES},
+                "extras": _nullable({"type": "array", "items": _nullable(extras)}),
+            },
+        },
         "PayloadRange": {
             "type": "object",
             "description": "Payload Table positions [writeTs, seq], both ends inclusive",
@@ -199,9 +258,9 @@ def _schemas() -> dict[str, Any]:
             ],
             "properties": {
                 "transactionWritePointer": _POSITIVE_INT64,
-                "startTimestamp": _INT64,
+                "startTimestamp": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
                 "startSequenceId": {"type": "integer", "minimum": 0, "maximum": 65535},
-                "endTimestamp": _INT64,
+                "endTimestamp": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
                 "endSequenceId": {"type": "integer", "minimum": 0, "maximum": 65535},
             },
         },
@@ -216,7 +275,11 @@ def _schemas() -> dict[str, Any]:
             "or a timestamp in ms",
             "properties": {
                 "startFrom": {
-                    "oneOf": [_BYTES, {"type": "integer", "minimum": 0}, {"type": "null"}]
+                    "oneOf": [
+                        _MESSAGE_ID,
+                        {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
+                        {"type": "null"},
+                    ]
                 },
                 "inclusive": {"type": "boolean", "default": True},
                 "limit": _nullable({"type": "integer", "minimum": 1, "maximum": 2**31 - 1}),
@@ -244,10 +307,11 @@ def _schemas() -> dict[str, Any]:
         "BeginRequest": {
             "type": "object",
             "properties": {
-                "timeout": {"type": "number", "description": "seconds"},
-                "transactionalId": {"type": "string", "minLength": 1},
-                "epoch": {"type": "integer", "minimum": 0},
+                "timeout": _nullable(timeout),
+                "transactionalId": _nullable(_TRANSACTIONAL_ID),
+                "epoch": _nullable(epoch),
             },
+            **_PRODUCER_RULE,
         },
         "TransactionSnapshot": {
             "type": "object",
@@ -267,6 +331,7 @@ def _schemas() -> dict[str, Any]:
             "properties": {
                 "topics": {
                     "type": "array",
+                    "minItems": 1,
                     "items": {
                         "type": "object",
                         "description": "a JSON PublishRequest without a write pointer, "
@@ -279,10 +344,11 @@ def _schemas() -> dict[str, Any]:
                         },
                     },
                 },
-                "timeout": {"type": "number", "description": "seconds"},
-                "transactionalId": {"type": "string", "minLength": 1},
-                "epoch": {"type": "integer", "minimum": 0},
+                "timeout": _nullable(timeout),
+                "transactionalId": _nullable(_TRANSACTIONAL_ID),
+                "epoch": _nullable(epoch),
             },
+            **_PRODUCER_RULE,
         },
         "CommittedTransaction": {
             "type": "object",
@@ -297,17 +363,19 @@ def _schemas() -> dict[str, Any]:
         "CommitRequest": {
             "type": "object",
             "properties": {
-                "changes": {"type": "array", "items": _BYTES},
-                "transactionalId": {"type": "string", "minLength": 1},
-                "epoch": {"type": "integer", "minimum": 0},
+                "changes": _nullable({"type": "array", "items": _BYTES}),
+                "transactionalId": _nullable(_TRANSACTIONAL_ID),
+                "epoch": _nullable(epoch),
             },
+            **_PRODUCER_RULE,
         },
         "AbortRequest": {
             "type": "object",
             "properties": {
-                "transactionalId": {"type": "string", "minLength": 1},
-                "epoch": {"type": "integer", "minimum": 0},
+                "transactionalId": _nullable(_TRANSACTIONAL_ID),
+                "epoch": _nullable(epoch),
             },
+            **_PRODUCER_RULE,
         },
         "TransactionState": {
             "type": "object",
@@ -328,7 +396,7 @@ def _schemas() -> dict[str, Any]:
         "ProducerRequest": {
             "type": "object",
             "required": ["transactionalId"],
-            "properties": {"transactionalId": {"type": "string", "minLength": 1}},
+            "properties": {"transactionalId": _TRANSACTIONAL_ID},
         },
         "Producer": {
             "type": "object",
@@ -341,7 +409,10 @@ def _schemas() -> dict[str, Any]:
         },
         "PruneRequest": {
             "type": "object",
-            "properties": {"below": _INT64, "ids": {"type": "array", "items": _POSITIVE_INT64}},
+            "properties": {
+                "below": _nullable({"type": "integer", "minimum": 0, "maximum": INT64_MAX}),
+                "ids": _nullable({"type": "array", "items": _POSITIVE_INT64}),
+            },
         },
         "PruneResponse": {
             "type": "object",
@@ -368,6 +439,7 @@ def _messaging_paths() -> dict[str, Any]:
         "content": {JSON: {}, AVRO: {}, AVRO_EXT: {}},
     }
     publish_body = _content(_ref("PublishRequest"), "PublishRequest", "PublishRequestExt")
+    store_body = _content(_ref("StoreRequest"), "PublishRequest", "PublishRequestExt")
     base = "/v1/namespaces/{ns}"
     topic = base + "/topics/{topic}"
     return {
@@ -397,10 +469,9 @@ def _messaging_paths() -> dict[str, Any]:
         },
         topic + "/properties": {
             "put": _op(
-                "Replace a topic's properties",
+                "Replace a topic's properties (no body: back to the defaults)",
                 {**topic_ok, **not_found},
                 body=properties,
-                required=True,
                 tags=tags,
                 parameters=nst,
             )
@@ -456,7 +527,7 @@ def _messaging_paths() -> dict[str, Any]:
                     },
                     **not_found,
                 },
-                body=publish_body,
+                body=store_body,
                 required=True,
                 tags=("messages",),
                 parameters=nst,
@@ -632,7 +703,6 @@ def _transaction_paths() -> dict[str, Any]:
                 "Prune write pointers from the invalid list",
                 {"200": _json("pruned pointers", _ref("PruneResponse"))},
                 body={JSON: {"schema": _ref("PruneRequest")}},
-                required=True,
                 tags=tags,
             )
         },
@@ -678,8 +748,9 @@ def _ops_paths() -> dict[str, Any]:
     }
 
 
-def openapi_document(version: str) -> dict[str, Any]:
-    """The whole contract as an OpenAPI 3.1 document."""
+def openapi_document(version: str, *, max_timeout: float = 3600.0) -> dict[str, Any]:
+    """The whole contract as an OpenAPI 3.1 document (``max_timeout``: the server's
+    longest transaction timeout, seconds)."""
     return {
         "openapi": "3.1.0",
         "info": {
@@ -690,5 +761,5 @@ def openapi_document(version: str) -> dict[str, Any]:
             "of the error class.",
         },
         "paths": {**_messaging_paths(), **_transaction_paths(), **_ops_paths()},
-        "components": {"schemas": _schemas()},
+        "components": {"schemas": _schemas(max_timeout)},
     }

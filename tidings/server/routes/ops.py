@@ -17,7 +17,8 @@ __all__ = ["routes"]
 
 def routes(api: Api) -> list[Route]:
     """``/healthz``, ``/readyz``, ``/metrics`` and ``/openapi.json``."""
-    document = orjson.dumps(openapi_document(tidings.__version__))
+    max_timeout = api.config.tx_max_timeout
+    document = orjson.dumps(openapi_document(tidings.__version__, max_timeout=max_timeout))
 
     @api.endpoint("/healthz")
     async def healthz(request: Request) -> Response:
