@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tidings.server.config import SETTINGS, ConfigError, ServerConfig, load_config
+from tidings.server.config import (
+    SETTINGS,
+    ConfigError,
+    ServerConfig,
+    Setting,
+    load_config,
+    settings_table,
+)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -131,3 +138,43 @@ def test_docs_list_every_setting() -> None:
         assert f"`{setting.env}`" in row, setting.name
         if setting.flag:
             assert f"`{setting.flag}`" in row, setting.name
+
+
+def test_docs_table_is_the_settings_table() -> None:
+    """docs/configuration.md shows exactly the table the code makes from ServerConfig."""
+    doc = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    table = settings_table()
+    assert table in doc
+    assert doc.count("| TOML key |") == 1
+
+
+def test_every_setting_with_a_flag_is_an_option_of_serve() -> None:
+    from click.testing import CliRunner
+
+    from tidings.cli import main
+
+    help_text = CliRunner().invoke(main, ["serve", "--help"], terminal_width=200).output
+    flagged = [s for s in SETTINGS if s.flag]
+    assert flagged, "no setting has a flag"
+    for setting in SETTINGS:
+        assert (f"{setting.flag} " in help_text) == bool(setting.flag), setting.name
+
+
+@pytest.mark.parametrize("setting", [s for s in SETTINGS if s.bound], ids=lambda s: s.name)
+def test_every_bound_is_checked(setting: Setting) -> None:
+    bad = "0" if setting.bound == "positive" else "-1"
+    with pytest.raises(ConfigError, match=setting.name):
+        load_config(env={setting.env: bad})
+
+
+def test_bad_flag_value_exits_2_without_starting(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tidings.cli import main
+
+    result = CliRunner().invoke(
+        main, ["serve", "--data-dir", str(tmp_path / "d")], env={"TIDINGS_MAX_WAIT_MS": "0"}
+    )
+    assert result.exit_code == 2, result.output
+    assert "max_wait_ms must be positive" in result.output
+    assert not (tmp_path / "d").exists()

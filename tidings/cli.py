@@ -12,7 +12,7 @@ import base64
 import contextlib
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -21,7 +21,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 import click
 import orjson
 
-from tidings.errors import TidingsError
+from tidings.errors import ConfigError, TidingsError
 from tidings.names import DEFAULT_URL
 
 if TYPE_CHECKING:
@@ -83,21 +83,35 @@ def main(ctx: click.Context, url: str, namespace: str) -> None:
     ctx.obj = _Settings(url, namespace)
 
 
+def _setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """One option per setting that has a flag, made from the settings table."""
+    from tidings.server.config import ROLES, SETTINGS
+
+    types: dict[str, Any] = {
+        "int": int,
+        "float": float,
+        "path": click.Path(path_type=Path),
+        "role": click.Choice(ROLES),
+    }
+    for setting in reversed(SETTINGS):
+        if setting.flag is None:
+            continue
+        command = click.option(
+            setting.flag,
+            setting.name,
+            type=types.get(setting.kind, str),
+            default=None,
+            help=f"{setting.what.replace('`', '')} [default: {setting.shown}].",
+        )(command)
+    return command
+
+
+class _ConfigProblem(click.ClickException):
+    exit_code = 2  # a usage error: nothing was started
+
+
 @main.command()
-@click.option("--host", default=None, help="Interface to listen on [default: 127.0.0.1].")
-@click.option("--port", type=int, default=None, help="TCP port [default: 8470].")
-@click.option(
-    "--data-dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Where the embedded store and the transaction log live [default: ./tidings-data].",
-)
-@click.option(
-    "--role",
-    type=click.Choice(["all", "messaging", "transactions"]),
-    default=None,
-    help="Which services this process runs [default: all].",
-)
+@_setting_options
 @click.option(
     "--config",
     "config_file",
@@ -105,23 +119,17 @@ def main(ctx: click.Context, url: str, namespace: str) -> None:
     default=None,
     help="A TOML configuration file (flags win over it, it wins over TIDINGS_* variables).",
 )
-def serve(
-    host: str | None,
-    port: int | None,
-    data_dir: Path | None,
-    role: str | None,
-    config_file: Path | None,
-) -> None:
+def serve(config_file: Path | None, **flags: Any) -> None:
     """Run the messaging and transaction services on the embedded store."""
     from tidings.server.config import load_config
     from tidings.server.main import run
 
-    overrides: dict[str, Any] = {
-        k: v
-        for k, v in {"host": host, "port": port, "data_dir": data_dir, "role": role}.items()
-        if v is not None
-    }
-    raise SystemExit(run(load_config(overrides, config_file=config_file)))
+    overrides = {name: value for name, value in flags.items() if value is not None}
+    try:
+        config = load_config(overrides, config_file=config_file)
+    except ConfigError as exc:
+        raise _ConfigProblem(exc.message) from None
+    raise SystemExit(run(config))
 
 
 # --- helpers ------------------------------------------------------------------------

@@ -32,6 +32,7 @@
     │   ├── LogFailed                 500  the transaction log could not be written
     │   └── CorruptSnapshot           500  a transaction snapshot file is damaged
     ├── ServiceUnavailable            503  e.g. the transaction role is not running here
+    ├── ConfigError                        a server setting is wrong; never sent on the wire
     └── ClientError                        raised only by the client, never sent on the wire
         ├── TidingsConnectionError         cannot reach the server (retriable)
         ├── RequestTimeout                 no answer in time (retriable)
@@ -49,6 +50,7 @@ from typing import ClassVar
 __all__ = [
     "BadRequest",
     "ClientError",
+    "ConfigError",
     "Conflict",
     "CorruptSnapshot",
     "EmptyPublish",
@@ -242,6 +244,13 @@ class ServiceUnavailable(TidingsError):
 
     status = 503
     retriable = True
+
+
+class ConfigError(TidingsError):
+    """A setting of ``tidings serve`` has a wrong type or value: it exits 2 without
+    starting. Never sent on the wire."""
+
+    status = 0
 
 
 class ClientError(TidingsError):

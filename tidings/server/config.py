@@ -1,9 +1,10 @@
 """The server's settings and where they come from: flags > ``TIDINGS_*`` > TOML > defaults.
 
-Every setting has one name, used unchanged as the TOML key, upper-cased behind
-``TIDINGS_`` as the environment variable, and (for the few that have one) dashed as
-the ``tidings serve`` flag. :data:`SETTINGS` is the single list; docs/configuration.md
-describes the same list and a test checks that the two agree.
+:class:`ServerConfig` is the one table: each field is declared once, with its kind,
+its bounds, whether ``tidings serve`` has a flag for it and what it does. From it come
+the TOML key (the name), the environment variable (``TIDINGS_`` + the name upper-cased),
+the flag (``--`` + the name dashed), the checks, and docs/configuration.md's table
+(:func:`settings_table`; a test keeps the two equal). A new setting is one new field.
 """
 
 from __future__ import annotations
@@ -13,13 +14,21 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import click
+from tidings.errors import ConfigError
 
-__all__ = ["ROLES", "SETTINGS", "ConfigError", "ServerConfig", "Setting", "load_config"]
+__all__ = [
+    "ROLES",
+    "SETTINGS",
+    "ConfigError",
+    "ServerConfig",
+    "Setting",
+    "load_config",
+    "settings_table",
+]
 
 Role = Literal["all", "messaging", "transactions"]
 ROLES: tuple[Role, ...] = ("all", "messaging", "transactions")
@@ -28,45 +37,162 @@ ENV_PREFIX = "TIDINGS_"
 #: Names the TOML file when ``--config`` is not given.
 CONFIG_ENV = "TIDINGS_CONFIG"
 
+#: Kinds of value: how a string from the environment (or a TOML value) is read.
+Kind = Literal["str", "int", "float", "bool", "bytes", "path", "role", "level"]
+#: Lower bound a number must keep: above zero, or at least zero.
+Bound = Literal["positive", "non-negative"]
 
-class ConfigError(click.ClickException):
-    """A setting has a wrong type or value; ``tidings serve`` exits 2 without starting."""
 
-    exit_code = 2
+def _setting(
+    default: Any,
+    kind: Kind,
+    what: str,
+    *,
+    flag: bool = False,
+    bound: Bound | None = None,
+    shown: str | None = None,
+) -> Any:
+    """A :class:`ServerConfig` field with what the rest of the table is made from;
+    ``shown`` is the default as docs/configuration.md writes it (else ``str(default)``)."""
+    meta = {"kind": kind, "what": what, "flag": flag, "bound": bound, "shown": shown}
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    """Everything ``tidings serve`` needs to know. Field docs are in docs/configuration.md."""
+    """Everything ``tidings serve`` needs to know (docs/configuration.md)."""
 
-    host: str = "127.0.0.1"
-    port: int = 8470
-    data_dir: Path = Path("./tidings-data")
-    role: Role = "all"
+    host: str = _setting(
+        "127.0.0.1", "str", "interface to listen on (`0.0.0.0` for all)", flag=True
+    )
+    port: int = _setting(
+        8470, "int", "TCP port (`0`: any free port; the start log line says which)", flag=True
+    )
+    data_dir: Path = _setting(
+        Path("./tidings-data"),
+        "path",
+        "the store lives in `<data_dir>/store`, the transaction log in `<data_dir>/tx`",
+        flag=True,
+        shown="./tidings-data",
+    )
+    role: Role = _setting(
+        "all",
+        "role",
+        "`all`, `messaging` or `transactions`: which services this process runs; the "
+        "others answer 503",
+        flag=True,
+    )
     # HTTP
-    max_body_bytes: int = 64 << 20
-    max_wait_ms: int = 30_000
-    shutdown_timeout: float = 30.0
-    blocking_threads: int = 32
+    max_body_bytes: int = _setting(
+        64 << 20, "bytes", "largest request body; larger is 413", bound="positive", shown="64MiB"
+    )
+    max_wait_ms: int = _setting(30_000, "int", "cap on a poll's `waitMs`", bound="positive")
+    shutdown_timeout: float = _setting(
+        30.0,
+        "float",
+        "seconds a SIGTERM waits for in-flight requests before cancelling them",
+        bound="non-negative",
+        shown="30",
+    )
+    blocking_threads: int = _setting(
+        32,
+        "int",
+        "threads for blocking calls (transaction service, topic admin, stats, metrics); "
+        "concurrent transaction calls beyond this queue",
+        bound="positive",
+    )
     # logging
-    log_level: str = "info"
-    access_log: bool = False
+    log_level: str = _setting(
+        "info",
+        "level",
+        "`debug`, `info`, `warning`, `error`, `critical`; the server's own lines (start, "
+        "stop, errors); other components log warnings and errors unless `debug`",
+    )
+    access_log: bool = _setting(False, "bool", "one log line per request", shown="false")
     # store
-    sync: bool = True
-    map_size: int = 1 << 40
+    sync: bool = _setting(
+        True,
+        "bool",
+        "fsync every group commit of the store and of the transaction log. `false`: "
+        "acknowledged writes survive a crash of the process but not of the machine",
+        shown="true",
+    )
+    map_size: int = _setting(
+        1 << 40,
+        "bytes",
+        "the most the LMDB data file may grow to (address space, not disk)",
+        bound="positive",
+        shown="1TiB",
+    )
     # messaging
-    default_ttl: int = 7 * 24 * 3600
-    fetch_default_limit: int = 1000
-    fetch_max_limit: int = 10_000
-    cleanup_interval: float = 60.0
-    cleanup_batch: int = 5000
+    default_ttl: int = _setting(
+        7 * 24 * 3600,
+        "int",
+        "seconds a message lives when its topic sets no `ttl` (7 days)",
+        bound="positive",
+    )
+    fetch_default_limit: int = _setting(
+        1000, "int", "messages a poll returns when it sets no `limit`", bound="positive"
+    )
+    fetch_max_limit: int = _setting(
+        10_000,
+        "int",
+        "most messages one poll returns (larger limits are clamped)",
+        bound="positive",
+    )
+    cleanup_interval: float = _setting(
+        60.0,
+        "float",
+        "seconds between passes of the cleaner (expired messages, deleted topics)",
+        bound="positive",
+        shown="60",
+    )
+    cleanup_batch: int = _setting(
+        5000, "int", "rows the cleaner deletes per write transaction", bound="positive"
+    )
     # transactions
-    tx_default_timeout: float = 30.0
-    tx_max_timeout: float = 3600.0
-    tx_sweep_interval: float = 1.0
-    tx_snapshot_every: int = 10_000
-    tx_history_size: int = 100_000
-    tx_prune_interval: float = 3600.0
+    tx_default_timeout: float = _setting(
+        30.0,
+        "float",
+        "seconds a transaction may stay open when `begin` sets no `timeout`",
+        bound="positive",
+        shown="30",
+    )
+    tx_max_timeout: float = _setting(
+        3600.0,
+        "float",
+        "largest `timeout` a `begin` may ask for (above: 400)",
+        bound="positive",
+        shown="3600",
+    )
+    tx_sweep_interval: float = _setting(
+        1.0,
+        "float",
+        "seconds between sweeps that move timed-out transactions to the invalid list",
+        bound="positive",
+        shown="1",
+    )
+    tx_snapshot_every: int = _setting(
+        10_000,
+        "int",
+        "transaction log records between snapshots (bounds recovery time)",
+        bound="positive",
+    )
+    tx_history_size: int = _setting(
+        100_000,
+        "int",
+        "ended transactions remembered, to answer 410 rather than 404 for them",
+        bound="non-negative",
+    )
+    tx_prune_interval: float = _setting(
+        3600.0,
+        "float",
+        "seconds between passes that drop from the invalid list the pointers no stored "
+        "entry names any more (a scan of the Message Table; only with role `all`); `0` "
+        "turns it off",
+        bound="non-negative",
+        shown="3600",
+    )
 
     @property
     def runs_messaging(self) -> bool:
@@ -89,54 +215,50 @@ class ServerConfig:
 
 @dataclass(frozen=True, slots=True)
 class Setting:
-    """One setting: its name (TOML key), value kind, and flag if ``tidings serve`` has one."""
+    """One row of the table: a :class:`ServerConfig` field and what it carries."""
 
     name: str
-    kind: str  # "str", "int", "float", "bool", "bytes", "path", "role", "level"
-    flag: str | None = None
+    kind: Kind
+    what: str
+    default: Any
+    shown: str
+    has_flag: bool = False
+    bound: Bound | None = None
 
     @property
     def env(self) -> str:
+        """The environment variable that sets it."""
         return ENV_PREFIX + self.name.upper()
 
     @property
-    def default(self) -> Any:
-        return _DEFAULTS[self.name]
+    def flag(self) -> str | None:
+        """The ``tidings serve`` flag that sets it, if it has one."""
+        return "--" + self.name.replace("_", "-") if self.has_flag else None
 
 
-_KINDS: dict[str, str] = {
-    "host": "str",
-    "port": "int",
-    "data_dir": "path",
-    "role": "role",
-    "max_body_bytes": "bytes",
-    "max_wait_ms": "int",
-    "shutdown_timeout": "float",
-    "blocking_threads": "int",
-    "log_level": "level",
-    "access_log": "bool",
-    "sync": "bool",
-    "map_size": "bytes",
-    "default_ttl": "int",
-    "fetch_default_limit": "int",
-    "fetch_max_limit": "int",
-    "cleanup_interval": "float",
-    "cleanup_batch": "int",
-    "tx_default_timeout": "float",
-    "tx_max_timeout": "float",
-    "tx_sweep_interval": "float",
-    "tx_snapshot_every": "int",
-    "tx_history_size": "int",
-    "tx_prune_interval": "float",
-}
-_FLAGS = {"host": "--host", "port": "--port", "data_dir": "--data-dir", "role": "--role"}
-_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ServerConfig)}
+def _row(f: dataclasses.Field[Any]) -> Setting:
+    meta = f.metadata
+    shown = meta["shown"] if meta["shown"] is not None else str(f.default)
+    kind, what, flag, bound = meta["kind"], meta["what"], meta["flag"], meta["bound"]
+    return Setting(f.name, kind, what, f.default, shown, flag, bound)
+
 
 #: Every setting, in the order of :class:`ServerConfig`.
-SETTINGS: tuple[Setting, ...] = tuple(
-    Setting(f.name, _KINDS[f.name], _FLAGS.get(f.name)) for f in dataclasses.fields(ServerConfig)
-)
+SETTINGS: tuple[Setting, ...] = tuple(_row(f) for f in dataclasses.fields(ServerConfig))
 _BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def settings_table() -> str:
+    """docs/configuration.md's table of settings, made from :data:`SETTINGS`."""
+    lines = [
+        "| TOML key | flag | environment | default | what |",
+        "|---|---|---|---|---|",
+    ]
+    for s in SETTINGS:
+        flag = f"`{s.flag}`" if s.flag else "\u2013"  # an en dash: no flag
+        lines.append(f"| `{s.name}` | {flag} | `{s.env}` | `{s.shown}` | {s.what} |")
+    return "\n".join(lines) + "\n"
+
 
 _LEVELS = ("debug", "info", "warning", "error", "critical")
 _UNITS = {
@@ -208,20 +330,12 @@ def _check(cfg: ServerConfig) -> None:
     problems = []
     if not 0 <= cfg.port <= 65535:
         problems.append(f"port must be 0..65535, got {cfg.port}")
-    positive = (
-        "max_body_bytes", "max_wait_ms", "blocking_threads", "map_size", "default_ttl",
-        "fetch_default_limit", "fetch_max_limit", "cleanup_interval", "cleanup_batch",
-        "tx_default_timeout", "tx_max_timeout", "tx_sweep_interval", "tx_snapshot_every",
-    )  # fmt: skip
-    for name in positive:
-        if getattr(cfg, name) <= 0:
-            problems.append(f"{name} must be positive, got {getattr(cfg, name)}")
-    if cfg.tx_history_size < 0:
-        problems.append(f"tx_history_size must not be negative, got {cfg.tx_history_size}")
-    if cfg.tx_prune_interval < 0:
-        problems.append(f"tx_prune_interval must not be negative, got {cfg.tx_prune_interval}")
-    if cfg.shutdown_timeout < 0:
-        problems.append(f"shutdown_timeout must not be negative, got {cfg.shutdown_timeout}")
+    for setting in SETTINGS:
+        value = getattr(cfg, setting.name)
+        if setting.bound == "positive" and value <= 0:
+            problems.append(f"{setting.name} must be positive, got {value}")
+        elif setting.bound == "non-negative" and value < 0:
+            problems.append(f"{setting.name} must not be negative, got {value}")
     if cfg.fetch_default_limit > cfg.fetch_max_limit:
         problems.append("fetch_default_limit must not exceed fetch_max_limit")
     if cfg.tx_default_timeout > cfg.tx_max_timeout:
