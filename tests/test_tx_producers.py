@@ -13,6 +13,7 @@ from tidings.errors import (
     ProducerFenced,
     ProducerNotFound,
     TransactionInvalid,
+    UnknownProducerEpoch,
 )
 from tidings.tx import TransactionManager, TxConfig
 
@@ -80,7 +81,7 @@ def test_producer_calls_must_be_well_formed(manager: TransactionManager) -> None
         manager.begin(transactional_id="nobody", epoch=0)
     with pytest.raises(InvalidProducer):
         manager.begin(transactional_id="p")  # epoch missing
-    with pytest.raises(InvalidProducer):
+    with pytest.raises(UnknownProducerEpoch):
         manager.begin(transactional_id="p", epoch=info.epoch + 1)  # never handed out
     with pytest.raises(InvalidProducer):
         manager.begin(epoch=0)  # epoch without an id

@@ -20,7 +20,8 @@
     ├── Conflict                      409
     │   ├── TopicAlreadyExists        409
     │   ├── PayloadsAlreadyPublished  409  store/publish under a write pointer already published
-    │   └── TransactionConflict       409  write conflict detected at commit
+    │   ├── TransactionConflict       409  write conflict detected at commit
+    │   └── UnknownProducerEpoch      409  an epoch of the transactional id never handed out
     ├── TransactionNotInProgress      410  the transaction already ended; subclasses say how
     │   ├── TransactionCommitted      410
     │   ├── TransactionAborted        410
@@ -82,6 +83,7 @@ __all__ = [
     "TransactionNotFound",
     "TransactionNotInProgress",
     "TransactionTimedOut",
+    "UnknownProducerEpoch",
     "UnsupportedMediaType",
     "error_for",
 ]
@@ -188,6 +190,11 @@ class PayloadsAlreadyPublished(Conflict):
 
 class TransactionConflict(Conflict):
     """A transaction that committed after this one began wrote one of the same change keys."""
+
+
+class UnknownProducerEpoch(Conflict):
+    """The call names an epoch of its transactional id above the current one: an epoch
+    no registration handed out (a producer's state out of step with the server's)."""
 
 
 class TransactionNotInProgress(TidingsError):

@@ -21,6 +21,7 @@ AVRO = wire.AVRO.value
 AVRO_EXT = wire.AVRO_EXT.value
 
 _INT64 = {"type": "integer", "format": "int64"}
+_INT64_RANGE = {"type": "integer", "minimum": -(2**63), "maximum": INT64_MAX}
 _POSITIVE_INT64 = {"type": "integer", "format": "int64", "minimum": 1, "maximum": INT64_MAX}
 _BYTES = {"type": "string", "format": "byte", "description": "standard base64"}
 #: A Payload Table position of a payload range: [writeTs, seq].
@@ -174,7 +175,7 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
                     ]
                 }
             },
-            "additionalProperties": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+            "additionalProperties": {"oneOf": [{"type": "string"}, _INT64_RANGE]},
             "propertyNames": {"minLength": 1},
         },
         "Topic": {
@@ -563,10 +564,12 @@ def _messaging_paths() -> dict[str, Any]:
                             "Tidings-Count and Tidings-Last-Id give the page's extent"
                         ),
                         "content": {
-                            JSON: {"schema": {"oneOf": [_ref("Messages"), _ref("MessageIds")]}},
-                            AVRO: {"schema": {"oneOf": [_avro("Messages"), _avro("MessageIds")]}},
+                            # anyOf: an empty page is both an empty list of messages
+                            # and an empty list of ids.
+                            JSON: {"schema": {"anyOf": [_ref("Messages"), _ref("MessageIds")]}},
+                            AVRO: {"schema": {"anyOf": [_avro("Messages"), _avro("MessageIds")]}},
                             AVRO_EXT: {
-                                "schema": {"oneOf": [_avro("MessagesExt"), _avro("MessageIds")]}
+                                "schema": {"anyOf": [_avro("MessagesExt"), _avro("MessageIds")]}
                             },
                         },
                     },
@@ -621,7 +624,10 @@ def _transaction_paths() -> dict[str, Any]:
     unknown = {
         "404": _error("unknown transaction, or transactionalId never registered (ProducerNotFound)")
     }
-    fenced = {"403": _error("fenced: a newer epoch of the transactional id exists")}
+    fenced = {
+        "403": _error("fenced: a newer epoch of the transactional id exists"),
+        "409": _error("an epoch of the transactional id never handed out (UnknownProducerEpoch)"),
+    }
     ended = {"410": _error("the transaction already ended")}
     producer_unknown = {"404": _error("transactionalId never registered (ProducerNotFound)")}
     base = "/v1/transactions"
@@ -651,7 +657,7 @@ def _transaction_paths() -> dict[str, Any]:
                     **unknown,
                     **fenced,
                     **ended,
-                    "409": _error("write conflict"),
+                    "409": _error("write conflict, or an epoch never handed out"),
                 },
                 body={JSON: {"schema": _ref("CommitRequest")}},
                 tags=tags,

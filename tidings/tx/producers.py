@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tidings.errors import InvalidProducer, ProducerFenced, ProducerNotFound
+from tidings.errors import InvalidProducer, ProducerFenced, ProducerNotFound, UnknownProducerEpoch
 from tidings.structs import ProducerInfo
 
 __all__ = ["MAX_TRANSACTIONAL_ID", "ProducerTable", "validate_transactional_id"]
@@ -87,7 +87,7 @@ class ProducerTable:
                 f"by epoch {info.epoch}"
             )
         if epoch > info.epoch:
-            raise InvalidProducer(
+            raise UnknownProducerEpoch(
                 f"transactional id {transactional_id!r} has no epoch {epoch} "
                 f"(current: {info.epoch})"
             )
