@@ -64,7 +64,7 @@ def _in_docs() -> set[Operation]:
         path = path.split("[")[0].split("?")[0]
         if path.startswith("/topics"):
             path = "/v1/namespaces/{ns}" + path  # the topic tables are per namespace
-        out.add((method, path.replace("{t}", "{topic}")))
+        out.add((method, path.replace("{t}", "{topic}").replace("{g}", "{group}")))
     return out
 
 

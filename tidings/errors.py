@@ -12,11 +12,14 @@
     │   ├── InvalidProducer           400  bad transactional id / epoch, or not its transaction
     │   └── EmptyPublish              400  publish with neither messages nor a write pointer
     ├── Forbidden                     403
-    │   └── ProducerFenced            403  a newer epoch of this transactional id exists
+    │   ├── ProducerFenced            403  a newer epoch of this transactional id exists
+    │   └── PartitionFenced           403  a group member commits a partition it does not own
     ├── NotFound                      404
     │   ├── TopicNotFound             404
     │   ├── TransactionNotFound       404  write pointer unknown to the transaction service
-    │   └── ProducerNotFound          404  transactional id never registered
+    │   ├── ProducerNotFound          404  transactional id never registered
+    │   ├── GroupNotFound             404  no such consumer group on the topic
+    │   └── MemberNotFound            404  not (or no longer) a member of the group: join again
     ├── Conflict                      409
     │   ├── TopicAlreadyExists        409
     │   ├── PayloadsAlreadyPublished  409  store/publish under a write pointer already published
@@ -56,13 +59,16 @@ __all__ = [
     "CorruptSnapshot",
     "EmptyPublish",
     "Forbidden",
+    "GroupNotFound",
     "InvalidMessageId",
     "InvalidName",
     "InvalidProducer",
     "InvalidProperties",
     "InvalidTransaction",
     "LogFailed",
+    "MemberNotFound",
     "NotFound",
+    "PartitionFenced",
     "PayloadTooLarge",
     "PayloadsAlreadyPublished",
     "ProducerFenced",
@@ -152,6 +158,11 @@ class ProducerFenced(Forbidden):
     """A newer epoch of this transactional id was registered; this producer is a zombie."""
 
 
+class PartitionFenced(Forbidden):
+    """A consumer-group member committed a position of a partition it does not own:
+    a rebalance moved it (or the member was dropped). Its transaction cannot commit."""
+
+
 class NotFound(TidingsError):
     """The named thing does not exist."""
 
@@ -168,6 +179,14 @@ class TransactionNotFound(NotFound):
 
 class ProducerNotFound(NotFound):
     """The transactional id was never registered (``register_producer`` comes first)."""
+
+
+class GroupNotFound(NotFound):
+    """The topic has no consumer group of that name."""
+
+
+class MemberNotFound(NotFound):
+    """The caller is not (or no longer) a member of the group; it joins again."""
 
 
 class Conflict(TidingsError):

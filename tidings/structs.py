@@ -15,6 +15,9 @@ from tidings.errors import InvalidMessageId
 
 __all__ = [
     "NO_HEADERS",
+    "GroupAssignment",
+    "GroupInfo",
+    "GroupPartition",
     "Message",
     "MessageId",
     "PayloadRange",
@@ -216,3 +219,46 @@ class TopicStats:
     fetches: int
     publish_rate: float
     fetch_rate: float
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAssignment:
+    """What a consumer-group member learns on join, heartbeat and poll: its id, the
+    group's generation (one per rebalance) and the partitions it owns of
+    ``partition_count``."""
+
+    member_id: str
+    generation: int
+    partitions: tuple[int, ...]
+    partition_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPartition:
+    """One partition of a consumer group: its owner, committed position (the id of the
+    last message consumed; None: none yet) and lag (read-committed messages after the
+    position; a lower bound where ``lag_exact`` is False)."""
+
+    partition: int
+    owner: str | None
+    position: MessageId | None
+    lag: int
+    lag_exact: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """A consumer group as ``describe`` shows it."""
+
+    group: str
+    partition_count: int
+    generation: int
+    start: str
+    members: Mapping[str, tuple[int, ...]]
+    partitions: tuple[GroupPartition, ...]
+    end: MessageId | None
+
+    @property
+    def lag(self) -> int:
+        """The group's total lag, in messages."""
+        return sum(p.lag for p in self.partitions)

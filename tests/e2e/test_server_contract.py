@@ -27,7 +27,9 @@ CONFIG = Path(__file__).with_name("schemathesis.toml")
 
 @pytest.fixture(scope="module")
 def contract_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = ServerProcess(tmp_path_factory.mktemp("contract") / "data").start()
+    srv = ServerProcess(
+        tmp_path_factory.mktemp("contract") / "data", env={"TIDINGS_MAX_WAIT_MS": "1000"}
+    ).start()
     try:
         yield srv
     finally:

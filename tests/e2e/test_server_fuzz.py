@@ -35,7 +35,10 @@ def _avro_bytes(ctx: Any, value: Any) -> bytes | None:
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A server of its own: the fuzzer creates and deletes topics at random."""
-    srv = ServerProcess(tmp_path_factory.mktemp("fuzz") / "data").start()
+    # Long-polls capped at 1 s: the fuzzer asks for waits far longer than its timeout.
+    srv = ServerProcess(
+        tmp_path_factory.mktemp("fuzz") / "data", env={"TIDINGS_MAX_WAIT_MS": "1000"}
+    ).start()
     httpx.put(f"{srv.url}/v1/namespaces/{LIVE['ns']}/topics/{LIVE['topic']}").raise_for_status()
     try:
         yield srv

@@ -8,11 +8,13 @@ beside them (:mod:`.base`, :mod:`.api`, :mod:`.cursor`, :mod:`.batching`,
 
 from tidings.client._async.client import AsyncClient
 from tidings.client._async.consumer import AsyncConsumer
+from tidings.client._async.group_consumer import AsyncGroupConsumer
 from tidings.client._async.publisher import AsyncPublisher
 from tidings.client._async.transactions import AsyncTransactionAware, AsyncTransactionContext
 from tidings.client._async.txpublisher import AsyncTransactionalPublisher
 from tidings.client._sync.client import Client
 from tidings.client._sync.consumer import Consumer
+from tidings.client._sync.group_consumer import GroupConsumer
 from tidings.client._sync.publisher import Publisher
 from tidings.client._sync.transactions import TransactionAware, TransactionContext
 from tidings.client._sync.txpublisher import TransactionalPublisher
@@ -31,8 +33,10 @@ __all__ = [
     "Media",
     # publishing and consuming
     "AsyncConsumer",
+    "AsyncGroupConsumer",
     "AsyncPublisher",
     "Consumer",
+    "GroupConsumer",
     "MessageLike",
     "Publisher",
     "StartPosition",

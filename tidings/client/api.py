@@ -28,6 +28,8 @@ from tidings.errors import (
 )
 from tidings.names import check_name
 from tidings.structs import (
+    GroupAssignment,
+    GroupInfo,
     Message,
     MessageId,
     PayloadRange,
@@ -112,6 +114,31 @@ def _poll_page(response: Response, sent: Media) -> PollPage:
     return PollPage(response.body, _response_media(response, sent), count, last)
 
 
+@dataclass(frozen=True, slots=True)
+class GroupPage:
+    """A group poll's answer: the page (not decoded yet) and the member's assignment as
+    of this poll (from the ``Tidings-Generation``/``-Partitions`` headers)."""
+
+    page: PollPage
+    generation: int | None
+    partitions: tuple[int, ...] | None
+    partition_count: int | None
+
+
+def _group_page(response: Response, sent: Media) -> GroupPage:
+    headers = response.headers
+    generation = partitions = count = None
+    try:
+        if "tidings-generation" in headers:
+            generation = int(headers["tidings-generation"])
+            raw = headers.get("tidings-partitions", "")
+            partitions = tuple(int(p) for p in raw.split(",") if p)
+            count = int(headers["tidings-partition-count"])
+    except (ValueError, KeyError):
+        generation = partitions = count = None
+    return GroupPage(_poll_page(response, sent), generation, partitions, count)
+
+
 def error_from_response(response: Response) -> TidingsError:
     """The exception an error response stands for (``{"error", "type"}``, docs/api.md)."""
     try:
@@ -183,6 +210,18 @@ def _payload_range(response: Response) -> PayloadRange:
         return wire.parse_payload_range(raw)
     except ValueError as exc:
         raise ServerError(str(exc)) from None
+
+
+def _assignment(response: Response) -> GroupAssignment:
+    return admin.read_assignment(_json(response))
+
+
+def _changes(response: Response) -> list[bytes]:
+    return admin.read_changes(_json(response))
+
+
+def _group(response: Response) -> GroupInfo:
+    return admin.read_group(_json(response))
 
 
 def _rolled_back(response: Response) -> int:
@@ -519,3 +558,81 @@ class RestApi:
     def prune(self, below: int | None, ids: Iterable[int] | None) -> Call[list[int]]:
         body = admin.prune_request(below, ids)
         return self._json_call("POST", f"{self._tx_url}/prune", _pruned, body)
+
+    # --- consumer groups ---
+
+    def _group_url(self, topic: str, group: str, suffix: str = "") -> str:
+        return self._topic_url(topic, f"/groups/{check_name(group, 'group')}{suffix}")
+
+    def group_join(
+        self,
+        topic: str,
+        group: str,
+        member_id: str | None,
+        session_timeout_ms: int,
+        partitions: int | None,
+        start: str,
+    ) -> Call[GroupAssignment]:
+        body = admin.join_request(member_id, session_timeout_ms, partitions, start)
+        url = self._group_url(topic, group, "/join")
+        return self._json_call("POST", url, _assignment, body, idempotent=member_id is not None)
+
+    def group_heartbeat(self, topic: str, group: str, member_id: str) -> Call[GroupAssignment]:
+        body = admin.member_request(member_id)
+        url = self._group_url(topic, group, "/heartbeat")
+        return self._json_call("POST", url, _assignment, body, idempotent=True)
+
+    def group_leave(self, topic: str, group: str, member_id: str) -> Call[None]:
+        body = admin.member_request(member_id)
+        return self._json_call("POST", self._group_url(topic, group, "/leave"), _ignore, body)
+
+    def group_poll(
+        self, topic: str, group: str, member_id: str, limit: int, wait: float | None
+    ) -> Call[GroupPage]:
+        """A member's poll: its messages, answered in the client's medium."""
+        media = self.media
+        url = self._group_url(topic, group, "/poll")
+        wait_ms = 0 if not wait else max(0, round(wait * 1000))
+        if wait_ms:
+            url += f"?waitMs={wait_ms}"
+        timeout = None if self.timeout is None else self.timeout + wait_ms / 1000
+        body = orjson.dumps(admin.member_request(member_id, limit))
+        request = Request("POST", url, body, JSON.value, timeout, accept=media.value)
+        # Not resent: the server moved the member's cursors when it answered.
+        return Call(request, lambda response: _group_page(response, media))
+
+    def group_commit(
+        self,
+        topic: str,
+        group: str,
+        member_id: str,
+        positions: Mapping[int, MessageId],
+        write_pointer: int | None,
+    ) -> Call[list[bytes]]:
+        body = admin.group_commit_request(member_id, positions, write_pointer)
+        url = self._group_url(topic, group, "/commit")
+        return self._json_call("POST", url, _changes, body)
+
+    def group_rollback(
+        self, topic: str, group: str, write_pointer: int, member_id: str | None = None
+    ) -> Call[None]:
+        body: dict[str, Any] = {"transactionWritePointer": int(write_pointer)}
+        if member_id is not None:
+            body["memberId"] = member_id
+        url = self._group_url(topic, group, "/rollback")
+        return self._json_call("POST", url, _ignore, body, idempotent=True)
+
+    def group_describe(self, topic: str, group: str) -> Call[GroupInfo]:
+        url = self._group_url(topic, group)
+        return self._json_call("GET", url, _group, idempotent=True)
+
+    def group_list(self, topic: str) -> Call[list[str]]:
+        url = self._topic_url(topic, "/groups")
+        return self._json_call("GET", url, _topic_names, idempotent=True)
+
+    def group_reset(self, topic: str, group: str, to: str | MessageId | int) -> Call[None]:
+        body = admin.reset_request(to)
+        return self._json_call("POST", self._group_url(topic, group, "/reset"), _ignore, body)
+
+    def group_delete(self, topic: str, group: str) -> Call[None]:
+        return self._json_call("DELETE", self._group_url(topic, group), _ignore)

@@ -45,6 +45,8 @@ class Request:
     timeout: float | None = None
     #: Safe to send again after a retriable failure (GET, poll, property replace).
     idempotent: bool = False
+    #: The medium wanted for the answer (``Accept``), where it is not the body's own.
+    accept: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +97,12 @@ def _tidings_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 def _headers(request: Request) -> dict[str, str]:
-    if request.content_type is None:
-        return {}
-    return {"Content-Type": request.content_type}
+    headers = {}
+    if request.content_type is not None:
+        headers["Content-Type"] = request.content_type
+    if request.accept is not None:
+        headers["Accept"] = request.accept
+    return headers
 
 
 class Urllib3Transport:

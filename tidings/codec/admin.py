@@ -17,6 +17,9 @@ from tidings.codec.json_bodies import b64decode, b64encode, whole
 from tidings.errors import BadRequest, ServerError
 from tidings.names import INT64_MAX, INT64_MIN
 from tidings.structs import (
+    GroupAssignment,
+    GroupInfo,
+    GroupPartition,
     MessageId,
     ProducerInfo,
     TopicMetadata,
@@ -26,27 +29,43 @@ from tidings.structs import (
 )
 
 __all__ = [
+    "JoinRequest",
     "ProducerFields",
     "abort_request",
+    "assignment_json",
     "begin_request",
+    "changes_json",
     "commit_request",
+    "group_commit_request",
+    "group_json",
+    "join_request",
+    "member_request",
     "producer_json",
     "producer_request",
     "prune_request",
     "pruned_json",
     "read_abort_request",
+    "read_assignment",
     "read_begin_request",
+    "read_changes",
     "read_commit_request",
+    "read_group",
+    "read_group_commit_request",
+    "read_group_rollback_request",
+    "read_join_request",
+    "read_member_request",
     "read_producer",
     "read_producer_request",
     "read_prune_request",
     "read_pruned",
+    "read_reset_request",
     "read_rolled_back",
     "read_snapshot",
     "read_state",
     "read_stats",
     "read_topic",
     "read_topic_list",
+    "reset_request",
     "rolled_back_json",
     "snapshot_json",
     "state_json",
@@ -391,3 +410,223 @@ def pruned_json(pruned: Iterable[int]) -> dict[str, Any]:
 def read_pruned(obj: Any) -> list[int]:
     """The pointers in an answer written by :func:`pruned_json`."""
     return list(_pointers(_field(obj, "pruned", list)))
+
+
+# --- consumer groups ---
+
+
+def _opt_member(obj: Mapping[str, Any]) -> str | None:
+    return _opt_str(obj, "memberId")
+
+
+def _member(obj: Mapping[str, Any]) -> str:
+    member_id = _opt_member(obj)
+    if member_id is None:
+        raise BadRequest("memberId is required (join answers it)")
+    return member_id
+
+
+def _message_id(value: object, what: str) -> MessageId:
+    raw = b64decode(value, what)
+    if len(raw) != 20:
+        raise BadRequest(f"{what} must be a 20-byte message id")
+    return MessageId.from_bytes(raw)
+
+
+def join_request(
+    member_id: str | None, session_timeout_ms: int, partitions: int | None, start: str
+) -> dict[str, Any]:
+    """A group join body."""
+    body: dict[str, Any] = {"sessionTimeoutMs": session_timeout_ms, "start": start}
+    if member_id is not None:
+        body["memberId"] = member_id
+    if partitions is not None:
+        body["partitions"] = partitions
+    return body
+
+
+class JoinRequest(NamedTuple):
+    """A decoded join body (defaults filled in by the coordinator where None)."""
+
+    member_id: str | None
+    session_timeout_ms: int | None
+    partitions: int | None
+    start: str
+
+
+def read_join_request(obj: Mapping[str, Any]) -> JoinRequest:
+    """The fields of a join body."""
+    timeout_ms = _opt_int(obj, "sessionTimeoutMs", 0)
+    partitions = _opt_int(obj, "partitions", 0)
+    start = _opt_str(obj, "start") or "earliest"
+    return JoinRequest(_opt_member(obj), timeout_ms, partitions, start)
+
+
+def member_request(member_id: str, limit: int | None = None) -> dict[str, Any]:
+    """A heartbeat, leave or group poll body."""
+    body: dict[str, Any] = {"memberId": member_id}
+    if limit is not None:
+        body["limit"] = limit
+    return body
+
+
+def read_member_request(obj: Mapping[str, Any]) -> tuple[str, int | None]:
+    """The member id (and, for a poll, the limit) of a member's request."""
+    return _member(obj), _opt_int(obj, "limit", 1)
+
+
+def assignment_json(a: GroupAssignment) -> dict[str, Any]:
+    """A member's assignment."""
+    return {
+        "memberId": a.member_id,
+        "generation": a.generation,
+        "partitions": list(a.partitions),
+        "partitionCount": a.partition_count,
+    }
+
+
+def read_assignment(obj: Any) -> GroupAssignment:
+    """The :class:`GroupAssignment` in an answer written by :func:`assignment_json`."""
+    return GroupAssignment(
+        member_id=_field(obj, "memberId", str),
+        generation=_field(obj, "generation", int),
+        partitions=_pointers(_field(obj, "partitions", list)),
+        partition_count=_field(obj, "partitionCount", int),
+    )
+
+
+def group_commit_request(
+    member_id: str, positions: Mapping[int, MessageId], write_pointer: int | None
+) -> dict[str, Any]:
+    """A group commit body: the last consumed message id per partition."""
+    body: dict[str, Any] = {
+        "memberId": member_id,
+        "positions": [
+            {"partition": p, "id": b64encode(position.to_bytes())}
+            for p, position in sorted(positions.items())
+        ],
+    }
+    if write_pointer is not None:
+        body["transactionWritePointer"] = write_pointer
+    return body
+
+
+def read_group_commit_request(
+    obj: Mapping[str, Any],
+) -> tuple[str, dict[int, MessageId], int | None]:
+    """Member id, positions and write pointer (None: commit now) of a commit body."""
+    raw = obj.get("positions")
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest("positions must be a non-empty list of {partition, id}")
+    positions: dict[int, MessageId] = {}
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise BadRequest(f"positions[{i}] must be an object with partition and id")
+        partition = _opt_int(item, "partition", 0)
+        if partition is None:
+            raise BadRequest(f"positions[{i}].partition is required")
+        if partition in positions:
+            raise BadRequest(f"partition {partition} appears twice")
+        positions[partition] = _message_id(item.get("id"), f"positions[{i}].id")
+    return _member(obj), positions, _opt_int(obj, "transactionWritePointer", 1)
+
+
+def changes_json(changes: Iterable[bytes]) -> dict[str, Any]:
+    """The change keys a transactional group commit adds to its transaction."""
+    return {"changes": [b64encode(c) for c in changes]}
+
+
+def read_changes(obj: Any) -> list[bytes]:
+    """The change keys of an answer written by :func:`changes_json`."""
+    items = _field(obj, "changes", list)
+    try:
+        return [b64decode(item, "changes") for item in items]
+    except BadRequest as exc:
+        raise ServerError(f"unexpected change keys from the server: {exc}") from None
+
+
+def read_group_rollback_request(obj: Mapping[str, Any]) -> tuple[int, str | None]:
+    """The write pointer whose positions a rollback removes, and the member (if given)
+    to rewind to its committed positions."""
+    wp = _opt_int(obj, "transactionWritePointer", 1)
+    if wp is None:
+        raise BadRequest("transactionWritePointer is required")
+    return wp, _opt_member(obj)
+
+
+def reset_request(to: str | MessageId | int) -> dict[str, Any]:
+    """A group reset body: ``earliest``, ``latest``, after a message id, or a time (ms)."""
+    if isinstance(to, MessageId):
+        return {"id": b64encode(to.to_bytes())}
+    if isinstance(to, int) and not isinstance(to, bool):
+        return {"time": to}
+    return {"to": to}
+
+
+def read_reset_request(obj: Mapping[str, Any]) -> str | MessageId | int:
+    """Where a reset body points."""
+    given = [k for k in ("to", "id", "time") if obj.get(k) is not None]
+    if len(given) != 1:
+        raise BadRequest("a reset names exactly one of to (earliest|latest), id or time")
+    if given[0] == "id":
+        return _message_id(obj["id"], "id")
+    if given[0] == "time":
+        time = _opt_int(obj, "time", 0)
+        assert time is not None
+        return time
+    to = _opt_str(obj, "to")
+    if to not in ("earliest", "latest"):
+        raise BadRequest(f"to must be earliest or latest, got {to!r}")
+    return to
+
+
+def group_json(info: GroupInfo) -> dict[str, Any]:
+    """A group as ``describe`` answers it; ids in hex."""
+    return {
+        "group": info.group,
+        "partitionCount": info.partition_count,
+        "generation": info.generation,
+        "start": info.start,
+        "members": [
+            {"memberId": m, "partitions": list(ps)} for m, ps in sorted(info.members.items())
+        ],
+        "partitions": [
+            {
+                "partition": p.partition,
+                "owner": p.owner,
+                "position": None if p.position is None else p.position.hex,
+                "lag": p.lag,
+                "lagExact": p.lag_exact,
+            }
+            for p in info.partitions
+        ],
+        "end": None if info.end is None else info.end.hex,
+        "lag": info.lag,
+    }
+
+
+def read_group(obj: Any) -> GroupInfo:
+    """The :class:`GroupInfo` in an answer written by :func:`group_json`."""
+    members = {
+        _field(m, "memberId", str): _pointers(_field(m, "partitions", list))
+        for m in _field(obj, "members", list)
+    }
+    partitions = tuple(
+        GroupPartition(
+            partition=_field(p, "partition", int),
+            owner=p.get("owner") if isinstance(p.get("owner"), str) else None,
+            position=_optional_id(p.get("position")),
+            lag=_field(p, "lag", int),
+            lag_exact=bool(p.get("lagExact", True)),
+        )
+        for p in _field(obj, "partitions", list)
+    )
+    return GroupInfo(
+        group=_field(obj, "group", str),
+        partition_count=_field(obj, "partitionCount", int),
+        generation=_field(obj, "generation", int),
+        start=_field(obj, "start", str),
+        members=members,
+        partitions=partitions,
+        end=_optional_id(obj.get("end")),
+    )

@@ -121,6 +121,21 @@ class MessagingService:
         """The namespace's topic names, sorted."""
         return self._topics.names(namespace)
 
+    def identity(self, namespace: str, topic: str) -> tuple[int, int]:
+        """The live topic's ``(topic_id, generation)``: what state kept beside the topic
+        (consumer groups) is filed under. TopicNotFound if it is not live."""
+        ref = self._topics.check_live(namespace, topic)
+        with self._store.read() as view:
+            ref = self._topics.resolve(view, namespace, topic)
+        return ref.topic_id, ref.state.generation
+
+    def end_id(self, namespace: str, topic: str) -> MessageId:
+        """A position after every entry written to the topic so far (a consumer's
+        "latest"), from the topic's state: one point read."""
+        with self._store.read() as view:
+            state = self._topics.resolve(view, namespace, topic).state
+        return MessageId(state.last_ts, state.last_seq, 0xFFFFFFFFFFFFFFFF, 0xFFFF)
+
     def delete_topic(self, namespace: str, topic: str) -> None:
         """Delete a topic: its messages become invisible at once; the cleaner drops them."""
         self._topics.delete(namespace, topic)

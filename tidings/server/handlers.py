@@ -21,6 +21,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from tidings.consumers import GroupCoordinator
 from tidings.errors import ServerError, ServiceUnavailable, TidingsError
 from tidings.messaging import MessagingService
 from tidings.server.config import ServerConfig
@@ -82,6 +83,17 @@ class Api:
                 f"the transaction service does not run in this process (role={self.config.role})"
             )
         return service
+
+    @property
+    def groups(self) -> GroupCoordinator:
+        """Consumer groups, or 503 unless this process runs both services."""
+        groups = self.services.groups
+        if groups is None:
+            raise ServiceUnavailable(
+                "consumer groups need the messaging and transaction services in one "
+                f"process (role=all), this one runs role={self.config.role}"
+            )
+        return groups
 
     async def blocking(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a blocking call on the worker threads and await it."""

@@ -421,6 +421,151 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
             "properties": {"pruned": {"type": "array", "items": _INT64}},
         },
         "Empty": {"type": "object", "maxProperties": 0},
+        **_group_schemas(),
+    }
+
+
+def _group_schemas() -> dict[str, Any]:
+    member_id = {"type": "string", "pattern": "^[A-Za-z0-9]{1,64}$"}
+    partitions = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+    null = {"type": "null"}
+    return {
+        "GroupJoinRequest": {
+            "type": "object",
+            "properties": {
+                "memberId": _nullable(member_id),
+                "sessionTimeoutMs": _nullable(
+                    {"type": "integer", "minimum": 100, "maximum": 300_000, "default": 10_000}
+                ),
+                "partitions": _nullable(
+                    {
+                        "type": "integer",
+                        "minimum": 1,
+                        "maximum": 1024,
+                        "description": "virtual partitions; only when the group is created",
+                    }
+                ),
+                "start": _nullable(
+                    {
+                        "type": "string",
+                        "enum": ["earliest", "latest"],
+                        "description": "where partitions without a position start; only "
+                        "when the group is created",
+                    }
+                ),
+            },
+        },
+        "GroupAssignment": {
+            "type": "object",
+            "required": ["memberId", "generation", "partitions", "partitionCount"],
+            "properties": {
+                "memberId": member_id,
+                "generation": {"type": "integer", "minimum": 1},
+                "partitions": partitions,
+                "partitionCount": {"type": "integer", "minimum": 1},
+            },
+        },
+        "GroupMemberRequest": {
+            "type": "object",
+            "required": ["memberId"],
+            "properties": {
+                "memberId": member_id,
+                "limit": _nullable({"type": "integer", "minimum": 1, "maximum": INT64_MAX}),
+            },
+        },
+        "GroupCommitRequest": {
+            "type": "object",
+            "required": ["memberId", "positions"],
+            "properties": {
+                "memberId": member_id,
+                "positions": {
+                    "type": "array",
+                    "minItems": 1,
+                    "description": "the id of the last message consumed, per partition "
+                    "(each partition once)",
+                    "items": {
+                        "type": "object",
+                        "required": ["partition", "id"],
+                        "properties": {
+                            "partition": {"type": "integer", "minimum": 0, "maximum": 1023},
+                            "id": _MESSAGE_ID,
+                        },
+                    },
+                },
+                "transactionWritePointer": _nullable(_POSITIVE_INT64),
+            },
+        },
+        "GroupChanges": {
+            "type": "object",
+            "required": ["changes"],
+            "properties": {"changes": {"type": "array", "items": _BYTES}},
+        },
+        "GroupRollbackRequest": {
+            "type": "object",
+            "required": ["transactionWritePointer"],
+            "properties": {
+                "transactionWritePointer": _POSITIVE_INT64,
+                "memberId": _nullable(member_id),
+            },
+        },
+        "GroupResetRequest": {
+            "type": "object",
+            "description": "exactly one of to, id (after that message) or time (ms)",
+            "oneOf": [
+                {
+                    "required": ["to"],
+                    "properties": {
+                        "to": {"type": "string", "enum": ["earliest", "latest"]},
+                        "id": null,
+                        "time": null,
+                    },
+                },
+                {
+                    "required": ["id"],
+                    "properties": {"id": _MESSAGE_ID, "to": null, "time": null},
+                },
+                {
+                    "required": ["time"],
+                    "properties": {
+                        "time": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
+                        "to": null,
+                        "id": null,
+                    },
+                },
+            ],
+        },
+        "Group": {
+            "type": "object",
+            "required": ["group", "partitionCount", "generation", "members", "partitions"],
+            "properties": {
+                "group": _NAME,
+                "partitionCount": {"type": "integer"},
+                "generation": {"type": "integer"},
+                "start": {"type": "string"},
+                "members": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"memberId": member_id, "partitions": partitions},
+                    },
+                },
+                "partitions": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "partition": {"type": "integer"},
+                            "owner": _nullable(member_id),
+                            "position": _nullable({"type": "string", "pattern": "^[0-9a-f]{40}$"}),
+                            "lag": {"type": "integer", "minimum": 0},
+                            "lagExact": {"type": "boolean"},
+                        },
+                    },
+                },
+                "end": _nullable({"type": "string", "pattern": "^[0-9a-f]{40}$"}),
+                "lag": {"type": "integer", "minimum": 0},
+            },
+        },
     }
 
 
@@ -617,6 +762,135 @@ def _messaging_paths() -> dict[str, Any]:
     }
 
 
+def _group_paths() -> dict[str, Any]:
+    tags = ("consumer groups",)
+    params = [
+        _param("ns", _NAME),
+        _param("topic", _NAME),
+        _param("group", _NAME),
+    ]
+    base = "/v1/namespaces/{ns}/topics/{topic}/groups"
+    group = base + "/{group}"
+    unknown = {"404": _error("unknown topic, group or member (join again)")}
+    assignment = {"200": _json("the member's assignment", _ref("GroupAssignment"))}
+    member = {JSON: {"schema": _ref("GroupMemberRequest")}}
+    ok = {"200": _json("done", _ref("Empty"))}
+    return {
+        base: {
+            "get": _op(
+                "The topic's consumer groups (addition)",
+                {"200": _json("group names", _ref("TopicList")), **unknown},
+                tags=tags,
+                parameters=params[:2],
+            )
+        },
+        group: {
+            "get": _op(
+                "A group's members, partitions, positions and lag",
+                {"200": _json("the group", _ref("Group")), **unknown},
+                tags=tags,
+                parameters=params,
+            ),
+            "delete": _op(
+                "Delete a group and its positions", {**ok, **unknown}, tags=tags, parameters=params
+            ),
+        },
+        group + "/join": {
+            "post": _op(
+                "Join (or rejoin) a group: a rebalance",
+                {**assignment, **unknown},
+                body={JSON: {"schema": _ref("GroupJoinRequest")}},
+                tags=tags,
+                parameters=params,
+            )
+        },
+        group + "/heartbeat": {
+            "post": _op(
+                "Stay in the group; answers the current assignment",
+                {**assignment, **unknown},
+                body=member,
+                required=True,
+                tags=tags,
+                parameters=params,
+            )
+        },
+        group + "/leave": {
+            "post": _op(
+                "Leave the group (a rebalance)",
+                {**ok, **unknown},
+                body=member,
+                required=True,
+                tags=tags,
+                parameters=params,
+            )
+        },
+        group + "/poll": {
+            "post": _op(
+                "The member's next messages (read-committed; Accept picks the medium)",
+                {
+                    "200": {
+                        "description": "messages of the member's partitions, oldest first; "
+                        "headers Tidings-Generation, Tidings-Partitions and "
+                        "Tidings-Partition-Count give its assignment",
+                        "content": _content(_ref("Messages"), "Messages", "MessagesExt"),
+                    },
+                    **unknown,
+                },
+                body=member,
+                required=True,
+                tags=tags,
+                parameters=[
+                    *params,
+                    _param(
+                        "waitMs",
+                        {"type": "integer", "minimum": 0, "maximum": 10**18 - 1},
+                        "query",
+                    ),
+                ],
+            )
+        },
+        group + "/commit": {
+            "post": _op(
+                "Commit positions, now or in a transaction (transactionWritePointer)",
+                {
+                    "200": _json(
+                        "the change keys the transaction commits with (none without one)",
+                        _ref("GroupChanges"),
+                    ),
+                    "403": _error("the member does not own a partition (PartitionFenced)"),
+                    **unknown,
+                    "409": _error("a concurrent commit of the same partition won"),
+                    "410": _error("the transaction already ended"),
+                },
+                body={JSON: {"schema": _ref("GroupCommitRequest")}},
+                required=True,
+                tags=tags,
+                parameters=params,
+            )
+        },
+        group + "/rollback": {
+            "post": _op(
+                "Remove the positions of an aborting transaction (and rewind the member)",
+                {**ok, **unknown},
+                body={JSON: {"schema": _ref("GroupRollbackRequest")}},
+                required=True,
+                tags=tags,
+                parameters=params,
+            )
+        },
+        group + "/reset": {
+            "post": _op(
+                "Move every position of a group without members",
+                {**ok, **unknown, "409": _error("the group has members")},
+                body={JSON: {"schema": _ref("GroupResetRequest")}},
+                required=True,
+                tags=tags,
+                parameters=params,
+            )
+        },
+    }
+
+
 def _transaction_paths() -> dict[str, Any]:
     tags = ("transactions",)
     wp = [_param("wp", {"type": "integer", "minimum": 1, "maximum": INT64_MAX})]
@@ -766,6 +1040,11 @@ def openapi_document(version: str, *, max_timeout: float = 3600.0) -> dict[str, 
             'additions (docs/api.md). Errors are {"error", "type"} with the status '
             "of the error class.",
         },
-        "paths": {**_messaging_paths(), **_transaction_paths(), **_ops_paths()},
+        "paths": {
+            **_messaging_paths(),
+            **_group_paths(),
+            **_transaction_paths(),
+            **_ops_paths(),
+        },
         "components": {"schemas": _schemas(max_timeout)},
     }

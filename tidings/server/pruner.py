@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from tidings.consumers.groups import GroupCoordinator
 from tidings.messaging import MessagingService
 from tidings.tx import TransactionManager
 
@@ -44,8 +45,10 @@ class InvalidListPruner:
         *,
         chunk: int = 1_000,
         pause: float = 0.002,
+        groups: GroupCoordinator | None = None,
     ) -> None:
         self.messaging = messaging
+        self.groups = groups
         self.tx = tx
         self.interval = interval
         self.chunk = chunk
@@ -64,6 +67,8 @@ class InvalidListPruner:
         referenced = self.messaging.referenced_pointers(
             candidates, chunk=self.chunk, pause=self.pause, cancelled=self._stop.is_set
         )
+        if self.groups is not None:  # consumer-group positions name pointers too
+            referenced |= self.groups.referenced_pointers(candidates - referenced)
         prunable = sorted(candidates - referenced)
         if not prunable:
             return []

@@ -12,6 +12,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from tidings.consumers import GroupCoordinator
 from tidings.messaging import MessagingConfig, MessagingService
 from tidings.server.config import ServerConfig
 from tidings.server.pruner import InvalidListPruner
@@ -32,6 +33,8 @@ class Services:
     messaging: MessagingService | None = None
     tx: TransactionManager | None = None
     pruner: InvalidListPruner | None = None
+    #: Consumer groups: where one process runs both services.
+    groups: GroupCoordinator | None = None
     #: Runs the calls that block (transaction service, topic admin, stats).
     executor: ThreadPoolExecutor = field(init=False)
     serving: bool = False
@@ -78,9 +81,14 @@ class Services:
                 # Nothing is published under a transaction that has ended, which is
                 # also what lets the pruner drop invalid pointers no entry names.
                 services.messaging.guard_publishes(services.tx.check_writable)
+                assert services.store is not None
+                services.groups = GroupCoordinator(services.store, services.messaging, services.tx)
                 if config.tx_prune_interval > 0:
                     services.pruner = InvalidListPruner(
-                        services.messaging, services.tx, config.tx_prune_interval
+                        services.messaging,
+                        services.tx,
+                        config.tx_prune_interval,
+                        groups=services.groups,
                     )
                     services.pruner.start()
         except BaseException:
@@ -114,5 +122,6 @@ class Services:
             except Exception as exc:
                 errors.append(exc)
         self.tx = self.messaging = self.store = None
+        self.groups = None
         if errors:
             raise errors[0]

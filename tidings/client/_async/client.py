@@ -11,6 +11,7 @@ from typing import Any, Self, TypeVar, overload
 # ---- end
 from tidings.client._async.concurrency import sleep
 from tidings.client._async.consumer import AsyncConsumer
+from tidings.client._async.group_consumer import AsyncGroupConsumer
 from tidings.client._async.publisher import AsyncPublisher
 from tidings.client._async.transactions import AsyncTransactionAware, AsyncTransactionContext
 from tidings.client.api import Call, PollPage
@@ -36,6 +37,7 @@ from tidings.codec.wire import Media
 from tidings.errors import BadRequest
 from tidings.names import DEFAULT_URL
 from tidings.structs import (
+    GroupInfo,
     Message,
     MessageId,
     PayloadRange,
@@ -361,6 +363,7 @@ class AsyncClient(BaseClient):
             )
         )
 
+    @overload
     def consume(
         self,
         topic: str,
@@ -372,13 +375,68 @@ class AsyncClient(BaseClient):
         wait: float = DEFAULT_WAIT,
         committed_wait: float = DEFAULT_COMMITTED_WAIT,
         follow: bool = True,
-    ) -> AsyncConsumer:
+    ) -> AsyncConsumer: ...
+
+    @overload
+    def consume(
+        self,
+        topic: str,
+        start: StartPosition = "earliest",
+        *,
+        group: str,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        wait: float = DEFAULT_WAIT,
+        follow: bool = True,
+        session_timeout: float = 10.0,
+        auto_commit: bool = False,
+        partitions: int | None = None,
+    ) -> AsyncGroupConsumer: ...
+
+    def consume(
+        self,
+        topic: str,
+        start: StartPosition = "earliest",
+        *,
+        inclusive: bool = True,
+        transactional: bool = True,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        wait: float = DEFAULT_WAIT,
+        committed_wait: float = DEFAULT_COMMITTED_WAIT,
+        follow: bool = True,
+        group: str | None = None,
+        session_timeout: float = 10.0,
+        auto_commit: bool = False,
+        partitions: int | None = None,
+    ) -> AsyncConsumer | AsyncGroupConsumer:
         """An iterator over a topic's messages from ``start``, in the one order.
 
         Read-committed unless ``transactional=False``. With ``follow`` it waits for new
         messages forever (long-poll); without, it stops once caught up. To resume after
         a saved ``consumer.position``, pass it as ``start`` with ``inclusive=False``.
+
+        With ``group`` it joins that consumer group of the topic instead (see
+        :class:`~tidings.client.AsyncGroupConsumer`): the group's members split the
+        topic by key hash, read-committed; ``start`` (``"earliest"`` or ``"latest"``)
+        applies only where the group has no committed position; positions move only
+        on ``commit()`` (or each poll, with ``auto_commit``). ``session_timeout``
+        seconds without a poll or heartbeat drop the member; ``partitions`` (default
+        32) is fixed when the group is first joined.
         """
+        if group is not None:
+            if not isinstance(start, str):
+                raise ValueError("a group starts at 'earliest' or 'latest'")
+            return AsyncGroupConsumer(
+                self,
+                topic,
+                group,
+                start,
+                batch_size=batch_size,
+                wait=wait,
+                session_timeout=session_timeout,
+                auto_commit=auto_commit,
+                partitions=partitions,
+                follow=follow,
+            )
         return AsyncConsumer(
             self,
             topic,
@@ -390,6 +448,27 @@ class AsyncClient(BaseClient):
             committed_wait=committed_wait,
             follow=follow,
         )
+
+    # --- consumer groups ---
+
+    async def groups(self, topic: str) -> list[str]:
+        """The names of the topic's consumer groups, sorted."""
+        return await self._send(self._api.group_list(topic))
+
+    async def describe_group(self, topic: str, group: str) -> GroupInfo:
+        """A consumer group's members, partitions, committed positions and lag;
+        :class:`GroupNotFound` if there is none."""
+        return await self._send(self._api.group_describe(topic, group))
+
+    async def reset_group(self, topic: str, group: str, to: str | MessageId | int) -> None:
+        """Move every position of a group without members: ``"earliest"``,
+        ``"latest"``, after a message id, or to the first message at or after a time
+        (ms since the epoch)."""
+        await self._send(self._api.group_reset(topic, group, to))
+
+    async def delete_group(self, topic: str, group: str) -> None:
+        """Delete a consumer group and its positions."""
+        await self._send(self._api.group_delete(topic, group))
 
     async def snapshot(self) -> Transaction:
         """A read-only snapshot of what is committed now, for :meth:`poll`."""

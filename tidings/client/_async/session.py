@@ -12,9 +12,9 @@ not call them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Protocol, overload
+from typing import Protocol, TypeVar, overload
 
-from tidings.client.api import PollPage
+from tidings.client.api import Call, PollPage, RestApi
 from tidings.client.base import MessageLike
 from tidings.structs import MessageId, PayloadRange, RollbackInfo, TopicStats, Transaction
 
@@ -23,6 +23,8 @@ from tidings.structs import MessageId, PayloadRange, RollbackInfo, TopicStats, T
 # ---- end
 
 __all__ = ["AsyncSession"]
+
+T = TypeVar("T")
 
 
 class AsyncSession(Protocol):
@@ -96,6 +98,11 @@ class AsyncSession(Protocol):
         transactional_id: str | None = None,
         epoch: int | None = None,
     ) -> Transaction: ...
+
+    @property
+    def _api(self) -> RestApi: ...
+
+    async def _send(self, call: Call[T]) -> T: ...
 
     def _one_request_transactions(self) -> bool: ...
 

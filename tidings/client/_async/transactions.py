@@ -142,6 +142,18 @@ class AsyncTransactionContext(ContextState):
     #     return self._snapshot()
     # ---- end
 
+    async def enlist(self, participant: AsyncTransactionAware) -> Transaction:
+        """Add ``participant`` to the transaction under way (a consumer group's commit
+        joins this way): a deferred transaction begins now, the participant is started
+        with it and persists before the messaging publisher. Returns the transaction."""
+        self._require_open()
+        if self._state is State.PENDING:
+            await self.start()
+        tx = self._require(State.ACTIVE)
+        await participant.start(tx)
+        self._all = (*self._all[:-1], participant, self._all[-1])
+        return tx
+
     async def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None:
         """Publish in this transaction: visible to read-committed consumers on commit."""
         self._require_open()

@@ -11,6 +11,7 @@ from typing import Any, Self, TypeVar, overload
 
 from tidings.client._sync.concurrency import sleep
 from tidings.client._sync.consumer import Consumer
+from tidings.client._sync.group_consumer import GroupConsumer
 from tidings.client._sync.publisher import Publisher
 from tidings.client._sync.transactions import TransactionAware, TransactionContext
 from tidings.client.api import Call, PollPage
@@ -35,6 +36,7 @@ from tidings.codec.wire import Media
 from tidings.errors import BadRequest
 from tidings.names import DEFAULT_URL
 from tidings.structs import (
+    GroupInfo,
     Message,
     MessageId,
     PayloadRange,
@@ -334,6 +336,7 @@ class Client(BaseClient):
             )
         )
 
+    @overload
     def consume(
         self,
         topic: str,
@@ -345,13 +348,68 @@ class Client(BaseClient):
         wait: float = DEFAULT_WAIT,
         committed_wait: float = DEFAULT_COMMITTED_WAIT,
         follow: bool = True,
-    ) -> Consumer:
+    ) -> Consumer: ...
+
+    @overload
+    def consume(
+        self,
+        topic: str,
+        start: StartPosition = "earliest",
+        *,
+        group: str,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        wait: float = DEFAULT_WAIT,
+        follow: bool = True,
+        session_timeout: float = 10.0,
+        auto_commit: bool = False,
+        partitions: int | None = None,
+    ) -> GroupConsumer: ...
+
+    def consume(
+        self,
+        topic: str,
+        start: StartPosition = "earliest",
+        *,
+        inclusive: bool = True,
+        transactional: bool = True,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        wait: float = DEFAULT_WAIT,
+        committed_wait: float = DEFAULT_COMMITTED_WAIT,
+        follow: bool = True,
+        group: str | None = None,
+        session_timeout: float = 10.0,
+        auto_commit: bool = False,
+        partitions: int | None = None,
+    ) -> Consumer | GroupConsumer:
         """An iterator over a topic's messages from ``start``, in the one order.
 
         Read-committed unless ``transactional=False``. With ``follow`` it waits for new
         messages forever (long-poll); without, it stops once caught up. To resume after
         a saved ``consumer.position``, pass it as ``start`` with ``inclusive=False``.
+
+        With ``group`` it joins that consumer group of the topic instead (see
+        :class:`~tidings.client.GroupConsumer`): the group's members split the
+        topic by key hash, read-committed; ``start`` (``"earliest"`` or ``"latest"``)
+        applies only where the group has no committed position; positions move only
+        on ``commit()`` (or each poll, with ``auto_commit``). ``session_timeout``
+        seconds without a poll or heartbeat drop the member; ``partitions`` (default
+        32) is fixed when the group is first joined.
         """
+        if group is not None:
+            if not isinstance(start, str):
+                raise ValueError("a group starts at 'earliest' or 'latest'")
+            return GroupConsumer(
+                self,
+                topic,
+                group,
+                start,
+                batch_size=batch_size,
+                wait=wait,
+                session_timeout=session_timeout,
+                auto_commit=auto_commit,
+                partitions=partitions,
+                follow=follow,
+            )
         return Consumer(
             self,
             topic,
@@ -363,6 +421,27 @@ class Client(BaseClient):
             committed_wait=committed_wait,
             follow=follow,
         )
+
+    # --- consumer groups ---
+
+    def groups(self, topic: str) -> list[str]:
+        """The names of the topic's consumer groups, sorted."""
+        return self._send(self._api.group_list(topic))
+
+    def describe_group(self, topic: str, group: str) -> GroupInfo:
+        """A consumer group's members, partitions, committed positions and lag;
+        :class:`GroupNotFound` if there is none."""
+        return self._send(self._api.group_describe(topic, group))
+
+    def reset_group(self, topic: str, group: str, to: str | MessageId | int) -> None:
+        """Move every position of a group without members: ``"earliest"``,
+        ``"latest"``, after a message id, or to the first message at or after a time
+        (ms since the epoch)."""
+        self._send(self._api.group_reset(topic, group, to))
+
+    def delete_group(self, topic: str, group: str) -> None:
+        """Delete a consumer group and its positions."""
+        self._send(self._api.group_delete(topic, group))
 
     def snapshot(self) -> Transaction:
         """A read-only snapshot of what is committed now, for :meth:`poll`."""

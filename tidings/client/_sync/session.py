@@ -15,13 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Executor
-from typing import Protocol, overload
+from typing import Protocol, TypeVar, overload
 
-from tidings.client.api import PollPage
+from tidings.client.api import Call, PollPage, RestApi
 from tidings.client.base import MessageLike
 from tidings.structs import MessageId, PayloadRange, RollbackInfo, TopicStats, Transaction
 
 __all__ = ["Session"]
+
+T = TypeVar("T")
 
 
 class Session(Protocol):
@@ -95,6 +97,11 @@ class Session(Protocol):
         transactional_id: str | None = None,
         epoch: int | None = None,
     ) -> Transaction: ...
+
+    @property
+    def _api(self) -> RestApi: ...
+
+    def _send(self, call: Call[T]) -> T: ...
 
     def _one_request_transactions(self) -> bool: ...
 

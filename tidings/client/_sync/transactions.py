@@ -130,6 +130,18 @@ class TransactionContext(ContextState):
             self.start()
         return self._snapshot()
 
+    def enlist(self, participant: TransactionAware) -> Transaction:
+        """Add ``participant`` to the transaction under way (a consumer group's commit
+        joins this way): a deferred transaction begins now, the participant is started
+        with it and persists before the messaging publisher. Returns the transaction."""
+        self._require_open()
+        if self._state is State.PENDING:
+            self.start()
+        tx = self._require(State.ACTIVE)
+        participant.start(tx)
+        self._all = (*self._all[:-1], participant, self._all[-1])
+        return tx
+
     def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None:
         """Publish in this transaction: visible to read-committed consumers on commit."""
         self._require_open()

@@ -225,7 +225,10 @@ def routes(api: Api) -> list[Route]:
             meta = await api.blocking(messaging.get_topic, ns, topic)
             return json_response(admin.topic_json(meta))
         if request.method == "DELETE":
+            topic_id, _ = await api.blocking(messaging.identity, ns, topic)
             await api.blocking(messaging.delete_topic, ns, topic)
+            if api.services.groups is not None:  # its consumer groups go with it
+                await api.blocking(api.services.groups.forget_topic, topic_id)
             return json_response({})
         require_json(request)
         properties = json_object(await read_body(request, max_body), "topic properties")

@@ -1,0 +1,222 @@
+"""Consumer groups through the real server and the real clients (issue: consumer groups)."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.serverproc import ServerProcess
+from tidings import AsyncClient, Client
+from tidings.codec.groups import partition_of
+from tidings.errors import (
+    BadRequest,
+    Conflict,
+    GroupNotFound,
+    InvalidName,
+    PartitionFenced,
+    TransactionNotInProgress,
+)
+from tidings.structs import Message, Record
+
+pytestmark = pytest.mark.e2e
+
+
+def fill(client: Client, topic: str, n: int, keys: int = 10) -> list[Record]:
+    client.create_topic(topic)
+    records = [Record(f"v{i}".encode(), f"k{i % keys}".encode()) for i in range(n)]
+    client.publish(topic, records)
+    return records
+
+
+def drain(consumer: object, rounds: int = 50) -> list[Message]:
+    out: list[Message] = []
+    for _ in range(rounds):
+        page = consumer.poll()  # type: ignore[attr-defined]
+        if not page:
+            break
+        out.extend(page)
+    return out
+
+
+def test_two_members_split_keys_in_order_and_see_everything(
+    server: ServerProcess, topic: str
+) -> None:
+    with Client(server.url) as client:
+        fill(client, topic, 300)
+        a = client.consume(topic, group="g", follow=False, partitions=8, batch_size=50)
+        b = client.consume(topic, group="g", follow=False, batch_size=50)
+        a.heartbeat()
+        b.heartbeat()
+        a.heartbeat()  # both joined: the assignment is settled
+        got_a, got_b = drain(a), drain(b)
+        assert a.assignment is not None and b.assignment is not None
+        assert set(a.assignment.partitions).isdisjoint(b.assignment.partitions)
+        assert sorted(a.assignment.partitions + b.assignment.partitions) == list(range(8))
+        ids = sorted(m.id for m in got_a + got_b)
+        assert ids == [m.id for m in client.poll(topic, limit=1000)]
+        for got in (got_a, got_b):
+            by_key: dict[bytes | None, list[Message]] = defaultdict(list)
+            for m in got:
+                by_key[m.key].append(m)
+            for ms in by_key.values():
+                assert ms == sorted(ms, key=lambda m: m.id)  # per key, the topic's order
+        assert {m.key for m in got_a}.isdisjoint({m.key for m in got_b})
+        a.close()
+        b.close()
+
+
+def test_commit_in_a_transaction_moves_the_position_only_if_it_commits(
+    server: ServerProcess, topic: str
+) -> None:
+    with Client(server.url) as client:
+        fill(client, topic, 20, keys=1)
+        client.create_topic(topic + "-out")
+        c = client.consume(topic, group="g", follow=False, partitions=1, batch_size=5)
+        batch = c.poll()
+        with pytest.raises(RuntimeError), client.transaction() as tx:
+            tx.publish(topic + "-out", [m.payload for m in batch])
+            c.commit(transaction=tx)
+            raise RuntimeError("the transform failed")
+        info = client.describe_group(topic, "g")
+        assert info.partitions[0].position is None  # aborted: unchanged
+        assert client.poll(topic + "-out", transaction=client.snapshot()) == []
+        again = c.poll()  # the same member gets the batch again
+        assert [m.id for m in again] == [m.id for m in batch]
+        with client.transaction() as tx:
+            tx.publish(topic + "-out", [m.payload for m in again])
+            c.commit(transaction=tx)
+        info = client.describe_group(topic, "g")
+        assert info.partitions[0].position == batch[-1].id
+        assert info.lag == 15
+        out = client.poll(topic + "-out", transaction=client.snapshot())
+        assert [m.payload for m in out] == [m.payload for m in batch]
+        c.close()
+        # A new member resumes after the committed position.
+        d = client.consume(topic, group="g", follow=False, batch_size=100)
+        assert [m.id for m in drain(d)] == [m.id for m in client.poll(topic, limit=100)][5:]
+        d.close()
+
+
+def test_a_zombie_member_cannot_commit(server: ServerProcess, topic: str) -> None:
+    with Client(server.url) as client:
+        fill(client, topic, 10, keys=1)
+        client.create_topic(topic + "-out")
+        zombie = client.consume(topic, group="g", follow=False, partitions=1, session_timeout=0.3)
+        batch = zombie.poll()
+        with pytest.raises(TransactionNotInProgress), client.transaction() as tx:
+            tx.publish(topic + "-out", [b"zombie output"])
+            zombie.commit(transaction=tx)
+            time.sleep(0.6)  # stalls past its session timeout...
+            fresh = client.consume(topic, group="g", follow=False)
+            fresh.heartbeat()  # ...and the partition moves: the zombie's tx is fenced
+        assert client.poll(topic + "-out", transaction=client.snapshot()) == []
+        assert [m.id for m in drain(fresh)] == [m.id for m in batch]
+        zombie._returned[0] = batch[-1].id  # what it had returned before
+        with pytest.raises(PartitionFenced):
+            zombie.commit()
+        fresh.close()
+
+
+def test_positions_survive_kill_9(
+    start_server: Callable[..., ServerProcess], tmp_path: Path, topic: str
+) -> None:
+    srv = start_server()
+    client = Client(srv.url)
+    fill(client, topic, 30, keys=3)
+    c = client.consume(topic, group="g", follow=False, partitions=4, batch_size=10)
+    first = c.poll()
+    c.commit()
+    expected = client.describe_group(topic, "g")
+    srv.kill()
+    srv.start()
+    try:
+        after = client.describe_group(topic, "g")
+        assert [p.position for p in after.partitions] == [p.position for p in expected.partitions]
+        assert after.members == expected.members  # membership is durable too
+        # The member carries on after the restart from its committed positions.
+        rest = drain(c)
+        assert {m.id for m in rest}.isdisjoint({m.id for m in first})
+        assert sorted(m.id for m in first + rest) == [m.id for m in client.poll(topic, limit=100)]
+        c.close()
+    finally:
+        client.close()
+
+
+def test_bad_input_changes_nothing(server: ServerProcess, topic: str) -> None:
+    with Client(server.url) as client:
+        fill(client, topic, 10, keys=5)
+        with pytest.raises(GroupNotFound):
+            client.describe_group(topic, "nope")
+        with pytest.raises(GroupNotFound):
+            client.reset_group(topic, "nope", "earliest")
+        with pytest.raises(InvalidName):
+            client.describe_group(topic, "bad name!")
+        a = client.consume(topic, group="g", follow=False, partitions=2)
+        b = client.consume(topic, group="g", follow=False)
+        a.heartbeat(), b.heartbeat(), a.heartbeat()
+        got = a.poll()
+        assert got
+        with pytest.raises(Conflict):  # members present
+            client.reset_group(topic, "g", "earliest")
+        before = client.describe_group(topic, "g")
+        assert b.assignment is not None and a.assignment is not None
+        theirs = b.assignment.partitions[0]
+        a._returned = {theirs: got[0].id}
+        with pytest.raises(PartitionFenced):
+            a.commit()
+        mine = a.assignment.partitions[0]
+        a._returned = {mine: got[-1].id._replace(publish_ts=got[-1].id.publish_ts + 10**9)}
+        with pytest.raises(BadRequest):  # beyond what was delivered
+            a.commit()
+        assert client.describe_group(topic, "g").partitions == before.partitions
+        r = httpx.post(
+            f"{server.url}/v1/namespaces/default/topics/{topic}/groups/g/commit",
+            json={"memberId": "x", "positions": []},
+        )
+        assert r.status_code == 400 and set(r.json()) == {"error", "type"}
+        a.close()
+        b.close()
+
+
+def test_reset_list_and_delete(server: ServerProcess, topic: str) -> None:
+    with Client(server.url) as client:
+        fill(client, topic, 10, keys=2)
+        c = client.consume(topic, group="g", follow=False)
+        drain(c)
+        c.commit()
+        c.close()
+        assert client.groups(topic) == ["g"]
+        assert client.describe_group(topic, "g").lag == 0
+        client.reset_group(topic, "g", "earliest")
+        assert client.describe_group(topic, "g").lag == 10
+        client.reset_group(topic, "g", "latest")
+        assert client.describe_group(topic, "g").lag == 0
+        client.delete_group(topic, "g")
+        assert client.groups(topic) == []
+        # Deleting the topic deletes its groups; a re-created topic starts afresh.
+        c = client.consume(topic, group="g2", follow=False)
+        c.poll()
+        c.close()
+        client.delete_topic(topic)
+        client.create_topic(topic)
+        assert client.groups(topic) == []
+
+
+async def test_async_member(server: ServerProcess, topic: str) -> None:
+    with Client(server.url) as sync:
+        fill(sync, topic, 40, keys=4)
+    async with AsyncClient(server.url) as client:
+        consumer = client.consume(topic, group="ag", follow=False, partitions=4, batch_size=15)
+        got = [m async for m in consumer]
+        assert sorted(m.id for m in got) == [m.id for m in await client.poll(topic, limit=100)]
+        await consumer.commit()
+        info = await client.describe_group(topic, "ag")
+        assert info.lag == 0
+        for m in got:
+            assert partition_of(m, 4) in info.members[consumer.member_id or ""]
+        await consumer.close()

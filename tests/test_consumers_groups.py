@@ -1,0 +1,195 @@
+"""The group coordinator in process: assignment, filtering, positions, fencing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tidings.codec.groups import partition_of
+from tidings.consumers.assignment import assign
+from tidings.consumers.groups import GroupCoordinator
+from tidings.errors import (
+    BadRequest,
+    GroupNotFound,
+    MemberNotFound,
+    PartitionFenced,
+    TransactionInvalid,
+)
+from tidings.messaging import MessagingService
+from tidings.store.backends.memory import MemoryStore
+from tidings.structs import Message, MessageId, Record, Transaction
+from tidings.tx import TransactionManager, TxConfig
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+Parts = tuple[GroupCoordinator, MessagingService, TransactionManager, Clock]
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> Iterator[Parts]:
+    store = MemoryStore()
+    messaging = MessagingService(store)
+    with TransactionManager(tmp_path / "tx", TxConfig(sweep_interval=3600)) as tx:
+        clock = Clock()
+        messaging.create_topic("ns", "t")
+        yield GroupCoordinator(store, messaging, tx, clock=clock), messaging, tx, clock
+
+
+def publish(messaging: MessagingService, n: int, keys: int = 7) -> None:
+    messaging.publish(
+        "ns", "t", [Record(f"m{i}".encode(), f"k{i % keys}".encode()) for i in range(n)]
+    )
+
+
+def snapshot(tx: TransactionManager) -> Transaction:
+    s = tx.snapshot()
+    assert s is not None
+    return s
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 64),
+    st.lists(st.text("abcdef", min_size=1, max_size=3), max_size=8, unique=True),
+    st.lists(st.text("abcdef", min_size=1, max_size=3), max_size=8, unique=True),
+)
+def test_assignment_covers_every_partition_once_and_balances(
+    partitions: int, before: list[str], after: list[str]
+) -> None:
+    first = assign(partitions, {}, before)
+    second = assign(partitions, first, after)
+    for result, members in ((first, before), (second, after)):
+        owned = [p for ps in result.values() for p in ps]
+        if members:
+            assert sorted(owned) == list(range(partitions))
+            sizes = [len(ps) for ps in result.values()]
+            assert max(sizes) - min(sizes) <= 1
+        else:
+            assert owned == []
+    # Sticky: a member that stays keeps at least min(what it had, its new quota).
+    for m in set(before) & set(after):
+        kept = set(first[m]) & set(second[m])
+        assert len(kept) >= min(len(first[m]), partitions // len(after))
+
+
+def test_two_members_split_keys_and_together_see_everything(parts: Parts) -> None:
+    groups, messaging, tx, _ = parts
+    publish(messaging, 200)
+    a = groups.join("ns", "t", "g", partitions=8)
+    b = groups.join("ns", "t", "g")
+    a = groups.heartbeat("ns", "t", "g", a.member_id)
+    assert a.generation == b.generation == 2
+    assert sorted(a.partitions + b.partitions) == list(range(8))
+    got: dict[str, list[Message]] = {}
+    for member in (a, b):
+        out, _ = groups.poll("ns", "t", "g", member.member_id, limit=1000, snapshot=snapshot(tx))
+        got[member.member_id] = out
+        assert all(partition_of(m, 8) in member.partitions for m in out)
+    everything = sorted(m.id for ms in got.values() for m in ms)
+    assert everything == [m.id for m in messaging.fetch("ns", "t", limit=1000)]
+    keys_a = {m.key for m in got[a.member_id]}
+    keys_b = {m.key for m in got[b.member_id]}
+    assert not keys_a & keys_b  # one key, one member
+
+
+def test_commit_in_a_transaction_counts_only_if_it_commits(parts: Parts) -> None:
+    groups, messaging, tx, _ = parts
+    publish(messaging, 50, keys=1)
+    m = groups.join("ns", "t", "g", partitions=1)
+    out, _ = groups.poll("ns", "t", "g", m.member_id, limit=10, snapshot=snapshot(tx))
+    gid = groups._gid("ns", "t", "g")
+    t1 = tx.begin()
+    changes = groups.commit(
+        "ns", "t", "g", m.member_id, {0: out[-1].id}, write_pointer=t1.write_pointer
+    )
+    assert groups.positions(gid, snapshot(tx)) == {}
+    groups.rollback("ns", "t", "g", t1.write_pointer)
+    tx.abort(t1.write_pointer)
+    assert groups.positions(gid, snapshot(tx)) == {}  # aborted: unchanged
+    t2 = tx.begin()
+    changes = groups.commit(
+        "ns", "t", "g", m.member_id, {0: out[-1].id}, write_pointer=t2.write_pointer
+    )
+    tx.commit(t2.write_pointer, changes)
+    assert groups.positions(gid, snapshot(tx)) == {0: out[-1].id}
+
+
+def test_racing_transactional_commits_of_one_partition_conflict(parts: Parts) -> None:
+    groups, messaging, tx, _ = parts
+    publish(messaging, 10, keys=1)
+    m = groups.join("ns", "t", "g", partitions=1)
+    out, _ = groups.poll("ns", "t", "g", m.member_id, limit=10, snapshot=snapshot(tx))
+    t1, t2 = tx.begin(), tx.begin()
+    c1 = groups.commit("ns", "t", "g", m.member_id, {0: out[3].id}, write_pointer=t1.write_pointer)
+    c2 = groups.commit("ns", "t", "g", m.member_id, {0: out[5].id}, write_pointer=t2.write_pointer)
+    tx.commit(t1.write_pointer, c1)
+    from tidings.errors import TransactionConflict
+
+    with pytest.raises(TransactionConflict):
+        tx.commit(t2.write_pointer, c2)
+
+
+def test_a_member_that_lost_its_partition_is_fenced(parts: Parts) -> None:
+    groups, messaging, tx, clock = parts
+    publish(messaging, 40, keys=1)
+    a = groups.join("ns", "t", "g", partitions=1, session_timeout_ms=1000)
+    out, _ = groups.poll("ns", "t", "g", a.member_id, limit=10, snapshot=snapshot(tx))
+    pending = tx.begin()
+    groups.commit("ns", "t", "g", a.member_id, {0: out[-1].id}, write_pointer=pending.write_pointer)
+    clock.now += 5  # a stalls past its session timeout
+    b = groups.join("ns", "t", "g")
+    assert b.partitions == (0,)
+    # a's open transaction holding a position of the moved partition cannot commit.
+    with pytest.raises(TransactionInvalid):
+        tx.commit(pending.write_pointer, [])
+    with pytest.raises(PartitionFenced):  # dropped: whatever it owned moved
+        groups.commit("ns", "t", "g", a.member_id, {0: out[-1].id})
+    with pytest.raises(MemberNotFound):
+        groups.heartbeat("ns", "t", "g", a.member_id)
+    # b starts where the group committed (nothing): every message again.
+    again, _ = groups.poll("ns", "t", "g", b.member_id, limit=100, snapshot=snapshot(tx))
+    assert [m.id for m in again] == [m.id for m in messaging.fetch("ns", "t", limit=100)]
+
+
+def test_commit_checks_ownership_and_delivery(parts: Parts) -> None:
+    groups, messaging, tx, _ = parts
+    publish(messaging, 20, keys=20)
+    a = groups.join("ns", "t", "g", partitions=4)
+    b = groups.join("ns", "t", "g")
+    a = groups.heartbeat("ns", "t", "g", a.member_id)
+    theirs = b.partitions[0]
+    out, _ = groups.poll("ns", "t", "g", a.member_id, limit=100, snapshot=snapshot(tx))
+    with pytest.raises(PartitionFenced):
+        groups.commit("ns", "t", "g", a.member_id, {theirs: out[0].id})
+    mine = a.partitions[0]
+    beyond = MessageId(2**62, 0, 0, 0)
+    with pytest.raises(BadRequest):
+        groups.commit("ns", "t", "g", a.member_id, {mine: beyond})
+    with pytest.raises(GroupNotFound):
+        groups.describe("ns", "t", "nope")
+
+
+def test_describe_shows_positions_and_lag(parts: Parts) -> None:
+    groups, messaging, tx, _ = parts
+    publish(messaging, 30, keys=1)
+    m = groups.join("ns", "t", "g", partitions=1)
+    out, _ = groups.poll("ns", "t", "g", m.member_id, limit=10, snapshot=snapshot(tx))
+    groups.commit("ns", "t", "g", m.member_id, {0: out[-1].id})
+    d = groups.describe("ns", "t", "g")
+    assert d.partitions[0].position == out[-1].id
+    assert d.partitions[0].lag == 20
+    assert d.members == {m.member_id: (0,)}
+    groups.leave("ns", "t", "g", m.member_id)
+    groups.reset("ns", "t", "g", "earliest")
+    assert groups.describe("ns", "t", "g").partitions[0].lag == 30

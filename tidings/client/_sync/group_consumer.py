@@ -1,0 +1,271 @@
+# Generated from tidings/client/_async/group_consumer.py by scripts/unasync.py; do not edit.
+
+"""A member of a consumer group (docs/client.md, "Consumer groups").
+
+The server splits the topic among the group's members by key hash and remembers what
+it delivered to each; this side joins, polls, heartbeats and commits. A position
+commits only when the application says so: ``commit()`` now, or
+``commit(transaction=tx)`` as part of a transaction, which moves the positions if and
+only if ``tx`` commits (the consume-transform-produce loop of Kafka's
+``sendOffsetsToTransaction``). With ``auto_commit`` each poll first commits what the
+previous ones returned, and ``close()`` commits the rest (at least once).
+
+There is no background thread: a member stays in its group by polling, or by
+``heartbeat()`` while it works on a long batch; one silent for ``session_timeout`` is
+dropped and its partitions go to the others. A dropped member that polls again
+rejoins as a new member.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Iterable, Iterator
+
+from tidings.client._sync.session import Session
+from tidings.client._sync.transactions import TransactionContext
+from tidings.codec.groups import partition_of
+from tidings.errors import MemberNotFound
+from tidings.structs import GroupAssignment, Message, MessageId, Transaction
+
+__all__ = ["GroupConsumer"]
+
+
+class _GroupCommit:
+    """A group's positions as a participant of a transaction: their change keys go into
+    the commit; a rollback removes them and rewinds the member to its committed
+    positions."""
+
+    name = "consumer group"
+
+    def __init__(self, consumer: GroupConsumer, changes: list[bytes]) -> None:
+        self._consumer = consumer
+        self._changes = changes
+        self._write_pointer: int | None = None
+
+    def start(self, transaction: Transaction) -> None:
+        self._write_pointer = transaction.write_pointer
+
+    def changes(self) -> Iterable[bytes]:
+        return self._changes
+
+    def commit(self) -> None:
+        pass  # written when the application committed the positions
+
+    def post_commit(self) -> None:
+        pass
+
+    def rollback(self) -> None:
+        if self._write_pointer is not None:
+            self._consumer._rolled_back(self._write_pointer)
+
+
+class GroupConsumer(Iterator[Message]):
+    """Iterates over this member's share of a topic (see :meth:`Client.consume`
+    with ``group``)."""
+
+    def __init__(
+        self,
+        client: Session,
+        topic: str,
+        group: str,
+        start: str = "earliest",
+        *,
+        batch_size: int = 500,
+        wait: float = 10.0,
+        session_timeout: float = 10.0,
+        auto_commit: bool = False,
+        partitions: int | None = None,
+        follow: bool = True,
+    ) -> None:
+        if start not in ("earliest", "latest"):
+            raise ValueError("a group starts at 'earliest' or 'latest' (where it has no position)")
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self._client = client
+        self.topic = topic
+        self.group = group
+        self._start = start
+        self._batch_size = batch_size
+        self._wait = wait
+        self._session_ms = round(session_timeout * 1000)
+        self._auto_commit = auto_commit
+        self._partition_count = partitions
+        self._follow = follow
+        self._assignment: GroupAssignment | None = None
+        self._buffer: deque[Message] = deque()
+        #: The last message returned to the application, per partition, not committed.
+        self._returned: dict[int, MessageId] = {}
+        self._closed = False
+
+    @property
+    def member_id(self) -> str | None:
+        """This member's id in the group (None before the first poll)."""
+        return None if self._assignment is None else self._assignment.member_id
+
+    @property
+    def assignment(self) -> GroupAssignment | None:
+        """The partitions this member owns as of its last call (None before joining)."""
+        return self._assignment
+
+    def _join(self) -> GroupAssignment:
+        api = self._client._api
+        member_id = self.member_id
+        self._assignment = self._client._send(
+            api.group_join(
+                self.topic,
+                self.group,
+                member_id,
+                self._session_ms,
+                self._partition_count,
+                self._start,
+            )
+        )
+        return self._assignment
+
+    def _adopt(self, assignment: GroupAssignment) -> None:
+        """A new assignment: forget what is not ours any more."""
+        if self._assignment is not None and assignment.generation != self._assignment.generation:
+            owned = set(assignment.partitions)
+            self._returned = {p: i for p, i in self._returned.items() if p in owned}
+            count = assignment.partition_count
+            self._buffer = deque(m for m in self._buffer if partition_of(m, count) in owned)
+        self._assignment = assignment
+
+    def heartbeat(self) -> GroupAssignment:
+        """Stay in the group while working on a long batch; answers the assignment."""
+        if self._assignment is None:
+            return self._join()
+        member_id = self._assignment.member_id
+        try:
+            assignment = self._client._send(
+                self._client._api.group_heartbeat(self.topic, self.group, member_id)
+            )
+        except MemberNotFound:
+            self._lost()
+            return self._join()
+        self._adopt(assignment)
+        return assignment
+
+    def _lost(self) -> None:
+        """Dropped from the group: nothing it holds counts any more."""
+        self._assignment = None
+        self._returned.clear()
+        self._buffer.clear()
+
+    def poll(self) -> list[Message]:
+        """The next messages of this member's partitions (waiting as configured)."""
+        page = list(self._buffer) if self._buffer else self._fetch()
+        self._buffer.clear()
+        self._note_returned(page)
+        return page
+
+    def _fetch(self) -> list[Message]:
+        if self._closed:
+            raise RuntimeError("the consumer is closed")
+        if self._assignment is None:
+            self._join()
+        if self._auto_commit and self._returned:
+            self.commit()
+        assert self._assignment is not None
+        api = self._client._api
+        wait = self._wait if self._follow else 0.0
+        for attempt in (1, 2):
+            try:
+                answer = self._client._send(
+                    api.group_poll(
+                        self.topic, self.group, self._assignment.member_id, self._batch_size, wait
+                    )
+                )
+                break
+            except MemberNotFound:
+                if attempt == 2:
+                    raise
+                self._lost()
+                self._join()
+        if answer.generation is not None and answer.partitions is not None:
+            count = answer.partition_count or self._assignment.partition_count
+            self._adopt(
+                GroupAssignment(
+                    self._assignment.member_id, answer.generation, answer.partitions, count
+                )
+            )
+        return answer.page.messages()
+
+    def _note_returned(self, messages: list[Message]) -> None:
+        assert self._assignment is not None or not messages
+        if not messages or self._assignment is None:
+            return
+        count = self._assignment.partition_count
+        for message in messages:
+            self._returned[partition_of(message, count)] = message.id
+
+    def commit(self, *, transaction: TransactionContext | None = None) -> None:
+        """Commit the position after the last message returned, per partition. With
+        ``transaction`` the positions move if and only if it commits (and a rebalance
+        that moves a partition first makes it fail); without, they move now.
+
+        :class:`~tidings.errors.PartitionFenced` if this member no longer owns one of
+        the partitions."""
+        if self._assignment is None or not self._returned:
+            return
+        positions = dict(self._returned)
+        api = self._client._api
+        member_id = self._assignment.member_id
+        if transaction is None:
+            self._client._send(api.group_commit(self.topic, self.group, member_id, positions, None))
+            for p, position in positions.items():
+                if self._returned.get(p) == position:
+                    del self._returned[p]
+            return
+        participant = _GroupCommit(self, [])
+        tx = transaction.enlist(participant)
+        participant._changes = self._client._send(
+            api.group_commit(self.topic, self.group, member_id, positions, tx.write_pointer)
+        )
+        self._returned.clear()
+
+    def _rolled_back(self, write_pointer: int) -> None:
+        """The transaction holding our positions is being aborted: drop them, and have
+        the server deliver again from the committed positions."""
+        member_id = self.member_id
+        self._client._send(
+            self._client._api.group_rollback(self.topic, self.group, write_pointer, member_id)
+        )
+        self._buffer.clear()
+        self._returned.clear()
+
+    def close(self) -> None:
+        """Leave the group (committing first with ``auto_commit``)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._assignment is None:
+            return
+        try:
+            if self._auto_commit:
+                self.commit()
+        finally:
+            member_id = self._assignment.member_id
+            self._assignment = None
+            with contextlib.suppress(MemberNotFound):  # dropped already
+                self._client._send(self._client._api.group_leave(self.topic, self.group, member_id))
+
+    def __enter__(self) -> GroupConsumer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __iter__(self) -> GroupConsumer:
+        return self
+
+    def __next__(self) -> Message:
+        while not self._buffer:
+            messages = self._fetch()
+            if not messages and not self._follow:
+                raise StopIteration
+            self._buffer.extend(messages)
+        message = self._buffer.popleft()
+        self._note_returned([message])
+        return message

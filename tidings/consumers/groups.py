@@ -1,0 +1,731 @@
+"""Consumer groups: members split a topic by key hash; positions commit in transactions.
+
+Seed 001's consumer groups over seed 000's single total order, with Kafka's group
+semantics (seed 002). A group has a fixed number of virtual partitions ``P`` (chosen
+at its first join); a message belongs to partition ``crc32(key) mod P``, or, without a
+key, ``crc32(id) mod P``, so all messages of one key go to one member, in the topic's
+order, and keyless ones spread evenly. A sticky assignment
+(:mod:`tidings.consumers.assignment`) gives every partition to one member; each join,
+leave or drop is a rebalance and a new generation.
+
+**Polls** are filtered on the server: a member reads the topic from the lowest cursor
+of its partitions and gets only the messages of its partitions that lie past that
+partition's cursor. Polls are read-committed (the server's own snapshot), so they stop
+at the first entry of a transaction still open. The cursors are the server's memory
+of what it delivered to the member; a partition newly assigned starts at its
+committed position (or the group's start policy).
+
+**Positions** are durable records in the Metadata table, each written under the write
+pointer of the transaction that commits it and visible only once that transaction is
+(the rule messages follow): ``commit(transaction=tx)`` moves a position if and only if
+``tx`` commits, and a commit without a transaction runs in one of its own. Every
+position write names a change key per partition, so two transactions committing one
+partition conflict and one fails.
+
+**Fencing** (KIP-447): a member may only commit partitions it owns
+(:class:`~tidings.errors.PartitionFenced` otherwise), and a rebalance that moves a
+partition invalidates every open transaction holding a position of it, so a zombie's
+transaction cannot commit after the new owner started from the committed position.
+
+**Liveness**: a member stays by polling or heartbeating; one silent for its session
+timeout is dropped at the next call anyone makes on the group (no timer thread). Group
+records (partition count, generation, members and their partitions) are durable; the
+in-memory parts (last contact, cursors) start afresh after a restart, which gives every
+member a new session and restarts its partitions from their committed positions.
+
+Groups need the transaction service in the same process (role ``all``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from tidings.codec import groups as gkeys
+from tidings.codec.groups import GroupRecord, Member, partition_of
+from tidings.consumers.assignment import assign
+from tidings.errors import (
+    BadRequest,
+    Conflict,
+    GroupNotFound,
+    MemberNotFound,
+    PartitionFenced,
+    TidingsError,
+)
+from tidings.messaging import MessagingService
+from tidings.names import check_name
+from tidings.store.backend import ReadView, Store, WriteView
+from tidings.structs import (
+    GroupAssignment,
+    GroupInfo,
+    GroupPartition,
+    Message,
+    MessageId,
+    Transaction,
+)
+from tidings.tx import TransactionManager
+from tidings.tx.visibility import is_visible
+
+__all__ = [
+    "DEFAULT_PARTITIONS",
+    "DEFAULT_SESSION_TIMEOUT_MS",
+    "GroupCoordinator",
+    "change_key",
+    "partition_of",
+]
+
+_META = "metadata"
+DEFAULT_PARTITIONS = 32
+MAX_PARTITIONS = 1024
+DEFAULT_SESSION_TIMEOUT_MS = 10_000
+MIN_SESSION_TIMEOUT_MS = 100
+MAX_SESSION_TIMEOUT_MS = 300_000
+STARTS = ("earliest", "latest")
+#: Most entries one group poll examines before it answers (with what it found).
+_SCAN_BUDGET = 100_000
+#: Most entries a lag count examines per group.
+_LAG_BUDGET = 1_000_000
+
+
+def change_key(topic_id: int, generation: int, group: str, partition: int) -> bytes:
+    """The transaction change key of one partition's position (conflict detection)."""
+    return b"grp/" + gkeys.position_key(topic_id, generation, group, partition, 0)[:-8]
+
+
+@dataclass(slots=True)
+class _Session:
+    """What the coordinator remembers of a member between its calls (not durable)."""
+
+    seen: float
+    cursors: dict[int, MessageId | None] = field(default_factory=dict)
+
+
+_GroupId = tuple[int, int, str]  # topic id, topic generation, group
+
+
+class GroupCoordinator:
+    """Every consumer group of every topic, over the store and the transaction manager."""
+
+    def __init__(
+        self,
+        store: Store,
+        messaging: MessagingService,
+        tx: TransactionManager,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._messaging = messaging
+        self._tx = tx
+        self._clock = clock
+        self._started = clock()
+        self._lock = threading.RLock()
+        self._sessions: dict[tuple[_GroupId, str], _Session] = {}
+
+    # --- membership ------------------------------------------------------------------
+
+    def join(
+        self,
+        namespace: str,
+        topic: str,
+        group: str,
+        member_id: str | None = None,
+        *,
+        session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
+        partitions: int | None = None,
+        start: str = "earliest",
+    ) -> GroupAssignment:
+        """Join (or rejoin) ``group``; a new member gets an id. ``partitions`` and
+        ``start`` only count when the group is created by this join."""
+        check_name(group, "group")
+        if not MIN_SESSION_TIMEOUT_MS <= session_timeout_ms <= MAX_SESSION_TIMEOUT_MS:
+            raise BadRequest(
+                f"sessionTimeoutMs must be in [{MIN_SESSION_TIMEOUT_MS}, "
+                f"{MAX_SESSION_TIMEOUT_MS}], got {session_timeout_ms}"
+            )
+        if partitions is not None and not 1 <= partitions <= MAX_PARTITIONS:
+            raise BadRequest(f"partitions must be in [1, {MAX_PARTITIONS}], got {partitions}")
+        if start not in STARTS:
+            raise BadRequest(f"start must be one of {', '.join(STARTS)}, got {start!r}")
+        if member_id is not None:
+            _check_member_id(member_id)
+        gid = self._gid(namespace, topic, group)
+        with self._lock:
+            record = self._read(gid) or GroupRecord(partitions or DEFAULT_PARTITIONS, 0, {}, start)
+            members = dict(self._alive(gid, record))
+            if member_id is None or member_id not in members:
+                member_id = member_id or uuid.uuid4().hex
+                members[member_id] = Member(session_timeout_ms)
+            else:
+                members[member_id] = replace(members[member_id], timeout_ms=session_timeout_ms)
+            self._touch(gid, member_id)
+            record = self._rebalance(namespace, topic, gid, record, members)
+            return self._assignment(record, member_id)
+
+    def heartbeat(self, namespace: str, topic: str, group: str, member_id: str) -> GroupAssignment:
+        """Stay in the group; answers the current assignment (a new generation means a
+        rebalance happened). :class:`MemberNotFound` if the member was dropped."""
+        gid = self._gid(namespace, topic, group)
+        with self._lock:
+            record = self._require_member(namespace, topic, gid, member_id)
+            self._touch(gid, member_id)
+            return self._assignment(record, member_id)
+
+    def leave(self, namespace: str, topic: str, group: str, member_id: str) -> None:
+        """Leave the group at once (a rebalance), rather than after the session timeout."""
+        gid = self._gid(namespace, topic, group)
+        with self._lock:
+            record = self._require_member(namespace, topic, gid, member_id)
+            members = {m: v for m, v in record.members.items() if m != member_id}
+            self._sessions.pop((gid, member_id), None)
+            self._rebalance(namespace, topic, gid, record, members)
+
+    # --- consuming -------------------------------------------------------------------
+
+    def poll(
+        self,
+        namespace: str,
+        topic: str,
+        group: str,
+        member_id: str,
+        *,
+        limit: int,
+        snapshot: Transaction,
+    ) -> tuple[list[Message], GroupAssignment]:
+        """The member's next messages (at most ``limit``), read-committed in
+        ``snapshot``, and its current assignment. Polling counts as a heartbeat."""
+        gid = self._gid(namespace, topic, group)
+        with self._lock:
+            record = self._require_member(namespace, topic, gid, member_id)
+            session = self._touch(gid, member_id)
+            owned = record.members[member_id].partitions
+            if any(p not in session.cursors for p in owned):
+                # A session the server does not remember (it restarted): the member's
+                # partitions start at their committed positions.
+                committed = self.positions(gid, snapshot)
+                begin = self._start_position(namespace, topic, record)
+                for p in owned:
+                    session.cursors.setdefault(p, committed.get(p, begin))
+            cursors = {p: session.cursors.get(p) for p in owned}
+            assignment = self._assignment(record, member_id)
+        if not owned:
+            return [], assignment
+        out, scanned = self._scan(namespace, topic, record.partitions, cursors, limit, snapshot)
+        with self._lock:
+            # Only where nothing moved meanwhile (a rebalance resets cursors).
+            now_session = self._sessions.get((gid, member_id))
+            current = self._read(gid)
+            if now_session is not None and current is not None and member_id in current.members:
+                still = set(current.members[member_id].partitions)
+                for p, cursor in cursors.items():
+                    if p in still and now_session.cursors.get(p) == cursor:
+                        now_session.cursors[p] = _later(cursor, scanned.get(p))
+        return out, assignment
+
+    def _scan(
+        self,
+        namespace: str,
+        topic: str,
+        partitions: int,
+        cursors: Mapping[int, MessageId | None],
+        limit: int,
+        snapshot: Transaction,
+    ) -> tuple[list[Message], dict[int, MessageId | None]]:
+        starts = list(cursors.values())
+        start: MessageId | None = None if None in starts else min(s for s in starts if s)
+        out: list[Message] = []
+        examined = 0
+        last: MessageId | None = None
+        page_size = self._messaging.config.fetch_max_limit
+        while len(out) < limit and examined < _SCAN_BUDGET:
+            page = self._messaging.fetch(
+                namespace,
+                topic,
+                start=start,
+                inclusive=start is None,
+                limit=page_size,
+                transaction=snapshot,
+            )
+            for message in page:
+                examined += 1
+                last = message.id
+                p = partition_of(message, partitions)
+                if p in cursors:
+                    cursor = cursors[p]
+                    if cursor is None or message.id > cursor:
+                        out.append(message)
+                        if len(out) >= limit:
+                            break
+            if len(page) < page_size or len(out) >= limit or last is None:
+                break
+            start = last
+        # Everything up to ``last`` of every owned partition was examined.
+        scanned = {
+            p: (last if last is not None and (c is None or last > c) else c)
+            for p, c in cursors.items()
+        }
+        return out, scanned
+
+    # --- positions -------------------------------------------------------------------
+
+    def commit(
+        self,
+        namespace: str,
+        topic: str,
+        group: str,
+        member_id: str,
+        positions: Mapping[int, MessageId],
+        *,
+        write_pointer: int | None = None,
+    ) -> list[bytes]:
+        """Commit the member's positions (each: the id of the last message it consumed
+        in that partition). With ``write_pointer`` they are part of that transaction and
+        the change keys to commit it with are returned; without, they commit now.
+
+        :class:`PartitionFenced` for a partition the member does not own;
+        :class:`BadRequest` for a position past what was delivered to the member."""
+        if not positions:
+            raise BadRequest("a commit names at least one partition")
+        gid = self._gid(namespace, topic, group)
+        with self._lock:
+            try:
+                record = self._require_member(namespace, topic, gid, member_id)
+            except MemberNotFound as exc:
+                # Dropped (its session timed out) or gone: whatever it owned moved.
+                raise PartitionFenced(f"{exc.message}; its partitions moved") from None
+            session = self._touch(gid, member_id)
+            owned = set(record.members[member_id].partitions)
+            for p, position in positions.items():
+                if not 0 <= p < record.partitions:
+                    raise BadRequest(f"partition {p} is not in [0, {record.partitions})")
+                if p not in owned:
+                    raise PartitionFenced(
+                        f"member {member_id} does not own partition {p} of group {group} "
+                        f"(generation {record.generation}): it cannot commit it"
+                    )
+                delivered = session.cursors.get(p)
+                if delivered is None or position > delivered:
+                    raise BadRequest(
+                        f"position {position.hex} of partition {p} is past what was "
+                        "delivered to this member"
+                    )
+            changes = [change_key(*gid[:2], group, p) for p in sorted(positions)]
+            if write_pointer is not None:
+                self._write_positions(gid, positions, write_pointer)
+                return changes
+            own = self._tx.begin()
+            try:
+                self._write_positions(gid, positions, own.write_pointer)
+                self._tx.commit(own.write_pointer, changes)
+            except BaseException:
+                _quietly(self._tx.invalidate, own.write_pointer)
+                raise
+            return []
+
+    def rollback(
+        self,
+        namespace: str,
+        topic: str,
+        group: str,
+        write_pointer: int,
+        *,
+        member_id: str | None = None,
+    ) -> int:
+        """Remove the positions written under ``write_pointer`` (its transaction is being
+        aborted); how many were removed. With ``member_id``, that member is rewound to
+        its partitions' committed positions, so it gets the aborted batch again."""
+        gid = self._gid(namespace, topic, group)
+        if member_id is not None:
+            _check_member_id(member_id)
+        start, stop = gkeys.positions_range(*gid)
+
+        def remove(view: WriteView) -> int:
+            doomed = [
+                k
+                for k, _ in view.scan(_META, start, stop)
+                if gkeys.write_pointer_of(k)[1] == write_pointer
+            ]
+            for key in doomed:
+                view.delete(_META, key)
+            return len(doomed)
+
+        removed = self._store.apply(remove)
+        if member_id is not None:
+            self._rewind(namespace, topic, gid, member_id)
+        return removed
+
+    def _rewind(self, namespace: str, topic: str, gid: _GroupId, member_id: str) -> None:
+        with self._lock:
+            record = self._read(gid)
+            session = self._sessions.get((gid, member_id))
+            if record is None or session is None or member_id not in record.members:
+                return
+            snapshot = self._tx.snapshot()
+            assert snapshot is not None
+            committed = self.positions(gid, snapshot)
+            begin = self._start_position(namespace, topic, record)
+            for p in record.members[member_id].partitions:
+                session.cursors[p] = committed.get(p, begin)
+
+    def _write_positions(
+        self, gid: _GroupId, positions: Mapping[int, MessageId], write_pointer: int
+    ) -> None:
+        snapshot = self._tx.snapshot()
+        assert snapshot is not None
+
+        def write(view: WriteView) -> None:
+            # Checked in the write itself, as publishes are: nothing lands under a
+            # pointer that ended, so pruning the invalid list stays safe.
+            self._tx.check_writable(write_pointer)
+            if view.get(_META, gkeys.group_key(*gid)) is None:
+                raise GroupNotFound(f"group {gid[2]} does not exist")
+            for p, position in positions.items():
+                _compact(view, gid, p, snapshot)
+                key = gkeys.position_key(*gid, p, write_pointer)
+                view.put(_META, key, position.to_bytes())
+
+        self._store.apply(write)
+
+    def positions(self, gid: _GroupId, snapshot: Transaction) -> dict[int, MessageId]:
+        """The committed position of each partition that has one."""
+        start, stop = gkeys.positions_range(*gid)
+        found: dict[int, tuple[int, MessageId]] = {}
+        with self._store.read() as view:
+            for key, raw in view.scan(_META, start, stop):
+                p, wp = gkeys.write_pointer_of(key)
+                if wp != 0 and not is_visible(snapshot, wp):
+                    continue
+                best = found.get(p)
+                if best is None or wp >= best[0]:
+                    found[p] = (wp, MessageId.from_bytes(raw))
+        return {p: position for p, (_, position) in found.items()}
+
+    # --- administration --------------------------------------------------------------
+
+    def describe(self, namespace: str, topic: str, group: str) -> GroupInfo:
+        """A group's members, partitions, positions and lag (messages after the
+        position, read-committed)."""
+        gid = self._gid(namespace, topic, group)
+        with self._lock:
+            record = self._read(gid)
+            if record is None:
+                raise GroupNotFound(f"topic {namespace}:{topic} has no group {group}")
+            members = self._alive(gid, record)
+            if set(members) != set(record.members):
+                record = self._rebalance(namespace, topic, gid, record, dict(members))
+        snapshot = self._tx.snapshot()
+        assert snapshot is not None
+        positions = self.positions(gid, snapshot)
+        lags, exact = self._lags(namespace, topic, record, positions, snapshot)
+        return GroupInfo(
+            group=group,
+            partition_count=record.partitions,
+            generation=record.generation,
+            start=record.start,
+            members={m: v.partitions for m, v in record.members.items()},
+            partitions=tuple(
+                GroupPartition(p, record.owner(p), positions.get(p), lags.get(p, 0), exact)
+                for p in range(record.partitions)
+            ),
+            end=self._messaging.end_id(namespace, topic),
+        )
+
+    def _lags(
+        self,
+        namespace: str,
+        topic: str,
+        record: GroupRecord,
+        positions: Mapping[int, MessageId],
+        snapshot: Transaction,
+    ) -> tuple[dict[int, int], bool]:
+        floors: dict[int, MessageId | None] = {
+            p: positions.get(p, self._start_position(namespace, topic, record))
+            for p in range(record.partitions)
+        }
+        lags = dict.fromkeys(floors, 0)
+        firsts = list(floors.values())
+        start = None if None in firsts else min(f for f in firsts if f)
+        examined = 0
+        page_size = self._messaging.config.fetch_max_limit
+        while examined < _LAG_BUDGET:
+            page = self._messaging.fetch(
+                namespace,
+                topic,
+                start=start,
+                inclusive=start is None,
+                limit=page_size,
+                transaction=snapshot,
+            )
+            for message in page:
+                p = partition_of(message, record.partitions)
+                floor = floors[p]
+                if floor is None or message.id > floor:
+                    lags[p] += 1
+            examined += len(page)
+            if len(page) < page_size:
+                return lags, True
+            start = page[-1].id
+        return lags, False
+
+    def list(self, namespace: str, topic: str) -> list[str]:
+        """The names of the topic's groups, sorted."""
+        topic_id, generation = self._messaging.identity(namespace, topic)
+        start, stop = gkeys.groups_range(topic_id, generation)
+        with self._store.read() as view:
+            return [gkeys.group_name_of(k) for k, _ in view.scan(_META, start, stop)]
+
+    def reset(self, namespace: str, topic: str, group: str, to: str | MessageId | int) -> None:
+        """Set every partition's position: ``earliest``, ``latest``, after a message id,
+        or before the first message at or after a time (ms). Only while the group has no
+        members (Kafka's rule: a live member would not see it)."""
+        gid = self._gid(namespace, topic, group)
+        with self._lock:
+            record = self._read(gid)
+            if record is None:
+                raise GroupNotFound(f"topic {namespace}:{topic} has no group {group}")
+            if self._alive(gid, record):
+                raise Conflict(f"group {group} has members: reset it when they are gone")
+            position = self._reset_position(namespace, topic, to)
+            start, stop = gkeys.positions_range(*gid)
+
+            def write(view: WriteView) -> None:
+                view.delete_range(_META, start, stop)
+                if position is not None:
+                    for p in range(record.partitions):
+                        view.put(_META, gkeys.position_key(*gid, p, 0), position.to_bytes())
+
+            self._store.apply(write)
+
+    def _reset_position(
+        self, namespace: str, topic: str, to: str | MessageId | int
+    ) -> MessageId | None:
+        if to == "earliest":
+            return None
+        if to == "latest":
+            return self._messaging.end_id(namespace, topic)
+        if isinstance(to, MessageId):
+            return to
+        if isinstance(to, int) and not isinstance(to, bool) and to >= 0:
+            first = self._messaging.fetch(namespace, topic, start=to, limit=1)
+            if not first:
+                return self._messaging.end_id(namespace, topic)
+            # Just before the first message at or after the time: everything earlier is
+            # consumed, that message is next.
+            return _just_before(first[0].id)
+        raise BadRequest(f"reset to earliest, latest, a message id or a time, got {to!r}")
+
+    def delete(self, namespace: str, topic: str, group: str) -> None:
+        """Delete a group and its positions (it may have members: they are dropped)."""
+        gid = self._gid(namespace, topic, group)
+        with self._lock:
+            if self._read(gid) is None:
+                raise GroupNotFound(f"topic {namespace}:{topic} has no group {group}")
+            start, stop = gkeys.positions_range(*gid)
+
+            def drop(view: WriteView) -> None:
+                view.delete(_META, gkeys.group_key(*gid))
+                view.delete_range(_META, start, stop)
+
+            self._store.apply(drop)
+            for key in [k for k in self._sessions if k[0] == gid]:
+                del self._sessions[key]
+
+    def referenced_pointers(self, candidates: set[int]) -> set[int]:
+        """The pointers among ``candidates`` that some position record is written
+        under (the invalid-list pruner keeps those)."""
+        found: set[int] = set()
+        prefix = gkeys.POSITION_PREFIX
+        with self._store.read() as view:
+            for key, _ in view.scan(_META, prefix, prefix + b"\xff"):
+                wp = gkeys.write_pointer_of(key)[1]
+                if wp in candidates:
+                    found.add(wp)
+        return found
+
+    def forget_topic(self, topic_id: int) -> None:
+        """Drop every group row of a deleted topic (all its generations)."""
+
+        def drop(view: WriteView) -> None:
+            for start, stop in gkeys.topic_range(topic_id):
+                view.delete_range(_META, start, stop)
+
+        self._store.apply(drop)
+        with self._lock:
+            for key in [k for k in self._sessions if k[0][0] == topic_id]:
+                del self._sessions[key]
+
+    # --- internals -------------------------------------------------------------------
+
+    def _gid(self, namespace: str, topic: str, group: str) -> _GroupId:
+        check_name(group, "group")
+        topic_id, generation = self._messaging.identity(namespace, topic)
+        return topic_id, generation, group
+
+    def _read(self, gid: _GroupId, view: ReadView | None = None) -> GroupRecord | None:
+        if view is None:
+            with self._store.read() as fresh:
+                raw = fresh.get(_META, gkeys.group_key(*gid))
+        else:
+            raw = view.get(_META, gkeys.group_key(*gid))
+        return None if raw is None else gkeys.decode_group(raw)
+
+    def _alive(self, gid: _GroupId, record: GroupRecord) -> dict[str, Member]:
+        now = self._clock()
+        alive = {}
+        for member_id, member in record.members.items():
+            session = self._sessions.get((gid, member_id))
+            seen = session.seen if session is not None else self._started
+            if now - seen <= member.timeout_ms / 1000:
+                alive[member_id] = member
+            else:
+                self._sessions.pop((gid, member_id), None)
+        return alive
+
+    def _touch(self, gid: _GroupId, member_id: str) -> _Session:
+        session = self._sessions.get((gid, member_id))
+        if session is None:
+            session = self._sessions[(gid, member_id)] = _Session(self._clock())
+        session.seen = self._clock()
+        return session
+
+    def _require_member(
+        self, namespace: str, topic: str, gid: _GroupId, member_id: str
+    ) -> GroupRecord:
+        _check_member_id(member_id)
+        record = self._read(gid)
+        if record is None:
+            raise GroupNotFound(f"topic {namespace}:{topic} has no group {gid[2]}")
+        alive = self._alive(gid, record)
+        if set(alive) != set(record.members):
+            record = self._rebalance(namespace, topic, gid, record, alive)
+        if member_id not in record.members:
+            raise MemberNotFound(
+                f"{member_id} is not a member of group {gid[2]} (dropped after its "
+                "session timeout, or it left): join again"
+            )
+        return record
+
+    def _rebalance(
+        self,
+        namespace: str,
+        topic: str,
+        gid: _GroupId,
+        record: GroupRecord,
+        members: Mapping[str, Member],
+    ) -> GroupRecord:
+        """Write the group with ``members``, reassigning if the member set changed."""
+        old = {m: v.partitions for m, v in record.members.items()}
+        changed = set(members) != set(record.members) or record.generation == 0
+        if changed:
+            new = assign(record.partitions, old, list(members))
+            members = {m: replace(v, partitions=new.get(m, ())) for m, v in members.items()}
+            record = GroupRecord(record.partitions, record.generation + 1, members, record.start)
+            self._moved(namespace, topic, gid, record, old)
+        else:
+            record = replace(record, members=dict(members))
+        raw = gkeys.encode_group(record)
+        self._store.apply(lambda view: view.put(_META, gkeys.group_key(*gid), raw))
+        return record
+
+    def _moved(
+        self,
+        namespace: str,
+        topic: str,
+        gid: _GroupId,
+        record: GroupRecord,
+        old: Mapping[str, Iterable[int]],
+    ) -> None:
+        """After a rebalance: fence the open transactions of partitions that moved, and
+        start newly assigned partitions at their committed position."""
+        before = {p: m for m, ps in old.items() for p in ps}
+        moved = [p for p in range(record.partitions) if before.get(p) != record.owner(p)]
+        if not moved:
+            return
+        pending = self._pending(gid, moved)
+        for write_pointer in pending:
+            _quietly(self._tx.invalidate, write_pointer)
+        snapshot = self._tx.snapshot()
+        assert snapshot is not None
+        positions = self.positions(gid, snapshot)
+        start = self._start_position(namespace, topic, record)
+        for member_id, member in record.members.items():
+            session = self._sessions.get((gid, member_id))
+            if session is None:
+                session = self._sessions[(gid, member_id)] = _Session(self._clock())
+            for p in list(session.cursors):
+                if p not in member.partitions:
+                    del session.cursors[p]
+            for p in member.partitions:
+                if before.get(p) != member_id:
+                    session.cursors[p] = positions.get(p, start)
+
+    def _pending(self, gid: _GroupId, partitions: Iterable[int]) -> set[int]:
+        state = self._tx.state()
+        open_ = set(state.in_progress)
+        found: set[int] = set()
+        with self._store.read() as view:
+            for p in partitions:
+                start, stop = gkeys.partition_range(*gid, p)
+                for key, _ in view.scan(_META, start, stop):
+                    wp = gkeys.write_pointer_of(key)[1]
+                    if wp in open_:
+                        found.add(wp)
+        return found
+
+    def _start_position(self, namespace: str, topic: str, record: GroupRecord) -> MessageId | None:
+        if record.start == "latest":
+            return self._messaging.end_id(namespace, topic)
+        return None
+
+    def _assignment(self, record: GroupRecord, member_id: str) -> GroupAssignment:
+        member = record.members[member_id]
+        return GroupAssignment(member_id, record.generation, member.partitions, record.partitions)
+
+
+def _compact(view: WriteView, gid: _GroupId, partition: int, snapshot: Transaction) -> None:
+    """Drop a partition's records that can never count again: those of invalid
+    transactions, and visible ones older than the newest visible one."""
+    start, stop = gkeys.partition_range(*gid, partition)
+    visible: list[bytes] = []
+    for key, _ in view.scan(_META, start, stop):
+        wp = gkeys.write_pointer_of(key)[1]
+        if wp in snapshot.invalid:
+            view.delete(_META, key)
+        elif wp == 0 or is_visible(snapshot, wp):
+            visible.append(key)
+    for key in visible[:-1]:
+        view.delete(_META, key)
+
+
+def _later(a: MessageId | None, b: MessageId | None) -> MessageId | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return max(a, b)
+
+
+def _just_before(message_id: MessageId) -> MessageId:
+    ts, seq, wts, pseq = message_id
+    if pseq:
+        return MessageId(ts, seq, wts, pseq - 1)
+    if wts:
+        return MessageId(ts, seq, wts - 1, 0xFFFF)
+    if seq:
+        return MessageId(ts, seq - 1, 0xFFFFFFFFFFFFFFFF, 0xFFFF)
+    return MessageId(ts - 1, 0xFFFF, 0xFFFFFFFFFFFFFFFF, 0xFFFF)
+
+
+def _check_member_id(member_id: object) -> None:
+    if not isinstance(member_id, str) or not 1 <= len(member_id) <= 64 or not member_id.isalnum():
+        raise BadRequest("a member id is 1-64 letters and digits (as join answered it)")
+
+
+def _quietly(fn: Callable[[int], None], write_pointer: int) -> None:
+    # It ended meanwhile (TransactionNotInProgress and kin): nothing of it can commit.
+    with contextlib.suppress(TidingsError):
+        fn(write_pointer)

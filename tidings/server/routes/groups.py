@@ -1,0 +1,214 @@
+"""Consumer groups under ``/v1/namespaces/{ns}/topics/{topic}/groups`` (docs/api.md).
+
+Bodies are JSON. A group poll answers messages in the medium its ``Accept`` header
+names (JSON without one), with the page's extent and the member's assignment in
+headers, so a member learns of a rebalance from its next poll. Everything here needs
+both services in the process (503 otherwise); the coordinator's calls block on store
+writes, so they run on the worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tidings.codec import admin, wire
+from tidings.consumers.groups import DEFAULT_SESSION_TIMEOUT_MS
+from tidings.errors import TidingsError
+from tidings.names import check_name
+from tidings.server.bodies import json_object, read_body, require_json
+from tidings.server.handlers import Api, json_response
+from tidings.server.routes.messaging import COUNT_HEADER, LAST_ID_HEADER, TOPIC, _wait_ms
+from tidings.structs import GroupAssignment, Message, Transaction
+from tidings.tx import TransactionManager
+
+__all__ = ["GROUP", "GROUPS", "routes"]
+
+GROUPS = TOPIC + "/groups"
+GROUP = GROUPS + "/{group}"
+#: Group poll answer headers: the member's assignment as of this poll.
+GENERATION_HEADER = "Tidings-Generation"
+PARTITIONS_HEADER = "Tidings-Partitions"
+PARTITION_COUNT_HEADER = "Tidings-Partition-Count"
+_DEFAULT_LIMIT = 500
+
+
+def _names(request: Request) -> tuple[str, str, str]:
+    params = request.path_params
+    return (
+        check_name(params["ns"], "namespace"),
+        check_name(params["topic"], "topic"),
+        check_name(params["group"], "group"),
+    )
+
+
+def _answer_media(request: Request) -> wire.Media:
+    try:
+        return wire.media_for(request.headers.get("accept"))
+    except TidingsError:
+        return wire.JSON  # "*/*" and the like: the default
+
+
+def routes(api: Api) -> list[Route]:
+    """Every consumer-group route."""
+    max_body = api.config.max_body_bytes
+    max_wait_ms = api.config.max_wait_ms
+    longpolls = api.longpolls
+
+    async def body(request: Request, what: str) -> dict[str, object]:
+        require_json(request)
+        return json_object(await read_body(request, max_body), what)
+
+    async def snapshot() -> Transaction:
+        tx = api.services.tx
+        assert tx is not None  # api.groups answered 503 otherwise
+        found = tx.snapshot(wait=False)
+        if found is None:
+            found = await api.blocking(_durable, tx)
+        return found
+
+    @api.endpoint(GROUPS)
+    async def groups(request: Request) -> Response:
+        coordinator = api.groups
+        ns = check_name(request.path_params["ns"], "namespace")
+        topic = check_name(request.path_params["topic"], "topic")
+        return json_response(await api.blocking(coordinator.list, ns, topic))
+
+    @api.endpoint(GROUP)
+    async def group(request: Request) -> Response:
+        coordinator = api.groups
+        ns, topic, name = _names(request)
+        if request.method == "DELETE":
+            await api.blocking(coordinator.delete, ns, topic, name)
+            return json_response({})
+        info = await api.blocking(coordinator.describe, ns, topic, name)
+        return json_response(admin.group_json(info))
+
+    @api.endpoint(GROUP + "/join")
+    async def join(request: Request) -> Response:
+        coordinator = api.groups
+        ns, topic, name = _names(request)
+        req = admin.read_join_request(await body(request, "join request"))
+        assignment = await api.blocking(
+            coordinator.join,
+            ns,
+            topic,
+            name,
+            req.member_id,
+            session_timeout_ms=req.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS,
+            partitions=req.partitions,
+            start=req.start,
+        )
+        return json_response(admin.assignment_json(assignment))
+
+    @api.endpoint(GROUP + "/heartbeat")
+    async def heartbeat(request: Request) -> Response:
+        coordinator = api.groups
+        ns, topic, name = _names(request)
+        member_id, _ = admin.read_member_request(await body(request, "heartbeat"))
+        assignment = await api.blocking(coordinator.heartbeat, ns, topic, name, member_id)
+        return json_response(admin.assignment_json(assignment))
+
+    @api.endpoint(GROUP + "/leave")
+    async def leave(request: Request) -> Response:
+        coordinator = api.groups
+        ns, topic, name = _names(request)
+        member_id, _ = admin.read_member_request(await body(request, "leave request"))
+        await api.blocking(coordinator.leave, ns, topic, name, member_id)
+        return json_response({})
+
+    @api.endpoint(GROUP + "/poll")
+    async def poll(request: Request) -> Response:
+        coordinator = api.groups
+        ns, topic, name = _names(request)
+        wait_ms = _wait_ms(request, max_wait_ms)
+        member_id, limit = admin.read_member_request(await body(request, "group poll"))
+        limit = min(limit or _DEFAULT_LIMIT, api.config.fetch_max_limit)
+        media = _answer_media(request)
+
+        async def fetch() -> tuple[list[Message], GroupAssignment]:
+            tx = await snapshot()
+            return await api.blocking(
+                coordinator.poll, ns, topic, name, member_id, limit=limit, snapshot=tx
+            )
+
+        if wait_ms <= 0:
+            messages, assignment = await fetch()
+        else:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + wait_ms / 1000
+            while True:
+                woken = longpolls.park(ns, topic, transactions=True)
+                try:
+                    messages, assignment = await fetch()
+                    remaining = deadline - loop.time()
+                    if messages or remaining <= 0 or longpolls.closed:
+                        break
+                    # Wake at least once per second: a rebalance changes nothing on
+                    # the topic, and the member must learn of it (and stay alive).
+                    await longpolls.wait(woken, min(remaining, 1.0))
+                finally:
+                    longpolls.unpark(woken, ns, topic)
+        headers = {
+            COUNT_HEADER: str(len(messages)),
+            GENERATION_HEADER: str(assignment.generation),
+            PARTITIONS_HEADER: ",".join(map(str, assignment.partitions)),
+            PARTITION_COUNT_HEADER: str(assignment.partition_count),
+        }
+        if messages:
+            headers[LAST_ID_HEADER] = messages[-1].id.hex
+        body_ = wire.encode_messages(messages, media)
+        return Response(body_, media_type=media.value, headers=headers)
+
+    @api.endpoint(GROUP + "/commit")
+    async def commit(request: Request) -> Response:
+        coordinator = api.groups
+        ns, topic, name = _names(request)
+        member_id, positions, write_pointer = admin.read_group_commit_request(
+            await body(request, "group commit")
+        )
+        changes = await api.blocking(
+            coordinator.commit, ns, topic, name, member_id, positions, write_pointer=write_pointer
+        )
+        return json_response(admin.changes_json(changes))
+
+    @api.endpoint(GROUP + "/rollback")
+    async def rollback(request: Request) -> Response:
+        coordinator = api.groups
+        ns, topic, name = _names(request)
+        write_pointer, member_id = admin.read_group_rollback_request(
+            await body(request, "group rollback")
+        )
+        await api.blocking(
+            coordinator.rollback, ns, topic, name, write_pointer, member_id=member_id
+        )
+        return json_response({})
+
+    @api.endpoint(GROUP + "/reset")
+    async def reset(request: Request) -> Response:
+        coordinator = api.groups
+        ns, topic, name = _names(request)
+        to = admin.read_reset_request(await body(request, "reset request"))
+        await api.blocking(coordinator.reset, ns, topic, name, to)
+        return json_response({})
+
+    return [
+        Route(GROUP + "/poll", poll, methods=["POST"]),
+        Route(GROUP + "/heartbeat", heartbeat, methods=["POST"]),
+        Route(GROUP + "/commit", commit, methods=["POST"]),
+        Route(GROUP + "/join", join, methods=["POST"]),
+        Route(GROUP + "/leave", leave, methods=["POST"]),
+        Route(GROUP + "/rollback", rollback, methods=["POST"]),
+        Route(GROUP + "/reset", reset, methods=["POST"]),
+        Route(GROUP, group, methods=["GET", "DELETE"]),
+        Route(GROUPS, groups, methods=["GET"]),
+    ]
+
+
+def _durable(tx: TransactionManager) -> Transaction:
+    found = tx.snapshot()
+    assert found is not None
+    return found
