@@ -23,6 +23,7 @@ import orjson
 
 from tidings.errors import ConfigError, TidingsError
 from tidings.names import DEFAULT_URL
+from tidings.structs import MessageId
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -471,6 +472,93 @@ def stats(ctx: click.Context, topic: str, as_json: bool) -> None:
             shown = f"{shown:.2f}"
         table.add_row(name, "-" if shown is None else str(shown))
     _console().print(table)
+
+
+# --- consumer groups ----------------------------------------------------------------
+
+
+@main.group()
+def groups() -> None:
+    """List, describe, reset and delete a topic's consumer groups."""
+
+
+@groups.command("list")
+@click.argument("topic")
+@click.pass_context
+def groups_list(ctx: click.Context, topic: str) -> None:
+    """The names of TOPIC's consumer groups."""
+    for name in _client(ctx).groups(topic):
+        click.echo(name)
+
+
+@groups.command("describe")
+@click.argument("topic")
+@click.argument("group")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def groups_describe(ctx: click.Context, topic: str, group: str, as_json: bool) -> None:
+    """GROUP's members and, per partition, owner, committed position and lag."""
+    from tidings.codec.admin import group_json
+
+    info = _client(ctx).describe_group(topic, group)
+    if as_json:
+        _emit_json(group_json(info))
+        return
+    from rich.table import Table
+
+    table = Table(
+        title=f"{topic}/{group}: generation {info.generation}, {len(info.members)} member(s), "
+        f"lag {info.lag}{'' if all(p.lag_exact for p in info.partitions) else '+'}"
+    )
+    for column in ("partition", "owner", "position", "lag"):
+        table.add_column(column, justify="right" if column in ("partition", "lag") else "left")
+    for p in info.partitions:
+        table.add_row(
+            str(p.partition),
+            p.owner or "-",
+            p.position.hex if p.position else "-",
+            f"{p.lag}{'' if p.lag_exact else '+'}",
+        )
+    _console().print(table)
+
+
+def _reset_target(value: str) -> str | MessageId | int:
+    """``earliest``, ``latest``, a 40-hex message id, ms since the epoch or an ISO time."""
+    if value in ("earliest", "latest"):
+        return value
+    if len(value) == 40:
+        with contextlib.suppress(TidingsError):
+            return MessageId.from_hex(value)
+    if value.isdigit():
+        return int(value)
+    try:
+        return int(datetime.fromisoformat(value).timestamp() * 1000)
+    except ValueError:
+        raise click.BadParameter(
+            "earliest, latest, a 40-character message id, ms since the epoch or an ISO time",
+            param_hint="--to",
+        ) from None
+
+
+@groups.command("reset")
+@click.argument("topic")
+@click.argument("group")
+@click.option("--to", "to", required=True, help="earliest, latest, a message id, or a time.")
+@click.pass_context
+def groups_reset(ctx: click.Context, topic: str, group: str, to: str) -> None:
+    """Move every position of GROUP (which must have no members)."""
+    _client(ctx).reset_group(topic, group, _reset_target(to))
+    click.echo(f"reset group {group} of {topic} to {to}")
+
+
+@groups.command("delete")
+@click.argument("topic")
+@click.argument("group")
+@click.pass_context
+def groups_delete(ctx: click.Context, topic: str, group: str) -> None:
+    """Delete GROUP and its positions."""
+    _client(ctx).delete_group(topic, group)
+    click.echo(f"deleted group {group} of {topic}")
 
 
 # --- transactions -------------------------------------------------------------------

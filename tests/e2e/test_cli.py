@@ -137,3 +137,27 @@ def test_inspect_reads_the_store_while_the_server_runs(
     assert f"-{open_tx.write_pointer}" in entries and "(rolled back)" in entries
     missing = run("inspect", str(server.data_dir), "--topic", "nope-" + topic, ok=False)
     assert missing.exit_code == 1 and "no topic" in missing.stderr
+
+
+def test_groups(run: Run, server: ServerProcess, topic: str) -> None:
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"a", b"b", b"c"])
+        member = client.consume(topic, group="cli", follow=False, partitions=2)
+        first = member.poll()
+        member.commit()
+        member.close()
+    assert run("groups", "list", topic).output.split() == ["cli"]
+    described = json.loads(run("groups", "describe", topic, "cli", "--json").output)
+    assert described["lag"] == 0 and described["partitionCount"] == 2
+    assert "generation" in run("groups", "describe", topic, "cli").output
+    run("groups", "reset", topic, "cli", "--to", "earliest")
+    assert json.loads(run("groups", "describe", topic, "cli", "--json").output)["lag"] == 3
+    run("groups", "reset", topic, "cli", "--to", first[0].id.hex)
+    assert json.loads(run("groups", "describe", topic, "cli", "--json").output)["lag"] == 2
+    bad = run("groups", "reset", topic, "cli", "--to", "someday", ok=False)
+    assert bad.exit_code == 2
+    missing = run("groups", "describe", topic, "nope", ok=False)
+    assert missing.exit_code == 1 and "GroupNotFound" in missing.output
+    run("groups", "delete", topic, "cli")
+    assert run("groups", "list", topic).output.split() == []
