@@ -38,10 +38,12 @@ Groups need the transaction service in the same process (role ``all``).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -105,6 +107,85 @@ class _Session:
 
 
 _GroupId = tuple[int, int, str]  # topic id, topic generation, group
+#: Full pages kept per topic for the members' scans.
+_PAGES_KEPT = 8
+
+
+def _hash(message: Message) -> int:
+    return zlib.crc32(message.key if message.key is not None else message.id.to_bytes())
+
+
+@dataclass(slots=True)
+class _Page:
+    """Read-committed messages after ``start`` (exclusive; None: from the oldest), with
+    the hash their partition is taken from (``hash % P``)."""
+
+    start: MessageId | None
+    messages: list[Message]
+    hashes: list[int]
+    full: bool
+    #: Per partition count: the indices of each partition's messages.
+    indexes: dict[int, dict[int, list[int]]] = field(default_factory=dict)
+
+    @property
+    def last(self) -> MessageId | None:
+        return self.messages[-1].id if self.messages else self.start
+
+    def covers(self, position: MessageId | None) -> bool:
+        """True if the messages after ``position`` start inside this page."""
+        if position is None or self.start is None:
+            return position is None and self.start is None
+        last = self.last
+        return self.start <= position and last is not None and position < last
+
+    def id_at(self, index: int) -> MessageId:
+        return self.messages[index].id
+
+    def by_partition(self, partitions: int) -> dict[int, list[int]]:
+        """The indices of each partition's messages, in order, for ``partitions``."""
+        index = self.indexes.get(partitions)
+        if index is None:
+            index = {}
+            for i, h in enumerate(self.hashes):
+                index.setdefault(h % partitions, []).append(i)
+            self.indexes[partitions] = index
+        return index
+
+    def after(self, position: MessageId | None) -> int:
+        """The index of the first message after ``position``."""
+        if position is None or position == self.start:
+            return 0
+        return bisect.bisect_right([m.id for m in self.messages], position)
+
+
+class _Pages:
+    """The pages a topic's group members scanned lately. Members of a group read the
+    same total order from similar places, so one fetch (and one decode) of a page serves
+    them all, and a member polling in small batches decodes each page once. What a
+    read-committed page holds between its first and last entry never changes: every
+    entry visible there and none that was still open, so a later snapshot sees the same
+    (an entry can only be rolled back while its transaction is open). A page that ended
+    early (the topic's end, or an open transaction) serves only positions inside it:
+    what came after its last entry is fetched fresh."""
+
+    def __init__(self) -> None:
+        self._pages: list[_Page] = []
+        self._lock = threading.Lock()
+        #: Held while a page is fetched: a member missing the same page waits for it.
+        self.fetching = threading.Lock()
+
+    def find(self, position: MessageId | None) -> _Page | None:
+        with self._lock:
+            for i, page in enumerate(self._pages):
+                if page.covers(position):
+                    self._pages.append(self._pages.pop(i))  # most recently used last
+                    return page
+        return None
+
+    def add(self, page: _Page) -> None:
+        with self._lock:
+            self._pages.append(page)
+            del self._pages[:-_PAGES_KEPT]
 
 
 class GroupCoordinator:
@@ -125,6 +206,7 @@ class GroupCoordinator:
         self._started = clock()
         self._lock = threading.RLock()
         self._sessions: dict[tuple[_GroupId, str], _Session] = {}
+        self._pages: dict[tuple[int, int], _Pages] = {}
 
     # --- membership ------------------------------------------------------------------
 
@@ -240,35 +322,60 @@ class GroupCoordinator:
         out: list[Message] = []
         examined = 0
         last: MessageId | None = None
-        page_size = self._messaging.config.fetch_max_limit
+        pages = self._pages.setdefault(self._messaging.identity(namespace, topic), _Pages())
         while len(out) < limit and examined < _SCAN_BUDGET:
-            page = self._messaging.fetch(
-                namespace,
-                topic,
-                start=start,
-                inclusive=start is None,
-                limit=page_size,
-                transaction=snapshot,
-            )
-            for message in page:
-                examined += 1
-                last = message.id
-                p = partition_of(message, partitions)
-                if p in cursors:
-                    cursor = cursors[p]
-                    if cursor is None or message.id > cursor:
-                        out.append(message)
-                        if len(out) >= limit:
-                            break
-            if len(page) < page_size or len(out) >= limit or last is None:
+            page = pages.find(start)
+            if page is None:
+                # One fetch per page however many members miss it at once: they move
+                # in step, and the worker threads share one interpreter anyway.
+                with pages.fetching:
+                    page = pages.find(start)
+                    if page is None:
+                        page = self._fetch_page(namespace, topic, start, snapshot)
+                        pages.add(page)
+            first = page.after(start)
+            messages = page.messages
+            index = page.by_partition(partitions)
+            chosen: list[int] = []
+            for p, cursor in cursors.items():
+                indices = index.get(p)
+                if not indices:
+                    continue
+                lo = bisect.bisect_left(indices, first)
+                if cursor is not None:
+                    lo = max(lo, bisect.bisect_right(indices, cursor, key=page.id_at))
+                chosen.extend(indices[lo:])
+            chosen.sort()
+            room = limit - len(out)
+            examined += len(messages) - first
+            if len(chosen) >= room:
+                chosen = chosen[:room]
+                out.extend(messages[i] for i in chosen)
+                if chosen:
+                    last = messages[chosen[-1]].id
                 break
-            start = last
+            out.extend(messages[i] for i in chosen)
+            if messages:
+                last = messages[-1].id
+            if not page.full or len(out) >= limit or not messages:
+                break
+            start = page.last
         # Everything up to ``last`` of every owned partition was examined.
         scanned = {
             p: (last if last is not None and (c is None or last > c) else c)
             for p, c in cursors.items()
         }
         return out, scanned
+
+    def _fetch_page(
+        self, namespace: str, topic: str, start: MessageId | None, snapshot: Transaction
+    ) -> _Page:
+        size = self._messaging.config.fetch_max_limit
+        messages = self._messaging.fetch(
+            namespace, topic, start=start, inclusive=start is None, limit=size,
+            transaction=snapshot,
+        )  # fmt: skip
+        return _Page(start, messages, [_hash(m) for m in messages], len(messages) == size)
 
     # --- positions -------------------------------------------------------------------
 

@@ -1,0 +1,145 @@
+"""Consumer groups: aggregate read rate with 1, 2 and 4 members, and an exactly-once
+copier through a group (issue: consumer groups, benchmarks).
+
+    python -m benchmarks.groups [--messages 200000] [--rounds 2]
+
+W2's data (100 B messages, published in batches of 500) with keys spread over 1,000
+values. Each member runs in a process of its own (a group member is one application
+instance) with the async client, pages of 10,000; the figure is messages over the time
+from the first member's start to the last member's end. The plain consumer of the
+same topic is measured the same way for the ratio. The copier consumes through a group
+in batches of 500 and publishes each batch to another topic in a transaction that also
+commits the group's position, one transaction at a time. Bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import statistics
+import time
+import uuid
+
+from benchmarks.workloads import Server
+from tidings import AsyncClient, Client, Record
+
+
+def _fill(url: str, topic: str, messages: int) -> None:
+    payload = b"x" * 100
+    with Client(url) as client:
+        client.create_topic(topic)
+        for start in range(0, messages, 500):
+            n = min(500, messages - start)
+            client.publish(
+                topic, [Record(payload, f"k{(start + i) % 1000}".encode()) for i in range(n)]
+            )
+
+
+def _member(url: str, topic: str, group: str | None, members: int, out: mp.Queue) -> None:
+    async def run() -> int:
+        count = 0
+        async with AsyncClient(url) as client:
+            if group is None:
+                consumer = client.consume(topic, follow=False, batch_size=10_000)
+                while page := await consumer.poll():
+                    count += len(page)
+                return count
+            member = client.consume(
+                topic, group=group, follow=False, batch_size=10_000, partitions=32
+            )
+            # Wait until every member has joined, so that the split is final.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                assignment = await member.heartbeat()
+                if len(assignment.partitions) <= -(-32 // members):
+                    break
+                await asyncio.sleep(0.05)
+            out.put(("ready", time.monotonic()))
+            while page := await member.poll():
+                count += len(page)
+            await member.close()
+            return count
+
+    started = time.monotonic()
+    count = asyncio.run(run())
+    out.put(("done", started, time.monotonic(), count))
+
+
+def consume_rate(url: str, topic: str, members: int, grouped: bool) -> float:
+    group = f"g-{uuid.uuid4().hex[:6]}" if grouped else None
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()
+    procs = [
+        ctx.Process(target=_member, args=(url, topic, group, members, out))
+        for _ in range(members)
+    ]
+    for p in procs:
+        p.start()
+    results = []
+    readies = []
+    while len(results) < members:
+        item = out.get(timeout=600)
+        if item[0] == "ready":
+            readies.append(item[1])
+        else:
+            results.append(item)
+    for p in procs:
+        p.join()
+    total = sum(r[3] for r in results)
+    begin = max(readies) if readies else min(r[1] for r in results)
+    end = max(r[2] for r in results)
+    return total / (end - begin)
+
+
+def copier_rate(url: str, source: str, messages: int) -> float:
+    target = source + "-copy"
+    with Client(url) as client:
+        client.create_topic(target)
+        consumer = client.consume(source, group="copier", batch_size=500, follow=False)
+        copied = 0
+        started = time.monotonic()
+        while page := consumer.poll():
+            with client.transaction() as tx:
+                tx.publish(target, [Record(m.payload, m.key) for m in page])
+                consumer.commit(transaction=tx)
+            copied += len(page)
+        elapsed = time.monotonic() - started
+        consumer.close()
+    assert copied == messages, copied
+    return copied / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    server = Server([])
+    try:
+        topic = f"groups-{uuid.uuid4().hex[:6]}"
+        _fill(server.url, topic, args.messages)
+        figures: dict[str, list[float]] = {}
+        for _ in range(args.rounds):
+            for name, members, grouped in (
+                ("plain consumer", 1, False),
+                ("group, 1 member", 1, True),
+                ("group, 2 members", 2, True),
+                ("group, 4 members", 4, True),
+            ):
+                rate = consume_rate(server.url, topic, members, grouped)
+                figures.setdefault(name, []).append(rate)
+        for name, rates in figures.items():
+            print(f"{name:<20} {statistics.median(rates):>12,.0f} msg/s   "
+                  f"({', '.join(f'{r:,.0f}' for r in rates)})")  # fmt: skip
+        plain = statistics.median(figures["plain consumer"])
+        four = statistics.median(figures["group, 4 members"])
+        print(f"4 members / plain consumer: {four / plain:.2f}")
+        print(f"exactly-once copier, 500 per transaction: "
+              f"{copier_rate(server.url, topic, args.messages):,.0f} msg/s")  # fmt: skip
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
