@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
-import re
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import pytest
+from click.testing import CliRunner
 
+from tidings.cli import main
 from tidings.server.config import (
     SETTINGS,
     ConfigError,
     ServerConfig,
     Setting,
+    _row,
+    _setting,
     load_config,
-    settings_table,
 )
 
 
@@ -128,31 +135,7 @@ def test_unknown_override_is_an_error() -> None:
         load_config({"nope": 1}, env={})
 
 
-def test_docs_list_every_setting() -> None:
-    """docs/configuration.md documents each setting with its env var and default."""
-    doc = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
-    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)` \|.*$", doc, re.M)}
-    assert set(rows) == {s.name for s in SETTINGS}
-    for setting in SETTINGS:
-        row = rows[setting.name]
-        assert f"`{setting.env}`" in row, setting.name
-        if setting.flag:
-            assert f"`{setting.flag}`" in row, setting.name
-
-
-def test_docs_table_is_the_settings_table() -> None:
-    """docs/configuration.md shows exactly the table the code makes from ServerConfig."""
-    doc = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
-    table = settings_table()
-    assert table in doc
-    assert doc.count("| TOML key |") == 1
-
-
 def test_every_setting_with_a_flag_is_an_option_of_serve() -> None:
-    from click.testing import CliRunner
-
-    from tidings.cli import main
-
     help_text = CliRunner().invoke(main, ["serve", "--help"], terminal_width=200).output
     flagged = [s for s in SETTINGS if s.flag]
     assert flagged, "no setting has a flag"
@@ -168,13 +151,130 @@ def test_every_bound_is_checked(setting: Setting) -> None:
 
 
 def test_bad_flag_value_exits_2_without_starting(tmp_path: Path) -> None:
-    from click.testing import CliRunner
-
-    from tidings.cli import main
-
     result = CliRunner().invoke(
         main, ["serve", "--data-dir", str(tmp_path / "d")], env={"TIDINGS_MAX_WAIT_MS": "0"}
     )
     assert result.exit_code == 2, result.output
     assert "max_wait_ms must be positive" in result.output
     assert not (tmp_path / "d").exists()
+
+
+# --- every setting through ``tidings serve``: flag > environment > TOML > default ---
+
+
+def samples(setting: Setting) -> tuple[Any, Any, Any]:
+    """Values for the TOML file, the environment and a flag, each unlike the one
+    before it and the first unlike the default, all within the setting's bounds and
+    the checks between settings (so numbers only grow, and only a little)."""
+    default = setting.default
+    if setting.kind == "bool":
+        return (not default, default, not default)
+    if setting.kind == "role":
+        return ("messaging", "transactions", "messaging")
+    if setting.kind == "level":
+        return ("debug", "warning", "error")
+    if setting.kind in ("int", "bytes"):
+        return (default + 1, default + 2, default + 3)
+    if setting.kind == "float":
+        return (default + 0.5, default + 1.5, default + 2.5)
+    if setting.kind == "path":
+        return (Path("/from/toml"), Path("/from/env"), Path("/from/flag"))
+    assert setting.kind == "str", setting.kind
+    return ("from-toml", "from-env", "from-flag")
+
+
+def as_toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string of plain text is a TOML string
+
+
+def as_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class Serve(Protocol):
+    def __call__(
+        self, setting: Setting, *, toml: Any = None, env: Any = None, flag: Any = None
+    ) -> Any: ...
+
+
+@pytest.fixture
+def serve(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Serve:
+    """``tidings serve`` up to the point it would start: the config it would run."""
+    seen: list[ServerConfig] = []
+
+    def run(config: ServerConfig) -> int:
+        seen.append(config)
+        return 0
+
+    monkeypatch.setattr("tidings.server.main.run", run)
+    for name in list(os.environ):
+        if name.startswith("TIDINGS_"):
+            monkeypatch.delenv(name)
+
+    def invoke(setting: Setting, *, toml: Any = None, env: Any = None, flag: Any = None) -> Any:
+        args = ["serve"]
+        if toml is not None:
+            path = tmp_path / "tidings.toml"
+            path.write_text(f"{setting.key} = {as_toml(toml)}\n")
+            args += ["--config", str(path)]
+        if flag is not None:
+            assert setting.flag is not None
+            args += [setting.flag, as_text(flag)]
+        environ = {setting.env: as_text(env)} if env is not None else {}
+        result = CliRunner().invoke(main, args, env=environ)
+        assert result.exit_code == 0, result.output
+        return getattr(seen.pop(), setting.name)
+
+    return invoke
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.name)
+def test_each_setting_by_toml_env_and_flag(serve: Serve, setting: Setting) -> None:
+    from_toml, from_env, from_flag = samples(setting)
+    assert serve(setting) == setting.default
+    assert serve(setting, toml=from_toml) == from_toml
+    assert serve(setting, env=from_env) == from_env
+    assert serve(setting, toml=from_toml, env=from_env) == from_env
+    if setting.flag is None:
+        return
+    assert serve(setting, flag=from_flag) == from_flag
+    assert serve(setting, toml=from_toml, flag=from_flag) == from_flag
+    assert serve(setting, env=from_env, flag=from_flag) == from_flag
+    assert serve(setting, toml=from_toml, env=from_env, flag=from_flag) == from_flag
+
+
+# --- the table's rules for declaring a setting ---
+
+
+def test_names_can_be_overridden_in_the_declaration() -> None:
+    @dataclass
+    class Declared:
+        derived: int = _setting(1, "named after the field", flag=True)
+        named: int = _setting(2, "named by hand", flag="--n", env="TIDINGS_N", key="n")
+        unflagged: int = _setting(3, "no flag")
+
+    derived, named, unflagged = (_row(f, int) for f in dataclasses.fields(Declared))
+    assert (derived.key, derived.env, derived.flag) == ("derived", "TIDINGS_DERIVED", "--derived")
+    assert (named.key, named.env, named.flag) == ("n", "TIDINGS_N", "--n")
+    assert unflagged.flag is None
+
+
+def test_kind_comes_from_the_annotation_unless_named() -> None:
+    @dataclass
+    class Declared:
+        size: int = _setting(1, "a size", kind="bytes")
+        wrong: str = _setting("x", "not a size", kind="bytes")
+        unknown: complex = _setting(1j, "no kind reads this")
+
+    size, wrong, unknown = dataclasses.fields(Declared)
+    assert _row(size, int).kind == "bytes"
+    with pytest.raises(TypeError, match="wrong"):
+        _row(wrong, str)
+    with pytest.raises(TypeError, match="unknown"):
+        _row(unknown, complex)

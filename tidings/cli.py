@@ -85,9 +85,18 @@ def main(ctx: click.Context, url: str, namespace: str) -> None:
 
 
 def _setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """One option per setting that has a flag, made from the settings table."""
-    from tidings.server.config import ROLES, SETTINGS
+    """``--config`` and one option per setting that has a flag, made from the settings
+    table; each option is named after its setting, so ``serve`` can pass them on as is."""
+    from tidings.server.config import CONFIG_ENV, CONFIG_FLAG, ROLES, SETTINGS
 
+    command = click.option(
+        CONFIG_FLAG,
+        "config_file",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        default=None,
+        help=f"A TOML configuration file [env: {CONFIG_ENV}]; flags and TIDINGS_* "
+        "variables win over it.",
+    )(command)
     types: dict[str, Any] = {
         "int": int,
         "float": float,
@@ -113,13 +122,6 @@ class _ConfigProblem(click.ClickException):
 
 @main.command()
 @_setting_options
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="A TOML configuration file (flags win over it, it wins over TIDINGS_* variables).",
-)
 def serve(config_file: Path | None, **flags: Any) -> None:
     """Run the messaging and transaction services on the embedded store."""
     from tidings.server.config import load_config

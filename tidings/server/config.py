@@ -1,10 +1,11 @@
 """The server's settings and where they come from: flags > ``TIDINGS_*`` > TOML > defaults.
 
-:class:`ServerConfig` is the one table: each field is declared once, with its kind,
-its bounds, whether ``tidings serve`` has a flag for it and what it does. From it come
-the TOML key (the name), the environment variable (``TIDINGS_`` + the name upper-cased),
-the flag (``--`` + the name dashed), the checks, and docs/configuration.md's table
-(:func:`settings_table`; a test keeps the two equal). A new setting is one new field.
+:class:`ServerConfig` is the one table: each field is declared once, with its type (the
+annotation), default, bounds, whether ``tidings serve`` has a flag for it and what it
+does. From it come the TOML key (the name), the environment variable (``TIDINGS_`` + the
+name upper-cased), the flag (``--`` + the name dashed), each overridable in the field's
+metadata, the checks, and docs/configuration.md's table (:func:`settings_table`; a test
+keeps the two equal). A new setting is one new field.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import os
 import re
 import tomllib
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +36,9 @@ Role = Literal["all", "messaging", "transactions"]
 ROLES: tuple[Role, ...] = ("all", "messaging", "transactions")
 
 ENV_PREFIX = "TIDINGS_"
-#: Names the TOML file when ``--config`` is not given.
+#: The ``tidings serve`` flag that names the TOML file.
+CONFIG_FLAG = "--config"
+#: Names the TOML file when :data:`CONFIG_FLAG` is not given.
 CONFIG_ENV = "TIDINGS_CONFIG"
 
 #: Kinds of value: how a string from the environment (or a TOML value) is read.
@@ -45,16 +49,33 @@ Bound = Literal["positive", "non-negative"]
 
 def _setting(
     default: Any,
-    kind: Kind,
     what: str,
     *,
-    flag: bool = False,
+    kind: Kind | None = None,
+    flag: bool | str = False,
+    env: str | None = None,
+    key: str | None = None,
     bound: Bound | None = None,
     shown: str | None = None,
 ) -> Any:
-    """A :class:`ServerConfig` field with what the rest of the table is made from;
-    ``shown`` is the default as docs/configuration.md writes it (else ``str(default)``)."""
-    meta = {"kind": kind, "what": what, "flag": flag, "bound": bound, "shown": shown}
+    """A :class:`ServerConfig` field with what the rest of the table is made from.
+
+    ``kind`` defaults to the one the field's annotation implies; ``bytes`` and
+    ``level`` must be named because ``int`` and ``str`` alone do not say how to read
+    them. ``flag=True`` gives the derived ``--dashed-name`` flag, a string names the
+    flag itself; ``env`` and ``key`` replace the derived ``TIDINGS_NAME`` variable and
+    TOML key, for a setting whose public name cannot be its field name. ``shown`` is
+    the default as docs/configuration.md writes it (else ``str(default)``).
+    """
+    meta = {
+        "kind": kind,
+        "what": what,
+        "flag": flag,
+        "env": env,
+        "key": key,
+        "bound": bound,
+        "shown": shown,
+    }
     return field(default=default, metadata=meta)
 
 
@@ -62,41 +83,39 @@ def _setting(
 class ServerConfig:
     """Everything ``tidings serve`` needs to know (docs/configuration.md)."""
 
-    host: str = _setting(
-        "127.0.0.1", "str", "interface to listen on (`0.0.0.0` for all)", flag=True
-    )
+    host: str = _setting("127.0.0.1", "interface to listen on (`0.0.0.0` for all)", flag=True)
     port: int = _setting(
-        8470, "int", "TCP port (`0`: any free port; the start log line says which)", flag=True
+        8470, "TCP port (`0`: any free port; the start log line says which)", flag=True
     )
     data_dir: Path = _setting(
         Path("./tidings-data"),
-        "path",
         "the store lives in `<data_dir>/store`, the transaction log in `<data_dir>/tx`",
         flag=True,
         shown="./tidings-data",
     )
     role: Role = _setting(
         "all",
-        "role",
         "`all`, `messaging` or `transactions`: which services this process runs; the "
         "others answer 503",
         flag=True,
     )
     # HTTP
     max_body_bytes: int = _setting(
-        64 << 20, "bytes", "largest request body; larger is 413", bound="positive", shown="64MiB"
+        64 << 20,
+        "largest request body; larger is 413",
+        kind="bytes",
+        bound="positive",
+        shown="64MiB",
     )
-    max_wait_ms: int = _setting(30_000, "int", "cap on a poll's `waitMs`", bound="positive")
+    max_wait_ms: int = _setting(30_000, "cap on a poll's `waitMs`", bound="positive")
     shutdown_timeout: float = _setting(
         30.0,
-        "float",
         "seconds a SIGTERM waits for in-flight requests before cancelling them",
         bound="non-negative",
         shown="30",
     )
     blocking_threads: int = _setting(
         32,
-        "int",
         "threads for blocking calls (transaction service, topic admin, stats, metrics); "
         "concurrent transaction calls beyond this queue",
         bound="positive",
@@ -104,89 +123,77 @@ class ServerConfig:
     # logging
     log_level: str = _setting(
         "info",
-        "level",
         "`debug`, `info`, `warning`, `error`, `critical`; the server's own lines (start, "
         "stop, errors); other components log warnings and errors unless `debug`",
+        kind="level",
     )
-    access_log: bool = _setting(False, "bool", "one log line per request", shown="false")
+    access_log: bool = _setting(False, "one log line per request", shown="false")
     # store
     sync: bool = _setting(
         True,
-        "bool",
         "fsync every group commit of the store and of the transaction log. `false`: "
         "acknowledged writes survive a crash of the process but not of the machine",
         shown="true",
     )
     map_size: int = _setting(
         1 << 40,
-        "bytes",
         "the most the LMDB data file may grow to (address space, not disk)",
+        kind="bytes",
         bound="positive",
         shown="1TiB",
     )
     # messaging
     default_ttl: int = _setting(
         7 * 24 * 3600,
-        "int",
         "seconds a message lives when its topic sets no `ttl` (7 days)",
         bound="positive",
     )
     fetch_default_limit: int = _setting(
-        1000, "int", "messages a poll returns when it sets no `limit`", bound="positive"
+        1000, "messages a poll returns when it sets no `limit`", bound="positive"
     )
     fetch_max_limit: int = _setting(
-        10_000,
-        "int",
-        "most messages one poll returns (larger limits are clamped)",
-        bound="positive",
+        10_000, "most messages one poll returns (larger limits are clamped)", bound="positive"
     )
     cleanup_interval: float = _setting(
         60.0,
-        "float",
         "seconds between passes of the cleaner (expired messages, deleted topics)",
         bound="positive",
         shown="60",
     )
     cleanup_batch: int = _setting(
-        5000, "int", "rows the cleaner deletes per write transaction", bound="positive"
+        5000, "rows the cleaner deletes per write transaction", bound="positive"
     )
     # transactions
     tx_default_timeout: float = _setting(
         30.0,
-        "float",
         "seconds a transaction may stay open when `begin` sets no `timeout`",
         bound="positive",
         shown="30",
     )
     tx_max_timeout: float = _setting(
         3600.0,
-        "float",
         "largest `timeout` a `begin` may ask for (above: 400)",
         bound="positive",
         shown="3600",
     )
     tx_sweep_interval: float = _setting(
         1.0,
-        "float",
         "seconds between sweeps that move timed-out transactions to the invalid list",
         bound="positive",
         shown="1",
     )
     tx_snapshot_every: int = _setting(
         10_000,
-        "int",
         "transaction log records between snapshots (bounds recovery time)",
         bound="positive",
     )
     tx_history_size: int = _setting(
         100_000,
-        "int",
         "ended transactions remembered, to answer 410 rather than 404 for them",
         bound="non-negative",
     )
     tx_prune_interval: float = _setting(
         3600.0,
-        "float",
         "seconds between passes that drop from the invalid list the pointers no stored "
         "entry names any more (a scan of the Message Table; only with role `all`); `0` "
         "turns it off",
@@ -215,37 +222,77 @@ class ServerConfig:
 
 @dataclass(frozen=True, slots=True)
 class Setting:
-    """One row of the table: a :class:`ServerConfig` field and what it carries."""
+    """One row of the table: a :class:`ServerConfig` field and the names it goes by."""
 
     name: str
     kind: Kind
     what: str
     default: Any
     shown: str
-    has_flag: bool = False
+    #: The TOML key.
+    key: str
+    #: The environment variable.
+    env: str
+    #: The ``tidings serve`` flag, if it has one.
+    flag: str | None = None
     bound: Bound | None = None
 
-    @property
-    def env(self) -> str:
-        """The environment variable that sets it."""
-        return ENV_PREFIX + self.name.upper()
 
-    @property
-    def flag(self) -> str | None:
-        """The ``tidings serve`` flag that sets it, if it has one."""
-        return "--" + self.name.replace("_", "-") if self.has_flag else None
+# What each annotation is read as when the field names no kind of its own.
+_IMPLIED: dict[object, Kind] = {
+    str: "str",
+    int: "int",
+    float: "float",
+    bool: "bool",
+    Path: "path",
+    Role: "role",
+}
+# The annotation a named kind is stored as.
+_STORED_AS: dict[Kind, object] = {"bytes": int, "level": str}
 
 
-def _row(f: dataclasses.Field[Any]) -> Setting:
+def _row(f: dataclasses.Field[Any], annotation: object) -> Setting:
     meta = f.metadata
-    shown = meta["shown"] if meta["shown"] is not None else str(f.default)
-    kind, what, flag, bound = meta["kind"], meta["what"], meta["flag"], meta["bound"]
-    return Setting(f.name, kind, what, f.default, shown, flag, bound)
+    implied = _IMPLIED.get(annotation)
+    kind: Kind | None = meta["kind"] or implied
+    if kind is None or not (kind == implied or _STORED_AS.get(kind) == annotation):
+        raise TypeError(f"setting {f.name}: kind {kind!r} does not fit {annotation!r}")
+    flag: bool | str = meta["flag"]
+    if flag is True:
+        flag = "--" + f.name.replace("_", "-")
+    return Setting(
+        name=f.name,
+        kind=kind,
+        what=meta["what"],
+        default=f.default,
+        shown=meta["shown"] if meta["shown"] is not None else str(f.default),
+        key=meta["key"] or f.name,
+        env=meta["env"] or ENV_PREFIX + f.name.upper(),
+        flag=flag or None,
+        bound=meta["bound"],
+    )
+
+
+def _table() -> tuple[Setting, ...]:
+    hints = typing.get_type_hints(ServerConfig)
+    rows = tuple(_row(f, hints[f.name]) for f in dataclasses.fields(ServerConfig))
+    # An overridden name could shadow another setting's, or the variable naming the
+    # TOML file; either would make one of them unreachable without any error.
+    for what, names in (
+        ("TOML key", [r.key for r in rows]),
+        ("environment variable", [r.env for r in rows] + [CONFIG_ENV]),
+        ("flag", [r.flag for r in rows if r.flag] + [CONFIG_FLAG]),
+    ):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise TypeError(f"settings share the {what} {', '.join(twice)}")
+    return rows
 
 
 #: Every setting, in the order of :class:`ServerConfig`.
-SETTINGS: tuple[Setting, ...] = tuple(_row(f) for f in dataclasses.fields(ServerConfig))
+SETTINGS: tuple[Setting, ...] = _table()
 _BY_NAME = {s.name: s for s in SETTINGS}
+_BY_KEY = {s.key: s for s in SETTINGS}
 
 
 def settings_table() -> str:
@@ -256,7 +303,7 @@ def settings_table() -> str:
     ]
     for s in SETTINGS:
         flag = f"`{s.flag}`" if s.flag else "\u2013"  # an en dash: no flag
-        lines.append(f"| `{s.name}` | {flag} | `{s.env}` | `{s.shown}` | {s.what} |")
+        lines.append(f"| `{s.key}` | {flag} | `{s.env}` | `{s.shown}` | {s.what} |")
     return "\n".join(lines) + "\n"
 
 
@@ -353,7 +400,7 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    unknown = sorted(set(raw) - set(_BY_NAME))
+    unknown = sorted(set(raw) - set(_BY_KEY))
     if unknown:
         raise ConfigError(f"config file {path}: unknown settings {', '.join(unknown)}")
     return raw
@@ -377,8 +424,9 @@ def load_config(
     if config_file is None and env.get(CONFIG_ENV):
         config_file = Path(env[CONFIG_ENV])
     if config_file is not None:
-        for name, raw in read_toml(config_file).items():
-            values[name] = _parse(_BY_NAME[name], raw, f"config file {config_file}")
+        for key, raw in read_toml(config_file).items():
+            setting = _BY_KEY[key]
+            values[setting.name] = _parse(setting, raw, f"config file {config_file}")
     for setting in SETTINGS:
         if setting.env in env:
             values[setting.name] = _parse(setting, env[setting.env], setting.env)
