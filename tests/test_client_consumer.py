@@ -10,7 +10,7 @@ from tidings.client import AsyncClient, AsyncConsumer, Client, Consumer
 from tidings.client.api import PollPage
 from tidings.client.cursor import ConsumerCursor
 from tidings.codec.wire import JSON, encode_messages
-from tidings.structs import Message, MessageId, TopicStats, Transaction
+from tidings.structs import Message, MessageId, TopicEnd, TopicStats, Transaction
 
 
 def mid(n: int) -> MessageId:
@@ -26,10 +26,15 @@ class FakeClient:
         self.messages = messages
         self.polls: list[dict[str, Any]] = []
         self.snapshots = 0
+        self.open_from: MessageId | None = None
 
     def stats(self, topic: str) -> TopicStats:
         newest = self.messages[-1].id if self.messages else None
         return TopicStats("ns", topic, 0, 0, None, newest, None, None, 0, 0, 0, 0.0, 0.0)
+
+    def end(self, topic: str) -> TopicEnd:
+        newest = self.messages[-1].id if self.messages else None
+        return TopicEnd(newest, self.open_from)
 
     def snapshot(self) -> Transaction:
         self.snapshots += 1
@@ -96,6 +101,17 @@ def test_latest_starts_after_the_newest_entry() -> None:
     assert client.polls[0]["start"] == mid(2) and not client.polls[0]["inclusive"]
 
 
+def test_latest_read_committed_starts_at_the_last_stable_position() -> None:
+    client = FakeClient(messages(5))
+    client.open_from = mid(2)  # a transaction still open from the third message on
+    consumer = Consumer(cast(Client, client), "t", "latest", follow=False)
+    list(consumer)
+    assert client.polls[0]["start"] == mid(2) and client.polls[0]["inclusive"]
+    uncommitted = Consumer(cast(Client, client), "t", "latest", transactional=False, follow=False)
+    list(uncommitted)
+    assert client.polls[-1]["start"] == mid(4) and not client.polls[-1]["inclusive"]
+
+
 def test_start_from_an_id_or_a_time() -> None:
     client = FakeClient(messages(5))
     assert [m.payload for m in Consumer(cast(Client, client), "t", mid(3).hex, follow=False)] == [
@@ -132,6 +148,9 @@ class AsyncFakeClient:
 
     async def stats(self, topic: str) -> TopicStats:
         return self.inner.stats(topic)
+
+    async def end(self, topic: str) -> TopicEnd:
+        return self.inner.end(topic)
 
     async def snapshot(self) -> Transaction:
         return self.inner.snapshot()

@@ -24,6 +24,7 @@ __all__ = [
     "ProducerInfo",
     "Record",
     "RollbackInfo",
+    "TopicEnd",
     "TopicMetadata",
     "TopicStats",
     "Transaction",
@@ -58,6 +59,18 @@ class MessageId(NamedTuple):
     def hex(self) -> str:
         """The 40-character lower-case hex form used in URLs, JSON and the CLI."""
         return self.to_bytes().hex()
+
+    def previous(self) -> MessageId:
+        """The greatest id below this one: a position "after" it is "at" this id."""
+        ts, seq, wts, pseq = self
+        top64, top16 = 0xFFFFFFFFFFFFFFFF, 0xFFFF
+        if pseq:
+            return MessageId(ts, seq, wts, pseq - 1)
+        if wts:
+            return MessageId(ts, seq, wts - 1, top16)
+        if seq:
+            return MessageId(ts, seq - 1, top64, top16)
+        return MessageId(ts - 1, top16, top64, top16)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> MessageId:
@@ -219,6 +232,9 @@ class TopicStats:
     fetches: int
     publish_rate: float
     fetch_rate: float
+    #: The first message of the oldest transaction still open on the topic (None: none
+    #: is, or the server cannot tell); see :class:`TopicEnd`.
+    last_stable_id: MessageId | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,3 +278,17 @@ class GroupInfo:
     def lag(self) -> int:
         """The group's total lag, in messages."""
         return sum(p.lag for p in self.partitions)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicEnd:
+    """Where a topic ends now. ``newest_id``: its newest message (None: empty).
+    ``last_stable_id``: the first message of the oldest transaction still open on it
+    (Kafka's last stable offset), None when none is open (or it cannot be known, when
+    ``stable_known`` is False: the server runs no transaction service). A
+    read-committed reader starting at "latest" starts at ``last_stable_id`` (inclusive)
+    if set, else after ``newest_id``: then it misses no transaction that commits later."""
+
+    newest_id: MessageId | None
+    last_stable_id: MessageId | None
+    stable_known: bool = True

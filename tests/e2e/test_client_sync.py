@@ -182,3 +182,34 @@ def test_stats_producers_and_prune(client: Client, topic: str) -> None:
     assert tx.write_pointer in client.transactions().invalid
     assert client.prune(ids=[tx.write_pointer]) == [tx.write_pointer]
     assert tx.write_pointer not in client.transactions().invalid
+
+
+def test_latest_read_committed_starts_at_the_last_stable_position(
+    server: ServerProcess, topic: str
+) -> None:
+    # A transaction open when a read-committed consumer starts at "latest" and
+    # committed afterwards must reach it (Kafka's LSO); "newest" would skip it.
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"before"])
+        tx = client.begin()
+        client.publish(topic, [b"in the open transaction"], write_pointer=tx.write_pointer)
+        client.publish(topic, [b"after, committed"])
+        end = client.end(topic)
+        assert end.stable_known and end.last_stable_id is not None
+        assert end.newest_id is not None and end.last_stable_id < end.newest_id
+        assert client.stats(topic).last_stable_id == end.last_stable_id
+        latest = client.consume(topic, "latest", wait=0.2)
+        assert latest.poll() == []  # starts (at the open transaction) and waits there
+        uncommitted = client.consume(topic, "latest", transactional=False, follow=False)
+        assert list(uncommitted) == []  # read-uncommitted: after the newest, as before
+        client.commit(tx)
+        got: list[bytes] = []
+        for _ in range(20):
+            got += [m.payload for m in latest.poll()]
+            if len(got) >= 2:
+                break
+        assert got == [b"in the open transaction", b"after, committed"]
+        latest.close()
+        after = client.end(topic)
+        assert after.last_stable_id is None and after.newest_id == end.newest_id

@@ -36,6 +36,7 @@ from tidings.structs import (
     ProducerInfo,
     Record,
     RollbackInfo,
+    TopicEnd,
     TopicMetadata,
     TopicStats,
     Transaction,
@@ -210,6 +211,10 @@ def _payload_range(response: Response) -> PayloadRange:
         return wire.parse_payload_range(raw)
     except ValueError as exc:
         raise ServerError(str(exc)) from None
+
+
+def _end(response: Response) -> TopicEnd:
+    return admin.read_end(_json(response))
 
 
 def _assignment(response: Response) -> GroupAssignment:
@@ -563,6 +568,10 @@ class RestApi:
 
     def _group_url(self, topic: str, group: str, suffix: str = "") -> str:
         return self._topic_url(topic, f"/groups/{check_name(group, 'group')}{suffix}")
+
+    def topic_end(self, topic: str) -> Call[TopicEnd]:
+        """Where a topic ends: newest message and last stable position."""
+        return self._json_call("GET", self._topic_url(topic, "/end"), _end, idempotent=True)
 
     def group_join(
         self,

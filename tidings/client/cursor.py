@@ -41,7 +41,7 @@ from __future__ import annotations
 from tidings.client.api import READ_COMMITTED, PollPage
 from tidings.client.base import StartPosition, resolve_start
 from tidings.errors import ServiceUnavailable
-from tidings.structs import Message, MessageId, TopicStats, Transaction
+from tidings.structs import Message, MessageId, TopicEnd, Transaction
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -97,10 +97,15 @@ class ConsumerCursor:
         """The id the next poll starts after, if it starts after an id."""
         return self.start if isinstance(self.start, MessageId) and not self.inclusive else None
 
-    def resolve_latest(self, stats: TopicStats) -> None:
-        """Start right after the newest entry there is now (or at the oldest, if none)."""
-        if stats.newest_id is not None:
-            self.start, self.inclusive = stats.newest_id, False
+    def resolve_latest(self, end: TopicEnd) -> None:
+        """Start at "latest": after the newest entry there is now (or at the oldest, if
+        none) -- for a read-committed consumer at the last stable position instead, if
+        a transaction is open, so that it misses none that commits later (Kafka
+        starts read_committed consumers at the LSO)."""
+        if self.transactional and end.last_stable_id is not None:
+            self.start, self.inclusive = end.last_stable_id, True
+        elif end.newest_id is not None:
+            self.start, self.inclusive = end.newest_id, False
         self.latest_pending = False
 
     @property

@@ -22,6 +22,7 @@ from tidings.structs import (
     GroupPartition,
     MessageId,
     ProducerInfo,
+    TopicEnd,
     TopicMetadata,
     TopicStats,
     Transaction,
@@ -35,6 +36,7 @@ __all__ = [
     "assignment_json",
     "begin_request",
     "changes_json",
+    "end_json",
     "commit_request",
     "group_commit_request",
     "group_json",
@@ -49,6 +51,7 @@ __all__ = [
     "read_begin_request",
     "read_changes",
     "read_commit_request",
+    "read_end",
     "read_group",
     "read_group_commit_request",
     "read_group_rollback_request",
@@ -209,6 +212,7 @@ def stats_json(stats: TopicStats) -> dict[str, Any]:
         "fetches": stats.fetches,
         "publishRate": stats.publish_rate,
         "fetchRate": stats.fetch_rate,
+        "lastStableId": None if stats.last_stable_id is None else stats.last_stable_id.hex,
     }
 
 
@@ -228,6 +232,25 @@ def read_stats(obj: Any) -> TopicStats:
         fetches=_field(obj, "fetches", int),
         publish_rate=float(_field(obj, "publishRate", (int, float))),
         fetch_rate=float(_field(obj, "fetchRate", (int, float))),
+        last_stable_id=_optional_id(obj.get("lastStableId")),
+    )
+
+
+def end_json(end: TopicEnd) -> dict[str, Any]:
+    """Where a topic ends (``GET .../topics/{t}/end``), ids in hex."""
+    return {
+        "newestId": None if end.newest_id is None else end.newest_id.hex,
+        "lastStableId": None if end.last_stable_id is None else end.last_stable_id.hex,
+        "stableKnown": end.stable_known,
+    }
+
+
+def read_end(obj: Any) -> TopicEnd:
+    """The :class:`TopicEnd` in an answer written by :func:`end_json`."""
+    return TopicEnd(
+        _optional_id(obj.get("newestId") if isinstance(obj, dict) else None),
+        _optional_id(obj.get("lastStableId") if isinstance(obj, dict) else None),
+        bool(_field(obj, "stableKnown", bool)),
     )
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "MAX_TOPIC_ID",
     "MESSAGE_KEY_SIZE",
     "NEXT_TOPIC_ID_KEY",
+    "OPEN_PREFIX",
     "PAYLOAD_KEY_SIZE",
     "SEALED_PREFIX",
     "STATE_PREFIX",
@@ -50,10 +51,14 @@ __all__ = [
     "message_key",
     "message_keys",
     "older_generations_range",
+    "open_key",
+    "open_range",
+    "open_write_pointer",
     "parse_expiry_key",
     "parse_message_key",
     "parse_payload_key",
     "parse_state_key",
+    "parse_ts_seq",
     "payload_key",
     "payload_keys",
     "sealed_key",
@@ -89,6 +94,9 @@ STATE_PREFIX = b"msg.state/"
 EXPIRY_PREFIX = b"msg.expiry/"
 #: Write pointers whose Payload Table rows a publish has exposed (one per topic/generation).
 SEALED_PREFIX = b"msg.sealed/"
+#: Transactions that published on a topic generation, with their first entry: what the
+#: last stable position (the first entry of the oldest open transaction) is found by.
+OPEN_PREFIX = b"msg.open/"
 
 
 # --- Message Table ---------------------------------------------------------------
@@ -201,6 +209,12 @@ def ts_seq(publish_ts: int, seq: int) -> bytes:
     return _TS_SEQ.pack(publish_ts, seq)
 
 
+def parse_ts_seq(raw: bytes) -> tuple[int, int]:
+    """Inverse of :func:`ts_seq`."""
+    ts, seq = _TS_SEQ.unpack(raw)
+    return int(ts), int(seq)
+
+
 # --- Metadata Table -------------------------------------------------------------------
 
 
@@ -241,6 +255,26 @@ def sealed_range(topic_id: int, low_generation: int, high_generation: int) -> tu
         SEALED_PREFIX + _TOPIC_GEN.pack(topic_id, low_generation),
         SEALED_PREFIX + _TOPIC_GEN.pack(topic_id, high_generation),
     )
+
+
+def open_key(topic_id: int, generation: int, write_pointer: int) -> bytes:
+    """Marker of a transaction that published on this topic generation; its value is
+    the ``ts_seq`` of the transaction's first entry there."""
+    return OPEN_PREFIX + write_pointer_prefix(topic_id, generation, write_pointer)
+
+
+def open_range(topic_id: int, generation: int) -> tuple[bytes, bytes]:
+    """``[start, stop)`` of one topic generation's open-transaction markers."""
+    return (
+        OPEN_PREFIX + _TOPIC_GEN.pack(topic_id, generation),
+        OPEN_PREFIX + _TOPIC_GEN.pack(topic_id, generation + 1),
+    )
+
+
+def open_write_pointer(key: bytes) -> int:
+    """The write pointer of an open-transaction marker key."""
+    flipped = int.from_bytes(key[len(OPEN_PREFIX) + 8 : len(OPEN_PREFIX) + 16], "big")
+    return flipped - (1 << 63)
 
 
 def parse_expiry_key(key: bytes) -> tuple[int, str, bytes]:

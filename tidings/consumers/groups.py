@@ -622,7 +622,7 @@ class GroupCoordinator:
                 return self._messaging.end_id(namespace, topic)
             # Just before the first message at or after the time: everything earlier is
             # consumed, that message is next.
-            return _just_before(first[0].id)
+            return first[0].id.previous()
         raise BadRequest(f"reset to earliest, latest, a message id or a time, got {to!r}")
 
     def delete(self, namespace: str, topic: str, group: str) -> None:
@@ -814,17 +814,6 @@ def _later(a: MessageId | None, b: MessageId | None) -> MessageId | None:
     if b is None:
         return a
     return max(a, b)
-
-
-def _just_before(message_id: MessageId) -> MessageId:
-    ts, seq, wts, pseq = message_id
-    if pseq:
-        return MessageId(ts, seq, wts, pseq - 1)
-    if wts:
-        return MessageId(ts, seq, wts - 1, 0xFFFF)
-    if seq:
-        return MessageId(ts, seq - 1, 0xFFFFFFFFFFFFFFFF, 0xFFFF)
-    return MessageId(ts - 1, 0xFFFF, 0xFFFFFFFFFFFFFFFF, 0xFFFF)
 
 
 def _check_member_id(member_id: object) -> None:

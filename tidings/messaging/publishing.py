@@ -207,6 +207,11 @@ def publish_fn(
         view.put(_META, keys.state_key(ref.topic_id), values.encode_state(new_state))
         if write_pointer is None:
             return None
+        # The transaction's first entry here, for the last stable position (one point
+        # read; the marker goes once the transaction has ended, see MessagingService.end).
+        marker = keys.open_key(ref.topic_id, state.generation, write_pointer)
+        if view.get(_META, marker) is None:
+            view.put(_META, marker, keys.ts_seq(start_ts, start_seq))
         return RollbackInfo(write_pointer, start_ts, start_seq, end_ts, end_seq)
 
     return publish

@@ -16,10 +16,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar, cast
 
 from tidings.clock import Clock, SystemClock
-from tidings.codec import values, wire
+from tidings.codec import keys, values, wire
+from tidings.codec.values import TopicState
 from tidings.codec.wire import AvroItems, Media
 from tidings.errors import BadRequest, EmptyPublish, InvalidMessageId
 from tidings.messaging import publishing
@@ -29,13 +31,14 @@ from tidings.messaging.names import parse_ttl
 from tidings.messaging.retention import Cleaner, CleanupReport
 from tidings.messaging.topics import Topics
 from tidings.names import check_name
-from tidings.store.backend import AFTER_ALL_KEYS, Store, WriteView
+from tidings.store.backend import AFTER_ALL_KEYS, ReadView, Store, WriteView
 from tidings.structs import (
     Message,
     MessageId,
     PayloadRange,
     Record,
     RollbackInfo,
+    TopicEnd,
     TopicMetadata,
     TopicStats,
     Transaction,
@@ -49,6 +52,10 @@ _log = logging.getLogger(__name__)
 T = TypeVar("T")
 _MAX_U64 = 2**64 - 1
 _STATS_PAGE = 10_000
+#: Most ids of one entry the newest-message seek reads (a pointer entry may hold many).
+_NEWEST_SCAN = 1_000_000
+_META = "metadata"
+_MESSAGES = "messages"
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,48 @@ class MessagingService:
         with self._store.read() as view:
             ref = self._topics.resolve(view, namespace, topic)
         return ref.topic_id, ref.state.generation
+
+    def end(self, namespace: str, topic: str, snapshot: Transaction | None) -> TopicEnd:
+        """Where the topic ends: its newest message, and (with ``snapshot``, a fresh one
+        from the transaction service) the first message of the oldest transaction still
+        open on it. Seeks and a walk over the markers of the transactions that published
+        here, never over the topic. Markers of transactions that have ended are dropped
+        in passing (a separate write, not waited for)."""
+        now = self._clock.now_ms()
+        with self._store.read() as view:
+            ref = self._topics.resolve(view, namespace, topic)
+            newest = _newest(view, ref.topic_id, ref.state, now)
+            if snapshot is None:
+                return TopicEnd(newest, None, stable_known=False)
+            stable = self._stable(view, ref.topic_id, ref.state.generation, snapshot)
+        return TopicEnd(newest, stable)
+
+    def last_stable(self, namespace: str, topic: str, snapshot: Transaction) -> MessageId | None:
+        """The first message of the oldest transaction open on the topic in
+        ``snapshot``, or None (the ``last_stable_id`` of :meth:`end`, without the rest)."""
+        with self._store.read() as view:
+            ref = self._topics.resolve(view, namespace, topic)
+            return self._stable(view, ref.topic_id, ref.state.generation, snapshot)
+
+    def _stable(
+        self, view: ReadView, topic_id: int, generation: int, snapshot: Transaction
+    ) -> MessageId | None:
+        start, stop = keys.open_range(topic_id, generation)
+        first_open: bytes | None = None
+        ended: list[bytes] = []
+        for key, value in view.scan(_META, start, stop):
+            wp = keys.open_write_pointer(key)
+            if wp in snapshot.in_progress or wp > snapshot.read_pointer:
+                if first_open is None or value < first_open:
+                    first_open = value
+            else:
+                ended.append(key)
+        if ended:
+            self._store.submit(partial(_drop_keys, ended))
+        if first_open is None:
+            return None
+        ts, seq = keys.parse_ts_seq(first_open)
+        return MessageId(ts, seq, 0, 0)
 
     def end_id(self, namespace: str, topic: str) -> MessageId:
         """A position after every entry written to the topic so far (a consumer's
@@ -641,3 +690,25 @@ def _check_start(start: object) -> None:
         raise BadRequest(f"start must be a message id, a timestamp or None, got {start!r}")
     if not 0 <= start <= _MAX_U64 - 1:
         raise BadRequest(f"start timestamp must be a non-negative int64, got {start}")
+
+
+def _newest(view: ReadView, topic_id: int, state: TopicState, now: int) -> MessageId | None:
+    """The newest live message: the last entry's (last) message, by a seek."""
+    prefix, stop = keys.generation_range(topic_id, state.generation)
+    last = view.last_below(_MESSAGES, stop, prefix)
+    if last is None:
+        return None
+    _, _, ts, seq = keys.parse_message_key(last[0])
+    # The entry may stand for many Payload Table rows: its ids, not its payloads.
+    ids = fetch_messages(
+        view, topic_id, state, now, MessageId(ts, seq, 0, 0), True, _NEWEST_SCAN, None,
+        ids=True,
+    )  # fmt: skip
+    if not ids:
+        return None
+    return MessageId.from_bytes(cast(bytes, ids[-1]))
+
+
+def _drop_keys(doomed: list[bytes], view: WriteView) -> None:
+    for key in doomed:
+        view.delete(_META, key)

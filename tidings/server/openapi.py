@@ -204,6 +204,16 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
                 "fetches": {"type": "integer"},
                 "publishRate": {"type": "number"},
                 "fetchRate": {"type": "number"},
+                "lastStableId": _nullable({"type": "string", "pattern": "^[0-9a-f]{40}$"}),
+            },
+        },
+        "TopicEnd": {
+            "type": "object",
+            "required": ["newestId", "lastStableId", "stableKnown"],
+            "properties": {
+                "newestId": _nullable({"type": "string", "pattern": "^[0-9a-f]{40}$"}),
+                "lastStableId": _nullable({"type": "string", "pattern": "^[0-9a-f]{40}$"}),
+                "stableKnown": {"type": "boolean"},
             },
         },
         "PublishRequest": {
@@ -618,6 +628,14 @@ def _messaging_paths() -> dict[str, Any]:
                 "Replace a topic's properties (no body: back to the defaults)",
                 {**topic_ok, **not_found},
                 body=properties,
+                tags=tags,
+                parameters=nst,
+            )
+        },
+        topic + "/end": {
+            "get": _op(
+                "Where the topic ends: newest message, last stable position (addition)",
+                {"200": _json("the end", _ref("TopicEnd")), **not_found},
                 tags=tags,
                 parameters=nst,
             )

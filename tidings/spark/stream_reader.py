@@ -83,8 +83,12 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         start = self.options.starts[topic]
         if start.kind != "latest":
             return start_position(start)
-        newest = self.client.stats(topic).newest_id
-        return EARLIEST if newest is None else position_after(newest)
+        # Read-committed from the last stable position, if a transaction is open:
+        # a transaction that commits later is read, not skipped.
+        end = self.client.end(topic)
+        if end.last_stable_id is not None:
+            return position_after(end.last_stable_id.previous())
+        return EARLIEST if end.newest_id is None else position_after(end.newest_id)
 
     def _positions(self, offset: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
         """The checkpointed positions of the topics read, and the starts of topics the

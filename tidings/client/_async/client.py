@@ -43,6 +43,7 @@ from tidings.structs import (
     PayloadRange,
     ProducerInfo,
     RollbackInfo,
+    TopicEnd,
     TopicMetadata,
     TopicStats,
     Transaction,
@@ -196,6 +197,12 @@ class AsyncClient(BaseClient):
     async def stats(self, topic: str) -> TopicStats:
         """A topic's contents and traffic."""
         return await self._send(self._api.stats(topic))
+
+    async def end(self, topic: str) -> TopicEnd:
+        """Where a topic ends now: its newest message and its last stable position (the
+        first message of the oldest transaction still open on it); see
+        :class:`~tidings.TopicEnd`. Cheap: the server seeks, it does not scan."""
+        return await self._send(self._api.topic_end(topic))
 
     # --- publishing ---
 

@@ -122,7 +122,7 @@ class AsyncConsumer(AsyncIterator[Message]):
     async def _fetch(self) -> list[Message]:
         cursor = self._cursor
         if cursor.latest_pending:
-            cursor.resolve_latest(await self._client.stats(self.topic))
+            cursor.resolve_latest(await self._client.end(self.topic))
         page = await self._taken_ahead()
         while page is None:
             if cursor.needs_snapshot:

@@ -16,7 +16,14 @@ from typing import Protocol, TypeVar, overload
 
 from tidings.client.api import Call, PollPage, RestApi
 from tidings.client.base import MessageLike
-from tidings.structs import MessageId, PayloadRange, RollbackInfo, TopicStats, Transaction
+from tidings.structs import (
+    MessageId,
+    PayloadRange,
+    RollbackInfo,
+    TopicEnd,
+    TopicStats,
+    Transaction,
+)
 
 # ---- sync only
 # from concurrent.futures import Executor
@@ -34,6 +41,8 @@ class AsyncSession(Protocol):
     def server_snapshots(self) -> bool: ...
 
     async def stats(self, topic: str) -> TopicStats: ...
+
+    async def end(self, topic: str) -> TopicEnd: ...
 
     async def snapshot(self) -> Transaction: ...
 

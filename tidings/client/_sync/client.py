@@ -42,6 +42,7 @@ from tidings.structs import (
     PayloadRange,
     ProducerInfo,
     RollbackInfo,
+    TopicEnd,
     TopicMetadata,
     TopicStats,
     Transaction,
@@ -169,6 +170,12 @@ class Client(BaseClient):
     def stats(self, topic: str) -> TopicStats:
         """A topic's contents and traffic."""
         return self._send(self._api.stats(topic))
+
+    def end(self, topic: str) -> TopicEnd:
+        """Where a topic ends now: its newest message and its last stable position (the
+        first message of the oldest transaction still open on it); see
+        :class:`~tidings.TopicEnd`. Cheap: the server seeks, it does not scan."""
+        return self._send(self._api.topic_end(topic))
 
     # --- publishing ---
 

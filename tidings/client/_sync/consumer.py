@@ -124,7 +124,7 @@ class Consumer(Iterator[Message]):
     def _fetch(self) -> list[Message]:
         cursor = self._cursor
         if cursor.latest_pending:
-            cursor.resolve_latest(self._client.stats(self.topic))
+            cursor.resolve_latest(self._client.end(self.topic))
         page = self._taken_ahead()
         while page is None:
             if cursor.needs_snapshot:

@@ -19,7 +19,14 @@ from typing import Protocol, TypeVar, overload
 
 from tidings.client.api import Call, PollPage, RestApi
 from tidings.client.base import MessageLike
-from tidings.structs import MessageId, PayloadRange, RollbackInfo, TopicStats, Transaction
+from tidings.structs import (
+    MessageId,
+    PayloadRange,
+    RollbackInfo,
+    TopicEnd,
+    TopicStats,
+    Transaction,
+)
 
 __all__ = ["Session"]
 
@@ -33,6 +40,8 @@ class Session(Protocol):
     def server_snapshots(self) -> bool: ...
 
     def stats(self, topic: str) -> TopicStats: ...
+
+    def end(self, topic: str) -> TopicEnd: ...
 
     def snapshot(self) -> Transaction: ...
 

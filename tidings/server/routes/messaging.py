@@ -17,6 +17,7 @@ a transaction, so a commit shows up at once instead of after the client's next s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -28,7 +29,7 @@ from tidings.errors import BadRequest, ServiceUnavailable
 from tidings.names import check_name
 from tidings.server.bodies import json_object, read_body, request_media, require_json
 from tidings.server.handlers import Api, json_response
-from tidings.structs import MessageId, Transaction
+from tidings.structs import MessageId, TopicEnd, Transaction
 from tidings.tx import TransactionManager
 
 __all__ = ["PREFIX", "routes"]
@@ -38,6 +39,8 @@ TOPIC = PREFIX + "/topics/{topic}"
 #: Poll response headers (docs/api.md): messages in the page, id of the last one.
 COUNT_HEADER = "Tidings-Count"
 LAST_ID_HEADER = "Tidings-Last-Id"
+#: Read-committed poll response header: the first entry of the oldest open transaction.
+LAST_STABLE_HEADER = "Tidings-Last-Stable-Id"
 #: Store response header (docs/api.md): the Payload Table range the store wrote.
 PAYLOAD_RANGE_HEADER = "Tidings-Payload-Range"
 #: The Content-Type of the empty answer to a non-transactional publish.
@@ -186,6 +189,12 @@ def routes(api: Api) -> list[Route]:
         headers = {COUNT_HEADER: str(count)}
         if last is not None:
             headers[LAST_ID_HEADER] = last.hex
+        if manager_ is not None and tx is not None:
+            # Read-committed with the server's snapshot: where it would stop (the first
+            # entry of the oldest open transaction), if anywhere.
+            stable = messaging.last_stable(ns, topic, tx)
+            if stable is not None:
+                headers[LAST_STABLE_HEADER] = stable.hex
         return Response(body, media_type=media.value, headers=headers)
 
     @api.endpoint(TOPIC + "/store")
@@ -250,11 +259,25 @@ def routes(api: Api) -> list[Route]:
         ns = check_name(request.path_params["ns"], "namespace")
         return json_response(sorted(await api.blocking(messaging.list_topics, ns)))
 
+    async def end_of(ns: str, topic: str) -> TopicEnd:
+        messaging = api.messaging  # 503 where the role lacks it
+        tx = api.services.tx
+        current = None if tx is None else await snapshot(tx)
+        return await api.blocking(messaging.end, ns, topic, current)
+
     @api.endpoint(TOPIC + "/stats")
     async def stats(request: Request) -> Response:
         messaging = api.messaging
         ns, topic = _names(request)
-        return json_response(admin.stats_json(await api.blocking(messaging.stats, ns, topic)))
+        found = await api.blocking(messaging.stats, ns, topic)
+        end = await end_of(ns, topic)
+        found = dataclasses.replace(found, last_stable_id=end.last_stable_id)
+        return json_response(admin.stats_json(found))
+
+    @api.endpoint(TOPIC + "/end")
+    async def end(request: Request) -> Response:
+        ns, topic = _names(request)
+        return json_response(admin.end_json(await end_of(ns, topic)))
 
     return [
         Route(TOPIC + "/publish", publish, methods=["POST"]),
@@ -263,6 +286,7 @@ def routes(api: Api) -> list[Route]:
         Route(TOPIC + "/rollback", rollback, methods=["POST"]),
         Route(TOPIC, topic, methods=["GET", "PUT", "DELETE"]),
         Route(TOPIC + "/properties", properties, methods=["PUT"]),
+        Route(TOPIC + "/end", end, methods=["GET"]),
         Route(TOPIC + "/stats", stats, methods=["GET"]),
         Route(PREFIX + "/topics", topics, methods=["GET"]),
     ]
