@@ -211,3 +211,39 @@ def test_register_is_the_same_source(
     tidings.spark.register(spark)
     df = spark.read.format("tidings").option("url", server.url).option("topic", topic).load()
     assert [bytes(r.value) for r in df.collect()] == [b"x"]
+
+
+def test_latest_starts_at_the_last_stable_position(
+    spark: Any,
+    server: ServerProcess,
+    client: Client,
+    new_topic: Callable[[], str],
+    tmp_path: Path,
+) -> None:
+    # A transaction open when the stream starts at "latest" and committed afterwards
+    # is read, not skipped (Kafka's read_committed consumers start at the LSO).
+    source, sink = new_topic(), new_topic()
+    client.publish(source, [b"before"])
+    tx = client.begin()
+    client.publish(source, [b"open"], write_pointer=tx.write_pointer)
+
+    def run() -> None:
+        df = _stream(spark, server, source, startingMessageId="latest")
+        query = (
+            df.selectExpr("key", "upper(cast(value as string)) as value")
+            .writeStream.format("tidings")
+            .option("url", server.url)
+            .option("topic", sink)
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    run()  # starts at the open transaction and stops there
+    client.commit(tx)
+    client.publish(source, [b"after"])
+    run()
+    out = [m.payload for m in client.poll(sink, transaction=client.snapshot())]
+    assert out == [b"OPEN", b"AFTER"]
