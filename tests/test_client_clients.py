@@ -66,7 +66,7 @@ def test_retries_give_up_after_the_last_attempt() -> None:
 
 def test_writes_are_sent_once() -> None:
     transport = FakeTransport(json_answer({}), TidingsConnectionError())
-    client = Client("http://h:1", retry=RETRY, transport=transport)
+    client = Client("http://h:1", retry=RETRY, transport=transport, idempotent=False)
     with pytest.raises(TidingsConnectionError):
         client.publish("t", b"x")
     with pytest.raises(TopicNotFound):
@@ -78,6 +78,18 @@ def test_writes_are_sent_once() -> None:
             ),
         ).get_topic("t")
     assert len(transport.sent) == 1
+
+
+def test_idempotent_publishes_are_retried_under_the_same_sequence() -> None:
+    transport = FakeTransport(lambda r: Response(200, b"", None), TidingsConnectionError())
+    client = Client("http://h:1", retry=RETRY, transport=transport)
+    client.publish("t", b"x")  # the first attempt fails, the retry is answered
+    client.publish("t", b"y")
+    sent = [dict(r.headers) for r in transport.sent]
+    assert len(sent) == 3
+    assert sent[0] == sent[1]  # the retry: the same producer and sequence
+    assert sent[0]["Tidings-Sequence"] == "0" and sent[2]["Tidings-Sequence"] == "1"
+    assert sent[2]["Tidings-Producer-Id"] == sent[0]["Tidings-Producer-Id"]
 
 
 def test_publish_with_a_write_pointer_returns_rollback_info() -> None:

@@ -24,6 +24,7 @@
     │   ├── TopicAlreadyExists        409
     │   ├── PayloadsAlreadyPublished  409  store/publish under a write pointer already published
     │   ├── TransactionConflict       409  write conflict detected at commit
+    │   ├── OutOfOrderSequence        409  an idempotent publish skipped sequence numbers
     │   └── UnknownProducerEpoch      409  an epoch of the transactional id never handed out
     ├── TransactionNotInProgress      410  the transaction already ended; subclasses say how
     │   ├── TransactionCommitted      410
@@ -68,6 +69,7 @@ __all__ = [
     "LogFailed",
     "MemberNotFound",
     "NotFound",
+    "OutOfOrderSequence",
     "PartitionFenced",
     "PayloadTooLarge",
     "PayloadsAlreadyPublished",
@@ -209,6 +211,12 @@ class PayloadsAlreadyPublished(Conflict):
 
 class TransactionConflict(Conflict):
     """A transaction that committed after this one began wrote one of the same change keys."""
+
+
+class OutOfOrderSequence(Conflict):
+    """An idempotent producer's publish skipped sequence numbers on the topic: a batch
+    before it never arrived. Nothing was written; the producer starts a new sequence
+    (a new producer id) after resending what it is missing."""
 
 
 class UnknownProducerEpoch(Conflict):

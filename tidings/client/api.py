@@ -339,9 +339,19 @@ class RestApi:
     def _publish_body(self, write_pointer: int | None, records: Sequence[Record | bytes]) -> bytes:
         return wire.encode_publish_request(write_pointer, records, self.media)
 
-    def publish(self, topic: str, records: Sequence[Record | bytes]) -> Call[None]:
+    def publish(
+        self,
+        topic: str,
+        records: Sequence[Record | bytes],
+        producer: tuple[str, int] | None = None,
+    ) -> Call[None]:
+        """A non-transactional publish; with ``producer`` (id in hex, sequence number) an
+        idempotent one, which is safe to send again: the server writes it once."""
         if not records:
             raise EmptyPublish("a publish without a write pointer needs at least one message")
+        headers: tuple[tuple[str, str], ...] = ()
+        if producer is not None:
+            headers = (("Tidings-Producer-Id", producer[0]), ("Tidings-Sequence", str(producer[1])))
         return Call(
             Request(
                 "POST",
@@ -349,6 +359,8 @@ class RestApi:
                 self._publish_body(None, records),
                 self.media.value,
                 self.timeout,
+                idempotent=producer is not None,
+                headers=headers,
             ),
             _ignore,
         )

@@ -209,6 +209,8 @@ class AsyncioTransport:
             head += f"Content-Type: {request.content_type}\r\n"
         if request.accept is not None:
             head += f"Accept: {request.accept}\r\n"
+        for name, value in request.headers:
+            head += f"{name}: {value}\r\n"
         data = head.encode() + origin.headers + b"\r\n" + body
         loop = asyncio.get_running_loop()
         slots = self._slots_of(loop)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,6 +31,8 @@ __all__ = [
     "NO_RETRY",
     "READ_ONLY_WRITE_POINTER",
     "BaseClient",
+    "LanePool",
+    "ProducerLane",
     "MessageLike",
     "Outgoing",
     "RetryPolicy",
@@ -202,6 +205,41 @@ def encoded_transaction(transaction: Transaction | bytes | None) -> bytes | None
     return encode_transaction(transaction)
 
 
+class ProducerLane:
+    """One idempotent producer: an id and, per topic, the next sequence number. A lane
+    has one publish in flight at a time, so its sequence reaches the server in order
+    however many publishes the client sends at once (each on a lane of its own)."""
+
+    def __init__(self) -> None:
+        self.producer_id = uuid.uuid4().hex
+        self._next: dict[str, int] = {}
+
+    def sequence(self, topic: str) -> int:
+        """The sequence number of this lane's next publish to ``topic``."""
+        return self._next.get(topic, 0)
+
+    def advance(self, topic: str) -> None:
+        """That publish is durable: the next one is one further."""
+        self._next[topic] = self._next.get(topic, 0) + 1
+
+
+class LanePool:
+    """Free producer lanes; a publish takes one, or a new one when none is free."""
+
+    def __init__(self) -> None:
+        self._free: list[ProducerLane] = []
+
+    def acquire(self) -> ProducerLane:
+        try:
+            return self._free.pop()  # atomic: threads may share the pool
+        except IndexError:
+            return ProducerLane()
+
+    def release(self, lane: ProducerLane) -> None:
+        """The lane's publish ended and its sequence is known: reuse it."""
+        self._free.append(lane)
+
+
 class BaseClient:
     """Configuration and non-I/O logic common to :class:`~tidings.Client` and
     :class:`~tidings.AsyncClient`."""
@@ -215,6 +253,7 @@ class BaseClient:
         media: Media = DEFAULT_MEDIA,
         retry: RetryPolicy | None = None,
         transactions_url: str | None = None,
+        idempotent: bool = True,
     ) -> None:
         if not isinstance(media, Media):
             raise TypeError(f"media must be a tidings.codec.wire.Media, not {media!r}")
@@ -224,6 +263,8 @@ class BaseClient:
         self._retry = retry if retry is not None else RetryPolicy()
         self._server_snapshots = self._api.transactions_local
         self._one_request_retry_at = 0.0
+        #: Idempotent publishing (Kafka 3's default): None when turned off.
+        self._lanes = LanePool() if idempotent else None
 
     @property
     def url(self) -> str:

@@ -47,6 +47,8 @@ class Request:
     idempotent: bool = False
     #: The medium wanted for the answer (``Accept``), where it is not the body's own.
     accept: str | None = None
+    #: Further request headers (``Tidings-*``: an idempotent publish's producer).
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +104,7 @@ def _headers(request: Request) -> dict[str, str]:
         headers["Content-Type"] = request.content_type
     if request.accept is not None:
         headers["Accept"] = request.accept
+    headers.update(request.headers)
     return headers
 
 

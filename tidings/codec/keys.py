@@ -40,6 +40,7 @@ __all__ = [
     "MESSAGE_KEY_SIZE",
     "NEXT_TOPIC_ID_KEY",
     "OPEN_PREFIX",
+    "PRODUCER_PREFIX",
     "PAYLOAD_KEY_SIZE",
     "SEALED_PREFIX",
     "STATE_PREFIX",
@@ -60,6 +61,7 @@ __all__ = [
     "parse_state_key",
     "parse_ts_seq",
     "payload_key",
+    "producer_key",
     "payload_keys",
     "sealed_key",
     "sealed_range",
@@ -97,6 +99,8 @@ SEALED_PREFIX = b"msg.sealed/"
 #: Transactions that published on a topic generation, with their first entry: what the
 #: last stable position (the first entry of the oldest open transaction) is found by.
 OPEN_PREFIX = b"msg.open/"
+#: Idempotent producers: the last sequence number each wrote on a topic generation.
+PRODUCER_PREFIX = b"msg.producer/"
 
 
 # --- Message Table ---------------------------------------------------------------
@@ -275,6 +279,11 @@ def open_write_pointer(key: bytes) -> int:
     """The write pointer of an open-transaction marker key."""
     flipped = int.from_bytes(key[len(OPEN_PREFIX) + 8 : len(OPEN_PREFIX) + 16], "big")
     return flipped - (1 << 63)
+
+
+def producer_key(topic_id: int, generation: int, producer_id: bytes) -> bytes:
+    """Where an idempotent producer's last sequence on a topic generation is kept."""
+    return PRODUCER_PREFIX + _TOPIC_GEN.pack(topic_id, generation) + producer_id
 
 
 def parse_expiry_key(key: bytes) -> tuple[int, str, bytes]:

@@ -10,13 +10,14 @@ position in the same transaction, so keys become visible in the order they are a
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
 from tidings.clock import Clock
 from tidings.codec import keys, values
-from tidings.errors import BadRequest, PayloadsAlreadyPublished
+from tidings.errors import BadRequest, OutOfOrderSequence, PayloadsAlreadyPublished
 from tidings.messaging.sequencing import assign
 from tidings.messaging.topics import Topics
 from tidings.names import INT64_MAX
@@ -170,6 +171,7 @@ def publish_fn(
     write_pointer: int | None,
     payload_ranges: Sequence[PayloadRange] | None = None,
     guard: Callable[[int], None] | None = None,
+    producer: tuple[bytes, int] | None = None,
 ) -> Callable[[WriteView], RollbackInfo | None]:
     """The write function of a publish: direct messages, or (no messages and a write
     pointer) one pointer entry standing for the Payload Table rows of that pointer --
@@ -191,6 +193,10 @@ def publish_fn(
     def publish(view: WriteView) -> RollbackInfo | None:
         ref = topics.resolve(view, namespace, topic)
         state = ref.state
+        if producer is not None and not _next_in_sequence(
+            view, ref.topic_id, state.generation, producer, clock.now_ms()
+        ):
+            return None  # a retry of a batch already written: its outcome, not a copy
         if not batch.values:
             _seal(view, ref.topic_id, state.generation, write_pointer, topic, clock.now_ms())
         if guard is not None and write_pointer is not None:
@@ -215,6 +221,32 @@ def publish_fn(
         return RollbackInfo(write_pointer, start_ts, start_seq, end_ts, end_seq)
 
     return publish
+
+
+_PRODUCER_STATE = struct.Struct(">qq")  # last sequence, last publish (ms)
+
+
+def _next_in_sequence(
+    view: WriteView, topic_id: int, generation: int, producer: tuple[bytes, int], now: int
+) -> bool:
+    """Check an idempotent publish's sequence number against the producer's last one on
+    the topic, and record it: True to write the batch, False for a batch written
+    already (a retry), :class:`OutOfOrderSequence` for a gap. A producer the topic has
+    no record of (new, or expired) may start anywhere."""
+    producer_id, sequence = producer
+    key = keys.producer_key(topic_id, generation, producer_id)
+    raw = view.get(_META, key)
+    if raw is not None:
+        last, _ = _PRODUCER_STATE.unpack(raw)
+        if sequence <= last:
+            return False
+        if sequence > last + 1:
+            raise OutOfOrderSequence(
+                f"producer {producer_id.hex()} sent sequence {sequence} to this topic: "
+                f"the last one written was {last}"
+            )
+    view.put(_META, key, _PRODUCER_STATE.pack(sequence, now))
+    return True
 
 
 def publish_all_fn(

@@ -47,13 +47,22 @@ class CleanupReport:
 class Cleaner:
     """One pass at a time over every topic; the service runs it on a thread."""
 
-    def __init__(self, store: Store, topics: Topics, clock: Clock, batch: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        topics: Topics,
+        clock: Clock,
+        batch: int,
+        *,
+        producer_expiry_ms: int = 7 * 24 * 3600 * 1000,
+    ) -> None:
         if batch < 1:
             raise ValueError(f"cleanup batch must be at least 1, got {batch}")
         self._store = store
         self._topics = topics
         self._clock = clock
         self._batch = batch
+        self._producer_expiry_ms = producer_expiry_ms
         self._deleted = {_MESSAGES: 0, _PAYLOADS: 0}
         self._batches = 0
 
@@ -67,6 +76,7 @@ class Cleaner:
         for topic_id, state in states:
             self._clean_topic(topic_id, state, now)
         self._clean_expired(now)
+        self._clean_producers(now)
         return CleanupReport(
             topics=len(states),
             messages_deleted=self._deleted[_MESSAGES],
@@ -142,6 +152,30 @@ class Cleaner:
                 self._deleted[table] += removed
             if removed < batch:
                 return
+
+    def _clean_producers(self, now: int) -> None:
+        # An idempotent producer idle past the expiry is forgotten: its next publish
+        # (if any) starts a sequence afresh. Also drops deleted topics' producers.
+        cutoff = now - self._producer_expiry_ms
+        start = keys.PRODUCER_PREFIX
+        stop = start[:-1] + bytes((start[-1] + 1,))
+        with self._store.read() as view:
+            idle = []
+            for key, value in view.scan(_META, start, stop):
+                topic_id = int.from_bytes(key[len(start) : len(start) + 4], "big")
+                generation = int.from_bytes(key[len(start) + 4 : len(start) + 8], "big")
+                last_ms = int.from_bytes(value[8:16], "big", signed=True)
+                if last_ms < cutoff or not self._topics.is_live(topic_id, generation):
+                    idle.append(key)
+        for first in range(0, len(idle), self._batch):
+            chunk = idle[first : first + self._batch]
+
+            def delete(view: WriteView, chunk: list[bytes] = chunk) -> None:
+                for key in chunk:
+                    view.delete(_META, key)
+
+            self._store.apply(delete)
+            self._batches += 1
 
     def _clean_expired(self, now: int) -> None:
         start = keys.EXPIRY_PREFIX

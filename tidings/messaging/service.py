@@ -67,6 +67,8 @@ class MessagingConfig:
     fetch_max_limit: int = 10_000
     cleanup_interval: float = 60.0
     cleanup_batch: int = 5_000
+    #: Seconds an idempotent producer's sequence state outlives its last publish.
+    producer_expiry: float = 7 * 24 * 3600.0
 
     def __post_init__(self) -> None:
         parse_ttl(self.default_ttl)
@@ -74,6 +76,8 @@ class MessagingConfig:
             raise ValueError("need 1 <= fetch_default_limit <= fetch_max_limit")
         if self.cleanup_interval <= 0 or self.cleanup_batch < 1:
             raise ValueError("cleanup_interval and cleanup_batch must be positive")
+        if self.producer_expiry <= 0:
+            raise ValueError("producer_expiry must be positive")
 
 
 class MessagingService:
@@ -93,7 +97,13 @@ class MessagingService:
         self._counters = Counters()
         self._listeners: list[Callable[[str, str], None]] = []
         self._guard: Callable[[int], None] | None = None
-        self._cleaner = Cleaner(store, self._topics, self._clock, self._config.cleanup_batch)
+        self._cleaner = Cleaner(
+            store,
+            self._topics,
+            self._clock,
+            self._config.cleanup_batch,
+            producer_expiry_ms=round(self._config.producer_expiry * 1000),
+        )
         self._clean_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -198,6 +208,7 @@ class MessagingService:
         messages: Sequence[Record | bytes],
         write_pointer: int | None = None,
         payload_ranges: Sequence[PayloadRange] | None = None,
+        producer: tuple[bytes, int] | None = None,
     ) -> RollbackInfo | None:
         """Append ``messages`` to the topic; returns once they are durable.
 
@@ -209,7 +220,7 @@ class MessagingService:
         invisible. Without a write pointer or messages, EmptyPublish.
         """
         return self.publish_future(
-            namespace, topic, messages, write_pointer, payload_ranges
+            namespace, topic, messages, write_pointer, payload_ranges, producer
         ).result()
 
     def publish_future(
@@ -219,11 +230,19 @@ class MessagingService:
         messages: Sequence[Record | bytes],
         write_pointer: int | None = None,
         payload_ranges: Sequence[PayloadRange] | None = None,
+        producer: tuple[bytes, int] | None = None,
     ) -> Future[RollbackInfo | None]:
         """:meth:`publish` without waiting: bad input raises here, at once; the future
-        resolves once the messages are durable (or with the storage error)."""
+        resolves once the messages are durable (or with the storage error).
+
+        ``producer`` makes a non-transactional publish idempotent: ``(producer id (16
+        bytes), sequence number)``. A sequence the producer already wrote on the topic
+        is answered as done without a second copy; one past the next is
+        :class:`~tidings.errors.OutOfOrderSequence`."""
         began = time.perf_counter()
         self._topics.check_live(namespace, topic)
+        if producer is not None:
+            _check_producer(producer, write_pointer)
         if write_pointer is not None:
             publishing.check_write_pointer(write_pointer)
         elif not messages:
@@ -231,7 +250,15 @@ class MessagingService:
         ranges = _ranges(payload_ranges, write_pointer, messages)
         batch = publishing.encode_batch(messages, write_pointer, self._clock.now_ms())
         fn = publishing.publish_fn(
-            self._topics, self._clock, namespace, topic, batch, write_pointer, ranges, self._guard
+            self._topics,
+            self._clock,
+            namespace,
+            topic,
+            batch,
+            write_pointer,
+            ranges,
+            self._guard,
+            producer,
         )
         return self._submit(fn, namespace, topic, began, len(batch.values), batch.size)
 
@@ -712,3 +739,13 @@ def _newest(view: ReadView, topic_id: int, state: TopicState, now: int) -> Messa
 def _drop_keys(doomed: list[bytes], view: WriteView) -> None:
     for key in doomed:
         view.delete(_META, key)
+
+
+def _check_producer(producer: tuple[bytes, int], write_pointer: int | None) -> None:
+    producer_id, sequence = producer
+    if write_pointer is not None:
+        raise BadRequest("an idempotent publish is non-transactional (no write pointer)")
+    if not isinstance(producer_id, bytes) or len(producer_id) != 16:
+        raise BadRequest("a producer id is 16 bytes (32 hex digits)")
+    if isinstance(sequence, bool) or not isinstance(sequence, int) or not 0 <= sequence < 2**63:
+        raise BadRequest("a sequence number is a non-negative 64-bit integer")

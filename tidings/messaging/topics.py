@@ -176,6 +176,12 @@ class Topics:
         with self._store.read() as view:
             return self.resolve(view, namespace, topic)
 
+    def is_live(self, topic_id: int, generation: int) -> bool:
+        """True if ``generation`` is the topic's live one."""
+        with self._store.read() as view:
+            raw = view.get(_META, keys.state_key(topic_id))
+        return raw is not None and values.decode_state(raw).generation == generation
+
     def live_states(self) -> list[tuple[int, TopicState]]:
         """Every topic id with its state (deleted ones too), for the cleaner."""
         prefix = keys.STATE_PREFIX

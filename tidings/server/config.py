@@ -163,6 +163,13 @@ class ServerConfig:
     cleanup_batch: int = _setting(
         5000, "rows the cleaner deletes per write transaction", bound="positive"
     )
+    producer_expiry: float = _setting(
+        7 * 24 * 3600.0,
+        "seconds an idempotent producer's last sequence number on a topic is kept after "
+        "its last publish (7 days); a later publish starts a new sequence",
+        bound="positive",
+        shown="604800",
+    )
     # transactions
     tx_default_timeout: float = _setting(
         30.0,

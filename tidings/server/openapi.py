@@ -664,11 +664,38 @@ def _messaging_paths() -> dict[str, Any]:
                         },
                     },
                     **not_found,
+                    "409": _error(
+                        "sealed pointer, or an idempotent publish skipped sequence numbers "
+                        "(OutOfOrderSequence)"
+                    ),
+                    "410": _error("the transaction already ended"),
                 },
                 body=publish_body,
                 required=True,
                 tags=("messages",),
-                parameters=nst,
+                parameters=[
+                    *nst,
+                    _param(
+                        "Tidings-Producer-Id",
+                        {
+                            "type": "string",
+                            "pattern": "^[0-9a-fA-F]{32}$",
+                            "description": "idempotent publish: the producer (with "
+                            "Tidings-Sequence; non-transactional only)",
+                        },
+                        "header",
+                    ),
+                    _param(
+                        "Tidings-Sequence",
+                        {
+                            "type": "string",
+                            "pattern": "^[0-9]{1,18}$",
+                            "description": "idempotent publish: this batch's number, one "
+                            "after the producer's previous one on the topic",
+                        },
+                        "header",
+                    ),
+                ],
             )
         },
         topic + "/store": {

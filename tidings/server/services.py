@@ -61,6 +61,7 @@ class Services:
                         fetch_max_limit=config.fetch_max_limit,
                         cleanup_interval=config.cleanup_interval,
                         cleanup_batch=config.cleanup_batch,
+                        producer_expiry=config.producer_expiry,
                     ),
                 )
                 services.messaging.start()

@@ -71,9 +71,9 @@ class Client(BaseClient):
 
     ``media`` is the encoding of publish, store and poll bodies (the Avro extension by
     default: measured faster than JSON). Requests that are safe to repeat (reads, polls,
-    property updates) are retried per ``retry`` when they fail retriably; others are
-    sent once. ``transactions_url`` points the transaction calls at another server
-    (``tidings serve --role transactions``).
+    property updates, idempotent publishes) are retried per ``retry`` when they fail
+    retriably; others are sent once. ``transactions_url`` points the transaction calls at
+    another server (``tidings serve --role transactions``).
     """
 
     def __init__(
@@ -87,6 +87,7 @@ class Client(BaseClient):
         max_connections: int = 10,
         transactions_url: str | None = None,
         transport: SyncTransport | None = None,
+        idempotent: bool = True,
     ) -> None:
         super().__init__(
             url,
@@ -95,6 +96,7 @@ class Client(BaseClient):
             media=media,
             retry=retry,
             transactions_url=transactions_url,
+            idempotent=idempotent,
         )
         self._transport = transport or Urllib3Transport(max_connections=max_connections)
         self._max_connections = max_connections
@@ -202,7 +204,10 @@ class Client(BaseClient):
     ) -> RollbackInfo | None:
         """Publish; returns once the messages are durable.
 
-        Without ``write_pointer``: non-transactional, visible at once. With it: a
+        Without ``write_pointer``: non-transactional, visible at once; idempotent
+        unless the client was made with ``idempotent=False``: a publish retried after
+        its answer was lost is written once (each concurrent publish runs under a
+        producer id and sequence number of its own, docs/client.md). With it: a
         transactional publish (the messages, or with none, what ``store`` put under the
         write pointer), answered with the :class:`RollbackInfo` to undo it.
 
@@ -215,7 +220,18 @@ class Client(BaseClient):
         if write_pointer is None:
             if payload_ranges is not None:
                 raise BadRequest("payload_ranges need a write_pointer (and no messages)")
-            self._send(self._api.publish(topic, records))
+            lanes = self._lanes
+            if lanes is None:
+                self._send(self._api.publish(topic, records))
+                return None
+            # Idempotent: retried after a lost answer, the server keeps one copy.
+            lane = lanes.acquire()
+            producer = (lane.producer_id, lane.sequence(topic))
+            self._send(self._api.publish(topic, records, producer))
+            # Only a lane whose sequence is known goes back (after an error it may or
+            # may not have been written, so the lane is dropped with its producer id).
+            lane.advance(topic)
+            lanes.release(lane)
             return None
         return self._send(
             self._api.publish_transactional(topic, records, write_pointer, payload_ranges)

@@ -39,6 +39,9 @@ TOPIC = PREFIX + "/topics/{topic}"
 #: Poll response headers (docs/api.md): messages in the page, id of the last one.
 COUNT_HEADER = "Tidings-Count"
 LAST_ID_HEADER = "Tidings-Last-Id"
+#: Idempotent publish request headers (docs/api.md): who publishes, and which batch.
+PRODUCER_HEADER = "Tidings-Producer-Id"
+SEQUENCE_HEADER = "Tidings-Sequence"
 #: Read-committed poll response header: the first entry of the oldest open transaction.
 LAST_STABLE_HEADER = "Tidings-Last-Stable-Id"
 #: Store response header (docs/api.md): the Payload Table range the store wrote.
@@ -84,6 +87,26 @@ def _ids_only(request: Request) -> bool:
     raise BadRequest(f"fields must be one of {', '.join(FIELDS)}, got {raw[:64]!r}")
 
 
+def _producer(request: Request) -> tuple[bytes, int] | None:
+    """An idempotent publish's ``(producer id, sequence)``, from its headers."""
+    headers = request.headers
+    raw_id = headers.get(PRODUCER_HEADER)
+    raw_seq = headers.get(SEQUENCE_HEADER)
+    if raw_id is None and raw_seq is None:
+        return None
+    if raw_id is None or raw_seq is None:
+        raise BadRequest(f"{PRODUCER_HEADER} and {SEQUENCE_HEADER} go together")
+    try:
+        producer_id = bytes.fromhex(raw_id)
+    except ValueError:
+        raise BadRequest(f"{PRODUCER_HEADER} must be 32 hex digits") from None
+    if len(producer_id) != 16:
+        raise BadRequest(f"{PRODUCER_HEADER} must be 32 hex digits")
+    if not (raw_seq.isascii() and raw_seq.isdigit()) or len(raw_seq) > 18:
+        raise BadRequest(f"{SEQUENCE_HEADER} must be a non-negative integer")
+    return producer_id, int(raw_seq)
+
+
 def _read_committed(request: Request) -> bool:
     raw = request.query_params.get("isolation")
     if raw is None or raw == READ_UNCOMMITTED:
@@ -126,8 +149,11 @@ def routes(api: Api) -> list[Route]:
         ns, topic = _names(request)
         media = request_media(request)
         req = wire.decode_publish_request(await read_body(request, max_body), media)
+        producer = _producer(request)
         info = await inbox.wait(
-            messaging.publish_future(ns, topic, req.records, req.write_pointer, req.payload_ranges)
+            messaging.publish_future(
+                ns, topic, req.records, req.write_pointer, req.payload_ranges, producer
+            )
         )
         if info is None:
             # Seed 000: a non-transactional publish answers an empty body. Empty is no
