@@ -187,3 +187,25 @@ def test_cleaner_drops_seal_markers_with_the_ttl_and_the_generation(
     service.create_topic("ns", "t")
     service.clean_once()
     assert seals(store) == 0  # the old generation's marker went with its rows
+
+
+def test_idle_producers_are_forgotten(store: Store, clock: FakeClock) -> None:
+    config = MessagingConfig(cleanup_batch=4, producer_expiry=60.0)
+    service = MessagingService(store, config, clock=clock)
+    try:
+        service.create_topic("ns", "t")
+        producer = bytes(16)
+        service.publish("ns", "t", [b"a"], producer=(producer, 5))
+        service.publish("ns", "t", [b"a"], producer=(producer, 5))  # a retry: no copy
+        assert len(service.fetch("ns", "t")) == 1
+        clock.advance(30_000)
+        service.clean_once()
+        service.publish("ns", "t", [b"a"], producer=(producer, 5))  # still known
+        assert len(service.fetch("ns", "t")) == 1
+        clock.advance(61_000)
+        service.clean_once()
+        # Forgotten: the same number starts a new sequence (and is written).
+        service.publish("ns", "t", [b"b"], producer=(producer, 5))
+        assert [m.payload for m in service.fetch("ns", "t")] == [b"a", b"b"]
+    finally:
+        service.close()

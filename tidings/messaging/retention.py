@@ -127,8 +127,12 @@ class Cleaner:
             old = [
                 k for k, v in view.scan(_META, start, stop) if int.from_bytes(v, "big") < cutoff_ms
             ]
-        for first in range(0, len(old), self._batch):
-            chunk = old[first : first + self._batch]
+        self._delete_keys(old)
+
+    def _delete_keys(self, doomed: list[bytes]) -> None:
+        """Delete Metadata rows, ``batch`` per write."""
+        for first in range(0, len(doomed), self._batch):
+            chunk = doomed[first : first + self._batch]
 
             def delete(view: WriteView, chunk: list[bytes] = chunk) -> None:
                 for key in chunk:
@@ -167,15 +171,7 @@ class Cleaner:
                 last_ms = int.from_bytes(value[8:16], "big", signed=True)
                 if last_ms < cutoff or not self._topics.is_live(topic_id, generation):
                     idle.append(key)
-        for first in range(0, len(idle), self._batch):
-            chunk = idle[first : first + self._batch]
-
-            def delete(view: WriteView, chunk: list[bytes] = chunk) -> None:
-                for key in chunk:
-                    view.delete(_META, key)
-
-            self._store.apply(delete)
-            self._batches += 1
+        self._delete_keys(idle)
 
     def _clean_expired(self, now: int) -> None:
         start = keys.EXPIRY_PREFIX
