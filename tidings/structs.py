@@ -235,6 +235,8 @@ class TopicStats:
     #: The first message of the oldest transaction still open on the topic (None: none
     #: is, or the server cannot tell); see :class:`TopicEnd`.
     last_stable_id: MessageId | None = None
+    #: Each consumer group of the topic with its lag in messages.
+    group_lags: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -220,3 +220,16 @@ async def test_async_member(server: ServerProcess, topic: str) -> None:
         for m in got:
             assert partition_of(m, 4) in info.members[consumer.member_id or ""]
         await consumer.close()
+
+
+def test_lag_in_topic_stats_and_metrics(server: ServerProcess, topic: str) -> None:
+    with Client(server.url) as client:
+        fill(client, topic, 12, keys=3)
+        c = client.consume(topic, group="lagging", follow=False, batch_size=5)
+        c.poll()
+        c.commit()
+        c.close()
+        assert client.stats(topic).group_lags == {"lagging": 7}
+    metrics = httpx.get(server.url + "/metrics").text
+    line = f'tidings_group_lag{{group="lagging",namespace="default",topic="{topic}"}} 7.0'
+    assert line in metrics

@@ -213,6 +213,7 @@ def stats_json(stats: TopicStats) -> dict[str, Any]:
         "publishRate": stats.publish_rate,
         "fetchRate": stats.fetch_rate,
         "lastStableId": None if stats.last_stable_id is None else stats.last_stable_id.hex,
+        "groupLag": dict(stats.group_lags),
     }
 
 
@@ -233,6 +234,11 @@ def read_stats(obj: Any) -> TopicStats:
         publish_rate=float(_field(obj, "publishRate", (int, float))),
         fetch_rate=float(_field(obj, "fetchRate", (int, float))),
         last_stable_id=_optional_id(obj.get("lastStableId")),
+        group_lags={
+            str(g): n
+            for g, n in (obj.get("groupLag") or {}).items()
+            if isinstance(n, int) and not isinstance(n, bool)
+        },
     )
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "partition_range",
     "position_key",
     "positions_range",
+    "topic_of",
     "topic_range",
     "write_pointer_of",
 ]
@@ -113,6 +114,12 @@ def groups_range(topic_id: int, generation: int) -> tuple[bytes, bytes]:
     """The records of every group of one topic generation."""
     start = GROUP_PREFIX + _topic(topic_id, generation)
     return start, start + b"\xff"
+
+
+def topic_of(key: bytes) -> tuple[int, int]:
+    """``(topic_id, generation)`` of a group record key."""
+    topic_id, generation = _TOPIC.unpack_from(key, len(GROUP_PREFIX))
+    return int(topic_id), int(generation)
 
 
 def group_name_of(key: bytes) -> str:

@@ -89,8 +89,9 @@ MAX_SESSION_TIMEOUT_MS = 300_000
 STARTS = ("earliest", "latest")
 #: Most entries one group poll examines before it answers (with what it found).
 _SCAN_BUDGET = 100_000
-#: Most entries a lag count examines per group.
+#: Most entries a lag count examines per group (describe; /metrics and stats).
 _LAG_BUDGET = 1_000_000
+_METRICS_LAG_BUDGET = 100_000
 
 
 def change_key(topic_id: int, generation: int, group: str, partition: int) -> bytes:
@@ -548,6 +549,7 @@ class GroupCoordinator:
         record: GroupRecord,
         positions: Mapping[int, MessageId],
         snapshot: Transaction,
+        budget: int = _LAG_BUDGET,
     ) -> tuple[dict[int, int], bool]:
         floors: dict[int, MessageId | None] = {
             p: positions.get(p, self._start_position(namespace, topic, record))
@@ -558,7 +560,7 @@ class GroupCoordinator:
         start = None if None in firsts else min(f for f in firsts if f)
         examined = 0
         page_size = self._messaging.config.fetch_max_limit
-        while examined < _LAG_BUDGET:
+        while examined < budget:
             page = self._messaging.fetch(
                 namespace,
                 topic,
@@ -577,6 +579,41 @@ class GroupCoordinator:
                 return lags, True
             start = page[-1].id
         return lags, False
+
+    def lags(self, budget: int = _METRICS_LAG_BUDGET) -> list[tuple[str, str, str, int, bool]]:
+        """``(namespace, topic, group, lag, exact)`` of every group of every live topic,
+        for ``/metrics``: each lag counted by a scan of at most ``budget`` entries (a
+        lower bound past it)."""
+        names = self._messaging.topic_names()
+        start, stop = gkeys.GROUP_PREFIX, gkeys.GROUP_PREFIX[:-1] + b"0"
+        with self._store.read() as view:
+            found = [(k, gkeys.decode_group(v)) for k, v in view.scan(_META, start, stop)]
+        snapshot = self._tx.snapshot()
+        assert snapshot is not None
+        out = []
+        for key, record in found:
+            topic_id, generation = gkeys.topic_of(key)
+            if topic_id not in names:
+                continue
+            namespace, topic = names[topic_id]
+            try:
+                if self._messaging.identity(namespace, topic) != (topic_id, generation):
+                    continue  # a group of an older generation: dropped with the topic
+            except TidingsError:
+                continue
+            gid = (topic_id, generation, gkeys.group_name_of(key))
+            positions = self.positions(gid, snapshot)
+            lags, exact = self._lags(namespace, topic, record, positions, snapshot, budget)
+            out.append((namespace, topic, gid[2], sum(lags.values()), exact))
+        return out
+
+    def topic_lags(self, namespace: str, topic: str) -> dict[str, int]:
+        """Each group of the topic with its total lag (for topic stats)."""
+        return {
+            group: lag
+            for ns, name, group, lag, _ in self.lags(_METRICS_LAG_BUDGET)
+            if (ns, name) == (namespace, topic)
+        }
 
     def list(self, namespace: str, topic: str) -> list[str]:
         """The names of the topic's groups, sorted."""

@@ -138,6 +138,11 @@ class MessagingService:
         """The namespace's topic names, sorted."""
         return self._topics.names(namespace)
 
+    def topic_names(self) -> dict[int, tuple[str, str]]:
+        """Every topic id with its ``(namespace, topic)``: what state filed by topic id
+        (consumer groups) is reported under."""
+        return self._topics.all_names()
+
     def identity(self, namespace: str, topic: str) -> tuple[int, int]:
         """The live topic's ``(topic_id, generation)``: what state kept beside the topic
         (consumer groups) is filed under. TopicNotFound if it is not live."""

@@ -176,6 +176,16 @@ class Topics:
         with self._store.read() as view:
             return self.resolve(view, namespace, topic)
 
+    def all_names(self) -> dict[int, tuple[str, str]]:
+        """Every topic id with its ``(namespace, topic)`` (deleted ones too)."""
+        prefix = keys.TOPIC_PREFIX
+        out: dict[int, tuple[str, str]] = {}
+        with self._store.read() as view:
+            for key, raw in view.scan(_META, prefix, prefix[:-1] + b"0"):
+                namespace, _, topic = key[len(prefix) :].decode("ascii").partition("/")
+                out[values.decode_topic_record(raw)[0]] = (namespace, topic)
+        return out
+
     def is_live(self, topic_id: int, generation: int) -> bool:
         """True if ``generation`` is the topic's live one."""
         with self._store.read() as view:

@@ -136,6 +136,7 @@ async def _serve(
         tx_state=tx.state if tx is not None else None,
         store_commits=(lambda: store.commits) if store is not None else None,
         tx_pruned=(lambda: pruner.pruned_total) if pruner is not None else None,
+        group_lags=services.groups.lags if services.groups is not None else None,
     )
     api = Api(config, services, Metrics(sources=sources), longpolls, inbox)
     if messaging is not None:

@@ -78,6 +78,8 @@ class Sources:
     tx_state: Callable[[], TransactionState] | None = None
     store_commits: Callable[[], int] | None = None
     tx_pruned: Callable[[], int] | None = None
+    #: ``(namespace, topic, group, lag, exact)`` of every consumer group.
+    group_lags: Callable[[], list[tuple[str, str, str, int, bool]]] | None = None
 
 
 def _cumulative(bounds: Sequence[float], counts: Sequence[float]) -> list[tuple[str, float]]:
@@ -123,6 +125,7 @@ class _Collector:
         yield from self._topics()
         yield from self._http()
         yield from self._transactions()
+        yield from self._groups()
         if self._m.sources.store_commits is not None:
             commits = self._m.sources.store_commits()
             family = CounterMetricFamily(
@@ -218,3 +221,16 @@ class _Collector:
             "Write pointers on the invalid list.",
             value=len(state.invalid),
         )
+
+    def _groups(self) -> Iterator[Metric]:
+        if self._m.sources.group_lags is None:
+            return
+        lag = GaugeMetricFamily(
+            "tidings_group_lag",
+            "Read-committed messages after a consumer group's committed positions (a lower "
+            "bound past 100,000 examined per group).",
+            labels=["namespace", "topic", "group"],
+        )
+        for namespace, topic, group, value, _ in self._m.sources.group_lags():
+            lag.add_metric([namespace, topic, group], value)
+        yield lag

@@ -205,6 +205,11 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
                 "publishRate": {"type": "number"},
                 "fetchRate": {"type": "number"},
                 "lastStableId": _nullable({"type": "string", "pattern": "^[0-9a-f]{40}$"}),
+                "groupLag": {
+                    "type": "object",
+                    "description": "each consumer group of the topic with its lag",
+                    "additionalProperties": {"type": "integer", "minimum": 0},
+                },
             },
         },
         "TopicEnd": {

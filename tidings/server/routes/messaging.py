@@ -297,7 +297,9 @@ def routes(api: Api) -> list[Route]:
         ns, topic = _names(request)
         found = await api.blocking(messaging.stats, ns, topic)
         end = await end_of(ns, topic)
-        found = dataclasses.replace(found, last_stable_id=end.last_stable_id)
+        groups = api.services.groups
+        lags = {} if groups is None else await api.blocking(groups.topic_lags, ns, topic)
+        found = dataclasses.replace(found, last_stable_id=end.last_stable_id, group_lags=lags)
         return json_response(admin.stats_json(found))
 
     @api.endpoint(TOPIC + "/end")
