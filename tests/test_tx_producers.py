@@ -131,3 +131,24 @@ def test_epochs_and_fencing_survive_restarts(tmp_path: Path) -> None:
         again = m.register_producer("p")
         assert (again.producer_id, again.epoch) == (1, 3)
         assert m.register_producer("r").producer_id == 3
+
+
+def test_idle_transactional_ids_are_forgotten(tmp_path: Path) -> None:
+    clock = FakeClock()
+    config = TxConfig(sweep_interval=3600, producer_expiry=60.0, max_timeout=3600)
+    with TransactionManager(tmp_path / "tx", config, clock) as m:
+        idle = m.register_producer("idle")
+        busy = m.register_producer("busy")
+        m.expire()  # starts their idle clocks
+        open_tx = m.begin(600, transactional_id="busy", epoch=busy.epoch)
+        clock.advance(30_000)
+        m.expire()
+        m.begin(transactional_id="idle", epoch=idle.epoch)  # still known
+        clock.advance(61_000)
+        m.expire()
+        with pytest.raises(ProducerNotFound):  # unused for 61 s: forgotten
+            m.begin(transactional_id="idle", epoch=idle.epoch)
+        # An id with a transaction open is kept, whatever its idle time.
+        m.commit(open_tx.write_pointer, transactional_id="busy", epoch=busy.epoch)
+        again = m.register_producer("idle")
+        assert again.epoch == 0 and again.producer_id != idle.producer_id

@@ -199,6 +199,14 @@ class ServerConfig:
         "ended transactions remembered, to answer 410 rather than 404 for them",
         bound="non-negative",
     )
+    tx_producer_expiry: float = _setting(
+        7 * 24 * 3600.0,
+        "seconds a transactional id may go unused (no begin or commit) before it is "
+        "forgotten (7 days; Kafka's `transactional.id.expiration.ms`); registering it "
+        "again then starts afresh",
+        bound="positive",
+        shown="604800",
+    )
     tx_prune_interval: float = _setting(
         3600.0,
         "seconds between passes that drop from the invalid list the pointers no stored "

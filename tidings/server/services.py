@@ -75,6 +75,7 @@ class Services:
                         snapshot_every=config.tx_snapshot_every,
                         sync=config.sync,
                         history_size=config.tx_history_size,
+                        producer_expiry=config.tx_producer_expiry,
                     ),
                 )
                 services.tx.start()

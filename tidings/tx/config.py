@@ -26,9 +26,11 @@ class TxConfig:
     snapshot_every: int = 10_000
     sync: bool = True
     history_size: int = 100_000
+    #: Seconds a transactional id may go unused before it is forgotten.
+    producer_expiry: float = 7 * 24 * 3600.0
 
     def __post_init__(self) -> None:
-        for name in ("default_timeout", "max_timeout", "sweep_interval"):
+        for name in ("default_timeout", "max_timeout", "sweep_interval", "producer_expiry"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ValueError(f"TxConfig.{name} must be a positive number, got {value!r}")

@@ -362,8 +362,16 @@ class TransactionManager:
         return list(self._run(lambda now: self._state.prune(below, wanted)).ids)
 
     def expire(self) -> list[int]:
-        """One timeout sweep: expired in-progress transactions become invalid."""
-        return list(self._run(lambda now: self._state.expire(now)).ids)
+        """One timeout sweep: expired in-progress transactions become invalid, and
+        transactional ids unused for ``producer_expiry`` seconds are forgotten."""
+        expired = list(self._run(lambda now: self._state.expire(now)).ids)
+        idle_ms = round(self.config.producer_expiry * 1000)
+        with self._lock:
+            self._check_running()
+            forgotten = self._state.expire_producers(self._clock.now_ms(), idle_ms)
+        if forgotten:
+            log.info("forgot %d idle transactional ids: %s", len(forgotten), forgotten[:10])
+        return expired
 
     def take_snapshot(self) -> None:
         """Write a snapshot and start a new log (the old one is deleted)."""

@@ -40,6 +40,9 @@ class ProducerTable:
     def __init__(self) -> None:
         self._by_tid: dict[str, ProducerInfo] = {}
         self.next_producer_id = 1
+        #: When each id last began or committed a transaction (ms; not logged: after a
+        #: restart every id's idle time starts again at the first sweep).
+        self.last_used: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._by_tid)
@@ -62,8 +65,23 @@ class ProducerTable:
         """Record ``info`` as current; returns the registration it replaces, if any."""
         previous = self._by_tid.get(info.transactional_id)
         self._by_tid[info.transactional_id] = info
+        self.last_used.pop(info.transactional_id, None)
         self.next_producer_id = max(self.next_producer_id, info.producer_id + 1)
         return previous
+
+    def expire(self, now_ms: int, idle_ms: int, busy: set[int]) -> list[str]:
+        """Forget the ids unused for ``idle_ms`` whose producer has no transaction open
+        (``busy``: producer ids with one): Kafka's ``transactional.id.expiration.ms``.
+        Registering such an id again starts it afresh (a new producer id, epoch 0)."""
+        idle = []
+        for tid, info in self._by_tid.items():
+            last = self.last_used.setdefault(tid, now_ms)
+            if now_ms - last >= idle_ms and info.producer_id not in busy:
+                idle.append(tid)
+        for tid in idle:
+            del self._by_tid[tid]
+            self.last_used.pop(tid, None)
+        return idle
 
     def check(self, transactional_id: str | None, epoch: int | None) -> ProducerInfo | None:
         """The caller's registration, or None for a call without a transactional id.

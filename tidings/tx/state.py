@@ -162,6 +162,8 @@ class TxStateMachine:
         epoch: int | None = None,
     ) -> Result:
         producer = self.producers.check(transactional_id, epoch)
+        if producer is not None:
+            self.producers.last_used[producer.transactional_id] = now_ms
         wp = self._next_pointer(now_ms)
         tx = Transaction(self.read_pointer, wp, self.invalid_ids(), tuple(self.in_progress))
         records: list[Record] = []
@@ -187,6 +189,8 @@ class TxStateMachine:
         epoch: int | None = None,
     ) -> Result:
         producer = self.producers.check(transactional_id, epoch)
+        if producer is not None:
+            self.producers.last_used[producer.transactional_id] = now_ms
         entry = self.in_progress.get(write_pointer)
         if entry is None:
             return Result(error=self.ended_error(write_pointer, "commit"))
@@ -234,6 +238,11 @@ class TxStateMachine:
         for record in records:
             self.apply(record)
         return Result(records, ids=tuple(expired))
+
+    def expire_producers(self, now_ms: int, idle_ms: int) -> list[str]:
+        """Forget transactional ids idle for ``idle_ms`` (see :meth:`ProducerTable.expire`)."""
+        busy = {tx.producer_id for tx in self.in_progress.values() if tx.producer_id}
+        return self.producers.expire(now_ms, idle_ms, busy)
 
     def prune(self, below: int | None = None, ids: Iterable[int] = ()) -> Result:
         removed: set[int] = set()
