@@ -180,3 +180,32 @@ def test_bad_id_lists_are_typed_errors() -> None:
         except TidingsError:
             continue
         raise AssertionError(f"{body!r} was accepted")
+
+
+Keyed = tuple[bytes, bytes | None, dict[str, bytes], int | None]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.none() | st.integers(-(2**63), 2**63 - 1),
+    st.lists(
+        st.tuples(
+            st.binary(max_size=100),
+            st.none() | st.binary(max_size=20),
+            st.dictionaries(st.text(max_size=8), st.binary(max_size=8), max_size=3),
+            st.none() | st.integers(1, 2**63 - 1),
+        ),
+        max_size=20,
+    ),
+)
+def test_keyed_publish_encoder_matches_fastavro(
+    write_pointer: int | None, records: list[Keyed]
+) -> None:
+    value = {
+        "transactionWritePointer": write_pointer,
+        "messages": [p for p, _, _, _ in records],
+        "extras": [{"key": k, "headers": h, "ttl": t} for _, k, h, t in records],
+    }
+    assert avro.write_publish_ext(write_pointer, records) == avro.write(
+        value, avro.PUBLISH_REQUEST_EXT
+    )

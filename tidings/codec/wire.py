@@ -166,12 +166,9 @@ def encode_publish_request(
         return avro.write_publish(write_pointer, [r.payload for r in full], extended=extended)
     if not extended:
         raise ValueError("plain avro/binary cannot carry keys, headers or ttl; use AVRO_EXT")
-    value = {
-        "transactionWritePointer": write_pointer,
-        "messages": [r.payload for r in full],
-        "extras": [{"key": r.key, "headers": dict(r.headers), "ttl": r.ttl} for r in full],
-    }
-    return avro.write(value, avro.PUBLISH_REQUEST_EXT)
+    return avro.write_publish_ext(
+        write_pointer, [(r.payload, r.key, r.headers, r.ttl) for r in full]
+    )
 
 
 # --- publish response = rollback request ---

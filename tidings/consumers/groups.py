@@ -112,6 +112,10 @@ _GroupId = tuple[int, int, str]  # topic id, topic generation, group
 _PAGES_KEPT = 8
 
 
+def _message_id(message: Message) -> MessageId:
+    return message.id
+
+
 def _hash(message: Message) -> int:
     return zlib.crc32(message.key if message.key is not None else message.id.to_bytes())
 
@@ -156,7 +160,7 @@ class _Page:
         """The index of the first message after ``position``."""
         if position is None or position == self.start:
             return 0
-        return bisect.bisect_right([m.id for m in self.messages], position)
+        return bisect.bisect_right(self.messages, position, key=_message_id)
 
 
 class _Pages:
