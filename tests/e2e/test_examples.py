@@ -46,3 +46,12 @@ def test_transactions(server: ServerProcess) -> None:
     # Never the rolled-back or the conflicting writer's messages.
     assert "alice: -5" not in committed and "loses" not in committed
     assert "alice: 100" in committed and "carol: 5" in committed
+
+
+def test_consumer_group(server: ServerProcess) -> None:
+    out = run_example("consumer_group.py", server)
+    workers = [line for line in out.splitlines() if line.startswith("worker ")]
+    assert len(workers) == 2
+    assert sum(int(line.split(": ")[1].split()[0]) for line in workers) == 20
+    assert "invoices: 20" in out
+    assert "lag 0" in out
