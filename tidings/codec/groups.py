@@ -34,6 +34,7 @@ __all__ = [
     "encode_group",
     "group_key",
     "group_name_of",
+    "key_hash",
     "partition_of",
     "groups_range",
     "partition_range",
@@ -165,9 +166,13 @@ def topic_range(topic_id: int) -> list[tuple[bytes, bytes]]:
     return [(p + id_part, p + id_part + b"\xff" * 5) for p in (GROUP_PREFIX, POSITION_PREFIX)]
 
 
+def key_hash(message: Message) -> int:
+    """``crc32`` of the message's key, or of its id when it has none (so keyless
+    messages spread evenly): its partition in a group of ``P`` is ``key_hash % P``."""
+    return zlib.crc32(message.key if message.key is not None else message.id.to_bytes())
+
+
 def partition_of(message: Message, partitions: int) -> int:
-    """The partition of ``message`` in a group of ``partitions``: ``crc32`` of its key,
-    or of its id when it has none (so keyless messages spread evenly). The server
-    filters polls by it and the client files the positions it commits under it."""
-    basis = message.key if message.key is not None else message.id.to_bytes()
-    return zlib.crc32(basis) % partitions
+    """The partition of ``message`` in a group of ``partitions``. The server filters
+    polls by it and the client files the positions it commits under it."""
+    return key_hash(message) % partitions

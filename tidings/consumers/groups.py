@@ -43,13 +43,13 @@ import contextlib
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from tidings.codec import groups as gkeys
-from tidings.codec.groups import GroupRecord, Member, partition_of
+from tidings.codec.groups import GroupRecord, Member, key_hash, partition_of
 from tidings.consumers.assignment import assign
+from tidings.consumers.pages import Page, Pages
 from tidings.errors import (
     BadRequest,
     Conflict,
@@ -108,89 +108,6 @@ class _Session:
 
 
 _GroupId = tuple[int, int, str]  # topic id, topic generation, group
-#: Full pages kept per topic for the members' scans.
-_PAGES_KEPT = 8
-
-
-def _message_id(message: Message) -> MessageId:
-    return message.id
-
-
-def _hash(message: Message) -> int:
-    return zlib.crc32(message.key if message.key is not None else message.id.to_bytes())
-
-
-@dataclass(slots=True)
-class _Page:
-    """Read-committed messages after ``start`` (exclusive; None: from the oldest), with
-    the hash their partition is taken from (``hash % P``)."""
-
-    start: MessageId | None
-    messages: list[Message]
-    hashes: list[int]
-    full: bool
-    #: Per partition count: the indices of each partition's messages.
-    indexes: dict[int, dict[int, list[int]]] = field(default_factory=dict)
-
-    @property
-    def last(self) -> MessageId | None:
-        return self.messages[-1].id if self.messages else self.start
-
-    def covers(self, position: MessageId | None) -> bool:
-        """True if the messages after ``position`` start inside this page."""
-        if position is None or self.start is None:
-            return position is None and self.start is None
-        last = self.last
-        return self.start <= position and last is not None and position < last
-
-    def id_at(self, index: int) -> MessageId:
-        return self.messages[index].id
-
-    def by_partition(self, partitions: int) -> dict[int, list[int]]:
-        """The indices of each partition's messages, in order, for ``partitions``."""
-        index = self.indexes.get(partitions)
-        if index is None:
-            index = {}
-            for i, h in enumerate(self.hashes):
-                index.setdefault(h % partitions, []).append(i)
-            self.indexes[partitions] = index
-        return index
-
-    def after(self, position: MessageId | None) -> int:
-        """The index of the first message after ``position``."""
-        if position is None or position == self.start:
-            return 0
-        return bisect.bisect_right(self.messages, position, key=_message_id)
-
-
-class _Pages:
-    """The pages a topic's group members scanned lately. Members of a group read the
-    same total order from similar places, so one fetch (and one decode) of a page serves
-    them all, and a member polling in small batches decodes each page once. What a
-    read-committed page holds between its first and last entry never changes: every
-    entry visible there and none that was still open, so a later snapshot sees the same
-    (an entry can only be rolled back while its transaction is open). A page that ended
-    early (the topic's end, or an open transaction) serves only positions inside it:
-    what came after its last entry is fetched fresh."""
-
-    def __init__(self) -> None:
-        self._pages: list[_Page] = []
-        self._lock = threading.Lock()
-        #: Held while a page is fetched: a member missing the same page waits for it.
-        self.fetching = threading.Lock()
-
-    def find(self, position: MessageId | None) -> _Page | None:
-        with self._lock:
-            for i, page in enumerate(self._pages):
-                if page.covers(position):
-                    self._pages.append(self._pages.pop(i))  # most recently used last
-                    return page
-        return None
-
-    def add(self, page: _Page) -> None:
-        with self._lock:
-            self._pages.append(page)
-            del self._pages[:-_PAGES_KEPT]
 
 
 class GroupCoordinator:
@@ -211,7 +128,7 @@ class GroupCoordinator:
         self._started = clock()
         self._lock = threading.RLock()
         self._sessions: dict[tuple[_GroupId, str], _Session] = {}
-        self._pages: dict[tuple[int, int], _Pages] = {}
+        self._pages: dict[tuple[int, int], Pages] = {}
 
     # --- membership ------------------------------------------------------------------
 
@@ -327,7 +244,7 @@ class GroupCoordinator:
         out: list[Message] = []
         examined = 0
         last: MessageId | None = None
-        pages = self._pages.setdefault(self._messaging.identity(namespace, topic), _Pages())
+        pages = self._pages.setdefault(self._messaging.identity(namespace, topic), Pages())
         while len(out) < limit and examined < _SCAN_BUDGET:
             page = pages.find(start)
             if page is None:
@@ -374,13 +291,13 @@ class GroupCoordinator:
 
     def _fetch_page(
         self, namespace: str, topic: str, start: MessageId | None, snapshot: Transaction
-    ) -> _Page:
+    ) -> Page:
         size = self._messaging.config.fetch_max_limit
         messages = self._messaging.fetch(
             namespace, topic, start=start, inclusive=start is None, limit=size,
             transaction=snapshot,
         )  # fmt: skip
-        return _Page(start, messages, [_hash(m) for m in messages], len(messages) == size)
+        return Page(start, messages, [key_hash(m) for m in messages], len(messages) == size)
 
     # --- positions -------------------------------------------------------------------
 

@@ -1,0 +1,96 @@
+"""The pages group members scan, fetched and decoded once for all of them.
+
+Members of a topic's groups read the same total order from similar places; a page of
+read-committed messages, with each message's partition hash and, per partition count,
+the indices of each partition's messages, serves every member that scans through it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from dataclasses import dataclass, field
+
+from tidings.structs import Message, MessageId
+
+__all__ = ["Page", "Pages"]
+
+#: Full pages kept per topic for the members' scans.
+_PAGES_KEPT = 8
+
+
+def _message_id(message: Message) -> MessageId:
+    return message.id
+
+
+@dataclass(slots=True)
+class Page:
+    """Read-committed messages after ``start`` (exclusive; None: from the oldest), with
+    the hash their partition is taken from (``hash % P``)."""
+
+    start: MessageId | None
+    messages: list[Message]
+    hashes: list[int]
+    full: bool
+    #: Per partition count: the indices of each partition's messages.
+    indexes: dict[int, dict[int, list[int]]] = field(default_factory=dict)
+
+    @property
+    def last(self) -> MessageId | None:
+        return self.messages[-1].id if self.messages else self.start
+
+    def covers(self, position: MessageId | None) -> bool:
+        """True if the messages after ``position`` start inside this page."""
+        if position is None or self.start is None:
+            return position is None and self.start is None
+        last = self.last
+        return self.start <= position and last is not None and position < last
+
+    def id_at(self, index: int) -> MessageId:
+        return self.messages[index].id
+
+    def by_partition(self, partitions: int) -> dict[int, list[int]]:
+        """The indices of each partition's messages, in order, for ``partitions``."""
+        index = self.indexes.get(partitions)
+        if index is None:
+            index = {}
+            for i, h in enumerate(self.hashes):
+                index.setdefault(h % partitions, []).append(i)
+            self.indexes[partitions] = index
+        return index
+
+    def after(self, position: MessageId | None) -> int:
+        """The index of the first message after ``position``."""
+        if position is None or position == self.start:
+            return 0
+        return bisect.bisect_right(self.messages, position, key=_message_id)
+
+
+class Pages:
+    """The pages a topic's group members scanned lately. Members of a group read the
+    same total order from similar places, so one fetch (and one decode) of a page serves
+    them all, and a member polling in small batches decodes each page once. What a
+    read-committed page holds between its first and last entry never changes: every
+    entry visible there and none that was still open, so a later snapshot sees the same
+    (an entry can only be rolled back while its transaction is open). A page that ended
+    early (the topic's end, or an open transaction) serves only positions inside it:
+    what came after its last entry is fetched fresh."""
+
+    def __init__(self) -> None:
+        self._pages: list[Page] = []
+        self._lock = threading.Lock()
+        #: Held while a page is fetched: a member missing the same page waits for it.
+        self.fetching = threading.Lock()
+
+    def find(self, position: MessageId | None) -> Page | None:
+        with self._lock:
+            for i, page in enumerate(self._pages):
+                if page.covers(position):
+                    self._pages.append(self._pages.pop(i))  # most recently used last
+                    return page
+        return None
+
+    def add(self, page: Page) -> None:
+        with self._lock:
+            self._pages.append(page)
+            del self._pages[:-_PAGES_KEPT]
