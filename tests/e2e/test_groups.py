@@ -233,3 +233,18 @@ def test_lag_in_topic_stats_and_metrics(server: ServerProcess, topic: str) -> No
     metrics = httpx.get(server.url + "/metrics").text
     line = f'tidings_group_lag{{group="lagging",namespace="default",topic="{topic}"}} 7.0'
     assert line in metrics
+
+
+def test_a_group_starting_at_latest_misses_no_open_transaction(
+    server: ServerProcess, topic: str
+) -> None:
+    with Client(server.url) as client:
+        fill(client, topic, 3, keys=1)
+        tx = client.begin()
+        client.publish(topic, [Record(b"open", b"k0")], write_pointer=tx.write_pointer)
+        member = client.consume(topic, "latest", group="late", follow=False, partitions=1)
+        assert member.poll() == []  # starts at the open transaction, which blocks
+        client.commit(tx)
+        client.publish(topic, [Record(b"after", b"k0")])
+        assert [m.payload for m in member.poll()] == [b"open", b"after"]
+        member.close()

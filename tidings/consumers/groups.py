@@ -571,13 +571,13 @@ class GroupCoordinator:
         if to == "earliest":
             return None
         if to == "latest":
-            return self._messaging.end_id(namespace, topic)
+            return self._latest(namespace, topic)
         if isinstance(to, MessageId):
             return to
         if isinstance(to, int) and not isinstance(to, bool) and to >= 0:
             first = self._messaging.fetch(namespace, topic, start=to, limit=1)
             if not first:
-                return self._messaging.end_id(namespace, topic)
+                return self._latest(namespace, topic)
             # Just before the first message at or after the time: everything earlier is
             # consumed, that message is next.
             return first[0].id.previous()
@@ -743,8 +743,18 @@ class GroupCoordinator:
 
     def _start_position(self, namespace: str, topic: str, record: GroupRecord) -> MessageId | None:
         if record.start == "latest":
-            return self._messaging.end_id(namespace, topic)
+            return self._latest(namespace, topic)
         return None
+
+    def _latest(self, namespace: str, topic: str) -> MessageId | None:
+        """The position of "latest": before the first message of the oldest transaction
+        still open (the last stable position), else after the newest message."""
+        snapshot = self._tx.snapshot()
+        assert snapshot is not None
+        end = self._messaging.end(namespace, topic, snapshot)
+        if end.last_stable_id is not None:
+            return end.last_stable_id.previous()
+        return end.newest_id
 
     def _assignment(self, record: GroupRecord, member_id: str) -> GroupAssignment:
         member = record.members[member_id]

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Iterable
 from tidings.client._async.session import AsyncSession
 from tidings.client._async.transactions import AsyncTransactionContext
 from tidings.codec.groups import partition_of
-from tidings.errors import MemberNotFound
+from tidings.errors import GroupNotFound, MemberNotFound
 from tidings.structs import GroupAssignment, Message, MessageId, Transaction
 
 __all__ = ["AsyncGroupConsumer"]
@@ -139,7 +139,7 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
             assignment = await self._client._send(
                 self._client._api.group_heartbeat(self.topic, self.group, member_id)
             )
-        except MemberNotFound:
+        except (MemberNotFound, GroupNotFound):  # dropped, or the group was deleted
             self._lost()
             return await self._join()
         self._adopt(assignment)
@@ -176,7 +176,7 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
                     )
                 )
                 break
-            except MemberNotFound:
+            except (MemberNotFound, GroupNotFound):
                 if attempt == 2:
                     raise
                 self._lost()

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from tidings.client._sync.session import Session
 from tidings.client._sync.transactions import TransactionContext
 from tidings.codec.groups import partition_of
-from tidings.errors import MemberNotFound
+from tidings.errors import GroupNotFound, MemberNotFound
 from tidings.structs import GroupAssignment, Message, MessageId, Transaction
 
 __all__ = ["GroupConsumer"]
@@ -141,7 +141,7 @@ class GroupConsumer(Iterator[Message]):
             assignment = self._client._send(
                 self._client._api.group_heartbeat(self.topic, self.group, member_id)
             )
-        except MemberNotFound:
+        except (MemberNotFound, GroupNotFound):  # dropped, or the group was deleted
             self._lost()
             return self._join()
         self._adopt(assignment)
@@ -178,7 +178,7 @@ class GroupConsumer(Iterator[Message]):
                     )
                 )
                 break
-            except MemberNotFound:
+            except (MemberNotFound, GroupNotFound):
                 if attempt == 2:
                     raise
                 self._lost()
