@@ -286,7 +286,7 @@ class AsyncClient(BaseClient):
         max_batch_bytes: int = 1 << 20,
         buffer_messages: int = 10_000,
         buffer_bytes: int = 32 << 20,
-        linger: float = 0.005,
+        linger: float = 0.0,
         retry: RetryPolicy | None = None,
         on_error: ErrorCallback | None = None,
     ) -> AsyncPublisher:

@@ -9,7 +9,8 @@ batches from the buffer, one topic at a time, and publishes each with one reques
 
 - **Batching**: a batch is up to ``max_batch_messages`` / ``max_batch_bytes`` of one
   topic's messages, sent when full, when its oldest message has waited ``linger``
-  seconds, or on :meth:`flush` / :meth:`close`.
+  seconds, or on :meth:`flush` / :meth:`close`. With ``linger=0`` (the default) a batch
+  goes as soon as the sender is free, with what was sent meanwhile: adaptive batching.
 - **Bounded buffer**: at most ``buffer_messages`` / ``buffer_bytes`` wait unsent;
   ``send`` blocks while it is full (up to its ``timeout``, then
   :class:`~tidings.errors.RequestTimeout`).
@@ -69,7 +70,7 @@ class Publisher:
         max_batch_bytes: int = 1 << 20,
         buffer_messages: int = 10_000,
         buffer_bytes: int = 32 << 20,
-        linger: float = 0.005,
+        linger: float = 0.0,
         retry: RetryPolicy | None = None,
         on_error: ErrorCallback | None = None,
     ) -> None:
