@@ -23,7 +23,7 @@ import orjson
 
 from tidings.errors import ConfigError, TidingsError
 from tidings.names import DEFAULT_URL
-from tidings.structs import MessageId
+from tidings.structs import MessageId, Record
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -81,7 +81,19 @@ class _Main(click.Group):
 @click.pass_context
 def main(ctx: click.Context, url: str, namespace: str) -> None:
     """Tidings: a transactional messaging system."""
-    ctx.obj = _Settings(url, namespace)
+    ctx.obj = _Settings(_with_scheme(url), namespace)
+
+
+def _with_scheme(url: str) -> str:
+    """``host:port`` means ``http://host:port``; anything else that is no http(s) URL
+    is a usage error (one line, exit 2)."""
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    scheme, _, rest = url.partition("://")
+    if scheme.lower() not in ("http", "https") or not rest.strip("/"):
+        raise click.BadParameter(f"not a server URL: {url!r}", param_hint="--url")
+    return url
 
 
 def _setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -234,11 +246,14 @@ def topics_create(ctx: click.Context, topic: str, ttl: int | None, props: tuple[
 
 
 @topics.command("list")
+@click.option("--all", "show_all", is_flag=True, help="Also Tidings' own topics.")
 @click.pass_context
-def topics_list(ctx: click.Context) -> None:
-    """List the namespace's topics, one per line."""
+def topics_list(ctx: click.Context, show_all: bool) -> None:
+    """List the namespace's topics, one per line (the Spark sinks' control topics,
+    ``__tidings_*``, only with --all)."""
     for name in _client(ctx).list_topics():
-        click.echo(name)
+        if show_all or not name.startswith(INTERNAL_PREFIX):
+            click.echo(name)
 
 
 @topics.command("describe")
@@ -295,15 +310,35 @@ def _stdin_lines(stream: IO[bytes]) -> Iterator[bytes]:
         yield line[:-1] if line.endswith(b"\n") else line
 
 
-def _batches(items: Iterable[_T], size: int) -> Iterator[list[_T]]:
+#: Bytes of payload per publish request, well below the server's default body limit.
+BATCH_BYTES = 4 << 20
+#: Topics of Tidings' own (the Spark sinks' control topics): hidden by `topics list`.
+INTERNAL_PREFIX = "__tidings_"
+
+
+def _batches(
+    items: Iterable[_T], size: int, weight: Callable[[_T], int] = lambda _: 0
+) -> Iterator[list[_T]]:
+    """``items`` in lists of at most ``size``, and of at most :data:`BATCH_BYTES` by
+    ``weight`` (an item heavier than that goes alone)."""
     batch: list[_T] = []
+    total = 0
     for item in items:
+        w = weight(item)
+        if batch and total + w > BATCH_BYTES:
+            yield batch
+            batch, total = [], 0
         batch.append(item)
+        total += w
         if len(batch) >= size:
             yield batch
-            batch = []
+            batch, total = [], 0
     if batch:
         yield batch
+
+
+def _record_bytes(record: Record) -> int:
+    return len(record.payload) + len(record.key or b"")
 
 
 @main.command()
@@ -316,7 +351,7 @@ def _batches(items: Iterable[_T], size: int) -> Iterator[list[_T]]:
 )
 @click.option(
     "--batch-size", type=click.IntRange(min=1), default=500, show_default=True,
-    help="Messages per request.",
+    help="Messages per request (and at most 4 MiB of them).",
 )  # fmt: skip
 @click.pass_context
 def publish(
@@ -332,8 +367,6 @@ def publish(
 
     Returns once every message is durable; with --tx, once the transaction committed.
     """
-    from tidings.structs import Record
-
     header_map = {k: v.encode() for k, v in _pairs(headers, "--header").items()}
     raw_key = None if key is None else key.encode()
     payloads: Iterable[bytes] = (
@@ -346,14 +379,14 @@ def publish(
         task = progress.task_ids[0]
         if tx:
             with client.transaction() as transaction:
-                for batch in _batches(records, batch_size):
+                for batch in _batches(records, batch_size, _record_bytes):
                     transaction.publish(topic, batch)
                     count += len(batch)
                     progress.advance(task, len(batch))
             click.echo(f"published {count} message(s) to {topic} in transaction "
                        f"{transaction.write_pointer}")  # fmt: skip
             return
-        for batch in _batches(records, batch_size):
+        for batch in _batches(records, batch_size, _record_bytes):
             client.publish(topic, batch)
             count += len(batch)
             progress.advance(task, len(batch))
@@ -463,7 +496,9 @@ def stats(ctx: click.Context, topic: str, as_json: bool) -> None:
         ("fetch rate /s", s.fetch_rate),
     ]
     if as_json:
-        _emit_json({"namespace": s.namespace, "topic": s.topic, **dict(rows)})
+        from tidings.codec.admin import stats_json
+
+        _emit_json(stats_json(s))  # the REST API's own spelling (camelCase)
         return
     from rich.table import Table
 

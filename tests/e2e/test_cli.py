@@ -112,7 +112,7 @@ def test_stats(run: Run, topic: str) -> None:
     run("topics", "create", topic)
     run("publish", topic, "abc", "de")
     stats = json.loads(run("stats", topic, "--json").stdout)
-    assert stats["messages"] == 2 and stats["bytes"] == 5
+    assert stats["messageCount"] == 2 and stats["bytes"] == 5
     assert "messages published" in run("stats", topic).stdout
 
 
@@ -161,3 +161,33 @@ def test_groups(run: Run, server: ServerProcess, topic: str) -> None:
     assert missing.exit_code == 1 and "GroupNotFound" in missing.output
     run("groups", "delete", topic, "cli")
     assert run("groups", "list", topic).output.split() == []
+
+
+def test_new_user_frictions(server: ServerProcess, topic: str) -> None:
+    runner = CliRunner()
+    # --url without a scheme means http://
+    bare = server.url.removeprefix("http://")
+    ok = runner.invoke(main, ["--url", bare, "topics", "create", topic])
+    assert ok.exit_code == 0, ok.output
+    # A URL that is none: one line, exit 2, no traceback.
+    bad = runner.invoke(main, ["--url", "ftp://x", "topics", "list"])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
+    assert "not a server URL" in bad.output
+    # Tidings' own topics are hidden unless --all.
+    with Client(server.url) as client:
+        internal = "__tidings_sink_" + topic[-8:]
+        client.create_topic(internal)
+    env = {"TIDINGS_URL": server.url}
+    shown = runner.invoke(main, ["topics", "list"], env=env).output.split()
+    assert topic in shown and internal not in shown
+    assert internal in runner.invoke(main, ["topics", "list", "--all"], env=env).output.split()
+    # Large lines are batched by bytes too: no request over the body limit.
+    big = ("x" * 1_000_000 + "\n") * 9
+    published = runner.invoke(main, ["publish", topic], input=big, env=env)
+    assert published.exit_code == 0, published.output
+    assert "published 9 message(s)" in published.output
+
+
+def test_serve_says_where_it_listens(start_server: Callable[..., ServerProcess]) -> None:
+    srv = start_server()
+    assert f"listening on http://127.0.0.1:{srv.port}\n" in srv.log()

@@ -37,7 +37,11 @@ def payloads(api: httpx.Client, path: str) -> list[bytes]:
 
 
 def log_lines(srv: ServerProcess) -> list[dict[str, object]]:
-    return [orjson.loads(line) for line in srv.log().splitlines() if line.strip()]
+    """The JSON log lines (stderr); the test server's log file also holds stdout, where
+    the one human line ("listening on ...") goes."""
+    lines = [line for line in srv.log().splitlines() if line.strip()]
+    assert all(line.startswith("{") or line.startswith("listening on ") for line in lines)
+    return [orjson.loads(line) for line in lines if line.startswith("{")]
 
 
 def test_operations_endpoints(server: ServerProcess) -> None:

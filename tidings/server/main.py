@@ -83,6 +83,11 @@ class _Server(uvicorn.Server):
                 "started",
                 extra={"event": "start", "port": ports[0] if ports else None, **self._extra},
             )
+            if ports:
+                # For people: one line on stdout (the JSON logs, for machines, go to stderr).
+                host = self.config.host
+                shown = f"[{host}]" if ":" in host else host
+                print(f"listening on http://{shown}:{ports[0]}", flush=True)
 
 
 def run(config: ServerConfig) -> int:
