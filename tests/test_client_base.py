@@ -98,3 +98,14 @@ def test_retry_policy() -> None:
     assert jittery.backoff(1, rand=lambda: 1.0) == 1.5
     with pytest.raises(ValueError):
         RetryPolicy(attempts=0)
+
+
+def test_a_start_before_now() -> None:
+    import time as _time
+
+    from tidings.client.base import resolve_start
+
+    before = int(_time.time() * 1000)
+    got = resolve_start("-10m")
+    assert isinstance(got, int) and before - 600_000 - 1000 <= got <= before - 600_000 + 1000
+    assert resolve_start("earliest") is None and resolve_start("latest") == "latest"

@@ -418,7 +418,8 @@ def _message_json(message: Message) -> bytes:
 @click.argument("topic")
 @click.option(
     "--from", "start", default="beginning", show_default=True, metavar="WHERE",
-    help="beginning, end, a message id (40 hex), a time in ms, or an ISO-8601 time.",
+    help="beginning/earliest, end/latest, a message id (40 hex), a time in ms, an "
+    "ISO-8601 time, or a time before now such as -10m (s, m, h, d).",
 )  # fmt: skip
 @click.option("--follow", "-f", is_flag=True, help="Keep waiting for new messages.")
 @click.option(

@@ -304,3 +304,14 @@ def test_kill_9_loses_no_acknowledged_message(start_server: Callable[..., Server
             assert len(theirs) - len(mine) <= 50
     finally:
         again.stop()
+
+
+def test_metrics_forget_deleted_topics(server: ServerProcess) -> None:
+    with httpx.Client(base_url=server.url, timeout=10) as api:
+        api.put("/v1/namespaces/default/topics/gone-soon").raise_for_status()
+        api.post(
+            "/v1/namespaces/default/topics/gone-soon/publish", json={"messages": ["eA=="]}
+        ).raise_for_status()
+        assert 'topic="gone-soon"' in api.get("/metrics").text
+        api.delete("/v1/namespaces/default/topics/gone-soon").raise_for_status()
+        assert 'topic="gone-soon"' not in api.get("/metrics").text

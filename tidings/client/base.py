@@ -10,6 +10,7 @@ only send calls, wait between retries and sleep, so the two cannot drift (httpx'
 from __future__ import annotations
 
 import random
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -91,10 +92,17 @@ def as_record(message: Outgoing) -> Record:
     return message if isinstance(message, Record) else Record(message)
 
 
+_AGO = re.compile(r"-(\d{1,9})(s|m|h|d)")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
 def resolve_start(start: StartPosition) -> MessageId | int | Literal["latest"] | None:
     """Normalise a start position: a message id, a timestamp in ms, "latest" or None.
 
     None means the oldest live message. A naive ``datetime`` is taken as local time.
+    Strings: ``earliest``/``beginning``, ``latest``/``end``, a 40-hex message id, ms
+    since the epoch, an ISO-8601 time, or a time before now such as ``-10m`` (``s``,
+    ``m``, ``h``, ``d``).
     """
     if start is None or isinstance(start, MessageId):
         return start
@@ -117,6 +125,10 @@ def resolve_start(start: StartPosition) -> MessageId | int | Literal["latest"] |
             return MessageId.from_hex(text)
         if text.isdigit():
             return int(text)
+        ago = _AGO.fullmatch(lowered)
+        if ago is not None:  # "-10m": that long before now
+            seconds = int(ago.group(1)) * _UNIT_SECONDS[ago.group(2)]
+            return max(0, int((time.time() - seconds) * 1000))
         try:
             return int(datetime.fromisoformat(text).timestamp() * 1000)
         except ValueError:

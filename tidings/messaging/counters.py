@@ -142,6 +142,11 @@ class Counters:
             t.messages_fetched += messages
             t.fetch_rate.add(1, now)
 
+    def forget(self, topic: tuple[str, str]) -> None:
+        """Drop a deleted topic's counters (its metric series go with them)."""
+        with self._lock:
+            self._topics.pop(topic, None)
+
     def snapshot(self) -> Mapping[tuple[str, str], TopicCounters]:
         """Immutable copies of every topic's counters."""
         with self._lock:

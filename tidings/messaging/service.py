@@ -203,6 +203,7 @@ class MessagingService:
     def delete_topic(self, namespace: str, topic: str) -> None:
         """Delete a topic: its messages become invisible at once; the cleaner drops them."""
         self._topics.delete(namespace, topic)
+        self._counters.forget((namespace, topic))
 
     # --- publishing ----------------------------------------------------------------
 
