@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 
 import pytest
@@ -213,3 +214,29 @@ def test_latest_read_committed_starts_at_the_last_stable_position(
         latest.close()
         after = client.end(topic)
         assert after.last_stable_id is None and after.newest_id == end.newest_id
+
+
+def test_a_follower_outlives_a_server_restart(
+    start_server: Callable[..., ServerProcess], topic: str
+) -> None:
+    srv = start_server()
+    got: list[bytes] = []
+    with Client(srv.url, timeout=2.0) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"before"])
+        follower = client.consume(topic, wait=0.5)
+        got.append(next(follower).payload)
+        srv.kill()
+
+        def restart() -> None:
+            time.sleep(1.0)
+            srv.start()
+            with Client(srv.url) as other:
+                other.publish(topic, [b"after"])
+
+        thread = threading.Thread(target=restart)
+        thread.start()
+        got.append(next(follower).payload)  # waits out the outage, resumes after "before"
+        thread.join()
+        follower.close()
+    assert got == [b"before", b"after"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import AsyncIterator
 
-from tidings.client._async.concurrency import AsyncPending, AsyncWorker, yield_turns
+from tidings.client._async.concurrency import AsyncPending, AsyncWorker, sleep, yield_turns
 from tidings.client._async.session import AsyncSession
 from tidings.client.api import PollPage
 from tidings.client.base import StartPosition
@@ -20,7 +20,7 @@ from tidings.client.cursor import (
     ConsumerCursor,
     PollKey,
 )
-from tidings.errors import ServiceUnavailable
+from tidings.errors import ServiceUnavailable, TidingsError
 from tidings.structs import Message, MessageId
 
 __all__ = ["AsyncConsumer"]
@@ -124,19 +124,31 @@ class AsyncConsumer(AsyncIterator[Message]):
         if cursor.latest_pending:
             cursor.resolve_latest(await self._client.end(self.topic))
         page = await self._taken_ahead()
+        outage = 0
         while page is None:
-            if cursor.needs_snapshot:
-                cursor.snapshot = await self._client.snapshot()
             try:
+                if cursor.needs_snapshot:
+                    cursor.snapshot = await self._client.snapshot()
                 page = await self._send_page(cursor.key(), cursor.poll_wait())
             except ServiceUnavailable as exc:
-                cursor.fall_back(exc)
+                cursor.fall_back(exc)  # an answer, not an outage: no waiting it out
+            except TidingsError as exc:
+                outage = await self._wait_out(exc, outage)
         key = cursor.ahead_of(page)
         if key is not None:
             await self._send_ahead(key)  # before decoding: the server works meanwhile
         messages = page.messages()
         cursor.advance(messages)
         return messages
+
+    async def _wait_out(self, error: TidingsError, outage: int) -> int:
+        """A follower outlives a server restart: on a retriable error it waits (0.1 s,
+        doubling to 5 s) and polls again from its position; anything else is raised."""
+        if not (self._cursor.follow and error.retriable):
+            raise error
+        self._cursor.snapshot = None  # a fresh one after the outage
+        await sleep(min(5.0, 0.1 * 2**outage))
+        return outage + 1
 
     def __aiter__(self) -> AsyncConsumer:
         return self
