@@ -315,3 +315,19 @@ def test_metrics_forget_deleted_topics(server: ServerProcess) -> None:
         assert 'topic="gone-soon"' in api.get("/metrics").text
         api.delete("/v1/namespaces/default/topics/gone-soon").raise_for_status()
         assert 'topic="gone-soon"' not in api.get("/metrics").text
+
+
+def test_a_data_directory_in_use_is_one_clear_line(
+    start_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    first = start_server(data_dir=tmp_path / "shared")
+    assert first.proc is not None
+    proc = subprocess.run(
+        [sys.executable, "-m", "tidings", "serve", "--port", "0",
+         "--data-dir", str(tmp_path / "shared")],
+        capture_output=True, timeout=30, env=os.environ.copy(),
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stdout.decode().strip().startswith("Error: ") and b"in use" in proc.stdout
+    lines = [orjson.loads(line) for line in proc.stderr.splitlines() if line.strip()]
+    assert lines and all("exception" not in line for line in lines)

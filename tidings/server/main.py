@@ -22,6 +22,7 @@ import uvicorn
 import uvloop
 
 import tidings
+from tidings.errors import TidingsError
 from tidings.server.app import create_app
 from tidings.server.config import ServerConfig
 from tidings.server.handlers import Api
@@ -102,6 +103,12 @@ def run(config: ServerConfig) -> int:
     }
     try:
         services = Services.open(config)
+    except TidingsError as exc:
+        # Expected (a data directory in use, say): one line for people on stdout (as
+        # "listening on" is), the JSON line on stderr, and no traceback in either.
+        log.error(f"cannot open the services: {exc.message}", extra={"event": "error", **about})
+        print(f"Error: {type(exc).__name__}: {exc.message}", flush=True)
+        return 1
     except Exception as exc:
         log.error(
             f"cannot open the services: {exc}", exc_info=exc, extra={"event": "error", **about}
