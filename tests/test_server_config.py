@@ -278,3 +278,17 @@ def test_kind_comes_from_the_annotation_unless_named() -> None:
         _row(wrong, str)
     with pytest.raises(TypeError, match="unknown"):
         _row(unknown, complex)
+
+
+def test_the_example_file_reads_back_as_the_defaults(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tidings.cli import main
+
+    printed = CliRunner().invoke(main, ["config", "example"])
+    assert printed.exit_code == 0
+    path = tmp_path / "example.toml"
+    path.write_text(printed.output)
+    assert load_config({}, config_file=path, env={}) == ServerConfig()
+    for setting in SETTINGS:  # every setting is in it, with its variable named
+        assert f"\n{setting.key} = " in printed.output and setting.env in printed.output

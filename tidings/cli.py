@@ -147,6 +147,19 @@ def serve(config_file: Path | None, **flags: Any) -> None:
     raise SystemExit(run(config))
 
 
+@main.group("config")
+def config_group() -> None:
+    """The server's configuration file."""
+
+
+@config_group.command("example")
+def config_example() -> None:
+    """Print a reference TOML file: every setting at its default, with what it does."""
+    from tidings.server.config import example_toml
+
+    click.echo(example_toml(), nl=False)
+
+
 # --- helpers ------------------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "ServerConfig",
     "Setting",
     "load_config",
+    "example_toml",
     "settings_table",
 ]
 
@@ -320,6 +321,26 @@ def settings_table() -> str:
         flag = f"`{s.flag}`" if s.flag else "\u2013"  # an en dash: no flag
         lines.append(f"| `{s.key}` | {flag} | `{s.env}` | `{s.shown}` | {s.what} |")
     return "\n".join(lines) + "\n"
+
+
+def example_toml() -> str:
+    """A reference TOML file: every setting at its default, with what it does (what
+    ``tidings config example`` prints; ``--config`` reads it back unchanged)."""
+    lines = ["# tidings serve --config FILE: every setting at its default.", ""]
+    for s in SETTINGS:
+        lines.append(f"# {s.what.replace('`', '')} [{s.env}]")
+        value = s.default
+        if s.kind in ("bytes",):
+            rendered = f'"{s.shown}"'
+        elif isinstance(value, bool):
+            rendered = "true" if value else "false"
+        elif isinstance(value, int | float):
+            rendered = repr(value)
+        else:
+            rendered = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+        lines.append(f"{s.key} = {rendered}")
+        lines.append("")
+    return "\n".join(lines)
 
 
 _LEVELS = ("debug", "info", "warning", "error", "critical")
