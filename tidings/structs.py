@@ -171,7 +171,7 @@ class TopicMetadata:
 class RollbackInfo:
     """What a transactional publish wrote, enough to roll exactly those entries back.
 
-    Mirrors seed 000's PublishResponse: the entries are the Message Table rows from
+    Mirrors CDAP TMS's PublishResponse: the entries are the Message Table rows from
     ``(start_ts, start_seq)`` to ``(end_ts, end_seq)`` inclusive, all carrying
     ``write_pointer``.
     """

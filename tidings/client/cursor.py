@@ -3,7 +3,7 @@
 Consumers (:class:`~tidings.Consumer`, :class:`~tidings.AsyncConsumer`) iterate over a
 topic with long-polls that resume after the last id seen; every decision is here.
 
-Read-committed (the default) follows seed 000's transactional consumption: each poll
+Read-committed (the default) follows CDAP TMS's transactional consumption: each poll
 carries a transaction snapshot, the server returns only entries visible in it and stops
 at the first entry of a transaction still in progress, so committed messages come in
 one order, and never one of an aborted or unfinished transaction. The snapshot is a

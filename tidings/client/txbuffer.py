@@ -1,4 +1,4 @@
-"""What a transactional publisher holds and decides without I/O (seed 000
+"""What a transactional publisher holds and decides without I/O (CDAP TMS
 "Transactional publishing"); the publishers themselves are in
 :mod:`tidings.client._async.txpublisher` and its generated sync twin.
 """

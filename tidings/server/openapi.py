@@ -223,7 +223,7 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
         },
         "PublishRequest": {
             "type": "object",
-            "description": "seed 000 PublishRequest; extras is a Tidings addition",
+            "description": "CDAP TMS PublishRequest; extras is a Tidings addition",
             "required": ["messages"],
             "properties": {
                 "transactionWritePointer": _nullable(_INT64),
@@ -264,7 +264,7 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
         },
         "PublishResponse": {
             "type": "object",
-            "description": "seed 000 PublishResponse: the rollback information",
+            "description": "CDAP TMS PublishResponse: the rollback information",
             "required": [
                 "transactionWritePointer",
                 "startTimestamp",
@@ -287,7 +287,7 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
         },
         "ConsumeRequest": {
             "type": "object",
-            "description": "seed 000 ConsumeRequest; startFrom is a base64 message id "
+            "description": "CDAP TMS ConsumeRequest; startFrom is a base64 message id "
             "or a timestamp in ms",
             "properties": {
                 "startFrom": {
@@ -659,7 +659,7 @@ def _messaging_paths() -> dict[str, Any]:
                 {
                     "200": {
                         "description": "durable. Non-transactional: an empty body "
-                        "(application/octet-stream, seed 000); transactional: the "
+                        "(application/octet-stream, as CDAP TMS); transactional: the "
                         "rollback information (PublishResponse) in the request's medium",
                         "content": {
                             **_content(_ref("PublishResponse"), "PublishResponse", None),
@@ -1086,7 +1086,7 @@ def openapi_document(version: str, *, max_timeout: float = 3600.0) -> dict[str, 
         "info": {
             "title": "Tidings",
             "version": version,
-            "description": "Transactional messaging: seed 000's REST API plus Tidings' "
+            "description": "Transactional messaging: the CDAP TMS REST API plus Tidings' "
             'additions (docs/api.md). Errors are {"error", "type"} with the status '
             "of the error class.",
         },

@@ -181,7 +181,7 @@ class AsyncClient(BaseClient):
     async def update_topic(
         self, topic: str, *, ttl: int | None = None, properties: Mapping[str, Any] | None = None
     ) -> TopicMetadata:
-        """Replace all of a topic's properties (seed 000); unset ones return to defaults."""
+        """Replace all of a topic's properties; unset ones return to defaults."""
         return await self._send(self._api.update_topic(topic, ttl, properties))
 
     async def get_topic(self, topic: str) -> TopicMetadata:

@@ -1,6 +1,6 @@
 """The batching publisher: a bounded buffer drained by a background batching sender.
 
-Seed 000 requirements 4.3.3 and 6: publishing can be asynchronous, with retries, and a
+After CDAP TMS: publishing can be asynchronous, with retries, and a
 message whose sending keeps failing is dropped. Each ``send`` returns a future at once;
 a sender (a thread for the sync publisher, a task for the async one) takes
 batches from the buffer, one topic at a time, and publishes each with one request.

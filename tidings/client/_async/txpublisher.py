@@ -1,4 +1,4 @@
-"""The messaging system as a transaction participant (seed 000 "Transactional publishing").
+"""The messaging system as a transaction participant (CDAP TMS transactional publishing).
 
 :class:`TransactionalPublisher` buffers a transaction's messages client-side and
 publishes them at commit (the direct path: consumers are blocked only between that

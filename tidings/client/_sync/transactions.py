@@ -1,13 +1,13 @@
 # Generated from tidings/client/_async/transactions.py by scripts/unasync.py; do not edit.
 
 """Client transactions: the participant protocol, and the context that runs the messaging
-publisher with the caller's own participants in one transaction (seed 000 req. 7).
+publisher with the caller's own participants in one transaction (as CDAP TMS allows).
 
 :class:`TransactionContext` follows Apache Tephra's ``TransactionContext``:
 
 1. **start**: begin a transaction, then ``start(tx)`` every participant;
 2. **finish**: collect every participant's ``changes()``; **persist**: ``commit()``
-   each participant in order, the messaging publisher **last** (seed 000: the publish
+   each participant in order, the messaging publisher **last** (as CDAP TMS advises: the publish
    that makes entries appear should be the last write, so transactional consumers are
    blocked for the shortest time); then **commit** the transaction with the change
    keys; then ``post_commit()`` each participant.
@@ -118,7 +118,7 @@ class TransactionContext(ContextState):
         self.publisher = publisher or TransactionalPublisher(
             client, payload_threshold=payload_threshold
         )
-        # The messaging publisher persists last (seed 000, "Implementation considerations").
+        # The messaging publisher persists last: consumers wait behind it the least time.
         super().__init__((*participants, self.publisher), timeout, producer, defer_begin)
         self._all: tuple[TransactionAware, ...] = (*participants, self.publisher)
         self._client = client

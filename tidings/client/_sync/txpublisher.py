@@ -1,6 +1,6 @@
 # Generated from tidings/client/_async/txpublisher.py by scripts/unasync.py; do not edit.
 
-"""The messaging system as a transaction participant (seed 000 "Transactional publishing").
+"""The messaging system as a transaction participant (CDAP TMS transactional publishing).
 
 :class:`TransactionalPublisher` buffers a transaction's messages client-side and
 publishes them at commit (the direct path: consumers are blocked only between that
