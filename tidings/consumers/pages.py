@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+import time
 from dataclasses import dataclass, field
 
 from tidings.structs import Message, MessageId
@@ -17,6 +18,9 @@ __all__ = ["Page", "Pages"]
 
 #: Full pages kept per topic for the members' scans.
 _PAGES_KEPT = 8
+#: Seconds a page serves: it may hold messages whose TTL passes meanwhile, which a fresh
+#: fetch would skip, so it is not kept much longer than members take to pass through.
+PAGE_LIFETIME = 10.0
 
 
 def _message_id(message: Message) -> MessageId:
@@ -34,6 +38,8 @@ class Page:
     full: bool
     #: Per partition count: the indices of each partition's messages.
     indexes: dict[int, dict[int, list[int]]] = field(default_factory=dict)
+    #: When it was fetched (monotonic seconds).
+    fetched: float = field(default_factory=time.monotonic)
 
     @property
     def last(self) -> MessageId | None:
@@ -83,7 +89,9 @@ class Pages:
         self.fetching = threading.Lock()
 
     def find(self, position: MessageId | None) -> Page | None:
+        oldest = time.monotonic() - PAGE_LIFETIME
         with self._lock:
+            self._pages = [p for p in self._pages if p.fetched >= oldest]
             for i, page in enumerate(self._pages):
                 if page.covers(position):
                     self._pages.append(self._pages.pop(i))  # most recently used last
