@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from tidings.codec.json_bodies import b64decode, b64encode, whole
+from tidings.codec.json_bodies import b64decode, b64encode, integer, whole
 from tidings.errors import BadRequest, ServerError
 from tidings.names import INT64_MAX, INT64_MIN
 from tidings.structs import (
@@ -82,12 +82,7 @@ __all__ = [
 
 
 def _opt_int(obj: Mapping[str, Any], field: str, lo: int = INT64_MIN) -> int | None:
-    value = whole(obj.get(field))
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= INT64_MAX:
-        raise BadRequest(f"{field} must be an integer in [{lo}, {INT64_MAX}]")
-    return value
+    return integer(obj.get(field), field, lo, INT64_MAX, optional=True)
 
 
 def _opt_str(obj: Mapping[str, Any], field: str) -> str | None:

@@ -218,7 +218,9 @@ class GroupCoordinator:
             assignment = self._assignment(record, member_id)
         if not owned:
             return [], assignment
-        out, scanned = self._scan(namespace, topic, record.partitions, cursors, limit, snapshot)
+        out, scanned = self._scan(
+            namespace, topic, gid[:2], record.partitions, cursors, limit, snapshot
+        )
         with self._lock:
             # Only where nothing moved meanwhile (a rebalance resets cursors).
             now_session = self._sessions.get((gid, member_id))
@@ -234,6 +236,7 @@ class GroupCoordinator:
         self,
         namespace: str,
         topic: str,
+        topic_key: tuple[int, int],
         partitions: int,
         cursors: Mapping[int, MessageId | None],
         limit: int,
@@ -244,7 +247,7 @@ class GroupCoordinator:
         out: list[Message] = []
         examined = 0
         last: MessageId | None = None
-        pages = self._pages.setdefault(self._messaging.identity(namespace, topic), Pages())
+        pages = self._pages.setdefault(topic_key, Pages())
         while len(out) < limit and examined < _SCAN_BUDGET:
             page = pages.find(start)
             if page is None:
@@ -460,7 +463,7 @@ class GroupCoordinator:
                 GroupPartition(p, record.owner(p), positions.get(p), lags.get(p, 0), exact)
                 for p in range(record.partitions)
             ),
-            end=self._messaging.end_id(namespace, topic),
+            end=self._messaging.end(namespace, topic, snapshot).newest_id,
         )
 
     def _lags(
@@ -501,12 +504,19 @@ class GroupCoordinator:
             start = page[-1].id
         return lags, False
 
-    def lags(self, budget: int = _METRICS_LAG_BUDGET) -> list[tuple[str, str, str, int, bool]]:
-        """``(namespace, topic, group, lag, exact)`` of every group of every live topic,
-        for ``/metrics``: each lag counted by a scan of at most ``budget`` entries (a
-        lower bound past it)."""
-        names = self._messaging.topic_names()
-        start, stop = gkeys.GROUP_PREFIX, gkeys.GROUP_PREFIX[:-1] + b"0"
+    def lags(
+        self, budget: int = _METRICS_LAG_BUDGET, only: tuple[str, str] | None = None
+    ) -> list[tuple[str, str, str, int, bool]]:
+        """``(namespace, topic, group, lag, exact)`` of every group of every live topic
+        (or of the ``only`` one), for ``/metrics`` and stats: each lag counted by a scan of
+        at most ``budget`` entries (a lower bound past it)."""
+        if only is None:
+            names = self._messaging.topic_names()
+            start, stop = gkeys.GROUP_PREFIX, gkeys.GROUP_PREFIX[:-1] + b"0"
+        else:
+            topic_id, generation = self._messaging.identity(*only)
+            names = {topic_id: only}
+            start, stop = gkeys.groups_range(topic_id, generation)
         with self._store.read() as view:
             found = [(k, gkeys.decode_group(v)) for k, v in view.scan(_META, start, stop)]
         snapshot = self._tx.snapshot()
@@ -530,11 +540,8 @@ class GroupCoordinator:
 
     def topic_lags(self, namespace: str, topic: str) -> dict[str, int]:
         """Each group of the topic with its total lag (for topic stats)."""
-        return {
-            group: lag
-            for ns, name, group, lag, _ in self.lags(_METRICS_LAG_BUDGET)
-            if (ns, name) == (namespace, topic)
-        }
+        only = (namespace, topic)
+        return {group: lag for _, _, group, lag, _ in self.lags(_METRICS_LAG_BUDGET, only)}
 
     def list(self, namespace: str, topic: str) -> list[str]:
         """The names of the topic's groups, sorted."""

@@ -161,6 +161,7 @@ class Cleaner:
         # An idempotent producer idle past the expiry is forgotten: its next publish
         # (if any) starts a sequence afresh. Also drops deleted topics' producers.
         cutoff = now - self._producer_expiry_ms
+        live = {(topic_id, state.generation) for topic_id, state in self._topics.live_states()}
         start = keys.PRODUCER_PREFIX
         stop = start[:-1] + bytes((start[-1] + 1,))
         with self._store.read() as view:
@@ -169,7 +170,7 @@ class Cleaner:
                 topic_id = int.from_bytes(key[len(start) : len(start) + 4], "big")
                 generation = int.from_bytes(key[len(start) + 4 : len(start) + 8], "big")
                 last_ms = int.from_bytes(value[8:16], "big", signed=True)
-                if last_ms < cutoff or not self._topics.is_live(topic_id, generation):
+                if last_ms < cutoff or (topic_id, generation) not in live:
                     idle.append(key)
         self._delete_keys(idle)
 

@@ -146,7 +146,8 @@ class MessagingService:
     def identity(self, namespace: str, topic: str) -> tuple[int, int]:
         """The live topic's ``(topic_id, generation)``: what state kept beside the topic
         (consumer groups) is filed under. TopicNotFound if it is not live."""
-        ref = self._topics.check_live(namespace, topic)
+        check_name(namespace, "namespace")
+        check_name(topic, "topic")
         with self._store.read() as view:
             ref = self._topics.resolve(view, namespace, topic)
         return ref.topic_id, ref.state.generation
@@ -192,13 +193,6 @@ class MessagingService:
             return None
         ts, seq = keys.parse_ts_seq(first_open)
         return MessageId(ts, seq, 0, 0)
-
-    def end_id(self, namespace: str, topic: str) -> MessageId:
-        """A position after every entry written to the topic so far (a consumer's
-        "latest"), from the topic's state: one point read."""
-        with self._store.read() as view:
-            state = self._topics.resolve(view, namespace, topic).state
-        return MessageId(state.last_ts, state.last_seq, 0xFFFFFFFFFFFFFFFF, 0xFFFF)
 
     def delete_topic(self, namespace: str, topic: str) -> None:
         """Delete a topic: its messages become invisible at once; the cleaner drops them."""

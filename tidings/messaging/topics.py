@@ -186,12 +186,6 @@ class Topics:
                 out[values.decode_topic_record(raw)[0]] = (namespace, topic)
         return out
 
-    def is_live(self, topic_id: int, generation: int) -> bool:
-        """True if ``generation`` is the topic's live one."""
-        with self._store.read() as view:
-            raw = view.get(_META, keys.state_key(topic_id))
-        return raw is not None and values.decode_state(raw).generation == generation
-
     def live_states(self) -> list[tuple[int, TopicState]]:
         """Every topic id with its state (deleted ones too), for the cleaner."""
         prefix = keys.STATE_PREFIX

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from starlette.requests import Request
 
+from tidings.codec import json_bodies
 from tidings.codec.wire import Media, media_for
-from tidings.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from tidings.errors import PayloadTooLarge, UnsupportedMediaType
 
 __all__ = ["json_object", "read_body", "request_media", "require_json"]
 
@@ -48,13 +48,5 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def json_object(body: bytes, what: str) -> dict[str, Any]:
-    """A JSON object body; an empty body is ``{}``."""
-    if not body.strip():
-        return {}
-    try:
-        value = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise BadRequest(f"malformed JSON {what}") from None
-    if not isinstance(value, dict):
-        raise BadRequest(f"the {what} must be a JSON object")
-    return value
+    """A JSON object body; an empty (or blank) body is ``{}``."""
+    return json_bodies.obj(body if body.strip() else b"", what)
