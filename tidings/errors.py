@@ -10,7 +10,8 @@
     │   ├── InvalidTransaction        400  encoded transaction snapshot cannot be decoded
     │   ├── TimeoutTooLarge           400  begin() asked for more than the maximum timeout
     │   ├── InvalidProducer           400  bad transactional id / epoch, or not its transaction
-    │   └── EmptyPublish              400  publish with neither messages nor a write pointer
+    │   ├── EmptyPublish              400  publish with neither messages nor a write pointer
+    │   └── NotDelivered              400  ack/nack of messages this queue never delivered
     ├── Forbidden                     403
     │   ├── ProducerFenced            403  a newer epoch of this transactional id exists
     │   └── PartitionFenced           403  a group member commits a partition it does not own
@@ -19,13 +20,15 @@
     │   ├── TransactionNotFound       404  write pointer unknown to the transaction service
     │   ├── ProducerNotFound          404  transactional id never registered
     │   ├── GroupNotFound             404  no such consumer group on the topic
+    │   ├── QueueNotFound             404  no such queue on the topic
     │   └── MemberNotFound            404  not (or no longer) a member of the group: join again
     ├── Conflict                      409
     │   ├── TopicAlreadyExists        409
     │   ├── PayloadsAlreadyPublished  409  store/publish under a write pointer already published
     │   ├── TransactionConflict       409  write conflict detected at commit
     │   ├── OutOfOrderSequence        409  an idempotent publish skipped sequence numbers
-    │   └── UnknownProducerEpoch      409  an epoch of the transactional id never handed out
+    │   ├── UnknownProducerEpoch      409  an epoch of the transactional id never handed out
+    │   └── AckConflict               409  ack of a message whose lease passed to another worker
     ├── TransactionNotInProgress      410  the transaction already ended; subclasses say how
     │   ├── TransactionCommitted      410
     │   ├── TransactionAborted        410
@@ -53,6 +56,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "AckConflict",
     "BadRequest",
     "ClientError",
     "ConfigError",
@@ -68,11 +72,13 @@ __all__ = [
     "InvalidTransaction",
     "LogFailed",
     "MemberNotFound",
+    "NotDelivered",
     "NotFound",
     "OutOfOrderSequence",
     "PartitionFenced",
     "PayloadTooLarge",
     "PayloadsAlreadyPublished",
+    "QueueNotFound",
     "ProducerFenced",
     "ProducerNotFound",
     "RequestTimeout",
@@ -150,6 +156,12 @@ class EmptyPublish(BadRequest):
     """A publish carried neither messages nor a transaction write pointer."""
 
 
+class NotDelivered(BadRequest):
+    """An ack or nack named messages this queue never delivered to the caller (never
+    popped, acked already by an unknown worker, or messages of another group); the
+    message names them. Nothing was changed."""
+
+
 class Forbidden(TidingsError):
     """The caller may not do this."""
 
@@ -191,6 +203,10 @@ class MemberNotFound(NotFound):
     """The caller is not (or no longer) a member of the group; it joins again."""
 
 
+class QueueNotFound(NotFound):
+    """The topic has no queue of that name."""
+
+
 class Conflict(TidingsError):
     """The request conflicts with the current state."""
 
@@ -222,6 +238,13 @@ class OutOfOrderSequence(Conflict):
 class UnknownProducerEpoch(Conflict):
     """The call names an epoch of its transactional id above the current one: an epoch
     no registration handed out (a producer's state out of step with the server's)."""
+
+
+class AckConflict(Conflict):
+    """An ack or nack of a message whose lease passed to another worker (its lease
+    timed out and the queue redelivered it), that another worker acked, or that another
+    transaction acked: the caller's work on it lost the race. In a transaction, that
+    transaction is invalidated, so its output never joins the other worker's."""
 
 
 class TransactionNotInProgress(TidingsError):

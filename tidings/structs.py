@@ -22,6 +22,7 @@ __all__ = [
     "MessageId",
     "PayloadRange",
     "ProducerInfo",
+    "QueueStats",
     "Record",
     "RollbackInfo",
     "TopicEnd",
@@ -116,6 +117,10 @@ class Message(NamedTuple):
     ``write_pointer`` is the transaction that published it (None if non-transactional);
     it is negative when that transaction was rolled back (seen only by
     non-transactional consumers).
+
+    ``delivery_count`` is set on messages a queue hands out (:meth:`Client.queue`): 1 on
+    the first delivery to the queue's group, one more on each redelivery. Messages read
+    any other way carry 0.
     """
 
     id: MessageId
@@ -123,6 +128,7 @@ class Message(NamedTuple):
     key: bytes | None = None
     headers: Mapping[str, bytes] = NO_HEADERS
     write_pointer: int | None = None
+    delivery_count: int = 0
 
     @property
     def publish_time(self) -> int:
@@ -280,6 +286,41 @@ class GroupInfo:
     def lag(self) -> int:
         """The group's total lag, in messages."""
         return sum(p.lag for p in self.partitions)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """A queue (:meth:`Client.queue`) as ``describe`` shows it.
+
+    ``cursor``: every message at or before it is acked (or dead-lettered); ``read``:
+    every message at or before it was handed out at least once. ``pending``: messages
+    leased to workers now (with those acked in transactions still open); ``waiting``:
+    messages available now (returned ones and those not read yet; a lower bound where
+    ``waiting_exact`` is False). ``consumers``: each worker's leased messages. The
+    counters and rates count since the server started; ``pushed`` counts messages
+    published to the topic (every group of it gets each one). ``ack_state``: the lease
+    entries the queue keeps (its whole ack state: the messages in flight)."""
+
+    queue: str
+    max_deliveries: int
+    dead_letter_topic: str
+    start: str
+    cursor: MessageId | None
+    read: MessageId | None
+    pending: int
+    waiting: int
+    waiting_exact: bool
+    consumers: Mapping[str, int]
+    pushed: int
+    popped: int
+    acked: int
+    nacked: int
+    redelivered: int
+    dead_lettered: int
+    expired: int
+    pop_rate: float
+    ack_rate: float
+    ack_state: int
 
 
 @dataclass(frozen=True, slots=True)

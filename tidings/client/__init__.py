@@ -10,12 +10,14 @@ from tidings.client._async.client import AsyncClient
 from tidings.client._async.consumer import AsyncConsumer
 from tidings.client._async.group_consumer import AsyncGroupConsumer
 from tidings.client._async.publisher import AsyncPublisher
+from tidings.client._async.queue import AsyncQueue
 from tidings.client._async.transactions import AsyncTransactionAware, AsyncTransactionContext
 from tidings.client._async.txpublisher import AsyncTransactionalPublisher
 from tidings.client._sync.client import Client
 from tidings.client._sync.consumer import Consumer
 from tidings.client._sync.group_consumer import GroupConsumer
 from tidings.client._sync.publisher import Publisher
+from tidings.client._sync.queue import Queue
 from tidings.client._sync.transactions import TransactionAware, TransactionContext
 from tidings.client._sync.txpublisher import TransactionalPublisher
 from tidings.client.base import MessageLike, RetryPolicy, StartPosition
@@ -35,10 +37,12 @@ __all__ = [
     "AsyncConsumer",
     "AsyncGroupConsumer",
     "AsyncPublisher",
+    "AsyncQueue",
     "Consumer",
     "GroupConsumer",
     "MessageLike",
     "Publisher",
+    "Queue",
     "StartPosition",
     # transactions
     "AsyncTransactionAware",

@@ -17,7 +17,7 @@ from urllib.parse import quote, urlsplit
 import orjson
 
 from tidings.client.transports import Request, Response
-from tidings.codec import admin, wire
+from tidings.codec import admin, queue_bodies, wire
 from tidings.codec.wire import JSON, ConsumeRequest, Media
 from tidings.errors import (
     EmptyPublish,
@@ -34,6 +34,7 @@ from tidings.structs import (
     MessageId,
     PayloadRange,
     ProducerInfo,
+    QueueStats,
     Record,
     RollbackInfo,
     TopicEnd,
@@ -140,6 +141,15 @@ def _group_page(response: Response, sent: Media) -> GroupPage:
     return GroupPage(_poll_page(response, sent), generation, partitions, count)
 
 
+def _popped(response: Response, sent: Media) -> list[Message]:
+    """The messages of a pop answer, each with its delivery count."""
+    messages = _poll_page(response, sent).messages()
+    counts = queue_bodies.read_delivery_counts(
+        response.headers.get(queue_bodies.DELIVERY_COUNTS_HEADER.lower()), len(messages)
+    )
+    return [m._replace(delivery_count=n) for m, n in zip(messages, counts, strict=True)]
+
+
 def error_from_response(response: Response) -> TidingsError:
     """The exception an error response stands for (``{"error", "type"}``, docs/api.md)."""
     try:
@@ -227,6 +237,26 @@ def _changes(response: Response) -> list[bytes]:
 
 def _group(response: Response) -> GroupInfo:
     return admin.read_group(_json(response))
+
+
+def _queue(response: Response) -> QueueStats:
+    return queue_bodies.read_queue(_json(response))
+
+
+def _queue_names(response: Response) -> list[tuple[str, str]]:
+    return queue_bodies.read_queue_names(_json(response))
+
+
+def _released(response: Response) -> int:
+    return queue_bodies.read_count(_json(response), "released")
+
+
+def _returned(response: Response) -> int:
+    return queue_bodies.read_count(_json(response), "returned")
+
+
+def _purged(response: Response) -> int:
+    return queue_bodies.read_count(_json(response), "purged")
 
 
 def _rolled_back(response: Response) -> int:
@@ -657,3 +687,79 @@ class RestApi:
 
     def group_delete(self, topic: str, group: str) -> Call[None]:
         return self._json_call("DELETE", self._group_url(topic, group), _ignore)
+
+    # --- queues ---
+
+    def _queue_url(self, topic: str, queue: str, suffix: str = "") -> str:
+        return self._topic_url(topic, f"/queues/{check_name(queue, 'queue')}{suffix}")
+
+    def queue_pop(
+        self,
+        topic: str,
+        queue: str,
+        consumer: str,
+        max_messages: int,
+        wait: float | None,
+        ack_timeout_ms: int | None = None,
+        max_deliveries: int | None = None,
+        dead_letter_topic: str | None = None,
+        start: str | None = None,
+    ) -> Call[list[Message]]:
+        """Lease messages of a queue, answered in the client's medium."""
+        media = self.media
+        url = self._queue_url(topic, queue, "/pop")
+        wait_ms = 0 if not wait else max(0, round(wait * 1000))
+        if wait_ms:
+            url += f"?waitMs={wait_ms}"
+        timeout = None if self.timeout is None else self.timeout + wait_ms / 1000
+        body = queue_bodies.pop_request(
+            consumer, max_messages, ack_timeout_ms, max_deliveries, dead_letter_topic, start
+        )
+        request = Request("POST", url, orjson.dumps(body), JSON.value, timeout, accept=media.value)
+        # Not resent: the server leased what it answered.
+        return Call(request, lambda response: _popped(response, media))
+
+    def queue_ack(
+        self,
+        topic: str,
+        queue: str,
+        consumer: str,
+        ids: Sequence[MessageId],
+        write_pointer: int | None = None,
+    ) -> Call[None]:
+        body = queue_bodies.ack_request(consumer, ids, write_pointer)
+        url = self._queue_url(topic, queue, "/ack")
+        # Safe to resend: an ack the server applied already is answered as done.
+        return self._json_call("POST", url, _ignore, body, idempotent=True)
+
+    def queue_nack(
+        self, topic: str, queue: str, consumer: str, ids: Sequence[MessageId]
+    ) -> Call[None]:
+        body = queue_bodies.ack_request(consumer, ids)
+        return self._json_call("POST", self._queue_url(topic, queue, "/nack"), _ignore, body)
+
+    def queue_rollback(self, topic: str, queue: str, write_pointer: int) -> Call[int]:
+        body = queue_bodies.rollback_request(write_pointer)
+        url = self._queue_url(topic, queue, "/rollback")
+        return self._json_call("POST", url, _returned, body, idempotent=True)
+
+    def queue_release(self, topic: str, queue: str, consumer: str) -> Call[int]:
+        body = queue_bodies.consumer_request(consumer)
+        url = self._queue_url(topic, queue, "/release")
+        return self._json_call("POST", url, _released, body, idempotent=True)
+
+    def queue_describe(self, topic: str, queue: str) -> Call[QueueStats]:
+        return self._json_call("GET", self._queue_url(topic, queue), _queue, idempotent=True)
+
+    def queue_list(self, topic: str) -> Call[list[str]]:
+        url = self._topic_url(topic, "/queues")
+        return self._json_call("GET", url, _topic_names, idempotent=True)
+
+    def queue_list_all(self) -> Call[list[tuple[str, str]]]:
+        return self._json_call("GET", f"{self._ns_url}/queues", _queue_names, idempotent=True)
+
+    def queue_purge(self, topic: str, queue: str) -> Call[int]:
+        return self._json_call("POST", self._queue_url(topic, queue, "/purge"), _purged)
+
+    def queue_delete(self, topic: str, queue: str) -> Call[None]:
+        return self._json_call("DELETE", self._queue_url(topic, queue), _ignore)

@@ -398,11 +398,11 @@ def read_messages(body: bytes, *, extended: bool) -> list[Message]:
             payload = body[pos : pos + size]
             pos += size
             if not extended:
-                append(new(Message, (message_id, payload, None, NO_HEADERS, None)))
+                append(new(Message, (message_id, payload, None, NO_HEADERS, None, 0)))
                 continue
             if body[pos] == 0 and body[pos + 1] == 0:  # no key, no headers: the usual case
                 pos += 2
-                append(new(Message, (message_id, payload, None, NO_HEADERS, None)))
+                append(new(Message, (message_id, payload, None, NO_HEADERS, None, 0)))
                 continue
             branch = body[pos]
             pos += 1
@@ -436,7 +436,7 @@ def read_messages(body: bytes, *, extended: bool) -> list[Message]:
                         pos += size
                     pairs, pos = read_long_(body, pos)
                 headers = built
-            append(new(Message, (message_id, payload, key, headers, None)))
+            append(new(Message, (message_id, payload, key, headers, None, 0)))
     if pos != end:
         raise ValueError("trailing bytes")
     return out

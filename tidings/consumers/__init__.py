@@ -1,7 +1,8 @@
-"""Consumer groups (and, next, queues): transport-free, over the store and the
-transaction manager, beside the messaging core (DESIGN.md, "Components")."""
+"""Consumer groups and queues: transport-free, over the store and the transaction
+manager, beside the messaging core (DESIGN.md, "Components")."""
 
 from tidings.codec.groups import partition_of
 from tidings.consumers.groups import GroupCoordinator
+from tidings.consumers.queues import QueueCoordinator
 
-__all__ = ["GroupCoordinator", "partition_of"]
+__all__ = ["GroupCoordinator", "QueueCoordinator", "partition_of"]

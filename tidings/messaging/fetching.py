@@ -109,11 +109,11 @@ def fetch_messages(
         # Fast paths for the two common shapes; everything else goes through entry().
         if flags == plain:
             message_id = new(id_cls, unpack_tail(key, 8) + no_payload_table)
-            append(new(message_cls, (message_id, value[1:], None, no_headers, None)))
+            append(new(message_cls, (message_id, value[1:], None, no_headers, None, 0)))
         elif flags == tx_plain:
             message_id = new(id_cls, unpack_tail(key, 8) + no_payload_table)
             (wp,) = unpack_i64(value, 1)
-            append(new(message_cls, (message_id, value[9:], None, no_headers, wp)))
+            append(new(message_cls, (message_id, value[9:], None, no_headers, wp, 0)))
         elif not reader.entry(key, value, None, True):
             break
         if len(out) >= limit:

@@ -262,6 +262,30 @@ class MessagingService:
         )
         return self._submit(fn, namespace, topic, began, len(batch.values), batch.size)
 
+    def publish_with_future(
+        self,
+        namespace: str,
+        topic: str,
+        messages: Sequence[Record | bytes],
+        also: Callable[[WriteView], T],
+    ) -> Future[T]:
+        """Publish ``messages`` (non-transactionally) and run ``also`` in the same write
+        transaction: both are durable together, or neither happened. A queue moves a
+        message to its dead-letter topic this way, taking it out of its lease in the
+        same write. Bad input raises here, at once."""
+        began = time.perf_counter()
+        self._topics.check_live(namespace, topic)
+        if not messages:
+            raise EmptyPublish("a publish without a write pointer needs at least one message")
+        batch = publishing.encode_batch(messages, None, self._clock.now_ms())
+        publish = publishing.publish_fn(self._topics, self._clock, namespace, topic, batch, None)
+
+        def both(view: WriteView) -> T:
+            publish(view)
+            return also(view)
+
+        return self._submit(both, namespace, topic, began, len(batch.values), batch.size)
+
     def publish_all_future(
         self,
         namespace: str,

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tidings.errors import BadRequest, NotFound, ServerError, TidingsError
 from tidings.server.handlers import Api, Endpoint, error_response
-from tidings.server.routes import groups, messaging, ops, transactions
+from tidings.server.routes import groups, messaging, ops, queues, transactions
 
 __all__ = ["create_app"]
 
@@ -52,7 +52,13 @@ def create_app(api: Api) -> ASGIApp:
     messaging_routes = messaging.routes(api)
     transaction_routes = transactions.routes(api)
     app = Starlette(
-        routes=[*messaging_routes, *transaction_routes, *groups.routes(api), *ops.routes(api)],
+        routes=[
+            *messaging_routes,
+            *transaction_routes,
+            *groups.routes(api),
+            *queues.routes(api),
+            *ops.routes(api),
+        ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
     )
     hot = {

@@ -21,7 +21,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from tidings.consumers import GroupCoordinator
+from tidings.consumers import GroupCoordinator, QueueCoordinator
 from tidings.errors import ServerError, ServiceUnavailable, TidingsError
 from tidings.messaging import MessagingService
 from tidings.server.config import ServerConfig
@@ -94,6 +94,17 @@ class Api:
                 f"process (role=all), this one runs role={self.config.role}"
             )
         return groups
+
+    @property
+    def queues(self) -> QueueCoordinator:
+        """Queues, or 503 unless this process runs both services."""
+        queues = self.services.queues
+        if queues is None:
+            raise ServiceUnavailable(
+                "queues need the messaging and transaction services in one "
+                f"process (role=all), this one runs role={self.config.role}"
+            )
+        return queues
 
     async def blocking(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a blocking call on the worker threads and await it."""

@@ -149,10 +149,13 @@ async def _serve(
         store_commits=(lambda: store.commits) if store is not None else None,
         tx_pruned=(lambda: pruner.pruned_total) if pruner is not None else None,
         group_lags=services.groups.lags if services.groups is not None else None,
+        queue_stats=services.queues.stats if services.queues is not None else None,
     )
     api = Api(config, services, Metrics(sources=sources), longpolls, inbox)
     if messaging is not None:
         messaging.add_listener(longpolls.on_commit)
+    if services.queues is not None:  # a nack or close gives messages back: wake pops
+        services.queues.add_listener(longpolls.on_commit)
 
     def on_signal(sig: int) -> None:
         services.serving = False  # /readyz answers 503 while draining

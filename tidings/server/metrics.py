@@ -26,7 +26,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from tidings.messaging import TopicCounters
-from tidings.structs import TransactionState
+from tidings.structs import QueueStats, TransactionState
 
 __all__ = ["CONTENT_TYPE", "HTTP_BUCKETS", "HttpStats", "Metrics", "TxStats"]
 
@@ -80,6 +80,8 @@ class Sources:
     tx_pruned: Callable[[], int] | None = None
     #: ``(namespace, topic, group, lag, exact)`` of every consumer group.
     group_lags: Callable[[], list[tuple[str, str, str, int, bool]]] | None = None
+    #: ``(namespace, topic, stats)`` of every queue the server has used.
+    queue_stats: Callable[[], list[tuple[str, str, QueueStats]]] | None = None
 
 
 def _cumulative(bounds: Sequence[float], counts: Sequence[float]) -> list[tuple[str, float]]:
@@ -126,6 +128,7 @@ class _Collector:
         yield from self._http()
         yield from self._transactions()
         yield from self._groups()
+        yield from self._queues()
         if self._m.sources.store_commits is not None:
             commits = self._m.sources.store_commits()
             family = CounterMetricFamily(
@@ -234,3 +237,37 @@ class _Collector:
         for namespace, topic, group, value, _ in self._m.sources.group_lags():
             lag.add_metric([namespace, topic, group], value)
         yield lag
+
+    def _queues(self) -> Iterator[Metric]:
+        if self._m.sources.queue_stats is None:
+            return
+        labels = ["namespace", "topic", "queue"]
+        gauges = {
+            "pending": GaugeMetricFamily(
+                "tidings_queue_pending", "Messages leased to a queue's workers now.", labels=labels
+            ),
+            "waiting": GaugeMetricFamily(
+                "tidings_queue_waiting",
+                "Messages a queue could hand out now (its depth; a lower bound past 100,000).",
+                labels=labels,
+            ),
+        }
+        counters = {
+            name: CounterMetricFamily(f"tidings_queue_{name}", text, labels=labels)
+            for name, text in (
+                ("popped", "Deliveries by a queue since the server started."),
+                ("acked", "Messages acked in a queue since the server started."),
+                ("nacked", "Messages nacked in a queue since the server started."),
+                ("redelivered", "Deliveries after the first since the server started."),
+                ("dead_lettered", "Messages moved to the dead-letter topic."),
+                ("expired", "Messages whose lease ran out before an ack."),
+            )
+        }
+        for namespace, topic, stats in self._m.sources.queue_stats():
+            key = [namespace, topic, stats.queue]
+            gauges["pending"].add_metric(key, stats.pending)
+            gauges["waiting"].add_metric(key, stats.waiting)
+            for name, family in counters.items():
+                family.add_metric(key, getattr(stats, name))
+        yield from gauges.values()
+        yield from counters.values()

@@ -20,6 +20,7 @@ import logging
 import threading
 
 from tidings.consumers.groups import GroupCoordinator
+from tidings.consumers.queues import QueueCoordinator
 from tidings.messaging import MessagingService
 from tidings.tx import TransactionManager
 
@@ -46,9 +47,11 @@ class InvalidListPruner:
         chunk: int = 1_000,
         pause: float = 0.002,
         groups: GroupCoordinator | None = None,
+        queues: QueueCoordinator | None = None,
     ) -> None:
         self.messaging = messaging
         self.groups = groups
+        self.queues = queues
         self.tx = tx
         self.interval = interval
         self.chunk = chunk
@@ -69,6 +72,8 @@ class InvalidListPruner:
         )
         if self.groups is not None:  # consumer-group positions name pointers too
             referenced |= self.groups.referenced_pointers(candidates - referenced)
+        if self.queues is not None:  # so do acks held in transactions
+            referenced |= self.queues.referenced_pointers(candidates - referenced)
         prunable = sorted(candidates - referenced)
         if not prunable:
             return []

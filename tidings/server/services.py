@@ -12,7 +12,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tidings.consumers import GroupCoordinator
+from tidings.consumers import GroupCoordinator, QueueCoordinator
 from tidings.messaging import MessagingConfig, MessagingService
 from tidings.server.config import ServerConfig
 from tidings.server.pruner import InvalidListPruner
@@ -35,6 +35,8 @@ class Services:
     pruner: InvalidListPruner | None = None
     #: Consumer groups: where one process runs both services.
     groups: GroupCoordinator | None = None
+    #: Queues: where one process runs both services.
+    queues: QueueCoordinator | None = None
     #: Runs the calls that block (transaction service, topic admin, stats).
     executor: ThreadPoolExecutor = field(init=False)
     serving: bool = False
@@ -85,12 +87,14 @@ class Services:
                 services.messaging.guard_publishes(services.tx.check_writable)
                 assert services.store is not None
                 services.groups = GroupCoordinator(services.store, services.messaging, services.tx)
+                services.queues = QueueCoordinator(services.store, services.messaging, services.tx)
                 if config.tx_prune_interval > 0:
                     services.pruner = InvalidListPruner(
                         services.messaging,
                         services.tx,
                         config.tx_prune_interval,
                         groups=services.groups,
+                        queues=services.queues,
                     )
                     services.pruner.start()
         except BaseException:
@@ -125,5 +129,6 @@ class Services:
                 errors.append(exc)
         self.tx = self.messaging = self.store = None
         self.groups = None
+        self.queues = None
         if errors:
             raise errors[0]

@@ -13,6 +13,7 @@ from tidings.client._async.concurrency import sleep
 from tidings.client._async.consumer import AsyncConsumer
 from tidings.client._async.group_consumer import AsyncGroupConsumer
 from tidings.client._async.publisher import AsyncPublisher
+from tidings.client._async.queue import AsyncQueue
 from tidings.client._async.transactions import AsyncTransactionAware, AsyncTransactionContext
 from tidings.client.api import Call, PollPage
 from tidings.client.asyncio_transport import AsyncioTransport
@@ -42,6 +43,7 @@ from tidings.structs import (
     MessageId,
     PayloadRange,
     ProducerInfo,
+    QueueStats,
     RollbackInfo,
     TopicEnd,
     TopicMetadata,
@@ -492,6 +494,56 @@ class AsyncClient(BaseClient):
     async def delete_group(self, topic: str, group: str) -> None:
         """Delete a consumer group and its positions."""
         await self._send(self._api.group_delete(topic, group))
+
+    # --- queues ---
+
+    def queue(
+        self,
+        topic: str,
+        group: str,
+        ack_timeout: float = 30.0,
+        *,
+        max_deliveries: int | None = None,
+        dead_letter_topic: str | None = None,
+        start: str = "earliest",
+    ) -> AsyncQueue:
+        """A worker's handle on queue ``group`` of ``topic``: ``pop`` leases messages
+        to it for ``ack_timeout`` seconds, ``ack``/``nack`` settle them, ``close``
+        gives back the rest (see :class:`~tidings.client.AsyncQueue`).
+
+        The queue is created by its first pop, starting at ``start`` (``"earliest"``
+        or ``"latest"``). After ``max_deliveries`` deliveries (default 20, kept per
+        queue) a message goes to ``dead_letter_topic`` (default ``<topic>-dlq``,
+        created when needed) instead of being delivered again."""
+        return AsyncQueue(
+            self,
+            topic,
+            group,
+            ack_timeout=ack_timeout,
+            max_deliveries=max_deliveries,
+            dead_letter_topic=dead_letter_topic,
+            start=start,
+        )
+
+    async def queues(self, topic: str | None = None) -> list[tuple[str, str]]:
+        """``(topic, queue)`` of every queue of the namespace, or of ``topic``'s."""
+        if topic is None:
+            return await self._send(self._api.queue_list_all())
+        return [(topic, q) for q in await self._send(self._api.queue_list(topic))]
+
+    async def describe_queue(self, topic: str, queue: str) -> QueueStats:
+        """A queue's settings, in-flight messages, depth and counters;
+        :class:`QueueNotFound` if there is none."""
+        return await self._send(self._api.queue_describe(topic, queue))
+
+    async def purge_queue(self, topic: str, queue: str) -> int:
+        """Ack everything a queue holds and everything published so far; how many
+        messages in flight it dropped."""
+        return await self._send(self._api.queue_purge(topic, queue))
+
+    async def delete_queue(self, topic: str, queue: str) -> None:
+        """Delete a queue and its state."""
+        await self._send(self._api.queue_delete(topic, queue))
 
     async def snapshot(self) -> Transaction:
         """A read-only snapshot of what is committed now, for :meth:`poll`."""

@@ -13,6 +13,7 @@ from tidings.client._sync.concurrency import sleep
 from tidings.client._sync.consumer import Consumer
 from tidings.client._sync.group_consumer import GroupConsumer
 from tidings.client._sync.publisher import Publisher
+from tidings.client._sync.queue import Queue
 from tidings.client._sync.transactions import TransactionAware, TransactionContext
 from tidings.client.api import Call, PollPage
 from tidings.client.base import (
@@ -41,6 +42,7 @@ from tidings.structs import (
     MessageId,
     PayloadRange,
     ProducerInfo,
+    QueueStats,
     RollbackInfo,
     TopicEnd,
     TopicMetadata,
@@ -465,6 +467,56 @@ class Client(BaseClient):
     def delete_group(self, topic: str, group: str) -> None:
         """Delete a consumer group and its positions."""
         self._send(self._api.group_delete(topic, group))
+
+    # --- queues ---
+
+    def queue(
+        self,
+        topic: str,
+        group: str,
+        ack_timeout: float = 30.0,
+        *,
+        max_deliveries: int | None = None,
+        dead_letter_topic: str | None = None,
+        start: str = "earliest",
+    ) -> Queue:
+        """A worker's handle on queue ``group`` of ``topic``: ``pop`` leases messages
+        to it for ``ack_timeout`` seconds, ``ack``/``nack`` settle them, ``close``
+        gives back the rest (see :class:`~tidings.client.Queue`).
+
+        The queue is created by its first pop, starting at ``start`` (``"earliest"``
+        or ``"latest"``). After ``max_deliveries`` deliveries (default 20, kept per
+        queue) a message goes to ``dead_letter_topic`` (default ``<topic>-dlq``,
+        created when needed) instead of being delivered again."""
+        return Queue(
+            self,
+            topic,
+            group,
+            ack_timeout=ack_timeout,
+            max_deliveries=max_deliveries,
+            dead_letter_topic=dead_letter_topic,
+            start=start,
+        )
+
+    def queues(self, topic: str | None = None) -> list[tuple[str, str]]:
+        """``(topic, queue)`` of every queue of the namespace, or of ``topic``'s."""
+        if topic is None:
+            return self._send(self._api.queue_list_all())
+        return [(topic, q) for q in self._send(self._api.queue_list(topic))]
+
+    def describe_queue(self, topic: str, queue: str) -> QueueStats:
+        """A queue's settings, in-flight messages, depth and counters;
+        :class:`QueueNotFound` if there is none."""
+        return self._send(self._api.queue_describe(topic, queue))
+
+    def purge_queue(self, topic: str, queue: str) -> int:
+        """Ack everything a queue holds and everything published so far; how many
+        messages in flight it dropped."""
+        return self._send(self._api.queue_purge(topic, queue))
+
+    def delete_queue(self, topic: str, queue: str) -> None:
+        """Delete a queue and its state."""
+        self._send(self._api.queue_delete(topic, queue))
 
     def snapshot(self) -> Transaction:
         """A read-only snapshot of what is committed now, for :meth:`poll`."""

@@ -264,6 +264,8 @@ def routes(api: Api) -> list[Route]:
             await api.blocking(messaging.delete_topic, ns, topic)
             if api.services.groups is not None:  # its consumer groups go with it
                 await api.blocking(api.services.groups.forget_topic, topic_id)
+            if api.services.queues is not None:  # and its queues
+                await api.blocking(api.services.queues.forget_topic, topic_id)
             return json_response({})
         require_json(request)
         properties = json_object(await read_body(request, max_body), "topic properties")

@@ -1,0 +1,171 @@
+"""A worker's handle on a queue (docs/client.md, "Queues").
+
+Any number of handles, in any number of processes, pop from one queue (a named group
+of a topic); each message goes to one handle at a time, under a lease. The handle acks
+what it finished (``ack``, or ``ack(transaction=tx)`` to make it part of a
+transaction), gives back what it will not do (``nack``), and ``close()`` gives back
+the rest. A lease not acked within ``ack_timeout`` returns its messages to the queue;
+each delivery carries its count in ``Message.delivery_count``.
+
+There is no background thread: nothing renews a lease behind the application's back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterable, Sequence
+
+from tidings.client._async.session import AsyncSession
+from tidings.client._async.transactions import AsyncTransactionContext
+from tidings.errors import QueueNotFound
+from tidings.structs import Message, MessageId, QueueStats, Transaction
+
+__all__ = ["AsyncQueue"]
+
+
+class _QueueAck:
+    """A queue's acks as a participant of a transaction: the server holds them under
+    its write pointer, and they count once it commits; a rollback gives them back to
+    the queue (the transaction then aborts, leaving nothing behind)."""
+
+    name = "queue"
+
+    def __init__(self, queue: AsyncQueue) -> None:
+        self._queue = queue
+        self._write_pointer: int | None = None
+
+    async def start(self, transaction: Transaction) -> None:
+        self._write_pointer = transaction.write_pointer
+
+    async def changes(self) -> Iterable[bytes]:
+        return ()
+
+    async def commit(self) -> None:
+        pass  # written when the application acked
+
+    async def post_commit(self) -> None:
+        pass
+
+    async def rollback(self) -> None:
+        if self._write_pointer is not None:
+            queue = self._queue
+            await queue._client._send(
+                queue._client._api.queue_rollback(queue.topic, queue.group, self._write_pointer)
+            )
+
+
+def _ids(messages: Iterable[Message | MessageId]) -> list[MessageId]:
+    out = [m.id if isinstance(m, Message) else m for m in messages]
+    if not all(isinstance(m, MessageId) for m in out):
+        raise TypeError("ack and nack take messages (or their ids)")
+    return out
+
+
+class AsyncQueue:
+    """Pops leased messages from group ``group`` of ``topic`` (see
+    :meth:`AsyncClient.queue`)."""
+
+    def __init__(
+        self,
+        client: AsyncSession,
+        topic: str,
+        group: str,
+        *,
+        ack_timeout: float = 30.0,
+        max_deliveries: int | None = None,
+        dead_letter_topic: str | None = None,
+        start: str = "earliest",
+    ) -> None:
+        if not ack_timeout > 0:
+            raise ValueError("ack_timeout must be positive")
+        if start not in ("earliest", "latest"):
+            raise ValueError("a queue starts at 'earliest' or 'latest' (when it is created)")
+        if max_deliveries is not None and max_deliveries < 1:
+            raise ValueError("max_deliveries must be at least 1")
+        self._client = client
+        self.topic = topic
+        self.group = group
+        self.ack_timeout = ack_timeout
+        self._max_deliveries = max_deliveries
+        self._dead_letter = dead_letter_topic
+        self._start = start
+        #: This handle's id on the server: the owner of its leases.
+        self.consumer_id = uuid.uuid4().hex
+        self._closed = False
+
+    async def pop(self, max_messages: int = 1, wait: float = 0.0) -> list[Message]:
+        """The oldest available messages, at most ``max_messages``, leased to this
+        handle for ``ack_timeout`` seconds; waits up to ``wait`` seconds for some when
+        none is available (then answers an empty list)."""
+        if self._closed:
+            raise RuntimeError("the queue handle is closed")
+        if max_messages < 1:
+            raise ValueError("max_messages must be at least 1")
+        return await self._client._send(
+            self._client._api.queue_pop(
+                self.topic,
+                self.group,
+                self.consumer_id,
+                max_messages,
+                wait,
+                ack_timeout_ms=max(1, round(self.ack_timeout * 1000)),
+                max_deliveries=self._max_deliveries,
+                dead_letter_topic=self._dead_letter,
+                start=self._start,
+            )
+        )
+
+    async def ack(
+        self,
+        messages: Sequence[Message | MessageId],
+        *,
+        transaction: AsyncTransactionContext | None = None,
+    ) -> None:
+        """Done with ``messages``: never delivered to this group again. With
+        ``transaction``, done if and only if it commits (after an abort they are
+        delivered again).
+
+        :class:`~tidings.errors.AckConflict` if a lease passed to another worker (the
+        transaction is invalidated then); :class:`~tidings.errors.NotDelivered` for
+        messages this handle never popped."""
+        ids = _ids(messages)
+        if not ids:
+            return
+        api = self._client._api
+        if transaction is None:
+            await self._client._send(api.queue_ack(self.topic, self.group, self.consumer_id, ids))
+            return
+        tx = await transaction.enlist(_QueueAck(self))
+        await self._client._send(
+            api.queue_ack(self.topic, self.group, self.consumer_id, ids, tx.write_pointer)
+        )
+
+    async def nack(self, messages: Sequence[Message | MessageId]) -> None:
+        """Give ``messages`` back to the queue at once: they are delivered again, ahead
+        of newer ones."""
+        ids = _ids(messages)
+        if ids:
+            await self._client._send(
+                self._client._api.queue_nack(self.topic, self.group, self.consumer_id, ids)
+            )
+
+    async def stats(self) -> QueueStats:
+        """The queue's state and counters (:class:`~tidings.structs.QueueStats`)."""
+        return await self._client._send(self._client._api.queue_describe(self.topic, self.group))
+
+    async def close(self) -> None:
+        """Give back every message this handle holds, at once. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(QueueNotFound):  # never popped, or deleted meanwhile
+            await self._client._send(
+                self._client._api.queue_release(self.topic, self.group, self.consumer_id)
+            )
+
+    async def __aenter__(self) -> AsyncQueue:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()

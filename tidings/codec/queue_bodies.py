@@ -1,0 +1,275 @@
+"""The JSON bodies of the queue endpoints (docs/api.md, "Queues"), read and written by
+both ends. Message ids travel as base64 of their 20 bytes, as in poll answers."""
+
+from __future__ import annotations
+
+import binascii
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from tidings.codec.json_bodies import b64encode, integer
+from tidings.errors import BadRequest, ServerError
+from tidings.names import INT64_MAX
+from tidings.structs import MessageId, QueueStats
+
+__all__ = [
+    "DELIVERY_COUNTS_HEADER",
+    "PopRequest",
+    "ack_request",
+    "consumer_request",
+    "delivery_counts",
+    "pop_request",
+    "queue_json",
+    "read_ack_request",
+    "read_consumer_request",
+    "read_delivery_counts",
+    "read_pop_request",
+    "read_count",
+    "read_queue",
+    "read_queue_names",
+    "read_rollback_request",
+    "rollback_request",
+]
+
+#: A pop answer's header: each message's delivery count, in order, comma-separated.
+DELIVERY_COUNTS_HEADER = "Tidings-Delivery-Counts"
+
+
+class PopRequest(NamedTuple):
+    """The fields of a pop body."""
+
+    consumer: str
+    max_messages: int
+    ack_timeout_ms: int | None
+    max_deliveries: int | None
+    dead_letter_topic: str | None
+    start: str
+
+
+def _consumer(obj: Mapping[str, Any]) -> str:
+    value = obj.get("consumerId")
+    if not isinstance(value, str) or not 1 <= len(value) <= 64 or not value.isalnum():
+        raise BadRequest("consumerId is required: 1-64 letters and digits")
+    return value
+
+
+def _opt_str(obj: Mapping[str, Any], field: str) -> str | None:
+    value = obj.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"{field} must be a non-empty string")
+    return value
+
+
+def pop_request(
+    consumer: str,
+    max_messages: int,
+    ack_timeout_ms: int | None = None,
+    max_deliveries: int | None = None,
+    dead_letter_topic: str | None = None,
+    start: str | None = None,
+) -> dict[str, Any]:
+    """A pop body; None fields are left out (the queue's or the server's default)."""
+    body: dict[str, Any] = {"consumerId": consumer, "maxMessages": max_messages}
+    for name, value in (
+        ("ackTimeoutMs", ack_timeout_ms),
+        ("maxDeliveries", max_deliveries),
+        ("deadLetterTopic", dead_letter_topic),
+        ("start", start),
+    ):
+        if value is not None:
+            body[name] = value
+    return body
+
+
+def read_pop_request(obj: Mapping[str, Any]) -> PopRequest:
+    """The fields of a pop body (BadRequest for anything malformed or out of range)."""
+    max_messages = integer(obj.get("maxMessages", 1), "maxMessages", 1, INT64_MAX, optional=False)
+    assert max_messages is not None
+    ack_timeout = integer(obj.get("ackTimeoutMs"), "ackTimeoutMs", 1, INT64_MAX, optional=True)
+    max_deliveries = integer(obj.get("maxDeliveries"), "maxDeliveries", 1, INT64_MAX, optional=True)
+    return PopRequest(
+        _consumer(obj),
+        max_messages,
+        ack_timeout,
+        max_deliveries,
+        _opt_str(obj, "deadLetterTopic"),
+        _opt_str(obj, "start") or "earliest",
+    )
+
+
+def consumer_request(consumer: str) -> dict[str, Any]:
+    """A release (close) body."""
+    return {"consumerId": consumer}
+
+
+def read_consumer_request(obj: Mapping[str, Any]) -> str:
+    """The consumer id of a release body."""
+    return _consumer(obj)
+
+
+def ack_request(
+    consumer: str, ids: Sequence[MessageId], write_pointer: int | None = None
+) -> dict[str, Any]:
+    """An ack or nack body (``write_pointer``: ack inside that transaction)."""
+    body: dict[str, Any] = {"consumerId": consumer, "ids": [b64encode(i.to_bytes()) for i in ids]}
+    if write_pointer is not None:
+        body["transactionWritePointer"] = write_pointer
+    return body
+
+
+def read_ack_request(obj: Mapping[str, Any]) -> tuple[str, list[MessageId], int | None]:
+    """Consumer, ids and write pointer (None: not in a transaction) of an ack or nack
+    body; BadRequest naming every malformed id."""
+    consumer = _consumer(obj)
+    raw = obj.get("ids")
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest("ids must be a non-empty list of message ids (base64)")
+    ids: list[MessageId] = []
+    bad: list[str] = []
+    for value in raw:
+        parsed = _message_id(value)
+        if parsed is None:
+            bad.append(repr(value)[:60])
+        else:
+            ids.append(parsed)
+    if bad:
+        shown = ", ".join(bad[:10]) + ("" if len(bad) <= 10 else f" and {len(bad) - 10} more")
+        raise BadRequest(f"{len(bad)} id(s) are not message ids (20 bytes in base64): {shown}")
+    write_pointer = integer(
+        obj.get("transactionWritePointer"), "transactionWritePointer", 1, INT64_MAX, optional=True
+    )
+    return consumer, ids, write_pointer
+
+
+def rollback_request(write_pointer: int) -> dict[str, Any]:
+    """A rollback body: the aborted transaction's write pointer."""
+    return {"transactionWritePointer": write_pointer}
+
+
+def read_rollback_request(obj: Mapping[str, Any]) -> int:
+    """The write pointer of a rollback body."""
+    write_pointer = integer(
+        obj.get("transactionWritePointer"), "transactionWritePointer", 1, INT64_MAX, optional=False
+    )
+    assert write_pointer is not None
+    return write_pointer
+
+
+def _message_id(value: object) -> MessageId | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        raw = binascii.a2b_base64(value.encode("ascii"), strict_mode=True)
+    except (binascii.Error, UnicodeEncodeError):
+        return None
+    return MessageId.from_bytes(raw) if len(raw) == 20 else None
+
+
+def delivery_counts(counts: Sequence[int]) -> str:
+    """The delivery-counts header of a pop answer."""
+    return ",".join(map(str, counts))
+
+
+def read_delivery_counts(header: str | None, count: int) -> list[int]:
+    """Inverse of :func:`delivery_counts`, checked against the answer's message count."""
+    if not header:
+        values: list[int] = []
+    else:
+        try:
+            values = [int(v) for v in header.split(",")]
+        except ValueError:
+            values = []
+    if len(values) != count:
+        raise ServerError(f"a pop answer with {count} messages had delivery counts {header!r}")
+    return values
+
+
+def _hex(value: MessageId | None) -> str | None:
+    return None if value is None else value.hex
+
+
+def queue_json(stats: QueueStats) -> dict[str, Any]:
+    """A queue as ``describe`` answers it; ids in hex."""
+    return {
+        "queue": stats.queue,
+        "maxDeliveries": stats.max_deliveries,
+        "deadLetterTopic": stats.dead_letter_topic,
+        "start": stats.start,
+        "cursor": _hex(stats.cursor),
+        "read": _hex(stats.read),
+        "pending": stats.pending,
+        "waiting": stats.waiting,
+        "waitingExact": stats.waiting_exact,
+        "consumers": [{"consumerId": c, "pending": n} for c, n in sorted(stats.consumers.items())],
+        "pushed": stats.pushed,
+        "popped": stats.popped,
+        "acked": stats.acked,
+        "nacked": stats.nacked,
+        "redelivered": stats.redelivered,
+        "deadLettered": stats.dead_lettered,
+        "expired": stats.expired,
+        "popRate": stats.pop_rate,
+        "ackRate": stats.ack_rate,
+        "ackState": stats.ack_state,
+    }
+
+
+def _field(obj: Any, name: str, kind: type | tuple[type, ...]) -> Any:
+    if not isinstance(obj, dict) or not isinstance(obj.get(name), kind):
+        raise ServerError(f"unexpected answer from the server: no {name!r} in {obj!r:.200}")
+    return obj[name]
+
+
+def _opt_id(obj: Any, name: str) -> MessageId | None:
+    value = obj.get(name) if isinstance(obj, dict) else None
+    return MessageId.from_hex(value) if isinstance(value, str) else None
+
+
+def read_queue(obj: Any) -> QueueStats:
+    """The :class:`QueueStats` in an answer written by :func:`queue_json`."""
+    counts = {
+        name: int(_field(obj, name, int))
+        for name in (
+            "maxDeliveries", "pending", "waiting", "pushed", "popped", "acked", "nacked",
+            "redelivered", "deadLettered", "expired", "ackState",
+        )
+    }  # fmt: skip
+    return QueueStats(
+        queue=_field(obj, "queue", str),
+        max_deliveries=counts["maxDeliveries"],
+        dead_letter_topic=_field(obj, "deadLetterTopic", str),
+        start=_field(obj, "start", str),
+        cursor=_opt_id(obj, "cursor"),
+        read=_opt_id(obj, "read"),
+        pending=counts["pending"],
+        waiting=counts["waiting"],
+        waiting_exact=bool(_field(obj, "waitingExact", bool)),
+        consumers={
+            _field(c, "consumerId", str): int(_field(c, "pending", int))
+            for c in _field(obj, "consumers", list)
+        },
+        pushed=counts["pushed"],
+        popped=counts["popped"],
+        acked=counts["acked"],
+        nacked=counts["nacked"],
+        redelivered=counts["redelivered"],
+        dead_lettered=counts["deadLettered"],
+        expired=counts["expired"],
+        pop_rate=float(_field(obj, "popRate", (int, float))),
+        ack_rate=float(_field(obj, "ackRate", (int, float))),
+        ack_state=counts["ackState"],
+    )
+
+
+def read_count(obj: Any, name: str) -> int:
+    """The count in a release (``released``) or purge (``purged``) answer."""
+    return int(_field(obj, name, int))
+
+
+def read_queue_names(obj: Any) -> list[tuple[str, str]]:
+    """``(topic, queue)`` pairs of a namespace's queue list."""
+    if not isinstance(obj, list):
+        raise ServerError(f"unexpected answer from the server: {obj!r:.200}")
+    return [(_field(item, "topic", str), _field(item, "queue", str)) for item in obj]

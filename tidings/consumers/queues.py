@@ -1,0 +1,886 @@
+"""Queues: workers pop leased messages from a topic, ack, nack; leases time out.
+
+Seed 004's queue (pop moves a message from waiting to pending; commit or rollback; a
+pending message past its timeout goes back to waiting) on seed 000's total order, with
+Pulsar's shared subscriptions and transactional acks (seed 003). A queue is a named
+group of one topic: every queue (and every consumer group) of a topic gets every
+message, and each message of a queue goes to one worker at a time.
+
+**Leases.** ``pop`` hands out the oldest available messages (returned ones first, as
+they are older than anything not read yet) under a lease: the worker holds them until
+it acks or nacks them or ``ack_timeout`` passes. A message coming back counts one more
+delivery; once it has been delivered ``max_deliveries`` times it is not handed out
+again but moved to the queue's dead-letter topic, in the same write that takes it out
+of its lease.
+
+**Ack state** (:mod:`tidings.codec.queues`): the read position plus one record per
+lease. What is acked is implicit: everything up to the read position that no lease
+record holds. So the ack state grows with the messages in flight, not with the topic,
+and an ack compacts it (it deletes or shrinks a lease record).
+
+**Transactions.** ``ack(transaction=tx)`` moves the messages into a lease record
+written under ``tx``'s write pointer (Pulsar's pending ack): no other worker gets
+them, and the record resolves against the transaction service's snapshot at the
+queue's next call: committed, the messages are acked; aborted (or timed out), they
+are delivered again. An ack that conflicts (the lease passed to another worker,
+another worker or transaction acked the message) raises
+:class:`~tidings.errors.AckConflict` and invalidates the transaction, so a slow
+worker's output never joins a faster one's.
+
+**Durability.** Every state change is one store write, queued under the queue's lock
+(so writes land in the order the memory changed) and awaited outside it (so
+concurrent workers share fsyncs). A queue's memory is rebuilt from its records on
+first use after a restart: leases keep their deadlines, so a dead worker's messages
+come back after their timeout, and nothing acked comes back.
+
+Queues need the transaction service in the same process (role ``all``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from tidings.codec import queues as qkeys
+from tidings.codec.queues import LeaseRecord, QueueRecord
+from tidings.errors import (
+    AckConflict,
+    BadRequest,
+    NotDelivered,
+    QueueNotFound,
+    TidingsError,
+    TopicAlreadyExists,
+)
+from tidings.messaging import MessagingService
+from tidings.messaging.counters import RateMeter
+from tidings.names import check_name
+from tidings.store.backend import Store, WriteView
+from tidings.structs import Message, MessageId, QueueStats, Record, Transaction
+from tidings.tx import TransactionManager
+from tidings.tx.visibility import is_visible
+
+__all__ = [
+    "DEFAULT_ACK_TIMEOUT_MS",
+    "DEFAULT_MAX_DELIVERIES",
+    "MAX_ACK_TIMEOUT_MS",
+    "MAX_DELIVERIES_LIMIT",
+    "QueueCoordinator",
+    "dead_letter_topic",
+]
+
+_META = "metadata"
+_log = logging.getLogger(__name__)
+
+DEFAULT_ACK_TIMEOUT_MS = 30_000
+MAX_ACK_TIMEOUT_MS = 12 * 3600 * 1000
+#: RabbitMQ's quorum queues default to 20 deliveries since 4.0; so do we.
+DEFAULT_MAX_DELIVERIES = 20
+MAX_DELIVERIES_LIMIT = 1000
+STARTS = ("earliest", "latest")
+#: Acks remembered per queue, so a retried ack is answered as done (and an ack of a
+#: message another worker acked is told apart from one of a message never delivered).
+_RECENT_ACKS = 100_000
+#: Most unread messages a depth count examines (a lower bound past it).
+_DEPTH_BUDGET = 100_000
+#: Headers a dead-lettered message carries besides its own.
+DEAD_LETTER_HEADERS = (
+    "tidings-dead-letter-id",
+    "tidings-dead-letter-topic",
+    "tidings-dead-letter-queue",
+    "tidings-delivery-count",
+)
+
+
+def dead_letter_topic(topic: str) -> str:
+    """The default dead-letter topic of ``topic``'s queues: ``<topic>-dlq`` (topic names
+    cannot hold a dot), shortened to stay a valid name."""
+    return topic[:124] + "-dlq"
+
+
+@dataclass(slots=True)
+class _Entry:
+    """A message handed out and not acked."""
+
+    message: Message
+    count: int  # deliveries so far
+    lease: int  # the lease record holding it
+    owners: list[str] = field(default_factory=list)  # workers it was leased to
+
+
+@dataclass(slots=True)
+class _Lease:
+    owner: str  # "": returned to the queue
+    deadline: int  # ms since the epoch; 0 for returned ones
+    write_pointer: int  # non-zero: acked in that transaction, not ended yet
+    ids: dict[MessageId, None]  # insertion-ordered set
+    expired: bool = False  # its deadline passed and its messages went back
+
+    def active(self) -> bool:
+        return bool(self.owner) and not self.expired and not self.write_pointer
+
+
+_QueueId = tuple[int, int, str]  # topic id, topic generation, queue
+
+
+class _Queue:
+    """One queue's memory: its record, entries, leases and counters."""
+
+    def __init__(self, namespace: str, topic: str, qid: _QueueId, record: QueueRecord) -> None:
+        self.namespace = namespace
+        self.topic = topic
+        self.qid = qid
+        self.record = record
+        self.lock = threading.Lock()
+        self.entries: dict[MessageId, _Entry] = {}
+        self.leases: dict[int, _Lease] = {}
+        self.available: list[MessageId] = []  # a heap; stale ids are skipped
+        self.next_lease = 1
+        self.recent: OrderedDict[MessageId, str] = OrderedDict()
+        self.broken = False
+        self.popped = self.acked = self.nacked = 0
+        self.redelivered = self.dead_lettered = self.expired = 0
+        self.pop_rate = RateMeter()
+        self.ack_rate = RateMeter()
+
+    def is_available(self, entry: _Entry) -> bool:
+        lease = self.leases[entry.lease]
+        return not lease.write_pointer and (not lease.owner or lease.expired)
+
+    def lease_key(self, lease: int) -> bytes:
+        return qkeys.lease_key(*self.qid, lease)
+
+    def lease_value(self, lease_no: int) -> bytes | None:
+        """The record of a lease as memory has it now (None: it holds nothing)."""
+        lease = self.leases.get(lease_no)
+        if lease is None or not lease.ids:
+            return None
+        entries = tuple((m, self.entries[m].count) for m in lease.ids)
+        owner = "" if lease.expired else lease.owner
+        return qkeys.encode_lease(LeaseRecord(owner, lease.deadline, lease.write_pointer, entries))
+
+    def take(self, ids: Iterable[MessageId]) -> set[int]:
+        """Take messages out of their leases; the leases touched."""
+        touched = set()
+        for message_id in ids:
+            entry = self.entries[message_id]
+            lease = self.leases[entry.lease]
+            del lease.ids[message_id]
+            touched.add(entry.lease)
+        return touched
+
+    def writes(self, leases: Iterable[int]) -> list[tuple[bytes, bytes | None]]:
+        """The record writes that bring the touched leases' records up to memory;
+        empty leases are forgotten."""
+        out = []
+        for lease_no in sorted(set(leases)):
+            value = self.lease_value(lease_no)
+            out.append((self.lease_key(lease_no), value))
+            if value is None:
+                self.leases.pop(lease_no, None)
+        return out
+
+    def new_lease(self, owner: str, deadline: int, write_pointer: int) -> int:
+        lease_no = self.next_lease
+        self.next_lease += 1
+        self.leases[lease_no] = _Lease(owner, deadline, write_pointer, {})
+        return lease_no
+
+    def put_in(self, lease_no: int, ids: Iterable[MessageId]) -> None:
+        lease = self.leases[lease_no]
+        for message_id in ids:
+            lease.ids[message_id] = None
+            self.entries[message_id].lease = lease_no
+
+    def remember_acked(self, ids: Iterable[MessageId], owner: str) -> None:
+        for message_id in ids:
+            self.recent[message_id] = owner
+            self.recent.move_to_end(message_id)
+        while len(self.recent) > _RECENT_ACKS:
+            self.recent.popitem(last=False)
+
+    def cursor(self) -> MessageId | None:
+        if not self.entries:
+            return self.record.read
+        return min(self.entries).previous()
+
+
+class QueueCoordinator:
+    """Every queue of every topic, over the store, the messaging core and the
+    transaction manager. Thread-safe."""
+
+    def __init__(
+        self,
+        store: Store,
+        messaging: MessagingService,
+        tx: TransactionManager,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._messaging = messaging
+        self._tx = tx
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._queues: dict[_QueueId, _Queue] = {}
+        self._listeners: list[Callable[[str, str], None]] = []
+
+    def add_listener(self, fn: Callable[[str, str], None]) -> None:
+        """Call ``fn(namespace, topic)`` when messages of a queue become available
+        other than by a publish (nack, close): long-polling pops wake on it."""
+        self._listeners.append(fn)
+
+    def _now(self) -> int:
+        return int(self._clock() * 1000)
+
+    # --- the worker's calls ------------------------------------------------------------
+
+    def pop(
+        self,
+        namespace: str,
+        topic: str,
+        queue: str,
+        consumer: str,
+        *,
+        max_messages: int,
+        ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS,
+        snapshot: Transaction,
+        max_deliveries: int | None = None,
+        dead_letter: str | None = None,
+        start: str = "earliest",
+    ) -> list[Message]:
+        """Lease up to ``max_messages`` of the oldest available messages to
+        ``consumer`` for ``ack_timeout_ms``; the queue is created by its first pop (with
+        ``max_deliveries``, ``dead_letter`` and ``start``; given later, the first two
+        change it). Returns at once, maybe with nothing (the route long-polls)."""
+        _check_consumer(consumer)
+        fetch_max = self._messaging.config.fetch_max_limit
+        if isinstance(max_messages, bool) or not 1 <= max_messages <= fetch_max:
+            raise BadRequest(f"maxMessages must be in [1, {fetch_max}], got {max_messages}")
+        if not 1 <= ack_timeout_ms <= MAX_ACK_TIMEOUT_MS:
+            raise BadRequest(
+                f"ackTimeoutMs must be in [1, {MAX_ACK_TIMEOUT_MS}], got {ack_timeout_ms}"
+            )
+        q = self._open(namespace, topic, queue, max_deliveries, dead_letter, start)
+        with q.lock:
+            self._settle(q, snapshot)
+            now = self._now()
+            chosen: list[_Entry] = []
+            dead: list[_Entry] = []
+            while q.available and len(chosen) < max_messages:
+                entry = q.entries.get(heapq.heappop(q.available))
+                if entry is None or not q.is_available(entry):
+                    continue  # acked or handed out since it was queued
+                if entry.count >= q.record.max_deliveries:
+                    dead.append(entry)
+                else:
+                    chosen.append(entry)
+            fresh: list[Message] = []
+            if len(chosen) < max_messages:
+                read = q.record.read
+                fresh = self._messaging.fetch(
+                    namespace,
+                    topic,
+                    start=read,
+                    inclusive=read is None,
+                    limit=max_messages - len(chosen),
+                    transaction=snapshot,
+                )
+            if not chosen and not dead and not fresh:
+                return []
+            touched = q.take(e.message.id for e in chosen + dead)
+            for entry in dead:
+                del q.entries[entry.message.id]
+            lease_no = q.new_lease(consumer, now + ack_timeout_ms, 0)
+            for message in fresh:
+                q.entries[message.id] = _Entry(message, 0, lease_no)
+            out: list[Message] = []
+            for entry in sorted(chosen, key=_entry_id) + [q.entries[m.id] for m in fresh]:
+                entry.count += 1
+                entry.owners.append(consumer)
+                out.append(entry.message._replace(delivery_count=entry.count))
+            q.put_in(lease_no, (m.id for m in out))
+            writes = q.writes([*touched, lease_no])
+            if fresh:
+                q.record = _replace_read(q.record, fresh[-1].id)
+                writes.append((qkeys.queue_key(*q.qid), qkeys.encode_queue(q.record)))
+            q.popped += len(out)
+            q.redelivered += len(chosen)
+            q.dead_lettered += len(dead)
+            q.pop_rate.add(len(out), time.monotonic())
+            if dead:
+                done = self._dead_letter(q, dead, writes)
+            else:
+                done = self._store.submit(_write_all(writes))
+        self._await(q, done)
+        return out
+
+    def ack(
+        self,
+        namespace: str,
+        topic: str,
+        queue: str,
+        consumer: str,
+        ids: Sequence[MessageId],
+        *,
+        write_pointer: int | None = None,
+    ) -> None:
+        """Ack messages ``consumer`` popped: for good, or (``write_pointer``) if and only
+        if that transaction commits. :class:`NotDelivered` for messages never delivered
+        to it, :class:`AckConflict` for messages that another worker holds or acked
+        (the transaction is invalidated then); nothing changes on either."""
+        _check_consumer(consumer)
+        _check_ids(ids)
+        q = self._require(namespace, topic, queue)
+        with q.lock:
+            self._settle(q, self._snapshot())
+            try:
+                todo = self._claim(q, consumer, ids, write_pointer)
+            except AckConflict:
+                if write_pointer is not None:
+                    with contextlib.suppress(TidingsError):
+                        self._tx.invalidate(write_pointer)
+                raise
+            if write_pointer is not None:
+                self._tx.check_writable(write_pointer)
+            touched = q.take(todo)
+            if write_pointer is None:
+                for message_id in todo:
+                    del q.entries[message_id]
+                q.remember_acked(todo, consumer)
+                q.acked += len(todo)
+                q.ack_rate.add(len(todo), time.monotonic())
+                writes = q.writes(touched)
+                guard = None
+            else:
+                lease_no = q.new_lease(consumer, 0, write_pointer)
+                q.put_in(lease_no, todo)
+                writes = q.writes([*touched, lease_no])
+                guard = write_pointer
+            if not writes:
+                return
+            done = self._store.submit(_write_all(writes, self._tx, guard))
+        self._await(q, done)
+
+    def nack(
+        self, namespace: str, topic: str, queue: str, consumer: str, ids: Sequence[MessageId]
+    ) -> None:
+        """Give messages back to the queue at once (seed 004's rollback): they go ahead
+        of newer ones. Errors as :meth:`ack`."""
+        _check_consumer(consumer)
+        _check_ids(ids)
+        q = self._require(namespace, topic, queue)
+        with q.lock:
+            self._settle(q, self._snapshot())
+            todo = [
+                m for m in self._claim(q, consumer, ids, None) if not q.is_available(q.entries[m])
+            ]
+            if not todo:
+                return
+            touched = q.take(todo)
+            lease_no = q.new_lease("", 0, 0)
+            q.put_in(lease_no, todo)
+            for message_id in todo:
+                heapq.heappush(q.available, message_id)
+            q.nacked += len(todo)
+            done = self._store.submit(_write_all(q.writes([*touched, lease_no])))
+        self._await(q, done)
+        self._notify(namespace, topic)
+
+    def release(self, namespace: str, topic: str, queue: str, consumer: str) -> int:
+        """Give back every lease ``consumer`` holds (its ``close()``); how many messages."""
+        _check_consumer(consumer)
+        q = self._require(namespace, topic, queue)
+        with q.lock:
+            self._settle(q, self._snapshot())
+            mine = [
+                n for n, lease in q.leases.items() if lease.owner == consumer and lease.active()
+            ]
+            count = 0
+            for lease_no in mine:
+                lease = q.leases[lease_no]
+                lease.owner, lease.deadline = "", 0
+                for message_id in lease.ids:
+                    heapq.heappush(q.available, message_id)
+                count += len(lease.ids)
+            if not mine:
+                return 0
+            done = self._store.submit(_write_all(q.writes(mine)))
+        self._await(q, done)
+        self._notify(namespace, topic)
+        return count
+
+    def rollback(self, namespace: str, topic: str, queue: str, write_pointer: int) -> int:
+        """Give back the messages acked under ``write_pointer``: its transaction is being
+        aborted (Tephra's rollback before abort: an aborted transaction leaves nothing
+        behind). How many messages came back."""
+        q = self._require(namespace, topic, queue)
+        with q.lock:
+            held = [n for n, lease in q.leases.items() if lease.write_pointer == write_pointer]
+            count = 0
+            for lease_no in held:
+                lease = q.leases[lease_no]
+                lease.write_pointer, lease.owner, lease.deadline = 0, "", 0
+                for message_id in lease.ids:
+                    heapq.heappush(q.available, message_id)
+                count += len(lease.ids)
+            if not held:
+                return 0
+            done = self._store.submit(_write_all(q.writes(held)))
+        self._await(q, done)
+        self._notify(namespace, topic)
+        return count
+
+    def next_deadline(self, namespace: str, topic: str, queue: str) -> float | None:
+        """Seconds until the queue's next lease runs out (None: no lease running), so a
+        waiting pop wakes for it."""
+        q = self._queues.get(self._qid(namespace, topic, queue))
+        if q is None:
+            return None
+        with q.lock:
+            deadlines = [lease.deadline for lease in q.leases.values() if lease.active()]
+        if not deadlines:
+            return None
+        return max(0.0, (min(deadlines) - self._now()) / 1000)
+
+    # --- administration ------------------------------------------------------------------
+
+    def describe(self, namespace: str, topic: str, queue: str) -> QueueStats:
+        """The queue's settings, positions, in-flight messages, depth and counters."""
+        q = self._require(namespace, topic, queue)
+        snapshot = self._snapshot()
+        with q.lock:
+            self._settle(q, snapshot)
+            consumers: dict[str, int] = {}
+            pending = 0
+            for lease in q.leases.values():
+                if lease.active() or lease.write_pointer:
+                    pending += len(lease.ids)
+                    consumers[lease.owner] = consumers.get(lease.owner, 0) + len(lease.ids)
+            returned = len(q.entries) - pending
+            read, cursor, record = q.record.read, q.cursor(), q.record
+            ack_state = len(q.entries)
+            counters = (
+                q.popped, q.acked, q.nacked, q.redelivered, q.dead_lettered, q.expired,
+            )  # fmt: skip
+            now = time.monotonic()
+            rates = q.pop_rate.rate(now), q.ack_rate.rate(now)
+        unread, exact = self._unread(namespace, topic, read, snapshot)
+        pushed = self._messaging.counters().get((namespace, topic))
+        return QueueStats(
+            queue=queue,
+            max_deliveries=record.max_deliveries,
+            dead_letter_topic=record.dead_letter_topic,
+            start=record.start,
+            cursor=cursor,
+            read=read,
+            pending=pending,
+            waiting=returned + unread,
+            waiting_exact=exact,
+            consumers=consumers,
+            pushed=0 if pushed is None else pushed.messages_published,
+            popped=counters[0],
+            acked=counters[1],
+            nacked=counters[2],
+            redelivered=counters[3],
+            dead_lettered=counters[4],
+            expired=counters[5],
+            pop_rate=rates[0],
+            ack_rate=rates[1],
+            ack_state=ack_state,
+        )
+
+    def names(self, namespace: str, topic: str) -> list[str]:
+        """The names of the topic's queues, sorted."""
+        topic_id, generation = self._messaging.identity(namespace, topic)
+        start, stop = qkeys.queues_range(topic_id, generation)
+        with self._store.read() as view:
+            return [qkeys.queue_name_of(k) for k, _ in view.scan(_META, start, stop)]
+
+    def all_names(self, namespace: str) -> list[tuple[str, str]]:
+        """``(topic, queue)`` of every queue of the namespace's live topics."""
+        out: list[tuple[str, str]] = []
+        for topic in self._messaging.list_topics(namespace):
+            with contextlib.suppress(TidingsError):  # deleted meanwhile
+                out.extend((topic, name) for name in self.names(namespace, topic))
+        return out
+
+    def purge(self, namespace: str, topic: str, queue: str) -> int:
+        """Ack everything the queue holds and everything published so far (leases
+        included; transactions holding acks of it are invalidated); how many messages
+        it dropped that were in flight."""
+        q = self._require(namespace, topic, queue)
+        snapshot = self._snapshot()
+        with q.lock:
+            end = self._messaging.end(namespace, topic, snapshot)
+            read = end.newest_id if end.last_stable_id is None else end.last_stable_id.previous()
+            for lease in q.leases.values():
+                if lease.write_pointer:
+                    with contextlib.suppress(TidingsError):
+                        self._tx.invalidate(lease.write_pointer)
+            dropped = len(q.entries)
+            writes: list[tuple[bytes, bytes | None]] = [
+                (q.lease_key(n), None) for n in sorted(q.leases)
+            ]
+            if read is not None and (q.record.read is None or read > q.record.read):
+                q.record = _replace_read(q.record, read)
+            writes.append((qkeys.queue_key(*q.qid), qkeys.encode_queue(q.record)))
+            q.entries.clear()
+            q.leases.clear()
+            q.available.clear()
+            done = self._store.submit(_write_all(writes))
+        self._await(q, done)
+        return dropped
+
+    def delete(self, namespace: str, topic: str, queue: str) -> None:
+        """Delete a queue and its state (leases held now are dropped)."""
+        q = self._require(namespace, topic, queue)
+        start, stop = qkeys.leases_range(*q.qid)
+
+        def drop(view: WriteView) -> None:
+            view.delete(_META, qkeys.queue_key(*q.qid))
+            view.delete_range(_META, start, stop)
+
+        with q.lock:
+            q.broken = True
+            self._store.apply(drop)
+        with self._lock:
+            self._queues.pop(q.qid, None)
+
+    def forget_topic(self, topic_id: int) -> None:
+        """Drop every queue row of a deleted topic (all its generations)."""
+
+        def drop(view: WriteView) -> None:
+            for start, stop in qkeys.topic_range(topic_id):
+                view.delete_range(_META, start, stop)
+
+        self._store.apply(drop)
+        with self._lock:
+            for qid in [k for k in self._queues if k[0] == topic_id]:
+                self._queues.pop(qid).broken = True
+
+    def referenced_pointers(self, candidates: set[int]) -> set[int]:
+        """The pointers among ``candidates`` that a lease record is written under (the
+        invalid-list pruner keeps those: they decide whether acks count)."""
+        found: set[int] = set()
+        prefix = qkeys.LEASE_PREFIX
+        with self._store.read() as view:
+            for _, raw in view.scan(_META, prefix, prefix + b"\xff"):
+                write_pointer = qkeys.decode_lease(raw).write_pointer
+                if write_pointer in candidates:
+                    found.add(write_pointer)
+        return found
+
+    def stats(self) -> list[tuple[str, str, QueueStats]]:
+        """``(namespace, topic, stats)`` of every queue in memory (for ``/metrics``)."""
+        with self._lock:
+            queues = [q for q in self._queues.values() if not q.broken]
+        out = []
+        for q in queues:
+            with contextlib.suppress(TidingsError):
+                out.append((q.namespace, q.topic, self.describe(q.namespace, q.topic, q.qid[2])))
+        return out
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _snapshot(self) -> Transaction:
+        snapshot = self._tx.snapshot()
+        assert snapshot is not None
+        return snapshot
+
+    def _qid(self, namespace: str, topic: str, queue: str) -> _QueueId:
+        check_name(queue, "queue")
+        topic_id, generation = self._messaging.identity(namespace, topic)
+        return topic_id, generation, queue
+
+    def _require(self, namespace: str, topic: str, queue: str) -> _Queue:
+        q = self._load(namespace, topic, self._qid(namespace, topic, queue))
+        if q is None:
+            raise QueueNotFound(f"topic {namespace}:{topic} has no queue {queue}")
+        return q
+
+    def _open(
+        self,
+        namespace: str,
+        topic: str,
+        queue: str,
+        max_deliveries: int | None,
+        dead_letter: str | None,
+        start: str,
+    ) -> _Queue:
+        if max_deliveries is not None and not 1 <= max_deliveries <= MAX_DELIVERIES_LIMIT:
+            raise BadRequest(
+                f"maxDeliveries must be in [1, {MAX_DELIVERIES_LIMIT}], got {max_deliveries}"
+            )
+        if dead_letter is not None:
+            check_name(dead_letter, "dead-letter topic")
+            if dead_letter == topic:
+                raise BadRequest("a queue's dead-letter topic cannot be its own topic")
+        if start not in STARTS:
+            raise BadRequest(f"start must be one of {', '.join(STARTS)}, got {start!r}")
+        qid = self._qid(namespace, topic, queue)
+        q = self._load(namespace, topic, qid)
+        if q is None:
+            with self._lock:
+                q = self._queues.get(qid)
+                if q is None:
+                    read = None
+                    if start == "latest":
+                        end = self._messaging.end(namespace, topic, self._snapshot())
+                        read = end.newest_id
+                        if end.last_stable_id is not None:
+                            read = end.last_stable_id.previous()
+                    record = QueueRecord(
+                        max_deliveries or DEFAULT_MAX_DELIVERIES,
+                        dead_letter or dead_letter_topic(topic),
+                        start,
+                        read,
+                    )
+                    self._store.apply(
+                        _write_all([(qkeys.queue_key(*qid), qkeys.encode_queue(record))])
+                    )
+                    q = self._queues[qid] = _Queue(namespace, topic, qid, record)
+        wanted_max = q.record.max_deliveries if max_deliveries is None else max_deliveries
+        wanted_dlq = q.record.dead_letter_topic if dead_letter is None else dead_letter
+        if (wanted_max, wanted_dlq) != (q.record.max_deliveries, q.record.dead_letter_topic):
+            with q.lock:
+                q.record = QueueRecord(wanted_max, wanted_dlq, q.record.start, q.record.read)
+                done = self._store.submit(
+                    _write_all([(qkeys.queue_key(*q.qid), qkeys.encode_queue(q.record))])
+                )
+            self._await(q, done)
+        return q
+
+    def _load(self, namespace: str, topic: str, qid: _QueueId) -> _Queue | None:
+        """The queue's memory, rebuilt from its records on first use (None: no queue)."""
+        with self._lock:
+            q = self._queues.get(qid)
+            if q is not None and not q.broken:
+                return q
+            with self._store.read() as view:
+                raw = view.get(_META, qkeys.queue_key(*qid))
+                if raw is None:
+                    return None
+                start, stop = qkeys.leases_range(*qid)
+                leases = [
+                    (qkeys.lease_no_of(k), qkeys.decode_lease(v))
+                    for k, v in view.scan(_META, start, stop)
+                ]
+            q = _Queue(namespace, topic, qid, qkeys.decode_queue(raw))
+            found = self._messages(namespace, topic, [m for _, r in leases for m, _ in r.entries])
+            now = self._now()
+            for lease_no, record in leases:
+                lease = _Lease(record.owner, record.deadline, record.write_pointer, {})
+                q.leases[lease_no] = lease
+                q.next_lease = max(q.next_lease, lease_no + 1)
+                for message_id, count in record.entries:
+                    message = found.get(message_id)
+                    if message is None:
+                        continue  # past its retention meanwhile: nothing to deliver
+                    owners = [record.owner] if record.owner else []
+                    q.entries[message_id] = _Entry(message, count, lease_no, owners)
+                    lease.ids[message_id] = None
+                if not record.write_pointer and (not record.owner or record.deadline <= now):
+                    lease.expired = bool(record.owner)
+                    q.available.extend(lease.ids)
+            heapq.heapify(q.available)
+            self._queues[qid] = q
+            return q
+
+    def _messages(
+        self, namespace: str, topic: str, ids: Sequence[MessageId]
+    ) -> dict[MessageId, Message]:
+        """The messages with these ids that the topic still holds, read page by page
+        from each id not yet found."""
+        found: dict[MessageId, Message] = {}
+        for message_id in sorted(ids):
+            if message_id in found:
+                continue
+            page = self._messaging.fetch(
+                namespace, topic, start=message_id, inclusive=True, limit=1000
+            )
+            found.update((m.id, m) for m in page)
+        wanted = set(ids)
+        return {k: v for k, v in found.items() if k in wanted}
+
+    def _settle(self, q: _Queue, snapshot: Transaction) -> None:
+        """Bring the queue up to now: transactions holding acks that ended resolve (acked
+        if committed, back to the queue if not); leases past their deadline return
+        their messages. Writes only what a restart could not work out by itself."""
+        writes: list[tuple[bytes, bytes | None]] = []
+        for lease_no, lease in list(q.leases.items()):
+            wp = lease.write_pointer
+            if not wp:
+                continue
+            if wp in snapshot.invalid:
+                lease.write_pointer, lease.owner, lease.deadline = 0, "", 0
+                q.available.extend(lease.ids)
+                heapq.heapify(q.available)
+                writes.extend(q.writes([lease_no]))
+            elif is_visible(snapshot, wp):
+                for message_id in lease.ids:
+                    del q.entries[message_id]
+                q.remember_acked(lease.ids, lease.owner)
+                q.acked += len(lease.ids)
+                q.ack_rate.add(len(lease.ids), time.monotonic())
+                lease.ids.clear()
+                writes.extend(q.writes([lease_no]))
+        now = self._now()
+        for lease in q.leases.values():
+            if lease.active() and lease.deadline <= now:
+                # Nothing to write: the record's deadline says the same after a restart.
+                lease.expired = True
+                q.expired += len(lease.ids)
+                for message_id in lease.ids:
+                    heapq.heappush(q.available, message_id)
+        if writes:
+            # Resolutions are facts of the transaction service already: memory may run
+            # ahead of this write, a restart resolves the same way.
+            self._store.submit(_write_all(writes))
+
+    def _claim(
+        self, q: _Queue, consumer: str, ids: Sequence[MessageId], write_pointer: int | None
+    ) -> list[MessageId]:
+        """The messages of ``ids`` the call may act on (those it acked already are left
+        out), or the error naming those it may not."""
+        unknown: list[MessageId] = []
+        conflicts: list[tuple[MessageId, str]] = []
+        todo: dict[MessageId, None] = {}
+        read = q.record.read
+        for message_id in ids:
+            entry = q.entries.get(message_id)
+            if entry is None:
+                acker = q.recent.get(message_id)
+                if acker is None or read is None or message_id > read:
+                    unknown.append(message_id)
+                elif acker != consumer:
+                    conflicts.append((message_id, "another worker acked it"))
+                elif write_pointer is not None:
+                    conflicts.append((message_id, "it was acked already, outside this transaction"))
+                continue
+            lease = q.leases[entry.lease]
+            if lease.write_pointer:
+                if lease.write_pointer != write_pointer:
+                    conflicts.append((message_id, "a transaction still open acked it"))
+                continue  # acked in this transaction already
+            if consumer not in entry.owners:
+                unknown.append(message_id)
+            elif (lease.owner if lease.active() else entry.owners[-1]) != consumer:
+                conflicts.append((message_id, "its lease passed to another worker"))
+            else:
+                todo[message_id] = None
+        if unknown:
+            raise NotDelivered(
+                f"{len(unknown)} message(s) were never delivered to this worker by queue "
+                f"{q.qid[2]} (or were acked already): {_ids_text(unknown)}"
+            )
+        if conflicts:
+            reasons = sorted({why for _, why in conflicts})
+            raise AckConflict(
+                f"{len(conflicts)} message(s) of queue {q.qid[2]} cannot be acked by this "
+                f"worker ({'; '.join(reasons)}): {_ids_text([m for m, _ in conflicts])}"
+            )
+        return list(todo)
+
+    def _dead_letter(
+        self, q: _Queue, dead: list[_Entry], writes: list[tuple[bytes, bytes | None]]
+    ) -> Future[None]:
+        target = q.record.dead_letter_topic
+        with contextlib.suppress(TopicAlreadyExists):
+            self._messaging.create_topic(q.namespace, target)
+        records = [
+            Record(
+                e.message.payload,
+                e.message.key,
+                {
+                    **e.message.headers,
+                    "tidings-dead-letter-id": e.message.id.hex.encode("ascii"),
+                    "tidings-dead-letter-topic": q.topic.encode("ascii"),
+                    "tidings-dead-letter-queue": q.qid[2].encode("ascii"),
+                    "tidings-delivery-count": str(e.count).encode("ascii"),
+                },
+            )
+            for e in sorted(dead, key=_entry_id)
+        ]
+        return self._messaging.publish_with_future(q.namespace, target, records, _write_all(writes))
+
+    def _await(self, q: _Queue, done: Future[None]) -> None:
+        try:
+            done.result()
+        except BaseException:
+            # Memory ran ahead of a write that failed: rebuild it from the records.
+            q.broken = True
+            raise
+
+    def _unread(
+        self, namespace: str, topic: str, read: MessageId | None, snapshot: Transaction
+    ) -> tuple[int, bool]:
+        count = 0
+        start = read
+        page_size = self._messaging.config.fetch_max_limit
+        while count < _DEPTH_BUDGET:
+            page = self._messaging.fetch_ids(
+                namespace,
+                topic,
+                start=start,
+                inclusive=start is None,
+                limit=page_size,
+                transaction=snapshot,
+            )
+            count += len(page)
+            if len(page) < page_size:
+                return count, True
+            start = page[-1]
+        return count, False
+
+    def _notify(self, namespace: str, topic: str) -> None:
+        for fn in self._listeners:
+            fn(namespace, topic)
+
+
+def _entry_id(entry: _Entry) -> MessageId:
+    return entry.message.id
+
+
+def _replace_read(record: QueueRecord, read: MessageId) -> QueueRecord:
+    return QueueRecord(record.max_deliveries, record.dead_letter_topic, record.start, read)
+
+
+def _write_all(
+    writes: list[tuple[bytes, bytes | None]],
+    tx: TransactionManager | None = None,
+    write_pointer: int | None = None,
+) -> Callable[[WriteView], None]:
+    def write(view: WriteView) -> None:
+        if tx is not None and write_pointer is not None:
+            # In the write itself, as publishes are: nothing lands under a transaction
+            # that ended, so pruning the invalid list stays safe.
+            tx.check_writable(write_pointer)
+        for key, value in writes:
+            if value is None:
+                view.delete(_META, key)
+            else:
+                view.put(_META, key, value)
+
+    return write
+
+
+def _check_consumer(consumer: object) -> None:
+    if not isinstance(consumer, str) or not 1 <= len(consumer) <= 64 or not consumer.isalnum():
+        raise BadRequest("a consumer id is 1-64 letters and digits")
+
+
+def _check_ids(ids: Sequence[MessageId]) -> None:
+    if not ids:
+        raise BadRequest("an ack or nack names at least one message id")
+
+
+def _ids_text(ids: Sequence[MessageId]) -> str:
+    shown = ", ".join(m.hex for m in ids[:10])
+    return shown if len(ids) <= 10 else f"{shown} and {len(ids) - 10} more"

@@ -1,0 +1,214 @@
+"""Queues under ``/v1/namespaces/{ns}/topics/{topic}/queues`` (docs/api.md, "Queues").
+
+Bodies are JSON. A pop answers messages in the medium its ``Accept`` header names
+(JSON without one), with each message's delivery count in a header, so the Avro fast
+path serves pops too. Everything here needs both services in the process (503
+otherwise); the coordinator's calls block on store writes, so they run on the worker
+threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tidings.codec import queue_bodies, wire
+from tidings.consumers.queues import DEFAULT_ACK_TIMEOUT_MS
+from tidings.errors import BadRequest, TidingsError
+from tidings.names import check_name
+from tidings.server.bodies import json_object, read_body, require_json
+from tidings.server.handlers import Api, json_response
+from tidings.server.routes.messaging import COUNT_HEADER, LAST_ID_HEADER, TOPIC, _wait_ms
+from tidings.structs import Message, Transaction
+from tidings.tx import TransactionManager
+
+__all__ = ["QUEUE", "QUEUES", "routes"]
+
+NAMESPACE_QUEUES = "/v1/namespaces/{ns}/queues"
+QUEUES = TOPIC + "/queues"
+QUEUE = QUEUES + "/{queue}"
+
+
+def _names(request: Request) -> tuple[str, str, str]:
+    params = request.path_params
+    return (
+        check_name(params["ns"], "namespace"),
+        check_name(params["topic"], "topic"),
+        check_name(params["queue"], "queue"),
+    )
+
+
+def _answer_media(request: Request) -> wire.Media:
+    try:
+        return wire.media_for(request.headers.get("accept"))
+    except TidingsError:
+        return wire.JSON  # "*/*" and the like: the default
+
+
+def routes(api: Api) -> list[Route]:
+    """Every queue route."""
+    max_body = api.config.max_body_bytes
+    max_wait_ms = api.config.max_wait_ms
+    longpolls = api.longpolls
+
+    async def body(request: Request, what: str) -> dict[str, object]:
+        require_json(request)
+        return json_object(await read_body(request, max_body), what)
+
+    async def snapshot() -> Transaction:
+        tx = api.services.tx
+        assert tx is not None  # api.queues answered 503 otherwise
+        found = tx.snapshot(wait=False)
+        if found is None:
+            found = await api.blocking(_durable, tx)
+        return found
+
+    @api.endpoint(NAMESPACE_QUEUES)
+    async def all_queues(request: Request) -> Response:
+        coordinator = api.queues
+        ns = check_name(request.path_params["ns"], "namespace")
+        found = await api.blocking(coordinator.all_names, ns)
+        return json_response([{"topic": t, "queue": q} for t, q in found])
+
+    @api.endpoint(QUEUES)
+    async def queues(request: Request) -> Response:
+        coordinator = api.queues
+        ns = check_name(request.path_params["ns"], "namespace")
+        topic = check_name(request.path_params["topic"], "topic")
+        return json_response(await api.blocking(coordinator.names, ns, topic))
+
+    @api.endpoint(QUEUE)
+    async def queue(request: Request) -> Response:
+        coordinator = api.queues
+        ns, topic, name = _names(request)
+        if request.method == "DELETE":
+            await api.blocking(coordinator.delete, ns, topic, name)
+            return json_response({})
+        stats = await api.blocking(coordinator.describe, ns, topic, name)
+        return json_response(queue_bodies.queue_json(stats))
+
+    @api.endpoint(QUEUE + "/pop")
+    async def pop(request: Request) -> Response:
+        coordinator = api.queues
+        ns, topic, name = _names(request)
+        wait_ms = _wait_ms(request, max_wait_ms)
+        req = queue_bodies.read_pop_request(await body(request, "pop request"))
+        media = _answer_media(request)
+
+        async def take() -> list[Message]:
+            tx = await snapshot()
+            return await api.blocking(
+                coordinator.pop,
+                ns,
+                topic,
+                name,
+                req.consumer,
+                max_messages=req.max_messages,
+                ack_timeout_ms=req.ack_timeout_ms or DEFAULT_ACK_TIMEOUT_MS,
+                snapshot=tx,
+                max_deliveries=req.max_deliveries,
+                dead_letter=req.dead_letter_topic,
+                start=req.start,
+            )
+
+        if wait_ms <= 0:
+            messages = await take()
+        else:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + wait_ms / 1000
+            while True:
+                # Woken by a publish, a nack or close on the topic, or a transaction's
+                # end (an abort gives acked messages back); a lease running out wakes
+                # nobody, so the wait stops at the next deadline.
+                woken = longpolls.park(ns, topic, transactions=True)
+                try:
+                    messages = await take()
+                    remaining = deadline - loop.time()
+                    if messages or remaining <= 0 or longpolls.closed:
+                        break
+                    lease_end = coordinator.next_deadline(ns, topic, name)
+                    pause = min(remaining, 1.0 if lease_end is None else lease_end + 0.001)
+                    await longpolls.wait(woken, pause)
+                finally:
+                    longpolls.unpark(woken, ns, topic)
+        headers = {
+            COUNT_HEADER: str(len(messages)),
+            queue_bodies.DELIVERY_COUNTS_HEADER: queue_bodies.delivery_counts(
+                [m.delivery_count for m in messages]
+            ),
+        }
+        if messages:
+            headers[LAST_ID_HEADER] = messages[-1].id.hex
+        return Response(
+            wire.encode_messages(messages, media), media_type=media.value, headers=headers
+        )
+
+    @api.endpoint(QUEUE + "/ack")
+    async def ack(request: Request) -> Response:
+        coordinator = api.queues
+        ns, topic, name = _names(request)
+        consumer, ids, write_pointer = queue_bodies.read_ack_request(
+            await body(request, "ack request")
+        )
+        await api.blocking(
+            coordinator.ack, ns, topic, name, consumer, ids, write_pointer=write_pointer
+        )
+        return json_response({})
+
+    @api.endpoint(QUEUE + "/nack")
+    async def nack(request: Request) -> Response:
+        coordinator = api.queues
+        ns, topic, name = _names(request)
+        consumer, ids, write_pointer = queue_bodies.read_ack_request(
+            await body(request, "nack request")
+        )
+        if write_pointer is not None:
+            raise BadRequest("a nack takes effect at once: it takes no transaction")
+        await api.blocking(coordinator.nack, ns, topic, name, consumer, ids)
+        return json_response({})
+
+    @api.endpoint(QUEUE + "/rollback")
+    async def rollback(request: Request) -> Response:
+        coordinator = api.queues
+        ns, topic, name = _names(request)
+        write_pointer = queue_bodies.read_rollback_request(
+            await body(request, "rollback request")
+        )
+        returned = await api.blocking(coordinator.rollback, ns, topic, name, write_pointer)
+        return json_response({"returned": returned})
+
+    @api.endpoint(QUEUE + "/release")
+    async def release(request: Request) -> Response:
+        coordinator = api.queues
+        ns, topic, name = _names(request)
+        consumer = queue_bodies.read_consumer_request(await body(request, "release request"))
+        released = await api.blocking(coordinator.release, ns, topic, name, consumer)
+        return json_response({"released": released})
+
+    @api.endpoint(QUEUE + "/purge")
+    async def purge(request: Request) -> Response:
+        coordinator = api.queues
+        ns, topic, name = _names(request)
+        purged = await api.blocking(coordinator.purge, ns, topic, name)
+        return json_response({"purged": purged})
+
+    return [
+        Route(QUEUE + "/pop", pop, methods=["POST"]),
+        Route(QUEUE + "/ack", ack, methods=["POST"]),
+        Route(QUEUE + "/nack", nack, methods=["POST"]),
+        Route(QUEUE + "/rollback", rollback, methods=["POST"]),
+        Route(QUEUE + "/release", release, methods=["POST"]),
+        Route(QUEUE + "/purge", purge, methods=["POST"]),
+        Route(QUEUE, queue, methods=["GET", "DELETE"]),
+        Route(QUEUES, queues, methods=["GET"]),
+        Route(NAMESPACE_QUEUES, all_queues, methods=["GET"]),
+    ]
+
+
+def _durable(tx: TransactionManager) -> Transaction:
+    found = tx.snapshot()
+    assert found is not None
+    return found
