@@ -64,7 +64,8 @@ def _in_docs() -> set[Operation]:
         path = path.split("[")[0].split("?")[0]
         if path.startswith("/topics"):
             path = "/v1/namespaces/{ns}" + path  # the topic tables are per namespace
-        out.add((method, path.replace("{t}", "{topic}").replace("{g}", "{group}")))
+        path = path.replace("{t}", "{topic}").replace("{g}", "{group}").replace("{q}", "{queue}")
+        out.add((method, path))
     return out
 
 

@@ -10,8 +10,7 @@
     │   ├── InvalidTransaction        400  encoded transaction snapshot cannot be decoded
     │   ├── TimeoutTooLarge           400  begin() asked for more than the maximum timeout
     │   ├── InvalidProducer           400  bad transactional id / epoch, or not its transaction
-    │   ├── EmptyPublish              400  publish with neither messages nor a write pointer
-    │   └── NotDelivered              400  ack/nack of messages this queue never delivered
+    │   └── EmptyPublish              400  publish with neither messages nor a write pointer
     ├── Forbidden                     403
     │   ├── ProducerFenced            403  a newer epoch of this transactional id exists
     │   └── PartitionFenced           403  a group member commits a partition it does not own
@@ -28,7 +27,8 @@
     │   ├── TransactionConflict       409  write conflict detected at commit
     │   ├── OutOfOrderSequence        409  an idempotent publish skipped sequence numbers
     │   ├── UnknownProducerEpoch      409  an epoch of the transactional id never handed out
-    │   └── AckConflict               409  ack of a message whose lease passed to another worker
+    │   ├── AckConflict               409  ack of a message whose lease passed to another worker
+    │   └── NotDelivered              409  ack/nack of messages never delivered to the caller
     ├── TransactionNotInProgress      410  the transaction already ended; subclasses say how
     │   ├── TransactionCommitted      410
     │   ├── TransactionAborted        410
@@ -156,12 +156,6 @@ class EmptyPublish(BadRequest):
     """A publish carried neither messages nor a transaction write pointer."""
 
 
-class NotDelivered(BadRequest):
-    """An ack or nack named messages this queue never delivered to the caller (never
-    popped, acked already by an unknown worker, or messages of another group); the
-    message names them. Nothing was changed."""
-
-
 class Forbidden(TidingsError):
     """The caller may not do this."""
 
@@ -245,6 +239,13 @@ class AckConflict(Conflict):
     timed out and the queue redelivered it), that another worker acked, or that another
     transaction acked: the caller's work on it lost the race. In a transaction, that
     transaction is invalidated, so its output never joins the other worker's."""
+
+
+class NotDelivered(Conflict):
+    """An ack or nack named messages the queue never delivered to the caller (never
+    popped, acked already by a worker the queue no longer remembers, or messages of
+    another group); the message names them. Nothing was changed. A 409 rather than a
+    400: the same request is right for the worker that popped them."""
 
 
 class TransactionNotInProgress(TidingsError):

@@ -48,7 +48,12 @@ class PopRequest(NamedTuple):
 
 def _consumer(obj: Mapping[str, Any]) -> str:
     value = obj.get("consumerId")
-    if not isinstance(value, str) or not 1 <= len(value) <= 64 or not value.isalnum():
+    if (
+        not isinstance(value, str)
+        or not 1 <= len(value) <= 64
+        or not value.isascii()
+        or not value.isalnum()
+    ):
         raise BadRequest("consumerId is required: 1-64 letters and digits")
     return value
 

@@ -872,7 +872,7 @@ def _write_all(
 
 
 def _check_consumer(consumer: object) -> None:
-    if not isinstance(consumer, str) or not 1 <= len(consumer) <= 64 or not consumer.isalnum():
+    if not isinstance(consumer, str) or not 1 <= len(consumer) <= 64 or not _alnum(consumer):
         raise BadRequest("a consumer id is 1-64 letters and digits")
 
 
@@ -884,3 +884,8 @@ def _check_ids(ids: Sequence[MessageId]) -> None:
 def _ids_text(ids: Sequence[MessageId]) -> str:
     shown = ", ".join(m.hex for m in ids[:10])
     return shown if len(ids) <= 10 else f"{shown} and {len(ids) - 10} more"
+
+
+def _alnum(text: str) -> bool:
+    # ASCII only: str.isalnum() takes any script's letters, the stored form does not.
+    return text.isascii() and text.isalnum()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tidings.codec import wire
+from tidings.consumers.queues import MAX_ACK_TIMEOUT_MS, MAX_DELIVERIES_LIMIT
 from tidings.messaging.names import MAX_TTL
 from tidings.names import INT64_MAX
 
@@ -581,6 +582,7 @@ def _group_schemas() -> dict[str, Any]:
                 "lag": {"type": "integer", "minimum": 0},
             },
         },
+        **_queue_schemas(),
     }
 
 
@@ -941,6 +943,214 @@ def _group_paths() -> dict[str, Any]:
     }
 
 
+def _queue_schemas() -> dict[str, Any]:
+    consumer_id = {"type": "string", "pattern": "^[A-Za-z0-9]{1,64}$"}
+    hex_id = _nullable({"type": "string", "pattern": "^[0-9a-f]{40}$"})
+    count = {"type": "integer", "minimum": 0}
+    ids = {"type": "array", "minItems": 1, "items": _MESSAGE_ID}
+    return {
+        "QueuePopRequest": {
+            "type": "object",
+            "required": ["consumerId"],
+            "properties": {
+                "consumerId": consumer_id,
+                "maxMessages": {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
+                "ackTimeoutMs": _nullable(
+                    {"type": "integer", "minimum": 1, "maximum": MAX_ACK_TIMEOUT_MS}
+                ),
+                "maxDeliveries": _nullable(
+                    {"type": "integer", "minimum": 1, "maximum": MAX_DELIVERIES_LIMIT}
+                ),
+                "deadLetterTopic": _nullable(_NAME),
+                "start": _nullable({"type": "string", "enum": ["earliest", "latest"]}),
+            },
+        },
+        "QueueAckRequest": {
+            "type": "object",
+            "required": ["consumerId", "ids"],
+            "properties": {
+                "consumerId": consumer_id,
+                "ids": ids,
+                "transactionWritePointer": _nullable(_POSITIVE_INT64),
+            },
+        },
+        "QueueNackRequest": {
+            "type": "object",
+            "required": ["consumerId", "ids"],
+            "properties": {"consumerId": consumer_id, "ids": ids},
+        },
+        "QueueConsumerRequest": {
+            "type": "object",
+            "required": ["consumerId"],
+            "properties": {"consumerId": consumer_id},
+        },
+        "QueueRollbackRequest": {
+            "type": "object",
+            "required": ["transactionWritePointer"],
+            "properties": {"transactionWritePointer": _POSITIVE_INT64},
+        },
+        "QueueCount": {
+            "type": "object",
+            "description": "released, returned or purged: how many messages",
+            "additionalProperties": count,
+        },
+        "QueueList": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["topic", "queue"],
+                "properties": {"topic": _NAME, "queue": _NAME},
+            },
+        },
+        "Queue": {
+            "type": "object",
+            "required": ["queue", "maxDeliveries", "deadLetterTopic", "pending", "waiting"],
+            "properties": {
+                "queue": _NAME,
+                "maxDeliveries": {"type": "integer", "minimum": 1},
+                "deadLetterTopic": _NAME,
+                "start": {"type": "string"},
+                "cursor": hex_id,
+                "read": hex_id,
+                "pending": count,
+                "waiting": count,
+                "waitingExact": {"type": "boolean"},
+                "consumers": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"consumerId": consumer_id, "pending": count},
+                    },
+                },
+                **{
+                    name: count
+                    for name in (
+                        "pushed",
+                        "popped",
+                        "acked",
+                        "nacked",
+                        "redelivered",
+                        "deadLettered",
+                        "expired",
+                        "ackState",
+                    )
+                },
+                "popRate": {"type": "number", "minimum": 0},
+                "ackRate": {"type": "number", "minimum": 0},
+            },
+        },
+    }
+
+
+def _queue_paths() -> dict[str, Any]:
+    tags = ("queues",)
+    params = [_param("ns", _NAME), _param("topic", _NAME), _param("queue", _NAME)]
+    base = "/v1/namespaces/{ns}/topics/{topic}/queues"
+    queue = base + "/{queue}"
+    unknown = {"404": _error("unknown topic or queue")}
+    ok = {"200": _json("done", _ref("Empty"))}
+    counted = {"200": _json("how many messages", _ref("QueueCount"))}
+
+    def body(name: str) -> dict[str, Any]:
+        return {JSON: {"schema": _ref(name)}}
+
+    def post(summary: str, answers: dict[str, Any], request: str) -> dict[str, Any]:
+        return {
+            "post": _op(
+                summary, answers, body=body(request), required=True, tags=tags, parameters=params
+            )
+        }
+
+    not_delivered = {"400": _error("malformed ids (named)")}
+    conflict = {
+        "409": _error(
+            "messages never delivered to this worker (NotDelivered), or a lease passed to "
+            "another worker or another ack won (AckConflict)"
+        )
+    }
+    return {
+        "/v1/namespaces/{ns}/queues": {
+            "get": _op(
+                "Every queue of the namespace's topics",
+                {"200": _json("topic and queue names", _ref("QueueList"))},
+                tags=tags,
+                parameters=params[:1],
+            )
+        },
+        base: {
+            "get": _op(
+                "The topic's queues",
+                {"200": _json("queue names", _ref("TopicList")), **unknown},
+                tags=tags,
+                parameters=params[:2],
+            )
+        },
+        queue: {
+            "get": _op(
+                "A queue's settings, in-flight messages, depth and counters",
+                {"200": _json("the queue", _ref("Queue")), **unknown},
+                tags=tags,
+                parameters=params,
+            ),
+            "delete": _op(
+                "Delete a queue and its state", {**ok, **unknown}, tags=tags, parameters=params
+            ),
+        },
+        queue + "/pop": {
+            "post": _op(
+                "Lease the oldest available messages to a worker (creates the queue)",
+                {
+                    "200": {
+                        "description": "leased messages, oldest first (maybe none); header "
+                        "Tidings-Delivery-Counts gives each one's delivery count",
+                        "content": _content(_ref("Messages"), "Messages", "MessagesExt"),
+                    },
+                    "404": _error("unknown topic"),
+                },
+                body=body("QueuePopRequest"),
+                required=True,
+                tags=tags,
+                parameters=[
+                    *params,
+                    _param(
+                        "waitMs",
+                        {"type": "integer", "minimum": 0, "maximum": 10**18 - 1},
+                        "query",
+                    ),
+                ],
+            )
+        },
+        queue + "/ack": post(
+            "Ack messages: for good, or in a transaction (transactionWritePointer)",
+            {**ok, **not_delivered, **unknown, **conflict, "410": _error("the transaction ended")},
+            "QueueAckRequest",
+        ),
+        queue + "/nack": post(
+            "Give messages back to the queue at once",
+            {**ok, **not_delivered, **unknown, **conflict},
+            "QueueNackRequest",
+        ),
+        queue + "/rollback": post(
+            "Give back the messages an aborting transaction acked",
+            {**counted, **unknown},
+            "QueueRollbackRequest",
+        ),
+        queue + "/release": post(
+            "Give back every lease a worker holds (its close)",
+            {**counted, **unknown},
+            "QueueConsumerRequest",
+        ),
+        queue + "/purge": {
+            "post": _op(
+                "Ack everything the queue holds and everything published so far",
+                {**counted, **unknown},
+                tags=tags,
+                parameters=params,
+            )
+        },
+    }
+
+
 def _transaction_paths() -> dict[str, Any]:
     tags = ("transactions",)
     wp = [_param("wp", {"type": "integer", "minimum": 1, "maximum": INT64_MAX})]
@@ -1093,6 +1303,7 @@ def openapi_document(version: str, *, max_timeout: float = 3600.0) -> dict[str, 
         "paths": {
             **_messaging_paths(),
             **_group_paths(),
+            **_queue_paths(),
             **_transaction_paths(),
             **_ops_paths(),
         },
