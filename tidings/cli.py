@@ -612,6 +612,118 @@ def groups_delete(ctx: click.Context, topic: str, group: str) -> None:
     click.echo(f"deleted group {group} of {topic}")
 
 
+# --- queues -------------------------------------------------------------------------
+
+
+@main.group()
+def queues() -> None:
+    """List queues, show a queue's statistics, purge a queue."""
+
+
+@queues.command("list")
+@click.argument("topic", required=False)
+@click.pass_context
+def queues_list(ctx: click.Context, topic: str | None) -> None:
+    """Every queue of the namespace (TOPIC QUEUE per line), or TOPIC's."""
+    for topic_name, queue in _client(ctx).queues(topic):
+        click.echo(f"{topic_name} {queue}")
+
+
+@queues.command("stats")
+@click.argument("topic")
+@click.argument("queue")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def queues_stats(ctx: click.Context, topic: str, queue: str, as_json: bool) -> None:
+    """QUEUE's depth, messages in flight, workers and counters."""
+    from tidings.codec.queue_bodies import queue_json
+
+    s = _client(ctx).describe_queue(topic, queue)
+    if as_json:
+        _emit_json(queue_json(s))
+        return
+    from rich.table import Table
+
+    rows: list[tuple[str, object]] = [
+        ("waiting (depth)", f"{s.waiting}{'' if s.waiting_exact else '+'}"),
+        ("pending (leased)", s.pending),
+        ("workers", ", ".join(f"{c}: {n}" for c, n in sorted(s.consumers.items())) or "-"),
+        ("pushed", s.pushed),
+        ("popped", s.popped),
+        ("acked", s.acked),
+        ("nacked", s.nacked),
+        ("redelivered", s.redelivered),
+        ("expired leases", s.expired),
+        ("dead-lettered", s.dead_lettered),
+        ("pop rate /s", f"{s.pop_rate:.2f}"),
+        ("ack rate /s", f"{s.ack_rate:.2f}"),
+        ("max deliveries", s.max_deliveries),
+        ("dead-letter topic", s.dead_letter_topic),
+        ("cursor", s.cursor.hex if s.cursor else "-"),
+        ("read position", s.read.hex if s.read else "-"),
+    ]
+    table = Table(title=f"{topic}/{queue}", show_header=False)
+    for name, value in rows:
+        table.add_row(name, str(value))
+    _console().print(table)
+
+
+@queues.command("purge")
+@click.argument("topic")
+@click.argument("queue")
+@click.pass_context
+def queues_purge(ctx: click.Context, topic: str, queue: str) -> None:
+    """Ack everything QUEUE holds and everything published to TOPIC so far."""
+    dropped = _client(ctx).purge_queue(topic, queue)
+    click.echo(f"purged queue {queue} of {topic} ({dropped} in flight dropped)")
+
+
+@queues.command("delete")
+@click.argument("topic")
+@click.argument("queue")
+@click.pass_context
+def queues_delete(ctx: click.Context, topic: str, queue: str) -> None:
+    """Delete QUEUE and its state."""
+    _client(ctx).delete_queue(topic, queue)
+    click.echo(f"deleted queue {queue} of {topic}")
+
+
+@main.command()
+@click.argument("topic")
+@click.option("--group", "-g", required=True, help="The queue (a named group of TOPIC).")
+@click.option("--count", "-n", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--ack", is_flag=True, help="Ack what was popped (else it goes back at exit).")
+@click.option("--wait", type=click.FloatRange(min=0), default=0, show_default=True,
+              help="Seconds to wait for a message when none is available.")  # fmt: skip
+@click.option(
+    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+    help="text: the payload per line; json: one JSON object per message.",
+)  # fmt: skip
+@click.pass_context
+def pop(
+    ctx: click.Context, topic: str, group: str, count: int, ack: bool, wait: float, fmt: str
+) -> None:
+    """Pop up to COUNT messages from queue GROUP of TOPIC and print them.
+
+    Without --ack the messages go back to the queue when the command ends (a nack),
+    so trying a queue by hand takes nothing from its workers.
+    """
+    client = _client(ctx)
+    with client.queue(topic, group) as q:
+        messages = q.pop(count, wait=wait)
+        out = sys.stdout.buffer
+        for message in messages:
+            if fmt == "text":
+                out.write(message.payload + b"\n")
+            else:
+                line = orjson.loads(_message_json(message))
+                line["deliveryCount"] = message.delivery_count
+                out.write(orjson.dumps(line) + b"\n")
+        out.flush()
+        if ack and messages:
+            q.ack(messages)
+
+
 # --- transactions -------------------------------------------------------------------
 
 

@@ -163,6 +163,28 @@ def test_groups(run: Run, server: ServerProcess, topic: str) -> None:
     assert run("groups", "list", topic).output.split() == []
 
 
+def test_queues(run: Run, server: ServerProcess, topic: str) -> None:
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"a", b"b", b"c"])
+    # Without --ack a pop gives the message back: trying by hand takes nothing.
+    assert run("pop", topic, "--group", "jobs").output == "a\n"
+    assert run("pop", topic, "-g", "jobs", "-n", "2", "--ack").output == "a\nb\n"
+    popped = json.loads(run("pop", topic, "-g", "jobs", "--format", "json").output)
+    assert popped["payload"] == "c" and popped["deliveryCount"] == 1
+    assert f"{topic} jobs" in run("queues", "list").output.splitlines()
+    assert run("queues", "list", topic).output.split() == [topic, "jobs"]
+    stats = json.loads(run("queues", "stats", topic, "jobs", "--json").output)
+    assert (stats["acked"], stats["waiting"], stats["pending"]) == (2, 1, 0)
+    assert "waiting (depth)" in run("queues", "stats", topic, "jobs").output
+    assert "purged queue jobs" in run("queues", "purge", topic, "jobs").output
+    assert json.loads(run("queues", "stats", topic, "jobs", "--json").output)["waiting"] == 0
+    missing = run("queues", "stats", topic, "nope", ok=False)
+    assert missing.exit_code == 1 and "QueueNotFound" in missing.output
+    run("queues", "delete", topic, "jobs")
+    assert run("queues", "list", topic).output.split() == []
+
+
 def test_new_user_frictions(server: ServerProcess, topic: str) -> None:
     runner = CliRunner()
     # --url without a scheme means http://
