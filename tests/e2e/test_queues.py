@@ -13,7 +13,6 @@ from tests.e2e.serverproc import ServerProcess
 from tidings import AsyncClient, Client
 from tidings.errors import (
     AckConflict,
-    BadRequest,
     InvalidName,
     NotDelivered,
     QueueNotFound,
@@ -276,5 +275,3 @@ def test_queues_in_metrics(server: ServerProcess, topic: str) -> None:
         label = f'namespace="default",queue="metered",topic="{topic}"'
         assert f"tidings_queue_acked_total{{{label}}} 1.0" in text
         assert f"tidings_queue_waiting{{{label}}} 1.0" in text
-
-
