@@ -1,0 +1,140 @@
+"""The queue coordinator in process: a random run of pops, acks, nacks, lease expiry,
+transactions and restarts keeps the queue's promises (property-tested)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
+
+from tidings.consumers.queues import QueueCoordinator
+from tidings.errors import AckConflict, NotDelivered
+from tidings.messaging import MessagingService
+from tidings.store.backends.memory import MemoryStore
+from tidings.structs import Message, MessageId
+from tidings.tx import TransactionManager, TxConfig
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+WORKERS = ("w1", "w2", "w3")
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("pop"), st.sampled_from(WORKERS), st.integers(1, 5)),
+        st.tuples(st.just("ack"), st.sampled_from(WORKERS), st.integers(1, 5)),
+        st.tuples(st.just("nack"), st.sampled_from(WORKERS), st.integers(1, 5)),
+        st.tuples(st.just("tx"), st.sampled_from(WORKERS), st.booleans()),
+        st.tuples(st.just("publish"), st.just(""), st.integers(1, 4)),
+        st.tuples(st.just("wait"), st.just(""), st.integers(1, 3)),
+        st.tuples(st.just("restart"), st.just(""), st.just(0)),
+        st.tuples(st.just("close"), st.sampled_from(WORKERS), st.just(0)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps)
+def test_a_random_run_delivers_every_message_and_acks_each_once(
+    run: list[tuple[str, str, int | bool]],
+) -> None:
+    note(repr(run))
+    with tempfile.TemporaryDirectory() as tmp:
+        store = MemoryStore()
+        messaging = MessagingService(store)
+        messaging.create_topic("ns", "t")
+        clock = Clock()
+        with TransactionManager(Path(tmp) / "tx", TxConfig(sweep_interval=3600)) as tx:
+            queues = QueueCoordinator(store, messaging, tx, clock=clock)
+            published: list[MessageId] = []
+            # Per worker, what it popped and has not settled (a message popped again
+            # after its lease ran out is held once).
+            held: dict[str, dict[MessageId, Message]] = {w: {} for w in WORKERS}
+            deadline: dict[tuple[str, MessageId], float] = {}
+            acked: list[MessageId] = []
+
+            def publish(n: int) -> None:
+                start = len(published)
+                messaging.publish("ns", "t", [f"m{start + i}".encode() for i in range(n)])
+                page = messaging.fetch("ns", "t", limit=10_000)
+                published[:] = [m.id for m in page]
+
+            def pop(worker: str, n: int) -> list[Message]:
+                snap = tx.snapshot()
+                assert snap is not None
+                got = queues.pop(
+                    "ns", "t", "q", worker, max_messages=n, ack_timeout_ms=1000, snapshot=snap,
+                    max_deliveries=1000,
+                )  # fmt: skip
+                assert [m.id for m in got] == sorted(m.id for m in got)
+                for other, messages in held.items():
+                    for m in messages.values():
+                        if m.id in {g.id for g in got}:
+                            # Never leased twice at once: only after that lease ran out.
+                            assert clock.now >= deadline[(other, m.id)], (other, worker)
+                for m in got:
+                    deadline[(worker, m.id)] = clock.now + 1.0
+                return got
+
+            publish(3)
+            for op, worker, arg in run:
+                if op == "publish":
+                    publish(int(arg))
+                elif op == "pop":
+                    held[worker].update((m.id, m) for m in pop(worker, int(arg)))
+                elif op in ("ack", "nack") and held[worker]:
+                    batch = list(held[worker].values())[: int(arg)]
+                    for m in batch:
+                        del held[worker][m.id]
+                    try:
+                        if op == "ack":
+                            queues.ack("ns", "t", "q", worker, [m.id for m in batch])
+                            acked.extend(m.id for m in batch)
+                        else:
+                            queues.nack("ns", "t", "q", worker, [m.id for m in batch])
+                    except (AckConflict, NotDelivered):
+                        pass  # its lease ran out and passed on: refused, nothing changed
+                elif op == "tx" and held[worker]:
+                    batch = list(held[worker].values())
+                    held[worker] = {}
+                    t = tx.begin()
+                    try:
+                        queues.ack(
+                            "ns", "t", "q", worker, [m.id for m in batch],
+                            write_pointer=t.write_pointer,
+                        )  # fmt: skip
+                    except (AckConflict, NotDelivered):
+                        continue
+                    if arg:
+                        tx.commit(t.write_pointer, [])
+                        acked.extend(m.id for m in batch)
+                    else:
+                        queues.rollback("ns", "t", "q", t.write_pointer)
+                        tx.abort(t.write_pointer)
+                elif op == "wait":
+                    clock.now += float(arg)  # leases of 1 s run out
+                elif op == "restart":
+                    queues = QueueCoordinator(store, messaging, tx, clock=clock)
+                elif op == "close":
+                    if queues.names("ns", "t"):
+                        queues.release("ns", "t", "q", worker)
+                    held[worker] = {}
+            # Whatever happened, the rest comes out once every lease has run out.
+            clock.now += 10
+            queues = QueueCoordinator(store, messaging, tx, clock=clock)
+            rest: list[Message] = []
+            while batch := pop("w1", 7):
+                rest.extend(batch)
+                queues.ack("ns", "t", "q", "w1", [m.id for m in batch])
+            assert len(acked) == len(set(acked))  # no message acked twice
+            assert sorted(acked + [m.id for m in rest]) == sorted(published)
+            stats = queues.describe("ns", "t", "q")
+            assert (stats.pending, stats.waiting, stats.ack_state) == (0, 0, 0)
