@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from collections import Counter
@@ -275,3 +276,48 @@ def test_queues_in_metrics(server: ServerProcess, topic: str) -> None:
         label = f'namespace="default",queue="metered",topic="{topic}"'
         assert f"tidings_queue_acked_total{{{label}}} 1.0" in text
         assert f"tidings_queue_waiting{{{label}}} 1.0" in text
+
+
+@pytest.mark.parametrize("defer_begin", [True, False])
+def test_transactional_worker_in_one_request_or_step_by_step(
+    server: ServerProcess, topic: str, defer_begin: bool
+) -> None:
+    with Client(server.url) as client:
+        fill(client, topic, 6)
+        client.create_topic(topic + "-out")
+        q = client.queue(topic, "work")
+        while batch := q.pop(2):
+            with client.transaction(defer_begin=defer_begin) as tx:
+                tx.publish(topic + "-out", [m.payload.upper() for m in batch])
+                q.ack(batch, transaction=tx)
+        assert [m.payload for m in client.poll(topic + "-out")] == [
+            f"JOB-{i}".encode() for i in range(6)
+        ]
+        stats = client.describe_queue(topic, "work")
+        assert (stats.acked, stats.pending, stats.waiting) == (6, 0, 0)
+
+
+def test_one_request_transaction_with_a_conflicting_ack_commits_nothing(
+    server: ServerProcess, topic: str
+) -> None:
+    with Client(server.url) as client:
+        fill(client, topic, 2)
+        client.create_topic(topic + "-out")
+        mine = client.queue(topic, "work")
+        theirs = client.queue(topic, "work")
+        a, b = mine.pop(1), theirs.pop(1)
+        url = f"{server.url}/v1/namespaces/default/transactions/publish"
+        body = {
+            "topics": [{"topic": topic + "-out", "messages": ["eA=="]}],
+            "acks": [
+                {"topic": topic, "queue": "work", "consumerId": mine.consumer_id,
+                 "ids": [base64.b64encode(m.id.to_bytes()).decode() for m in a + b]},
+            ],
+        }  # fmt: skip
+        answer = httpx.post(url, json=body)
+        assert answer.status_code == 409 and answer.json()["type"] == "NotDelivered"
+        assert client.poll(topic + "-out") == []
+        mine.ack(a)  # nothing of the refused request stuck: both still leased as before
+        theirs.ack(b)
+        body["acks"] = [{"topic": topic, "queue": "nope", "consumerId": "x", "ids": []}]
+        assert httpx.post(url, json=body).status_code == 400

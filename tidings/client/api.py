@@ -558,10 +558,13 @@ class RestApi:
         timeout: float | None,
         transactional_id: str | None,
         epoch: int | None,
+        acks: Sequence[queue_bodies.TransactionAck] = (),
     ) -> Call[Transaction]:
-        """Begin, publish every ``(topic, records)`` batch, commit: one request."""
+        """Begin, (ack,) publish every ``(topic, records)`` batch, commit: one request."""
         body = admin.begin_request(timeout, transactional_id, epoch)
         body["topics"] = [_json_batch(topic, records) for topic, records in batches]
+        if acks:
+            body["acks"] = queue_bodies.transaction_acks_json(acks)
         return self._json_call(
             "POST", f"{self._ns_url}/transactions/publish", _begun, body, idempotent=False
         )

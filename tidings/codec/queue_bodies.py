@@ -9,12 +9,15 @@ from typing import Any, NamedTuple
 
 from tidings.codec.json_bodies import b64encode, integer
 from tidings.errors import BadRequest, ServerError
-from tidings.names import INT64_MAX
+from tidings.names import INT64_MAX, NAME_PATTERN
 from tidings.structs import MessageId, QueueStats
 
 __all__ = [
     "DELIVERY_COUNTS_HEADER",
     "PopRequest",
+    "TransactionAck",
+    "read_transaction_acks",
+    "transaction_acks_json",
     "ack_request",
     "consumer_request",
     "delivery_counts",
@@ -160,6 +163,44 @@ def read_rollback_request(obj: Mapping[str, Any]) -> int:
     )
     assert write_pointer is not None
     return write_pointer
+
+
+class TransactionAck(NamedTuple):
+    """Acks of one queue that ride in a one-request transaction."""
+
+    topic: str
+    queue: str
+    consumer: str
+    ids: list[MessageId]
+
+
+def transaction_acks_json(acks: Sequence[TransactionAck]) -> list[dict[str, Any]]:
+    """The ``acks`` of a one-request transaction body."""
+    return [{"topic": a.topic, "queue": a.queue, **ack_request(a.consumer, a.ids)} for a in acks]
+
+
+def read_transaction_acks(obj: Mapping[str, Any]) -> list[TransactionAck]:
+    """The ``acks`` of a one-request transaction body (none if absent)."""
+    raw = obj.get("acks")
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise BadRequest("acks must be a list of {topic, queue, consumerId, ids} objects")
+    out: list[TransactionAck] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise BadRequest(f"acks[{i}] must be an object")
+        if item.get("transactionWritePointer") is not None:
+            raise BadRequest("the server assigns the write pointer; do not send one")
+        names = []
+        for field in ("topic", "queue"):
+            value = item.get(field)
+            if not isinstance(value, str) or NAME_PATTERN.fullmatch(value) is None:
+                raise BadRequest(f"acks[{i}].{field} must be a name of [A-Za-z0-9_-]{{1,128}}")
+            names.append(value)
+        consumer, ids, _ = read_ack_request(item)
+        out.append(TransactionAck(names[0], names[1], consumer, ids))
+    return out
 
 
 def _message_id(value: object) -> MessageId | None:

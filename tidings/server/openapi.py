@@ -343,12 +343,32 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
         },
         "TransactionalPublishRequest": {
             "type": "object",
-            "description": "a whole transaction: begin, publish each topic, commit (addition)",
-            "required": ["topics"],
+            "description": "a whole transaction: begin, ack queue messages, publish each "
+            "topic, commit (addition); at least one topic or one ack",
+            "anyOf": [
+                {"required": ["topics"], "properties": {"topics": {"minItems": 1}}},
+                {"required": ["acks"], "properties": {"acks": {"minItems": 1}}},
+            ],
             "properties": {
+                "acks": _nullable(
+                    {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "description": "a queue ack (QueueAckRequest) plus its topic and "
+                            "queue: it counts if and only if the transaction commits",
+                            "required": ["topic", "queue", "consumerId", "ids"],
+                            "properties": {
+                                "topic": _NAME,
+                                "queue": _NAME,
+                                "consumerId": {"type": "string", "pattern": "^[A-Za-z0-9]{1,64}$"},
+                                "ids": {"type": "array", "minItems": 1, "items": _MESSAGE_ID},
+                            },
+                        },
+                    }
+                ),
                 "topics": {
                     "type": "array",
-                    "minItems": 1,
                     "items": {
                         "type": "object",
                         "description": "a JSON PublishRequest without a write pointer, "

@@ -136,6 +136,8 @@ class AsyncQueue:
         if transaction is None:
             await self._client._send(api.queue_ack(self.topic, self.group, self.consumer_id, ids))
             return
+        if transaction.defer_acks(self.topic, self.group, self.consumer_id, ids):
+            return  # they go with the transaction's one request
         tx = await transaction.enlist(_QueueAck(self))
         await self._client._send(
             api.queue_ack(self.topic, self.group, self.consumer_id, ids, tx.write_pointer)

@@ -11,11 +11,12 @@ not call them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, TypeVar, overload
 
 from tidings.client.api import Call, PollPage, RestApi
 from tidings.client.base import MessageLike
+from tidings.codec.queue_bodies import TransactionAck
 from tidings.structs import (
     MessageId,
     PayloadRange,
@@ -106,6 +107,7 @@ class AsyncSession(Protocol):
         timeout: float | None = None,
         transactional_id: str | None = None,
         epoch: int | None = None,
+        acks: Sequence[TransactionAck] = (),
     ) -> Transaction: ...
 
     @property

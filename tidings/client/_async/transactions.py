@@ -49,6 +49,7 @@ from tidings.client._async.txpublisher import AsyncTransactionalPublisher
 from tidings.client.base import MessageLike, to_records
 from tidings.client.txbuffer import DEFAULT_PAYLOAD_THRESHOLD, ambiguous
 from tidings.client.txcontext import ContextState, State, attach, failure_of, name_of
+from tidings.codec.queue_bodies import TransactionAck
 from tidings.errors import (
     PayloadTooLarge,
     ServiceUnavailable,
@@ -57,7 +58,7 @@ from tidings.errors import (
     TransactionFailure,
     TransactionNotInProgress,
 )
-from tidings.structs import ProducerInfo, Transaction
+from tidings.structs import MessageId, ProducerInfo, Transaction
 
 __all__ = ["AsyncTransactionAware", "AsyncTransactionContext"]
 
@@ -91,6 +92,44 @@ class AsyncTransactionAware(Protocol):
         ...
 
 
+class _QueueAcks:
+    """Queue acks sent under the write pointer (a transaction that did not go in one
+    request): a rollback gives them back to their queues before the abort."""
+
+    name = "queue acks"
+
+    def __init__(self, client: AsyncSession, acks: list[TransactionAck]) -> None:
+        self._client = client
+        self._acks = acks
+        self._write_pointer: int | None = None
+
+    async def start(self, transaction: Transaction) -> None:
+        self._write_pointer = transaction.write_pointer
+        for a in self._acks:
+            await self._client._send(
+                self._client._api.queue_ack(
+                    a.topic, a.queue, a.consumer, a.ids, transaction.write_pointer
+                )
+            )
+
+    async def changes(self) -> Iterable[bytes]:
+        return ()
+
+    async def commit(self) -> None:
+        pass
+
+    async def post_commit(self) -> None:
+        pass
+
+    async def rollback(self) -> None:
+        if self._write_pointer is None:
+            return
+        for topic, queue in dict.fromkeys((a.topic, a.queue) for a in self._acks):
+            await self._client._send(
+                self._client._api.queue_rollback(topic, queue, self._write_pointer)
+            )
+
+
 class AsyncTransactionContext(ContextState):
     """Runs the messaging publisher and the given participants in one transaction.
 
@@ -120,6 +159,8 @@ class AsyncTransactionContext(ContextState):
         super().__init__((*participants, self.publisher), timeout, producer, defer_begin)
         self._all: tuple[AsyncTransactionAware, ...] = (*participants, self.publisher)
         self._client = client
+        #: Queue acks of a deferred transaction, sent with its one request.
+        self._acks: list[TransactionAck] = []
 
     # ---- async only
     @property
@@ -154,6 +195,16 @@ class AsyncTransactionContext(ContextState):
         self._all = (*self._all[:-1], participant, self._all[-1])
         return tx
 
+    def defer_acks(self, topic: str, queue: str, consumer: str, ids: list[MessageId]) -> bool:
+        """Hold a queue's acks for the one request of a deferred transaction (they go
+        in it with the publishes: pop, then one request that publishes, acks and
+        commits). False if the transaction has begun: ack under its write pointer."""
+        self._require_open()
+        if self._state is not State.PENDING:
+            return False
+        self._acks.append(TransactionAck(topic, queue, consumer, list(ids)))
+        return True
+
     async def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None:
         """Publish in this transaction: visible to read-committed consumers on commit."""
         self._require_open()
@@ -173,6 +224,10 @@ class AsyncTransactionContext(ContextState):
             self._timeout, transactional_id=self._producer_id, epoch=self._epoch
         )
         self._state = State.ACTIVE
+        if self._acks:
+            # Held for a one request that is not coming: sent now, under the pointer.
+            acks, self._acks = self._acks, []
+            self._all = (*self._all[:-1], _QueueAcks(self._client, acks), self._all[-1])
         for participant in self._all:
             try:
                 await participant.start(self._tx)
@@ -229,6 +284,7 @@ class AsyncTransactionContext(ContextState):
         """Roll every participant back and abort (invalidate if a rollback failed)."""
         if self._state is State.PENDING:
             self._drop()
+            await self._give_back_acks()
         elif self._state is State.ACTIVE:
             await self._rollback_and_end(None)
 
@@ -255,8 +311,21 @@ class AsyncTransactionContext(ContextState):
     async def _abort_after(self, cause: BaseException) -> None:
         if self._state is State.PENDING:
             self._drop()  # nothing was sent
+            try:
+                await self._give_back_acks()
+            except BaseException as exc:
+                attach(cause, [f"could not give back the messages it acked: {exc}"])
         elif self._state is State.ACTIVE:
             await self._rollback_and_end(cause)
+
+    async def _give_back_acks(self) -> None:
+        """An aborted deferred transaction never sent its acks: the messages go back
+        to their queues at once (a nack), as an abort gives them back (a worker that
+        wants to keep them acks in a new transaction)."""
+        acks, self._acks = self._acks, []
+        api = self._client._api
+        for a in acks:
+            await self._client._send(api.queue_nack(a.topic, a.queue, a.consumer, a.ids))
 
     async def _commit_in_one_request(self) -> bool:
         """Begin, publish and commit as one request; False if the server cannot (503,
@@ -267,6 +336,7 @@ class AsyncTransactionContext(ContextState):
                 timeout=self._timeout,
                 transactional_id=self._producer_id,
                 epoch=self._epoch,
+                acks=self._acks,
             )
         except ServiceUnavailable:
             self._client._no_one_request_transactions()

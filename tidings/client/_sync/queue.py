@@ -138,6 +138,8 @@ class Queue:
         if transaction is None:
             self._client._send(api.queue_ack(self.topic, self.group, self.consumer_id, ids))
             return
+        if transaction.defer_acks(self.topic, self.group, self.consumer_id, ids):
+            return  # they go with the transaction's one request
         tx = transaction.enlist(_QueueAck(self))
         self._client._send(
             api.queue_ack(self.topic, self.group, self.consumer_id, ids, tx.write_pointer)

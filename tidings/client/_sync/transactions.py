@@ -51,6 +51,7 @@ from tidings.client._sync.txpublisher import TransactionalPublisher
 from tidings.client.base import MessageLike, to_records
 from tidings.client.txbuffer import DEFAULT_PAYLOAD_THRESHOLD, ambiguous
 from tidings.client.txcontext import ContextState, State, attach, failure_of, name_of
+from tidings.codec.queue_bodies import TransactionAck
 from tidings.errors import (
     PayloadTooLarge,
     ServiceUnavailable,
@@ -59,7 +60,7 @@ from tidings.errors import (
     TransactionFailure,
     TransactionNotInProgress,
 )
-from tidings.structs import ProducerInfo, Transaction
+from tidings.structs import MessageId, ProducerInfo, Transaction
 
 __all__ = ["TransactionAware", "TransactionContext"]
 
@@ -93,6 +94,42 @@ class TransactionAware(Protocol):
         ...
 
 
+class _QueueAcks:
+    """Queue acks sent under the write pointer (a transaction that did not go in one
+    request): a rollback gives them back to their queues before the abort."""
+
+    name = "queue acks"
+
+    def __init__(self, client: Session, acks: list[TransactionAck]) -> None:
+        self._client = client
+        self._acks = acks
+        self._write_pointer: int | None = None
+
+    def start(self, transaction: Transaction) -> None:
+        self._write_pointer = transaction.write_pointer
+        for a in self._acks:
+            self._client._send(
+                self._client._api.queue_ack(
+                    a.topic, a.queue, a.consumer, a.ids, transaction.write_pointer
+                )
+            )
+
+    def changes(self) -> Iterable[bytes]:
+        return ()
+
+    def commit(self) -> None:
+        pass
+
+    def post_commit(self) -> None:
+        pass
+
+    def rollback(self) -> None:
+        if self._write_pointer is None:
+            return
+        for topic, queue in dict.fromkeys((a.topic, a.queue) for a in self._acks):
+            self._client._send(self._client._api.queue_rollback(topic, queue, self._write_pointer))
+
+
 class TransactionContext(ContextState):
     """Runs the messaging publisher and the given participants in one transaction.
 
@@ -122,6 +159,8 @@ class TransactionContext(ContextState):
         super().__init__((*participants, self.publisher), timeout, producer, defer_begin)
         self._all: tuple[TransactionAware, ...] = (*participants, self.publisher)
         self._client = client
+        #: Queue acks of a deferred transaction, sent with its one request.
+        self._acks: list[TransactionAck] = []
 
     @property
     def transaction(self) -> Transaction:
@@ -142,6 +181,16 @@ class TransactionContext(ContextState):
         self._all = (*self._all[:-1], participant, self._all[-1])
         return tx
 
+    def defer_acks(self, topic: str, queue: str, consumer: str, ids: list[MessageId]) -> bool:
+        """Hold a queue's acks for the one request of a deferred transaction (they go
+        in it with the publishes: pop, then one request that publishes, acks and
+        commits). False if the transaction has begun: ack under its write pointer."""
+        self._require_open()
+        if self._state is not State.PENDING:
+            return False
+        self._acks.append(TransactionAck(topic, queue, consumer, list(ids)))
+        return True
+
     def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None:
         """Publish in this transaction: visible to read-committed consumers on commit."""
         self._require_open()
@@ -161,6 +210,10 @@ class TransactionContext(ContextState):
             self._timeout, transactional_id=self._producer_id, epoch=self._epoch
         )
         self._state = State.ACTIVE
+        if self._acks:
+            # Held for a one request that is not coming: sent now, under the pointer.
+            acks, self._acks = self._acks, []
+            self._all = (*self._all[:-1], _QueueAcks(self._client, acks), self._all[-1])
         for participant in self._all:
             try:
                 participant.start(self._tx)
@@ -215,6 +268,7 @@ class TransactionContext(ContextState):
         """Roll every participant back and abort (invalidate if a rollback failed)."""
         if self._state is State.PENDING:
             self._drop()
+            self._give_back_acks()
         elif self._state is State.ACTIVE:
             self._rollback_and_end(None)
 
@@ -241,8 +295,21 @@ class TransactionContext(ContextState):
     def _abort_after(self, cause: BaseException) -> None:
         if self._state is State.PENDING:
             self._drop()  # nothing was sent
+            try:
+                self._give_back_acks()
+            except BaseException as exc:
+                attach(cause, [f"could not give back the messages it acked: {exc}"])
         elif self._state is State.ACTIVE:
             self._rollback_and_end(cause)
+
+    def _give_back_acks(self) -> None:
+        """An aborted deferred transaction never sent its acks: the messages go back
+        to their queues at once (a nack), as an abort gives them back (a worker that
+        wants to keep them acks in a new transaction)."""
+        acks, self._acks = self._acks, []
+        api = self._client._api
+        for a in acks:
+            self._client._send(api.queue_nack(a.topic, a.queue, a.consumer, a.ids))
 
     def _commit_in_one_request(self) -> bool:
         """Begin, publish and commit as one request; False if the server cannot (503,
@@ -253,6 +320,7 @@ class TransactionContext(ContextState):
                 timeout=self._timeout,
                 transactional_id=self._producer_id,
                 epoch=self._epoch,
+                acks=self._acks,
             )
         except ServiceUnavailable:
             self._client._no_one_request_transactions()

@@ -174,9 +174,7 @@ def routes(api: Api) -> list[Route]:
     async def rollback(request: Request) -> Response:
         coordinator = api.queues
         ns, topic, name = _names(request)
-        write_pointer = queue_bodies.read_rollback_request(
-            await body(request, "rollback request")
-        )
+        write_pointer = queue_bodies.read_rollback_request(await body(request, "rollback request"))
         returned = await api.blocking(coordinator.rollback, ns, topic, name, write_pointer)
         return json_response({"returned": returned})
 

@@ -17,6 +17,8 @@ aborted (invalidated if that fails); so it commits all of its messages or none.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -24,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tidings.codec import admin, wire
+from tidings.codec import admin, queue_bodies, wire
 from tidings.codec.transaction import encode_transaction
 from tidings.errors import (
     BadRequest,
@@ -56,11 +58,12 @@ def _write_pointer(request: Request) -> int:
     return int(raw)
 
 
-def _batches(obj: dict[str, Any]) -> list[_Batch]:
-    """The ``topics`` of a transactional publish: names checked, messages decoded."""
-    items = obj.get("topics")
-    if not isinstance(items, list):
-        raise BadRequest("topics must be a list of {topic, messages[, extras]} objects")
+def _batches(obj: dict[str, Any], *, empty_ok: bool = False) -> list[_Batch]:
+    """The ``topics`` of a transactional publish: names checked, messages decoded
+    (``empty_ok``: there may be none, as in a transaction that only acks)."""
+    items = obj.get("topics", [] if empty_ok else None)
+    if not isinstance(items, list) or not (items or empty_ok):
+        raise BadRequest("topics must be a non-empty list of {topic, messages[, extras]} objects")
     batches: list[_Batch] = []
     seen: set[str] = set()
     for i, item in enumerate(items):
@@ -147,14 +150,40 @@ def routes(api: Api) -> list[Route]:
         messaging, tx = api.messaging, api.tx  # 503 unless this process runs both
         ns = check_name(request.path_params["ns"], "namespace")
         obj = await body(request, "transactional publish")
-        batches = _batches(obj)
+        acks = queue_bodies.read_transaction_acks(obj)
+        batches = _batches(obj, empty_ok=bool(acks))
         timeout, (transactional_id, epoch) = admin.read_begin_request(obj)
+        queues = api.queues if acks else None  # 503 where queues do not run
+
+        async def settle(wp: int) -> None:
+            # The acks first: a conflict then costs no publish, and the transaction
+            # fails before anything of it is written to a topic.
+            assert queues is not None
+            for a in acks:
+                await api.blocking(
+                    queues.ack, ns, a.topic, a.queue, a.consumer, a.ids, write_pointer=wp
+                )
+
+        async def unsettle(wp: int) -> None:
+            assert queues is not None
+            for a in acks:
+                with contextlib.suppress(TidingsError):
+                    await api.blocking(queues.rollback, ns, a.topic, a.queue, wp)
 
         async def run() -> Transaction:
             ended: list[str] = []
             try:
                 return await _transact(
-                    api.inbox, messaging, tx, ns, batches, timeout, transactional_id, epoch, ended
+                    api.inbox,
+                    messaging,
+                    tx,
+                    ns,
+                    batches,
+                    timeout,
+                    transactional_id,
+                    epoch,
+                    ended,
+                    (settle, unsettle) if acks else None,
                 )
             finally:
                 for outcome in ended:
@@ -200,14 +229,17 @@ async def _transact(
     transactional_id: str | None,
     epoch: int | None,
     ended: list[str],
+    acks: tuple[Callable[[int], Awaitable[None]], Callable[[int], Awaitable[None]]] | None = None,
 ) -> Transaction:
-    """Begin, publish every batch, commit; on the event loop, awaiting each step's
-    group commit through a future (no worker thread is held).
+    """Begin, (ack), publish every batch, commit; on the event loop, awaiting each
+    step's group commit through a future (no worker thread is held).
 
+    With ``acks`` (``(settle, unsettle)``), ``settle(wp)`` acks queue messages under the
+    write pointer first, and ``unsettle(wp)`` gives them back if anything after fails.
     The batches are published in one store write: all of them, or none. If that fails,
-    nothing of the transaction was written, so it is aborted (invalidated if the abort
-    fails) and the error raised; if the commit fails, the transaction is invalidated.
-    ``ended`` collects the counters to bump.
+    nothing of the transaction was written to a topic, so it is aborted (invalidated if
+    the abort fails) and the error raised; if the commit fails, the transaction is
+    invalidated. ``ended`` collects the counters to bump.
     """
     snapshot = await _result(
         inbox, tx.begin_future(timeout, transactional_id=transactional_id, epoch=epoch)
@@ -215,16 +247,21 @@ async def _transact(
     ended.append("begun")
     wp = snapshot.write_pointer
     try:
-        # Bad input is refused here, at once, before anything is written.
-        await inbox.wait(messaging.publish_all_future(ns, batches, wp))
+        if acks is not None:
+            await acks[0](wp)
+        if batches:
+            # Bad input is refused here, at once, before anything is written.
+            await inbox.wait(messaging.publish_all_future(ns, batches, wp))
     except Exception as exc:
+        if acks is not None:
+            await acks[1](wp)
         await _end_failed(inbox, tx, wp, exc, transactional_id, epoch, ended)
         raise
     try:
         await inbox.wait(tx.commit_future(wp, (), transactional_id=transactional_id, epoch=epoch))
     except TidingsError as exc:
         # Timed out or fenced: already invalid. Anything else: make sure it never
-        # commits (its writes then never show).
+        # commits (its writes then never show; its acks come back as it resolves).
         await _invalidate(inbox, tx, wp, exc, ended)
         raise
     ended.append("committed")
