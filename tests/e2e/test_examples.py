@@ -55,3 +55,11 @@ def test_consumer_group(server: ServerProcess) -> None:
     assert sum(int(line.split(": ")[1].split()[0]) for line in workers) == 20
     assert "invoices: 20" in out
     assert "lag 0" in out
+
+
+def test_queue_worker(server: ServerProcess) -> None:
+    out = run_example("queue_worker.py", server)
+    assert "jobs done: 9" in out and "results: 9" in out
+    assert "dead letters: ['broken image']" in out
+    assert "acked 9, waiting 0, pending 0, dead-lettered 1" in out
+    assert "(delivery 2): nack" in out
