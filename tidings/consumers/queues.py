@@ -121,6 +121,7 @@ class _Lease:
     write_pointer: int  # non-zero: acked in that transaction, not ended yet
     ids: dict[MessageId, None]  # insertion-ordered set
     expired: bool = False  # its deadline passed and its messages went back
+    durable: bool = False  # a record of it is in the store (maybe behind memory)
 
     def active(self) -> bool:
         return bool(self.owner) and not self.expired and not self.write_pointer
@@ -142,6 +143,10 @@ class _Queue:
         self.leases: dict[int, _Lease] = {}
         self.available: list[MessageId] = []  # a heap; stale ids are skipped
         self.next_lease = 1
+        #: Leases whose record is behind memory (new ones: none yet), and the read
+        #: position as the store has it. Every record holds only ids up to that.
+        self.dirty: set[int] = set()
+        self.durable_read = record.read
         self.recent: OrderedDict[MessageId, str] = OrderedDict()
         self.broken = False
         self.popped = self.acked = self.nacked = 0
@@ -176,20 +181,40 @@ class _Queue:
         return touched
 
     def writes(self, leases: Iterable[int]) -> list[tuple[bytes, bytes | None]]:
-        """The record writes that bring the touched leases' records up to memory;
-        empty leases are forgotten."""
-        out = []
+        """The record writes that bring these leases' records up to memory; empty
+        leases are forgotten (their records deleted, if they had any)."""
+        out: list[tuple[bytes, bytes | None]] = []
         for lease_no in sorted(set(leases)):
+            lease = self.leases.get(lease_no)
+            if lease is None:
+                continue  # emptied and written before
             value = self.lease_value(lease_no)
-            out.append((self.lease_key(lease_no), value))
-            if value is None:
-                self.leases.pop(lease_no, None)
+            if value is not None:
+                out.append((self.lease_key(lease_no), value))
+                lease.durable = True
+                continue
+            if lease.durable:
+                out.append((self.lease_key(lease_no), None))
+            del self.leases[lease_no]
+        return out
+
+    def flush(self, leases: Iterable[int]) -> list[tuple[bytes, bytes | None]]:
+        """The writes of an ack, nack or close: these leases, every lease whose record
+        is behind memory, and the read position, together, so the store's records
+        never name a message past its read position (what lies past it is read again
+        after a restart; what lies before it and no record holds is acked)."""
+        out = self.writes({*leases, *self.dirty})
+        self.dirty.clear()
+        if self.record.read != self.durable_read:
+            out.append((qkeys.queue_key(*self.qid), qkeys.encode_queue(self.record)))
+            self.durable_read = self.record.read
         return out
 
     def new_lease(self, owner: str, deadline: int, write_pointer: int) -> int:
         lease_no = self.next_lease
         self.next_lease += 1
         self.leases[lease_no] = _Lease(owner, deadline, write_pointer, {})
+        self.dirty.add(lease_no)
         return lease_no
 
     def put_in(self, lease_no: int, ids: Iterable[MessageId]) -> None:
@@ -306,18 +331,21 @@ class QueueCoordinator:
                 entry.owners.append(consumer)
                 out.append(entry.message._replace(delivery_count=entry.count))
             q.put_in(lease_no, (m.id for m in out))
-            writes = q.writes([*touched, lease_no])
+            # Nothing written for a pop (as Pulsar's dispatch): the next ack, nack or
+            # close of any worker writes its lease. A server crash before that hands
+            # these messages out again at once (at least once; an ack in a
+            # transaction of a lease the server forgot is refused, so exactly-once
+            # holds).
+            q.dirty.update(touched)
             if fresh:
                 q.record = _replace_read(q.record, fresh[-1].id)
-                writes.append((qkeys.queue_key(*q.qid), qkeys.encode_queue(q.record)))
             q.popped += len(out)
             q.redelivered += len(chosen)
             q.dead_lettered += len(dead)
             q.pop_rate.add(len(out), time.monotonic())
-            if dead:
-                done = self._dead_letter(q, dead, writes)
-            else:
-                done = self._store.submit(_write_all(writes))
+            if not dead:
+                return out
+            done = self._dead_letter(q, dead, q.flush(()))
         self._await(q, done)
         return out
 
@@ -356,12 +384,12 @@ class QueueCoordinator:
                 q.remember_acked(todo, consumer)
                 q.acked += len(todo)
                 q.ack_rate.add(len(todo), time.monotonic())
-                writes = q.writes(touched)
+                writes = q.flush(touched)
                 guard = None
             else:
                 lease_no = q.new_lease(consumer, 0, write_pointer)
                 q.put_in(lease_no, todo)
-                writes = q.writes([*touched, lease_no])
+                writes = q.flush([*touched, lease_no])
                 guard = write_pointer
             if not writes:
                 return
@@ -389,7 +417,7 @@ class QueueCoordinator:
             for message_id in todo:
                 heapq.heappush(q.available, message_id)
             q.nacked += len(todo)
-            done = self._store.submit(_write_all(q.writes([*touched, lease_no])))
+            done = self._store.submit(_write_all(q.flush([*touched, lease_no])))
         self._await(q, done)
         self._notify(namespace, topic)
 
@@ -411,7 +439,7 @@ class QueueCoordinator:
                 count += len(lease.ids)
             if not mine:
                 return 0
-            done = self._store.submit(_write_all(q.writes(mine)))
+            done = self._store.submit(_write_all(q.flush(mine)))
         self._await(q, done)
         self._notify(namespace, topic)
         return count
@@ -432,7 +460,7 @@ class QueueCoordinator:
                 count += len(lease.ids)
             if not held:
                 return 0
-            done = self._store.submit(_write_all(q.writes(held)))
+            done = self._store.submit(_write_all(q.flush(held)))
         self._await(q, done)
         self._notify(namespace, topic)
         return count
@@ -531,8 +559,10 @@ class QueueCoordinator:
             if read is not None and (q.record.read is None or read > q.record.read):
                 q.record = _replace_read(q.record, read)
             writes.append((qkeys.queue_key(*q.qid), qkeys.encode_queue(q.record)))
+            q.durable_read = q.record.read
             q.entries.clear()
             q.leases.clear()
+            q.dirty.clear()
             q.available.clear()
             done = self._store.submit(_write_all(writes))
         self._await(q, done)
@@ -651,8 +681,11 @@ class QueueCoordinator:
         if (wanted_max, wanted_dlq) != (q.record.max_deliveries, q.record.dead_letter_topic):
             with q.lock:
                 q.record = QueueRecord(wanted_max, wanted_dlq, q.record.start, q.record.read)
+                # The read position as the store has it: memory's may be past leases
+                # not written yet.
+                stored = QueueRecord(wanted_max, wanted_dlq, q.record.start, q.durable_read)
                 done = self._store.submit(
-                    _write_all([(qkeys.queue_key(*q.qid), qkeys.encode_queue(q.record))])
+                    _write_all([(qkeys.queue_key(*q.qid), qkeys.encode_queue(stored))])
                 )
             self._await(q, done)
         return q
@@ -676,7 +709,9 @@ class QueueCoordinator:
             found = self._messages(namespace, topic, [m for _, r in leases for m, _ in r.entries])
             now = self._now()
             for lease_no, record in leases:
-                lease = _Lease(record.owner, record.deadline, record.write_pointer, {})
+                lease = _Lease(
+                    record.owner, record.deadline, record.write_pointer, {}, durable=True
+                )
                 q.leases[lease_no] = lease
                 q.next_lease = max(q.next_lease, lease_no + 1)
                 for message_id, count in record.entries:
