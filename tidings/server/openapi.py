@@ -344,9 +344,9 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
         "TransactionalPublishRequest": {
             "type": "object",
             "description": "a whole transaction: begin, ack queue messages, publish each "
-            "topic, commit (addition); at least one topic or one ack",
+            "topic, commit (addition); topics may be left out where there are acks",
             "anyOf": [
-                {"required": ["topics"], "properties": {"topics": {"minItems": 1}}},
+                {"required": ["topics"]},
                 {"required": ["acks"], "properties": {"acks": {"minItems": 1}}},
             ],
             "properties": {

@@ -60,10 +60,11 @@ def _write_pointer(request: Request) -> int:
 
 def _batches(obj: dict[str, Any], *, empty_ok: bool = False) -> list[_Batch]:
     """The ``topics`` of a transactional publish: names checked, messages decoded
-    (``empty_ok``: there may be none, as in a transaction that only acks)."""
+    (``empty_ok``: the field may be left out, as in a transaction that only acks; an
+    empty list is a transaction that publishes nothing)."""
     items = obj.get("topics", [] if empty_ok else None)
-    if not isinstance(items, list) or not (items or empty_ok):
-        raise BadRequest("topics must be a non-empty list of {topic, messages[, extras]} objects")
+    if not isinstance(items, list):
+        raise BadRequest("topics must be a list of {topic, messages[, extras]} objects")
     batches: list[_Batch] = []
     seen: set[str] = set()
     for i, item in enumerate(items):
