@@ -26,6 +26,8 @@ other components must use other prefixes):
     msg.topic/{namespace}/{topic}              -> topic record (id, properties)
     msg.state/{topic_id (4)}                   -> topic state (generation, ttl, sequencing)
     msg.expiry/{expires_at (8)}{table (1)}{row key}  -> b"" (per-message TTL index)
+    msg.sealed/{topic_id}{generation}{wp}      -> publish time, counts, ranges (values.Seal)
+    msg.tally/{topic_id}{generation}{wp}{first ts|seq} -> what one store added (values.Tally)
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ __all__ = [
     "PAYLOAD_KEY_SIZE",
     "SEALED_PREFIX",
     "STATE_PREFIX",
+    "TALLY_PREFIX",
     "TOPIC_PREFIX",
     "expiry_key",
     "generation_prefix",
@@ -60,12 +63,16 @@ __all__ = [
     "parse_payload_key",
     "parse_state_key",
     "parse_ts_seq",
+    "parse_write_pointer_prefix",
     "payload_key",
     "producer_key",
     "payload_keys",
     "sealed_key",
     "sealed_range",
     "state_key",
+    "tallies_range",
+    "tally_key",
+    "tally_range",
     "topic_record_key",
     "topic_records_range",
     "ts_seq",
@@ -101,6 +108,8 @@ SEALED_PREFIX = b"msg.sealed/"
 OPEN_PREFIX = b"msg.open/"
 #: Idempotent producers: the last sequence number each wrote on a topic generation.
 PRODUCER_PREFIX = b"msg.producer/"
+#: What each store under a not yet published write pointer added (for the topic's counts).
+TALLY_PREFIX = b"msg.tally/"
 
 
 # --- Message Table ---------------------------------------------------------------
@@ -160,6 +169,13 @@ def write_pointer_range(topic_id: int, generation: int, write_pointer: int) -> t
     if flipped == 2**64 - 1:
         return start, _TOPIC_GEN.pack(topic_id, generation + 1)
     return start, _PAYLOAD_PREFIX.pack(topic_id, generation, flipped + 1)
+
+
+def parse_write_pointer_prefix(prefix: bytes) -> tuple[int, int, int]:
+    """``(topic_id, generation, write_pointer)`` of the first 16 bytes of a Payload
+    Table key (:func:`write_pointer_prefix`)."""
+    topic_id, generation, flipped = _PAYLOAD_PREFIX.unpack_from(prefix)
+    return topic_id, generation, flipped - _SIGN
 
 
 def payload_key(
@@ -258,6 +274,31 @@ def sealed_range(topic_id: int, low_generation: int, high_generation: int) -> tu
     return (
         SEALED_PREFIX + _TOPIC_GEN.pack(topic_id, low_generation),
         SEALED_PREFIX + _TOPIC_GEN.pack(topic_id, high_generation),
+    )
+
+
+def tally_key(
+    topic_id: int, generation: int, write_pointer: int, first_ts: int, first_seq: int
+) -> bytes:
+    """Key of the tally of one store under ``write_pointer``: its first position."""
+    return (
+        TALLY_PREFIX
+        + write_pointer_prefix(topic_id, generation, write_pointer)
+        + _TS_SEQ.pack(first_ts, first_seq)
+    )
+
+
+def tally_range(topic_id: int, generation: int, write_pointer: int) -> tuple[bytes, bytes]:
+    """``[start, stop)`` of the tallies of one write pointer, in position order."""
+    start, stop = write_pointer_range(topic_id, generation, write_pointer)
+    return TALLY_PREFIX + start, TALLY_PREFIX + stop
+
+
+def tallies_range(topic_id: int, low_generation: int, high_generation: int) -> tuple[bytes, bytes]:
+    """``[start, stop)`` of the tallies of generations ``low <= g < high``."""
+    return (
+        TALLY_PREFIX + _TOPIC_GEN.pack(topic_id, low_generation),
+        TALLY_PREFIX + _TOPIC_GEN.pack(topic_id, high_generation),
     )
 
 

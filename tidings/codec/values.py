@@ -43,21 +43,29 @@ __all__ = [
     "POINTER",
     "RANGE_SIZE",
     "TX_PLAIN",
+    "UNKNOWN",
     "VERSION",
+    "Seal",
     "StoredValue",
+    "Tally",
     "TopicState",
     "decode_next_topic_id",
+    "decode_seal",
     "decode_state",
+    "decode_tally",
     "decode_topic_record",
     "decode_value",
     "encode_next_topic_id",
+    "encode_seal",
     "encode_state",
+    "encode_tally",
     "encode_topic_record",
     "encode_pointer",
     "encode_value",
     "payload_header",
     "read_payload_range",
     "read_write_pointer",
+    "seal_time",
     "with_write_pointer",
 ]
 
@@ -262,7 +270,10 @@ class TopicState(NamedTuple):
     ``generation`` is negative once the topic is deleted. The ``last_*`` fields are the
     last assigned Message Table ``(publish_ts, seq)`` and Payload Table
     ``(write_ts, p_seq)``; new keys start after them even if the clock went backwards
-    (DESIGN.md invariant 1: max(now, last)).
+    (DESIGN.md invariant 1: max(now, last)). ``message_count`` and ``payload_bytes``
+    are what ``stats`` reports for the current generation, kept up to date by the writes
+    that change them (docs/design.md, "Topic statistics without a scan");
+    :data:`UNKNOWN` in a state written before they were kept.
     """
 
     generation: int
@@ -271,23 +282,111 @@ class TopicState(NamedTuple):
     last_seq: int = 0
     last_write_ts: int = 0
     last_p_seq: int = 0
+    message_count: int = 0
+    payload_bytes: int = 0
 
 
-_STATE = struct.Struct(">BiQQHQH")
-_STATE_VERSION = 1
+#: ``message_count`` / ``payload_bytes`` of a state from before they were kept.
+UNKNOWN = -1
+
+_STATE_V1 = struct.Struct(">iQQHQH")
+_STATE_V2 = struct.Struct(">iQQHQHqq")
+_STATE = struct.Struct(">BiQQHQHqq")
+_STATE_VERSION = 2
+_STATE_V2_SIZE = _STATE.size
 
 
 def encode_state(state: TopicState) -> bytes:
-    """The 33-byte form of a :class:`TopicState`."""
+    """The 49-byte form (version 2) of a :class:`TopicState`."""
     return _STATE.pack(_STATE_VERSION, *state)
 
 
 def decode_state(raw: bytes) -> TopicState:
-    """Inverse of :func:`encode_state`."""
-    version, *fields = _STATE.unpack(raw)
-    if version != _STATE_VERSION:
-        raise ValueError(f"unknown topic state version {version}")
-    return TopicState(*fields)
+    """Inverse of :func:`encode_state`; also reads the 33-byte version 1 (counts
+    :data:`UNKNOWN`)."""
+    # Every publish and fetch reads the state: the current version goes first.
+    if raw[0] == _STATE_VERSION and len(raw) == _STATE_V2_SIZE:
+        return TopicState._make(_STATE_V2.unpack_from(raw, 1))
+    if raw[0] == 1 and len(raw) == 1 + _STATE_V1.size:
+        return TopicState._make((*_STATE_V1.unpack_from(raw, 1), UNKNOWN, UNKNOWN))
+    raise ValueError(f"unknown topic state version {raw[0]} ({len(raw)} bytes)")
+
+
+class Seal(NamedTuple):
+    """The value of a seal marker (:func:`tidings.codec.keys.sealed_key`).
+
+    ``time`` is the publish time of the pointer entries (the last one's, ms); the marker
+    goes once it is past the topic's TTL. ``message_count`` and ``payload_bytes`` are
+    what those entries still add to the topic's counts: the Payload Table rows they
+    expose that exist. ``ranges`` are the entries' payload ranges (None: every row under
+    the pointer), so that the cleaner can tell whether a row it deletes was exposed.
+    A marker written before counts were kept holds only the time: counts
+    :data:`UNKNOWN`, ranges None.
+    """
+
+    time: int
+    message_count: int
+    payload_bytes: int
+    ranges: tuple[PayloadRange, ...] | None = None
+
+
+_SEAL = struct.Struct(">Qqq")
+
+
+def encode_seal(seal: Seal) -> bytes:
+    """``time (8) | message_count (8) | payload_bytes (8)`` then 20 bytes per range."""
+    head = _SEAL.pack(seal.time, seal.message_count, seal.payload_bytes)
+    if seal.ranges is None:
+        return head
+    if not seal.ranges:
+        raise ValueError("a ranged seal names at least one range")
+    return head + b"".join(_RANGE.pack(*r) for r in seal.ranges)
+
+
+def decode_seal(raw: bytes) -> Seal:
+    """Inverse of :func:`encode_seal`; an 8-byte (older) marker has unknown counts."""
+    if len(raw) == 8:
+        return Seal(int.from_bytes(raw, "big"), UNKNOWN, UNKNOWN)
+    tail = len(raw) - _SEAL.size
+    if tail < 0 or tail % RANGE_SIZE:
+        raise ValueError(f"a seal marker of {len(raw)} bytes")
+    time, count, size = _SEAL.unpack_from(raw)
+    if not tail:
+        return Seal(time, count, size)
+    ranges = tuple(
+        PayloadRange._make(_RANGE.unpack_from(raw, at))
+        for at in range(_SEAL.size, len(raw), RANGE_SIZE)
+    )
+    return Seal(time, count, size, ranges)
+
+
+def seal_time(raw: bytes) -> int:
+    """The ``time`` of a seal marker's value, without decoding the rest."""
+    return int.from_bytes(raw[:8], "big")
+
+
+class Tally(NamedTuple):
+    """What one ``store`` added under a write pointer that is not yet published: its
+    last position (the first is in the key, :func:`tidings.codec.keys.tally_key`) and
+    how many of its rows, and payload bytes, still exist."""
+
+    last_ts: int
+    last_seq: int
+    message_count: int
+    payload_bytes: int
+
+
+_TALLY = struct.Struct(">QHqq")
+
+
+def encode_tally(tally: Tally) -> bytes:
+    """The 26-byte form of a :class:`Tally`."""
+    return _TALLY.pack(*tally)
+
+
+def decode_tally(raw: bytes) -> Tally:
+    """Inverse of :func:`encode_tally`."""
+    return Tally._make(_TALLY.unpack(raw))
 
 
 def encode_topic_record(topic_id: int, properties: Mapping[str, str]) -> bytes:

@@ -17,7 +17,9 @@ from itertools import pairwise
 
 from tidings.clock import Clock
 from tidings.codec import keys, values
+from tidings.codec.values import TopicState
 from tidings.errors import BadRequest, OutOfOrderSequence, PayloadsAlreadyPublished
+from tidings.messaging import accounting
 from tidings.messaging.sequencing import assign
 from tidings.messaging.topics import Topics
 from tidings.names import INT64_MAX
@@ -198,9 +200,9 @@ def publish_fn(
         ):
             return None  # a retry of a batch already written: its outcome, not a copy
         if not batch.values:
-            _seal(view, ref.topic_id, state.generation, write_pointer, topic, clock.now_ms())
+            _check_unsealed(view, ref.topic_id, state.generation, write_pointer, topic)
         if guard is not None and write_pointer is not None:
-            # After the seal: a second publish of stored payloads says so (409).
+            # After the seal check: a second publish of stored payloads says so (409).
             guard(write_pointer)
         start_ts, start_seq, end_ts, end_seq = assign(
             state.last_ts, state.last_seq, clock.now_ms(), len(rows)
@@ -209,7 +211,26 @@ def publish_fn(
         view.put_many(_MESSAGES, zip(row_keys, rows, strict=True), append=True)
         for index, expires_at in batch.expiries:
             view.put(_META, keys.expiry_key(expires_at, _MESSAGES, row_keys[index]), b"")
-        new_state = state._replace(last_ts=end_ts, last_seq=end_seq)
+        added, size = len(rows), batch.size
+        if not batch.values:
+            assert write_pointer is not None
+            added, size = _seal(
+                view, ref.topic_id, state.generation, write_pointer, payload_ranges, end_ts
+            )
+        count, total = state.message_count, state.payload_bytes
+        if count >= 0:  # UNKNOWN stays so until stats() counts the topic once
+            count, total = count + added, total + size
+        # Built field by field: half the cost of _replace(), once per publish.
+        new_state = TopicState(
+            state.generation,
+            state.ttl,
+            end_ts,
+            end_seq,
+            state.last_write_ts,
+            state.last_p_seq,
+            count,
+            total,
+        )
         view.put(_META, keys.state_key(ref.topic_id), values.encode_state(new_state))
         if write_pointer is None:
             return None
@@ -290,7 +311,12 @@ def store_fn(
             view.put(_META, keys.expiry_key(expires_at, _PAYLOADS, row_keys[index]), b"")
         new_state = state._replace(last_write_ts=end_ts, last_p_seq=end_seq)
         view.put(_META, keys.state_key(ref.topic_id), values.encode_state(new_state))
-        return PayloadRange(start_ts, start_seq, end_ts, end_seq)
+        positions = PayloadRange(start_ts, start_seq, end_ts, end_seq)
+        # Not counted yet (nothing is visible): the pointer publish adds the tallies.
+        accounting.record_store(
+            view, ref.topic_id, state.generation, write_pointer, positions, (count, batch.size)
+        )
+        return positions
 
     return store
 
@@ -302,26 +328,41 @@ def _already_published(write_pointer: int, topic: str) -> PayloadsAlreadyPublish
     )
 
 
-def _seal(
+def _check_unsealed(
     view: WriteView,
     topic_id: int,
     generation: int,
     write_pointer: int | None,
     topic: str,
-    now: int,
 ) -> None:
     # A pointer entry exposes every Payload Table row under its write pointer, in place.
     # Rows stored after that (a zombie executor) or a second pointer entry would insert
     # messages behind ones consumers already read: refuse both (invariant 1). Ranged
     # entries are sealed the same way: late rows would fall outside their ranges, but a
     # second publish could name the same rows again (duplicates), and one rule for both
-    # kinds keeps the guarantee simple. The marker holds its time so
-    # the cleaner can drop it with the topic's TTL.
+    # kinds keeps the guarantee simple. The publish then writes the marker (its seal()),
+    # holding the entries' time so the cleaner can drop it with the topic's TTL.
     assert write_pointer is not None
-    marker = keys.sealed_key(topic_id, generation, write_pointer)
-    if view.get(_META, marker) is not None:
+    if view.get(_META, keys.sealed_key(topic_id, generation, write_pointer)) is not None:
         raise _already_published(write_pointer, topic)
-    view.put(_META, marker, now.to_bytes(8, "big"))
+
+
+def _seal(
+    view: WriteView,
+    topic_id: int,
+    generation: int,
+    write_pointer: int,
+    payload_ranges: Sequence[PayloadRange] | None,
+    published: int,
+) -> accounting.Counts:
+    """Write the seal marker of a pointer publish whose last entry has time
+    ``published``; returns what its entries add to the topic's counts. The marker
+    records that too (and the ranges), so the cleaner can take it off again."""
+    counts = accounting.take_tallies(view, topic_id, generation, write_pointer, payload_ranges)
+    ranges = None if payload_ranges is None else tuple(payload_ranges)
+    marker = values.encode_seal(values.Seal(published, *counts, ranges))
+    view.put(_META, keys.sealed_key(topic_id, generation, write_pointer), marker)
+    return counts
 
 
 def check_rollback_info(info: RollbackInfo) -> None:

@@ -11,17 +11,21 @@ Seed 000 "Data Cleanup In Tables" (the LevelDB column: a periodic thread). Per t
 Every deletion runs in write functions of at most ``batch`` rows, each its own commit,
 so a publish waits behind at most one batch, never a whole pass. Ranges are looked at
 in a read snapshot first, so a pass over a clean store writes (and fsyncs) nothing.
-Fetch hides expired rows by itself; the cleaner only reclaims space.
+Fetch hides expired rows by itself; the cleaner reclaims space, and takes what it
+deletes from the live generation off the topic's counts in the same write
+(:mod:`tidings.messaging.accounting`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tidings.clock import Clock
-from tidings.codec import keys
+from tidings.codec import keys, values
 from tidings.codec.values import TopicState
+from tidings.messaging import accounting
 from tidings.messaging.fetching import retention_cutoff
 from tidings.messaging.topics import Topics
 from tidings.store.backend import Store, WriteView
@@ -88,18 +92,22 @@ class Cleaner:
     def _clean_topic(self, topic_id: int, state: TopicState, now: int) -> None:
         generation = state.generation
         live = generation if generation > 0 else -generation + 1
+        # Older generations are not in the counts (a new generation starts at zero).
         start, stop = keys.older_generations_range(topic_id, live)
         self._drain(_MESSAGES, start, stop)
         self._drain(_PAYLOADS, start, stop)
         self._drain(_META, *keys.sealed_range(topic_id, 0, live))
+        self._drain(_META, *keys.tallies_range(topic_id, 0, live))
         if generation <= 0:
             return
-        self._clean_seals(topic_id, generation, retention_cutoff(state, now))
-        cutoff = keys.ts_seq(retention_cutoff(state, now), 0)
+        cutoff_ms = retention_cutoff(state, now)
+        self._clean_seals(topic_id, generation, cutoff_ms)
+        cutoff = keys.ts_seq(cutoff_ms, 0)
         prefix, stop = keys.generation_range(topic_id, generation)
-        self._drain(_MESSAGES, prefix, prefix + cutoff)
+        self._drain(_MESSAGES, prefix, prefix + cutoff, counted=True)
         for pointer_prefix in self._expired_pointers(prefix, stop, cutoff):
-            self._drain(_PAYLOADS, pointer_prefix, pointer_prefix + cutoff)
+            self._drain(_PAYLOADS, pointer_prefix, pointer_prefix + cutoff, counted=True)
+        self._clean_tallies(topic_id, generation, cutoff)
 
     def _expired_pointers(self, prefix: bytes, stop: bytes, cutoff: bytes) -> list[bytes]:
         # Rows under one pointer sort by write_ts, so its oldest row is its first: one
@@ -120,28 +128,40 @@ class Cleaner:
                 cursor = pointer_prefix[:8] + (flipped + 1).to_bytes(8, "big")
 
     def _clean_seals(self, topic_id: int, generation: int, cutoff_ms: int) -> None:
-        # A marker can go once its pointer entry is past the TTL: no fetch reaches that
-        # entry any more, so rows stored under the pointer later are never exposed.
+        # A marker can go once its pointer entries are past the TTL: no fetch reaches
+        # them any more, so rows stored under the pointer later are never exposed. What
+        # the entries still add to the topic's counts goes with it.
         start, stop = keys.sealed_range(topic_id, generation, generation + 1)
         with self._store.read() as view:
-            old = [
-                k for k, v in view.scan(_META, start, stop) if int.from_bytes(v, "big") < cutoff_ms
-            ]
-        self._delete_keys(old)
+            old = [k for k, v in view.scan(_META, start, stop) if values.seal_time(v) < cutoff_ms]
+        self._in_batches(old, accounting.drop_seals)
 
-    def _delete_keys(self, doomed: list[bytes]) -> None:
-        """Delete Metadata rows, ``batch`` per write."""
+    def _clean_tallies(self, topic_id: int, generation: int, cutoff: bytes) -> None:
+        # Tallies of pointers never published whose last row is past the cutoff: the
+        # drain above took each row it deleted off its tally (and a tally with no rows
+        # left goes), so this only drops what a store left that no row matches.
+        start, stop = keys.tallies_range(topic_id, generation, generation + 1)
+        with self._store.read() as view:
+            # A tally's value starts with its last position, comparable as bytes.
+            old = [k for k, v in view.scan(_META, start, stop) if v[:10] < cutoff]
+        self._in_batches(old, _delete_metadata)
+
+    def _in_batches(
+        self, doomed: list[bytes], delete: Callable[[WriteView, list[bytes]], None]
+    ) -> None:
+        """``delete(view, chunk)`` over Metadata keys, ``batch`` of them per write."""
         for first in range(0, len(doomed), self._batch):
             chunk = doomed[first : first + self._batch]
 
-            def delete(view: WriteView, chunk: list[bytes] = chunk) -> None:
-                for key in chunk:
-                    view.delete(_META, key)
+            def write(view: WriteView, chunk: list[bytes] = chunk) -> None:
+                delete(view, chunk)
 
-            self._store.apply(delete)
+            self._store.apply(write)
             self._batches += 1
 
-    def _drain(self, table: str, start: bytes, stop: bytes) -> None:
+    def _drain(self, table: str, start: bytes, stop: bytes, *, counted: bool = False) -> None:
+        """Delete ``[start, stop)``, ``batch`` rows per write; ``counted``: rows of a
+        live generation, taken off the topic's counts in the same write."""
         if not self._store.scan_list(table, start, stop, 1):
             return
         batch = self._batch
@@ -149,8 +169,15 @@ class Cleaner:
         def delete(view: WriteView) -> int:
             return view.delete_range(table, start, stop, batch)
 
+        def delete_counted(view: WriteView) -> int:
+            rows = list(view.scan(table, start, stop, batch))
+            if rows:
+                accounting.forget_rows(view, table, rows)
+                view.delete_range(table, start, stop, len(rows))
+            return len(rows)
+
         while True:
-            removed = self._store.apply(delete)
+            removed = self._store.apply(delete_counted if counted else delete)
             self._batches += 1
             if table in self._deleted:  # seal markers are not counted as rows
                 self._deleted[table] += removed
@@ -172,7 +199,7 @@ class Cleaner:
                 last_ms = int.from_bytes(value[8:16], "big", signed=True)
                 if last_ms < cutoff or (topic_id, generation) not in live:
                     idle.append(key)
-        self._delete_keys(idle)
+        self._in_batches(idle, _delete_metadata)
 
     def _clean_expired(self, now: int) -> None:
         start = keys.EXPIRY_PREFIX
@@ -183,12 +210,18 @@ class Cleaner:
 
         def delete(view: WriteView) -> tuple[int, int, int]:
             entries = [k for k, _ in view.scan(_META, start, stop, batch)]
-            removed = {_MESSAGES: 0, _PAYLOADS: 0}
+            found: dict[str, dict[bytes, bytes]] = {_MESSAGES: {}, _PAYLOADS: {}}
             for entry in entries:
                 _, table, row_key = keys.parse_expiry_key(entry)
-                removed[table] += view.delete(table, row_key)
+                value = view.get(table, row_key)
+                if value is not None:  # else retention or its generation's drop took it
+                    found[table][row_key] = value
                 view.delete(_META, entry)
-            return len(entries), removed[_MESSAGES], removed[_PAYLOADS]
+            for table, rows in found.items():
+                accounting.forget_rows(view, table, sorted(rows.items()))
+                for row_key in rows:
+                    view.delete(table, row_key)
+            return len(entries), len(found[_MESSAGES]), len(found[_PAYLOADS])
 
         while True:
             entries, messages, payloads = self._store.apply(delete)
@@ -197,3 +230,8 @@ class Cleaner:
             self._deleted[_PAYLOADS] += payloads
             if entries < batch:
                 return
+
+
+def _delete_metadata(view: WriteView, doomed: list[bytes]) -> None:
+    for key in doomed:
+        view.delete(_META, key)

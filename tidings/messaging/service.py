@@ -24,7 +24,7 @@ from tidings.codec import keys, values, wire
 from tidings.codec.values import TopicState
 from tidings.codec.wire import AvroItems, Media
 from tidings.errors import BadRequest, EmptyPublish, InvalidMessageId
-from tidings.messaging import publishing
+from tidings.messaging import accounting, publishing
 from tidings.messaging.counters import Counters, TopicCounters
 from tidings.messaging.fetching import fetch_messages
 from tidings.messaging.names import parse_ttl
@@ -51,7 +51,6 @@ _I64 = struct.Struct(">q")
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
 _MAX_U64 = 2**64 - 1
-_STATS_PAGE = 10_000
 #: Most ids of one entry the newest-message seek reads (a pointer entry may hold many).
 _NEWEST_SCAN = 1_000_000
 _META = "metadata"
@@ -553,45 +552,31 @@ class MessagingService:
         return min(limit, self._config.fetch_max_limit)
 
     def stats(self, namespace: str, topic: str) -> TopicStats:
-        """The topic's live contents (everything a non-transactional reader would see)
-        and traffic. Reads the whole topic, page by page: an admin call, not a hot one."""
-        self._topics.get(namespace, topic)
-        count = size = 0
-        oldest: MessageId | None = None
-        newest: MessageId | None = None
-        start: MessageId | None = None
-        while True:
-            with self._store.read() as view:
-                ref = self._topics.resolve(view, namespace, topic)
-                page = cast(
-                    "list[Message]",
-                    fetch_messages(
-                        view,
-                        ref.topic_id,
-                        ref.state,
-                        self._clock.now_ms(),
-                        start,
-                        False,
-                        _STATS_PAGE,
-                        None,
-                    ),
-                )
-            if not page:
-                break
-            if oldest is None:
-                oldest = page[0].id
-            newest = start = page[-1].id
-            count += len(page)
-            size += sum(len(m.payload) for m in page)
-            if len(page) < _STATS_PAGE:
-                break
+        """The topic's live contents (what a non-transactional reader would get) and
+        traffic, at the same cost however large the topic is: the count and payload
+        bytes are kept in the topic's state by the writes that change them, the oldest
+        and newest ids are seeks.
+
+        A message counts until the cleaner deletes it: one past the topic's TTL or its
+        own expiry, which fetch already hides, counts until the next cleaner pass (at
+        most ``cleanup_interval`` later, as Kafka counts a log segment until it is
+        deleted). A rolled-back message counts (non-transactional readers get it). A
+        topic whose data predates kept counts is counted once, by reading it, on its
+        first call. TopicNotFound if the topic does not exist.
+        """
+        check_name(namespace, "namespace")
+        check_name(topic, "topic")
+        state, oldest, newest = self._contents(namespace, topic)
+        if state.message_count < 0:
+            self._store.apply(accounting.migrate_fn(self._topics, namespace, topic))
+            state, oldest, newest = self._contents(namespace, topic)
         counters = self._counters.get((namespace, topic))
         publish_rate, fetch_rate = self._counters.rates((namespace, topic))
         return TopicStats(
             namespace=namespace,
             topic=topic,
-            message_count=count,
-            bytes=size,
+            message_count=max(state.message_count, 0),
+            bytes=max(state.payload_bytes, 0),
             oldest_id=oldest,
             newest_id=newest,
             oldest_time=None if oldest is None else oldest.publish_ts,
@@ -602,6 +587,20 @@ class MessagingService:
             publish_rate=publish_rate,
             fetch_rate=fetch_rate,
         )
+
+    def _contents(
+        self, namespace: str, topic: str
+    ) -> tuple[TopicState, MessageId | None, MessageId | None]:
+        """The topic's state, oldest and newest live message, in one read snapshot."""
+        now = self._clock.now_ms()
+        with self._store.read() as view:
+            ref = self._topics.resolve(view, namespace, topic)
+            first = fetch_messages(
+                view, ref.topic_id, ref.state, now, None, True, 1, None, ids=True
+            )
+            newest = _newest(view, ref.topic_id, ref.state, now)
+        oldest = MessageId.from_bytes(cast(bytes, first[0])) if first else None
+        return ref.state, oldest, newest
 
     # --- listeners and counters ------------------------------------------------------
 

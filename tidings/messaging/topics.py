@@ -75,7 +75,10 @@ class Topics:
                 if -old.generation >= keys.MAX_GENERATION:
                     raise ServerError(f"topic {namespace}:{topic} has no generations left")
                 # Keep the last positions: ids stay increasing across generations too.
-                state = old._replace(generation=-old.generation + 1, ttl=ttl)
+                # The counts are the new generation's: empty.
+                state = old._replace(
+                    generation=-old.generation + 1, ttl=ttl, message_count=0, payload_bytes=0
+                )
             view.put(_META, record_key, values.encode_topic_record(topic_id, props))
             view.put(_META, keys.state_key(topic_id), values.encode_state(state))
             return TopicRef(namespace, topic, topic_id, state)
