@@ -87,3 +87,14 @@ def test_the_docs_parser_sees_every_table() -> None:
     assert ("POST", "/v1/namespaces/{ns}/topics/{topic}/publish") in documented
     assert ("GET", "/metrics") in documented
     assert len(documented) >= 20
+
+
+def test_docs_security_table_is_the_permission_table() -> None:
+    from tidings.server.permissions import PERMISSIONS
+
+    text = (API_MD.parent / "security.md").read_text()
+    rows = re.findall(r"^\| `(GET|PUT|POST|DELETE) ([^`]+)` \| (.+) \|$", text, re.M)
+    assert {(m, p): need for m, p, need in rows} == {
+        key: need.value for key, need in PERMISSIONS.items()
+    }
+    assert {(m, p) for m, p, _ in rows} == _mounted()  # every route, and no other

@@ -43,6 +43,8 @@ _T = TypeVar("_T")
 class _Settings:
     url: str
     namespace: str
+    token: str | None = None
+    cacert: Path | None = None
 
 
 class _Main(click.Group):
@@ -78,10 +80,26 @@ class _Main(click.Group):
     show_default=True,
     help="The namespace of the topics [env: TIDINGS_NAMESPACE].",
 )
+@click.option(
+    "--token",
+    envvar="TIDINGS_TOKEN",
+    default=None,
+    help="The bearer token, where the server has an auth file [env: TIDINGS_TOKEN].",
+)
+@click.option(
+    "--cacert",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="A CA file (or directory) to check an https server's certificate with "
+    "[env: TIDINGS_CACERT].",
+    envvar="TIDINGS_CACERT",
+)
 @click.pass_context
-def main(ctx: click.Context, url: str, namespace: str) -> None:
+def main(
+    ctx: click.Context, url: str, namespace: str, token: str | None, cacert: Path | None
+) -> None:
     """Tidings: a transactional messaging system."""
-    ctx.obj = _Settings(_with_scheme(url), namespace)
+    ctx.obj = _Settings(_with_scheme(url), namespace, token, cacert)
 
 
 def _with_scheme(url: str) -> str:
@@ -147,6 +165,33 @@ def serve(config_file: Path | None, **flags: Any) -> None:
     raise SystemExit(run(config))
 
 
+@main.group("auth")
+def auth_group() -> None:
+    """Tokens for the server's auth file (docs/security.md)."""
+
+
+@auth_group.command("token")
+@click.option("--name", default="NAME", show_default=True, help="The principal's name.")
+def auth_token(name: str) -> None:
+    """Print a new random bearer token, and the auth-file lines that admit it.
+
+    The file keeps only the token's sha-256: give the token to the application and
+    the lines to the server's auth file.
+    """
+    from tidings.server.auth import new_token
+
+    token, digest = new_token()
+    click.echo(f"token: {token}")
+    click.echo("")
+    click.echo("[[principal]]")
+    click.echo(f'name = "{name}"')
+    click.echo(f'token_sha256 = "{digest}"')
+    click.echo("admin = false")
+    click.echo("publish = []")
+    click.echo("consume = []")
+    click.echo("transactional_ids = []")
+
+
 @main.group("config")
 def config_group() -> None:
     """The server's configuration file."""
@@ -173,7 +218,8 @@ def _client(ctx: click.Context) -> Client:
     from tidings.client import Client
 
     settings = _settings(ctx)
-    client = Client(settings.url, settings.namespace)
+    verify: bool | str = True if settings.cacert is None else str(settings.cacert)
+    client = Client(settings.url, settings.namespace, token=settings.token, verify=verify)
     ctx.call_on_close(client.close)
     return client
 

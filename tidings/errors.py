@@ -11,7 +11,8 @@
     │   ├── TimeoutTooLarge           400  begin() asked for more than the maximum timeout
     │   ├── InvalidProducer           400  bad transactional id / epoch, or not its transaction
     │   └── EmptyPublish              400  publish with neither messages nor a write pointer
-    ├── Forbidden                     403
+    ├── Unauthorized                  401  no bearer token, or one nobody has
+    ├── Forbidden                     403  the principal may not do this
     │   ├── ProducerFenced            403  a newer epoch of this transactional id exists
     │   └── PartitionFenced           403  a group member commits a partition it does not own
     ├── NotFound                      404
@@ -97,6 +98,7 @@ __all__ = [
     "TransactionNotFound",
     "TransactionNotInProgress",
     "TransactionTimedOut",
+    "Unauthorized",
     "UnknownProducerEpoch",
     "UnsupportedMediaType",
     "error_for",
@@ -154,6 +156,13 @@ class InvalidProducer(BadRequest):
 
 class EmptyPublish(BadRequest):
     """A publish carried neither messages nor a transaction write pointer."""
+
+
+class Unauthorized(TidingsError):
+    """The server needs a bearer token and got none, or one it does not know (answered
+    with ``WWW-Authenticate: Bearer``)."""
+
+    status = 401
 
 
 class Forbidden(TidingsError):
@@ -346,6 +355,7 @@ def _all_wire_errors() -> dict[str, type[TidingsError]]:
 
 _BY_STATUS: dict[int, type[TidingsError]] = {
     400: BadRequest,
+    401: Unauthorized,
     403: Forbidden,
     404: NotFound,
     409: Conflict,

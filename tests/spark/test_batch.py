@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -205,3 +206,30 @@ def test_a_task_retried_after_storing_commits_every_row_once(
     # under the same write pointer, and stay unseen -- even read-uncommitted.
     assert _payload_rows(server, out) == 18
     assert sorted(m.payload for m in client.poll(out)) == sorted(got)
+
+
+def test_batch_read_and_write_with_a_token(
+    spark: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    token = "spark-token-0123456789"
+    where = tmp_path_factory.mktemp("secured")
+    auth = where / "auth.toml"
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    auth.write_text(f'[[principal]]\nname = "spark"\ntoken_sha256 = "{digest}"\nadmin = true\n')
+    secured = ServerProcess(where / "data", ["--auth-file", str(auth)]).start()
+    try:
+        with Client(secured.url, token=token) as admin:
+            admin.create_topic("in")
+            admin.create_topic("out")
+            admin.publish("in", [b"a", b"b"])
+        rows = _read(spark, secured, "in", token=token)
+        assert [bytes(r.value) for r in rows] == [b"a", b"b"]
+        with pytest.raises(Exception, match="Unauthorized"):
+            _read(spark, secured, "in")
+        df = spark.createDataFrame([(b"x",)], "value binary")
+        (df.write.format("tidings").option("url", secured.url).option("topic", "out")
+         .option("token", token).mode("append").save())  # fmt: skip
+        with Client(secured.url, token=token) as admin:
+            assert [m.payload for m in admin.poll("out")] == [b"x"]
+    finally:
+        secured.stop()

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
 
-from tidings.client.transports import Request, Response
+from tidings.client.transports import Request, Response, tls_context
 from tidings.errors import RequestTimeout, TidingsConnectionError
 
 __all__ = ["AsyncioTransport"]
@@ -183,9 +184,19 @@ class AsyncioTransport:
     event loop.
     """
 
-    def __init__(self, *, max_connections: int = 10, connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        *,
+        max_connections: int = 10,
+        connect_timeout: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        verify: bool | str = True,
+    ) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
+        #: Sent with every request (a bearer token's Authorization header).
+        self._extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode()
+        self._verify = verify
         self._max_connections = max_connections
         self._connect_timeout = connect_timeout
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -271,7 +282,7 @@ class AsyncioTransport:
             raise TidingsConnectionError(f"not an http(s) URL: {base!r}")
         tls = parts.scheme == "https"
         port = parts.port or (443 if tls else 80)
-        headers = f"Host: {parts.netloc}\r\nUser-Agent: {_USER_AGENT}\r\n".encode()
+        headers = f"Host: {parts.netloc}\r\nUser-Agent: {_USER_AGENT}\r\n".encode() + self._extra
         origin = self._origins[base] = _Origin(parts.hostname, port, tls, headers)
         return origin
 
@@ -290,7 +301,7 @@ class AsyncioTransport:
         tls: ssl.SSLContext | None = None
         if origin.tls:
             if self._tls is None:
-                self._tls = ssl.create_default_context()
+                self._tls = tls_context(self._verify)
             tls = self._tls
         connect_by = loop.time() + self._connect_timeout
         if deadline is not None:

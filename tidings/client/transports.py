@@ -13,9 +13,11 @@ where it knows which requests are idempotent.
 
 from __future__ import annotations
 
+import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import urllib3
 
@@ -31,6 +33,7 @@ __all__ = [
     "Response",
     "SyncTransport",
     "Urllib3Transport",
+    "tls_context",
 ]
 
 
@@ -98,8 +101,8 @@ def _tidings_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {k.lower(): v for k, v in headers.items() if k[:8].lower() == "tidings-"}
 
 
-def _headers(request: Request) -> dict[str, str]:
-    headers = {}
+def _headers(request: Request, extra: Mapping[str, str]) -> dict[str, str]:
+    headers = dict(extra)
     if request.content_type is not None:
         headers["Content-Type"] = request.content_type
     if request.accept is not None:
@@ -111,9 +114,21 @@ def _headers(request: Request) -> dict[str, str]:
 class Urllib3Transport:
     """:class:`SyncTransport` on a urllib3 ``PoolManager`` (thread-safe, keep-alive)."""
 
-    def __init__(self, *, max_connections: int = 10, connect_timeout: float = 10.0) -> None:
-        self._pool = urllib3.PoolManager(maxsize=max_connections, retries=False)
+    def __init__(
+        self,
+        *,
+        max_connections: int = 10,
+        connect_timeout: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        verify: bool | str = True,
+    ) -> None:
+        tls: dict[str, Any] = {"cert_reqs": "CERT_NONE" if verify is False else "CERT_REQUIRED"}
+        if isinstance(verify, str):
+            tls["ca_cert_dir" if os.path.isdir(verify) else "ca_certs"] = verify
+        self._pool = urllib3.PoolManager(maxsize=max_connections, retries=False, **tls)
         self._connect_timeout = connect_timeout
+        #: Sent with every request (a bearer token's Authorization header).
+        self._extra = dict(headers or {})
 
     def send(self, request: Request) -> Response:
         timeout = urllib3.Timeout(
@@ -125,7 +140,7 @@ class Urllib3Transport:
                 request.method,
                 request.url,
                 body=request.body or None,
-                headers=_headers(request),
+                headers=_headers(request, self._extra),
                 timeout=timeout,
                 retries=False,
                 redirect=False,
@@ -145,6 +160,29 @@ class Urllib3Transport:
         self._pool.clear()
 
 
+def tls_context(verify: bool | str) -> ssl.SSLContext:
+    """The TLS context of ``verify`` (as httpx takes it): True, the system's CAs; a
+    path, that CA file (or directory); False, no verification at all."""
+    if verify is False:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    if verify is True:
+        return ssl.create_default_context()
+    if os.path.isdir(verify):
+        return ssl.create_default_context(capath=verify)
+    return ssl.create_default_context(cafile=verify)
+
+
+def _aiohttp_ssl(verify: bool | str) -> Any:
+    if verify is True:
+        return True
+    if verify is False:
+        return False
+    return tls_context(verify)
+
+
 class AiohttpTransport:
     """:class:`AsyncTransport` on an aiohttp ``ClientSession``.
 
@@ -152,17 +190,28 @@ class AiohttpTransport:
     it), and belongs to that loop.
     """
 
-    def __init__(self, *, max_connections: int = 10, connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        *,
+        max_connections: int = 10,
+        connect_timeout: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        verify: bool | str = True,
+    ) -> None:
         self._max_connections = max_connections
         self._connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
+        self._extra = dict(headers or {})
+        self._verify = verify
 
     def _get_session(self) -> aiohttp.ClientSession:
         import aiohttp  # imported when first needed: it costs ~0.1 s to import
 
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                connector=aiohttp.TCPConnector(
+                    limit=self._max_connections, ssl=_aiohttp_ssl(self._verify)
+                ),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=False,
             )
@@ -180,7 +229,7 @@ class AiohttpTransport:
                 request.method,
                 request.url,
                 data=request.body or None,
-                headers=_headers(request),
+                headers=_headers(request, self._extra),
                 # Without a body aiohttp would claim application/octet-stream.
                 skip_auto_headers=() if request.content_type else ("Content-Type",),
                 timeout=timeout,

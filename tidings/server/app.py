@@ -12,6 +12,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tidings.errors import BadRequest, NotFound, ServerError, TidingsError
+from tidings.server import permissions
 from tidings.server.handlers import Api, Endpoint, error_response
 from tidings.server.routes import groups, messaging, ops, queues, transactions
 
@@ -61,12 +62,27 @@ def create_app(api: Api) -> ASGIApp:
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
     )
+    _check_permissions(app)
     hot = {
         route.path: route.endpoint
         for route in [*messaging_routes, *transaction_routes]
         if isinstance(route, Route) and route.path in _HOT_PATHS
     }
     return _HotPaths(app, hot)
+
+
+def _check_permissions(app: Starlette) -> None:
+    """Refuse to start with a route the permission table does not name: a route added
+    later cannot go unchecked."""
+    missing = [
+        f"{method} {route.path}"
+        for route in app.routes
+        if isinstance(route, Route)
+        for method in sorted((route.methods or set()) - {"HEAD"})
+        if (method, route.path) not in permissions.PERMISSIONS
+    ]
+    if missing:
+        raise RuntimeError(f"routes without a permission entry: {', '.join(missing)}")
 
 
 #: The requests producers and consumers send all the time.

@@ -129,6 +129,21 @@ class ServerConfig:
         kind="level",
     )
     access_log: bool = _setting(False, "one log line per request", shown="false")
+    # security (docs/security.md)
+    auth_file: Path | None = _setting(
+        None,
+        "TOML file of principals (bearer-token hashes and permissions); unset: every "
+        "request is allowed. SIGHUP reloads it",
+        flag=True,
+        shown="",
+    )
+    metrics_auth: bool = _setting(
+        False, "`/metrics` needs a token too (with `auth_file`)", shown="false"
+    )
+    tls_cert: Path | None = _setting(
+        None, "PEM certificate (chain) to serve HTTPS with; needs `tls_key`", flag=True, shown=""
+    )
+    tls_key: Path | None = _setting(None, "PEM private key of `tls_cert`", flag=True, shown="")
     # store
     sync: bool = _setting(
         True,
@@ -261,6 +276,7 @@ _IMPLIED: dict[object, Kind] = {
     float: "float",
     bool: "bool",
     Path: "path",
+    Path | None: "path",
     Role: "role",
 }
 # The annotation a named kind is stored as.
@@ -319,7 +335,8 @@ def settings_table() -> str:
     ]
     for s in SETTINGS:
         flag = f"`{s.flag}`" if s.flag else "\u2013"  # an en dash: no flag
-        lines.append(f"| `{s.key}` | {flag} | `{s.env}` | `{s.shown}` | {s.what} |")
+        shown = f"`{s.shown}`" if s.shown else "not set"
+        lines.append(f"| `{s.key}` | {flag} | `{s.env}` | {shown} | {s.what} |")
     return "\n".join(lines) + "\n"
 
 
@@ -330,7 +347,9 @@ def example_toml() -> str:
     for s in SETTINGS:
         lines.append(f"# {s.what.replace('`', '')} [{s.env}]")
         value = s.default
-        if s.kind in ("bytes",):
+        if value is None:
+            rendered = '""'  # not set (TOML has no null)
+        elif s.kind in ("bytes",):
             rendered = f'"{s.shown}"'
         elif isinstance(value, bool):
             rendered = "true" if value else "false"
@@ -359,6 +378,8 @@ def _parse(setting: Setting, value: object, source: str) -> Any:
     """Convert ``value`` (a string from the environment, or a TOML/flag value)."""
     kind = setting.kind
     where = f"{setting.name} (from {source})"
+    if setting.default is None and isinstance(value, str) and not value.strip():
+        return None  # an optional setting left empty: not set
     if kind in ("str", "path", "role", "level"):
         if isinstance(value, Path) and kind == "path":
             return value
@@ -423,6 +444,7 @@ def _check(cfg: ServerConfig) -> None:
         problems.append("fetch_default_limit must not exceed fetch_max_limit")
     if cfg.tx_default_timeout > cfg.tx_max_timeout:
         problems.append("tx_default_timeout must not exceed tx_max_timeout")
+
     if problems:
         raise ConfigError("; ".join(problems))
 

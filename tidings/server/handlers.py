@@ -22,8 +22,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from tidings.consumers import GroupCoordinator, QueueCoordinator
-from tidings.errors import ServerError, ServiceUnavailable, TidingsError
+from tidings.errors import ServerError, ServiceUnavailable, TidingsError, Unauthorized
 from tidings.messaging import MessagingService
+from tidings.server import permissions
+from tidings.server.auth import Authenticator, Principal
 from tidings.server.config import ServerConfig
 from tidings.server.inbox import LoopInbox
 from tidings.server.longpoll import LongPolls
@@ -31,7 +33,7 @@ from tidings.server.metrics import Metrics
 from tidings.server.services import Services
 from tidings.tx import TransactionManager
 
-__all__ = ["Api", "Endpoint", "error_response", "json_response"]
+__all__ = ["PRINCIPAL", "Api", "Endpoint", "error_response", "json_response", "principal_of"]
 
 log = logging.getLogger("tidings.server")
 
@@ -48,9 +50,23 @@ def json_response(value: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(value), status, media_type=JSON_TYPE)
 
 
+#: Where the authenticated principal of a request is kept (in its ASGI scope).
+PRINCIPAL = "tidings.principal"
+
+
 def error_response(exc: TidingsError, headers: dict[str, str] | None = None) -> Response:
-    """The error's status with ``{"error": ..., "type": ...}``."""
+    """The error's status with ``{"error": ..., "type": ...}`` (and, for a 401, the
+    ``WWW-Authenticate`` challenge)."""
+    if isinstance(exc, Unauthorized):
+        headers = {**(headers or {}), "WWW-Authenticate": 'Bearer realm="tidings"'}
     return Response(orjson.dumps(exc.to_json()), exc.status, headers, media_type=JSON_TYPE)
+
+
+def principal_of(request: Request) -> Principal | None:
+    """The principal a request was authenticated as (None: the server has no auth
+    file, everything is allowed)."""
+    found: Principal | None = request.scope.get(PRINCIPAL)
+    return found
 
 
 @dataclass
@@ -63,6 +79,8 @@ class Api:
     metrics: Metrics
     longpolls: LongPolls
     inbox: LoopInbox
+    #: The auth file's principals; None: no auth file, every request is allowed.
+    auth: Authenticator | None = None
 
     @property
     def messaging(self) -> MessagingService:
@@ -106,6 +124,26 @@ class Api:
             )
         return queues
 
+    def _authorize(self, request: Request, route: str) -> None:
+        """Authenticate the request and check the route's need (docs/security.md)."""
+        assert self.auth is not None
+        need = permissions.need_of(request.method, route)
+        if need is permissions.Need.OPEN or (
+            need is permissions.Need.METRICS and not self.config.metrics_auth
+        ):
+            return
+        principal = self.auth.authenticate(request.headers.get("authorization"))
+        request.scope[PRINCIPAL] = principal
+        try:
+            permissions.check(need, principal, request.path_params)
+        except TidingsError:
+            # The principal's name only: never the token.
+            log.warning(
+                "forbidden",
+                extra={"event": "forbidden", "principal": principal.name, "route": route},
+            )
+            raise
+
     async def blocking(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a blocking call on the worker threads and await it."""
         loop = asyncio.get_running_loop()
@@ -121,6 +159,8 @@ class Api:
             async def endpoint(request: Request) -> Response:
                 start = time.perf_counter()
                 try:
+                    if self.auth is not None:
+                        self._authorize(request, route)
                     response = await fn(request)
                 except TidingsError as exc:
                     response = error_response(exc)

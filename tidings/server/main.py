@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import math
 import os
@@ -22,8 +23,9 @@ import uvicorn
 import uvloop
 
 import tidings
-from tidings.errors import TidingsError
+from tidings.errors import ConfigError, TidingsError
 from tidings.server.app import create_app
+from tidings.server.auth import Authenticator
 from tidings.server.config import ServerConfig
 from tidings.server.handlers import Api
 from tidings.server.inbox import LoopInbox
@@ -88,7 +90,8 @@ class _Server(uvicorn.Server):
                 # For people: one line on stdout (the JSON logs, for machines, go to stderr).
                 host = self.config.host
                 shown = f"[{host}]" if ":" in host else host
-                print(f"listening on http://{shown}:{ports[0]}", flush=True)
+                scheme = "https" if self.config.is_ssl else "http"
+                print(f"listening on {scheme}://{shown}:{ports[0]}", flush=True)
 
 
 def run(config: ServerConfig) -> int:
@@ -101,6 +104,12 @@ def run(config: ServerConfig) -> int:
         "role": config.role,
         "data_dir": str(config.data_dir),
     }
+    try:
+        auth = _security(config)
+    except ConfigError as exc:
+        log.error(f"cannot start: {exc.message}", extra={"event": "error", **about})
+        print(f"Error: {exc.message}", flush=True)
+        return 2
     try:
         services = Services.open(config)
     except TidingsError as exc:
@@ -116,7 +125,7 @@ def run(config: ServerConfig) -> int:
         return 1
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            started, received = runner.run(_serve(config, services, about))
+            started, received = runner.run(_serve(config, services, about, auth))
     except BaseException as exc:
         log.error(f"server failed: {exc!r}", exc_info=exc, extra={"event": "error", **about})
         services.close()
@@ -134,8 +143,33 @@ def run(config: ServerConfig) -> int:
     return 0
 
 
+def _security(config: ServerConfig) -> Authenticator | None:
+    """The auth file's principals (None without one), after checking the TLS settings;
+    warns when a non-loopback address is served without authentication."""
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise ConfigError("tls_cert and tls_key go together: set both or neither")
+    auth = Authenticator(config.auth_file) if config.auth_file is not None else None
+    if auth is None and not _loopback(config.host):
+        log.warning(
+            f"listening on {config.host} without an auth file: anyone who reaches the port "
+            "may read, publish and administer everything (docs/security.md)",
+            extra={"event": "security"},
+        )
+    return auth
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 async def _serve(
-    config: ServerConfig, services: Services, about: dict[str, object]
+    config: ServerConfig,
+    services: Services,
+    about: dict[str, object],
+    auth: Authenticator | None = None,
 ) -> tuple[bool, int | None]:
     loop = asyncio.get_running_loop()
     inbox = LoopInbox(loop)
@@ -151,7 +185,10 @@ async def _serve(
         group_lags=services.groups.lags if services.groups is not None else None,
         queue_stats=services.queues.stats if services.queues is not None else None,
     )
-    api = Api(config, services, Metrics(sources=sources), longpolls, inbox)
+    api = Api(config, services, Metrics(sources=sources), longpolls, inbox, auth)
+    if auth is not None and threading.current_thread() is threading.main_thread():
+        # SIGHUP reloads the principals; a file that does not load changes nothing.
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.run_in_executor(None, auth.reload))
     if messaging is not None:
         messaging.add_listener(longpolls.on_commit)
     if services.queues is not None:  # a nack or close gives messages back: wake pops
@@ -174,6 +211,8 @@ async def _serve(
         # middleware is one more coroutine layer on every request.
         proxy_headers=False,
         timeout_graceful_shutdown=math.ceil(config.shutdown_timeout),
+        ssl_certfile=config.tls_cert,
+        ssl_keyfile=config.tls_key,
     )
     server = _Server(uv_config, on_signal, about)
     try:

@@ -85,6 +85,10 @@ class ReadOptions:
     min_partitions: int | None = None
     fetch_size: int = DEFAULT_FETCH_SIZE
     request_timeout: float = 30.0
+    #: The bearer token, where the server has an auth file (docs/security.md).
+    token: str | None = None
+    #: A CA file to check an https server's certificate with (None: the system's).
+    cacert: str | None = None
 
     @property
     def committed(self) -> bool:
@@ -105,6 +109,8 @@ class WriteOptions:
     store_batch: int = DEFAULT_STORE_BATCH
     store_bytes: int = DEFAULT_STORE_BYTES
     request_timeout: float = 30.0
+    token: str | None = None
+    cacert: str | None = None
 
 
 _READ_KEYS = {
@@ -120,6 +126,8 @@ _READ_KEYS = {
     "minpartitions",
     "fetchsize",
     "requesttimeout",
+    "token",
+    "cacert",
 }
 _WRITE_ONLY_KEYS = {"sinkid", "transactiontimeout", "storebatchsize", "storebatchbytes"}
 
@@ -294,13 +302,15 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         min_partitions=_positive_int(opts, "minpartitions", "minPartitions"),
         fetch_size=min(fetch_size, 10_000),
         request_timeout=_positive_float(opts, "requesttimeout", "requestTimeout") or 30.0,
+        token=_get(opts, "token"),
+        cacert=_get(opts, "cacert"),
     )
 
 
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     """Check and parse the options of ``df.write`` / ``df.writeStream``."""
     opts = {str(k).lower(): v for k, v in options.items()}
-    for key in _READ_KEYS - {"url", "namespace", "topic", "requesttimeout"}:
+    for key in _READ_KEYS - {"url", "namespace", "topic", "requesttimeout", "token", "cacert"}:
         if key in opts:
             raise ValueError(f"option {key} applies to reads only")
     topics = _topics(_get(opts, "topic"), required=False)
@@ -323,4 +333,6 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         store_bytes=_positive_int(opts, "storebatchbytes", "storeBatchBytes")
         or DEFAULT_STORE_BYTES,
         request_timeout=_positive_float(opts, "requesttimeout", "requestTimeout") or 30.0,
+        token=_get(opts, "token"),
+        cacert=_get(opts, "cacert"),
     )

@@ -43,7 +43,7 @@ def read_partition(options: ReadOptions, part: InputPartition) -> Iterator[pa.Re
     if not isinstance(part, TopicRange):
         raise TypeError(f"not a tidings partition: {part!r}")
     schema = arrow_read_schema()
-    with connect(options.url, options.namespace, options.request_timeout) as client:
+    with connect(options) as client:
         for page in read_range(client, part, options.fetch_size):
             yield messages_to_batch(page, part.topic, options.namespace, schema)
 
@@ -65,7 +65,7 @@ class TidingsBatchReader(DataSourceReader):
         o = self.options
         pieces = slices_per_topic(o, DEFAULT_BATCH_SLICES)
         parts: list[InputPartition] = []
-        with connect(o.url, o.namespace, o.request_timeout) as client:
+        with connect(o) as client:
             tx = snapshot(client, o.committed)
             for topic in o.topics:
                 start = o.starts[topic]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from pyspark.sql.datasource import InputPartition
 
@@ -26,9 +27,29 @@ from tidings.structs import Message, MessageId, Transaction
 __all__ = ["Scan", "TopicRange", "connect", "plan_ranges", "read_range", "scan", "snapshot"]
 
 
-def connect(url: str, namespace: str, timeout: float) -> Client:
-    """A client for one task or one driver-side object."""
-    return Client(url, namespace, timeout=timeout)
+class _Server(Protocol):
+    @property
+    def url(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def request_timeout(self) -> float: ...
+    @property
+    def token(self) -> str | None: ...
+    @property
+    def cacert(self) -> str | None: ...
+
+
+def connect(options: _Server) -> Client:
+    """A client for one task or one driver-side object, as the options say."""
+    verify: bool | str = True if options.cacert is None else options.cacert
+    return Client(
+        options.url,
+        options.namespace,
+        timeout=options.request_timeout,
+        token=options.token,
+        verify=verify,
+    )
 
 
 def snapshot(client: Client, committed: bool) -> Transaction | None:

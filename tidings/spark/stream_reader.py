@@ -74,7 +74,7 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def client(self) -> Client:
         if self._client is None:
             o = self.options
-            self._client = connect(o.url, o.namespace, o.request_timeout)
+            self._client = connect(o)
         return self._client
 
     # --- offsets ---

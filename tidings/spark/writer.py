@@ -112,7 +112,7 @@ def _write_task(
     # Any attempt stores: the driver publishes only the ranges of the attempt whose
     # message it gets, so what an earlier attempt of this task stored stays unseen.
     rows = (row for batch in batches for row in records_from_batch(batch, columns, options.topic))
-    with connect(options.url, options.namespace, options.request_timeout) as client:
+    with connect(options) as client:
         ranges = store_rows(
             client,
             tx.write_pointer,
@@ -178,7 +178,7 @@ class _WriterBase:
 
     def _client(self) -> Any:
         o = self.options
-        return connect(o.url, o.namespace, o.request_timeout)
+        return connect(o)
 
     def _abort(self, messages: Sequence[WriterCommitMessage | None]) -> None:
         ours = _sink_messages(messages)

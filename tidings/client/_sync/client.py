@@ -91,6 +91,8 @@ class Client(BaseClient):
         transactions_url: str | None = None,
         transport: SyncTransport | None = None,
         idempotent: bool = True,
+        token: str | None = None,
+        verify: bool | str = True,
     ) -> None:
         super().__init__(
             url,
@@ -101,7 +103,12 @@ class Client(BaseClient):
             transactions_url=transactions_url,
             idempotent=idempotent,
         )
-        self._transport = transport or Urllib3Transport(max_connections=max_connections)
+        # The bearer token rides in every request's headers (docs/security.md);
+        # ``verify`` is a CA file or directory, or a bool, as httpx takes it.
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+        self._transport = transport or Urllib3Transport(
+            max_connections=max_connections, headers=headers, verify=verify
+        )
         self._max_connections = max_connections
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()

@@ -37,7 +37,7 @@ from tidings.errors import (
 from tidings.messaging import MessagingService
 from tidings.names import INT64_MAX, check_name
 from tidings.server.bodies import json_object, read_body, require_json
-from tidings.server.handlers import Api, json_response
+from tidings.server.handlers import Api, json_response, principal_of
 from tidings.server.inbox import LoopInbox
 from tidings.structs import Record, Transaction
 from tidings.tx import TransactionManager
@@ -49,6 +49,13 @@ PUBLISH = "/v1/namespaces/{ns}/transactions/publish"
 
 _T = TypeVar("_T")
 _Batch = tuple[str, list[Record | bytes]]
+
+
+def _may_use(request: Request, transactional_id: str | None) -> None:
+    """Forbidden unless the request's principal may use ``transactional_id``."""
+    principal = principal_of(request)
+    if principal is not None:
+        principal.require_transactional_id(transactional_id)
 
 
 def _write_pointer(request: Request) -> int:
@@ -106,6 +113,7 @@ def routes(api: Api) -> list[Route]:
         timeout, (transactional_id, epoch) = admin.read_begin_request(
             await body(request, "begin request")
         )
+        _may_use(request, transactional_id)
         snapshot = await _result(
             api.inbox, tx.begin_future(timeout, transactional_id=transactional_id, epoch=epoch)
         )
@@ -119,6 +127,7 @@ def routes(api: Api) -> list[Route]:
         changes, (transactional_id, epoch) = admin.read_commit_request(
             await body(request, "commit request")
         )
+        _may_use(request, transactional_id)
         try:
             await api.inbox.wait(
                 tx.commit_future(wp, changes, transactional_id=transactional_id, epoch=epoch)
@@ -134,6 +143,7 @@ def routes(api: Api) -> list[Route]:
         tx = api.tx
         wp = _write_pointer(request)
         transactional_id, epoch = admin.read_abort_request(await body(request, "abort request"))
+        _may_use(request, transactional_id)
         await api.inbox.wait(tx.abort_future(wp, transactional_id=transactional_id, epoch=epoch))
         counts.aborted += 1
         return json_response({})
@@ -154,6 +164,13 @@ def routes(api: Api) -> list[Route]:
         acks = queue_bodies.read_transaction_acks(obj)
         batches = _batches(obj, empty_ok=bool(acks))
         timeout, (transactional_id, epoch) = admin.read_begin_request(obj)
+        principal = principal_of(request)
+        if principal is not None:
+            principal.require_transactional_id(transactional_id)
+            for topic, _ in batches:
+                principal.require_publish(topic)
+            for a in acks:
+                principal.require_consume(a.topic)
         queues = api.queues if acks else None  # 503 where queues do not run
 
         async def settle(wp: int) -> None:
@@ -199,6 +216,8 @@ def routes(api: Api) -> list[Route]:
     async def producers(request: Request) -> Response:
         tx = api.tx
         transactional_id = admin.read_producer_request(await body(request, "producer registration"))
+        # Registering bumps the epoch, which fences the holder: only its holders may.
+        _may_use(request, transactional_id)
         info = await api.blocking(tx.register_producer, transactional_id)
         return json_response(admin.producer_json(info))
 
