@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
 import shutil
 import signal
@@ -182,7 +183,8 @@ def _pct(values: list[float], q: float) -> float:
 
 async def run_once(url: str, args: argparse.Namespace) -> dict[str, float]:
     out: dict[str, float] = {}
-    async with AsyncClient(url, max_connections=max(args.concurrency, 4)) as client:
+    token = _AUTH_TOKEN if args.auth else None
+    async with AsyncClient(url, max_connections=max(args.concurrency, 4), token=token) as client:
         if "W1" in args.workloads or "W2" in args.workloads:
             t100, e100 = await w1(client, args.w1_small, 100, args.concurrency)
             t1k, e1k = await w1(client, args.w1_large, 1024, args.concurrency)
@@ -209,6 +211,21 @@ async def run_once(url: str, args: argparse.Namespace) -> dict[str, float]:
     return out
 
 
+_AUTH_TOKEN = "benchmark-token-0123456789"
+
+
+def _auth_file() -> str:
+    """An auth file admitting the benchmark's token (an admin: the workloads create
+    topics); every request is authenticated and checked against the table."""
+    digest = hashlib.sha256(_AUTH_TOKEN.encode()).hexdigest()
+    path = Path(tempfile.mkdtemp(prefix="tidings-bench-auth-")) / "auth.toml"
+    path.write_text(
+        f'[[principal]]\nname = "bench"\ntoken_sha256 = "{digest}"\nadmin = true\n'
+        'publish = ["*"]\nconsume = ["*"]\ntransactional_ids = ["*"]\n'
+    )
+    return str(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="an already running server (default: start one)")
@@ -221,7 +238,12 @@ def main() -> None:
     parser.add_argument("--w3-seconds", type=float, default=10.0)
     parser.add_argument("--w4-count", type=int, default=2000)
     parser.add_argument("--server-arg", action="append", default=[], help="extra serve flag")
+    parser.add_argument(
+        "--auth", action="store_true", help="serve with an auth file; the client sends a token"
+    )
     args = parser.parse_args()
+    if args.auth and not args.url:
+        args.server_arg += ["--auth-file", _auth_file()]
 
     runs: list[dict[str, float]] = []
     for i in range(args.repeat):

@@ -292,3 +292,17 @@ def test_the_example_file_reads_back_as_the_defaults(tmp_path: Path) -> None:
     assert load_config({}, config_file=path, env={}) == ServerConfig()
     for setting in SETTINGS:  # every setting is in it, with its variable named
         assert f"\n{setting.key} = " in printed.output and setting.env in printed.output
+
+
+def test_serving_a_network_address_without_an_auth_file_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tidings.server.main import _security
+
+    with caplog.at_level("WARNING", logger="tidings.server"):
+        assert _security(ServerConfig(host="127.0.0.1")) is None
+        assert not caplog.records
+        assert _security(ServerConfig(host="0.0.0.0")) is None
+    assert "without an auth file" in caplog.text
+    with pytest.raises(ConfigError, match="go together"):
+        _security(ServerConfig(tls_cert=tmp_path / "cert.pem"))

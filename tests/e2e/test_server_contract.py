@@ -10,6 +10,7 @@ fixed number of examples per operation and a fixed seed, ~20 s on two cores.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -41,20 +42,53 @@ def _schemathesis() -> list[str]:
     return [found] if found else [sys.executable, "-m", "schemathesis.cli"]
 
 
+TOKEN = "contract-token-0123456789"
+
+
+@pytest.fixture(scope="module")
+def secured_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    where = tmp_path_factory.mktemp("secured-contract")
+    auth = where / "auth.toml"
+    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    auth.write_text(f'[[principal]]\nname = "ops"\ntoken_sha256 = "{digest}"\nadmin = true\n')
+    srv = ServerProcess(
+        where / "data", ["--auth-file", str(auth)], env={"TIDINGS_MAX_WAIT_MS": "1000"}
+    ).start()
+    try:
+        yield srv
+    finally:
+        assert srv.stop() == 0
+
+
 def test_schemathesis_finds_nothing(contract_server: ServerProcess, tmp_path: Path) -> None:
+    _run(contract_server, tmp_path, 25)
+
+
+@pytest.mark.parametrize("token", [TOKEN, None], ids=["token", "no-token"])
+def test_schemathesis_finds_nothing_with_an_auth_file(
+    secured_server: ServerProcess, tmp_path: Path, token: str | None
+) -> None:
+    """With a token every operation runs as with no auth file; without one every
+    protected operation answers a documented 401, and none a 5xx."""
+    extra = [] if token is None else ["--header", f"Authorization: Bearer {token}"]
+    _run(secured_server, tmp_path, 10 if token else 5, extra)
+
+
+def _run(server: ServerProcess, tmp_path: Path, examples: int, extra: list[str] = []) -> None:  # noqa: B006
     done = subprocess.run(
         [
             *_schemathesis(),
             "--config-file",
             str(CONFIG),
             "run",
-            contract_server.url + "/openapi.json",
+            server.url + "/openapi.json",
+            *extra,
             "--checks",
             "all",
             "--phases",
             "examples,coverage,fuzzing,stateful",
             "--max-examples",
-            "25",
+            str(examples),
             "--seed",
             "20261124",
             "--request-timeout",

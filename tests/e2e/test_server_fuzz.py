@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.e2e.serverproc import ServerProcess
 
@@ -78,3 +79,23 @@ def test_no_input_gets_a_500(case: Any, fuzz_server: ServerProcess) -> None:
     if response.status_code >= 400:
         body = response.json()
         assert set(body) == {"error", "type"}, body
+
+
+@given(body=st.binary(max_size=300), path=st.sampled_from(["publish", "store", "poll"]))
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+def test_random_avro_bodies_are_refused_and_change_nothing(
+    fuzz_server: ServerProcess, body: bytes, path: str
+) -> None:
+    base = f"{fuzz_server.url}/v1/namespaces/{LIVE['ns']}/topics/{LIVE['topic']}"
+    before = httpx.get(base + "/stats").json()
+    response = httpx.post(
+        f"{base}/{path}", content=body, headers={"Content-Type": "avro/binary"}, timeout=30
+    )
+    assert response.status_code < 500, response.text[:300]
+    if response.status_code >= 400:
+        after = httpx.get(base + "/stats").json()
+        assert (after["messageCount"], after["bytes"], after["newestId"]) == (
+            before["messageCount"],
+            before["bytes"],
+            before["newestId"],
+        )

@@ -117,6 +117,8 @@ def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 _COMMON_ERRORS = {
     "400": _error("malformed body, wrong types, bad base64 or an invalid name"),
+    "401": _error("with an auth file: no bearer token, or one nobody has (Unauthorized)"),
+    "403": _error("with an auth file: the principal may not do this (Forbidden)"),
     "413": _error("body larger than max_body_bytes"),
     "415": _error("unsupported Content-Type"),
     "503": _error("the service does not run in this process (role)"),
@@ -1291,7 +1293,8 @@ def _ops_paths() -> dict[str, Any]:
                     "200": {
                         "description": "text exposition format",
                         "content": {"text/plain": {"schema": {"type": "string"}}},
-                    }
+                    },
+                    "401": _error("with metrics_auth: no bearer token, or an unknown one"),
                 },
                 tags=tags,
                 errors=False,
@@ -1327,5 +1330,16 @@ def openapi_document(version: str, *, max_timeout: float = 3600.0) -> dict[str, 
             **_transaction_paths(),
             **_ops_paths(),
         },
-        "components": {"schemas": _schemas(max_timeout)},
+        "components": {
+            "schemas": _schemas(max_timeout),
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "only where the server has an auth file (docs/security.md)",
+                }
+            },
+        },
+        # A token where the server asks for one; none where it has no auth file.
+        "security": [{"bearer": []}, {}],
     }
