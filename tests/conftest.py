@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,25 +23,97 @@ from tidings.store import MemoryStore, Store
 settings.register_profile("tidings", deadline=None)
 settings.load_profile("tidings")
 
-STORE_KINDS = ["memory", "lmdb"]
+STORE_KINDS = ["memory", "lmdb", "postgres"]
 
 
-def make_store(kind: str, path: Path) -> Store:
-    """A fresh store of ``kind`` ("memory" or "lmdb") with its data under ``path``."""
+def make_store(kind: str, path: Path, postgres_url: str | None = None) -> Store:
+    """A fresh store of ``kind`` ("memory", "lmdb" or "postgres", the latter in a new
+    database of ``postgres_url``'s server) with its data under ``path``."""
     if kind == "memory":
         return MemoryStore()
     if kind == "lmdb":
         from tidings.store.backends.lmdb import LmdbStore
 
         return LmdbStore(path / "store")
+    if kind == "postgres":
+        from tidings.store.backends.postgres import PostgresStore
+
+        assert postgres_url is not None
+        return PostgresStore(fresh_database(postgres_url))
     raise ValueError(kind)
 
 
 @pytest.fixture(params=STORE_KINDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """Every store backend in turn: one suite runs against all of them."""
-    s = make_store(request.param, tmp_path)
+    url = request.getfixturevalue("postgres_url") if request.param == "postgres" else None
+    s = make_store(request.param, tmp_path, url)
     try:
         yield s
     finally:
         s.close()
+
+
+# --- a throwaway PostgreSQL cluster for the tests that need one ---------------------
+
+
+def _pg_bin() -> Path | None:
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).parent
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True)
+    return Path(candidates[0]).parent if candidates else None
+
+
+def fresh_database(url: str) -> str:
+    """A new, empty database on the cluster of ``url``; its URL."""
+    import psycopg
+
+    name = "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return url.rsplit("/", 1)[0] + "/" + name
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A PostgreSQL cluster of the session's own on a free loopback port (initdb runs
+    as the ``postgres`` user when the tests run as root: initdb refuses root)."""
+    pytest.importorskip(
+        "psycopg", reason="psycopg is not installed (pip install tidings[postgres])"
+    )
+    bin_dir = _pg_bin()
+    if bin_dir is None:
+        pytest.skip("no PostgreSQL binaries (initdb) on PATH or in /usr/lib/postgresql/*/bin")
+    # Not under pytest's own temporary directory: that is private to the user running
+    # the tests, and the cluster runs as "postgres".
+    root = Path(tempfile.mkdtemp(prefix="tidings-pg-"))
+    data = root / "data"
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        as_user = ["runuser", "-u", "postgres", "--"]
+        shutil.chown(root, "postgres")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    subprocess.run(
+        [*as_user, str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"],
+        check=True,
+        capture_output=True,
+    )
+    options = f"-p {port} -c listen_addresses=127.0.0.1 -k {root} -c fsync=on"
+    subprocess.run(
+        [*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l",
+         str(root / "log"), "-w", "start"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(
+            [*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+            capture_output=True,
+            check=False,
+        )
+        shutil.rmtree(root, ignore_errors=True)

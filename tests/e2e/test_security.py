@@ -236,3 +236,15 @@ async def test_tls_round_trip_with_a_certificate_made_here(
     plain = srv.url.replace("https://", "http://")
     with pytest.raises(httpx.HTTPError):
         httpx.get(plain + "/healthz", timeout=2)
+
+
+def test_metrics_need_a_token_only_with_metrics_auth(
+    start_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    path = auth_file(tmp_path / "auth.toml")
+    open_metrics = start_server("--auth-file", str(path))
+    assert httpx.get(open_metrics.url + "/metrics").status_code == 200
+    guarded = start_server("--auth-file", str(path), TIDINGS_METRICS_AUTH="true")
+    assert httpx.get(guarded.url + "/metrics").status_code == 401
+    assert httpx.get(guarded.url + "/metrics", headers=bearer("nobody")).status_code == 200
+    assert httpx.get(guarded.url + "/healthz").status_code == 200

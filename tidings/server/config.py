@@ -145,6 +145,14 @@ class ServerConfig:
     )
     tls_key: Path | None = _setting(None, "PEM private key of `tls_cert`", flag=True, shown="")
     # store
+    store: str | None = _setting(
+        None,
+        "where messages, topics, groups and queues live: a `postgresql://USER@HOST:PORT/DB` "
+        "URL (needs `tidings[postgres]`); unset: LMDB in `data_dir` (the transaction log "
+        "stays in `data_dir` either way)",
+        flag=True,
+        shown="",
+    )
     sync: bool = _setting(
         True,
         "fsync every group commit of the store and of the transaction log. `false`: "
@@ -277,6 +285,7 @@ _IMPLIED: dict[object, Kind] = {
     bool: "bool",
     Path: "path",
     Path | None: "path",
+    str | None: "str",
     Role: "role",
 }
 # The annotation a named kind is stored as.

@@ -13,9 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from tidings.consumers import GroupCoordinator, QueueCoordinator
+from tidings.errors import ConfigError
 from tidings.messaging import MessagingConfig, MessagingService
 from tidings.server.config import ServerConfig
 from tidings.server.pruner import InvalidListPruner
+from tidings.store.backend import Store
 from tidings.store.backends.lmdb import LmdbStore
 from tidings.tx import TransactionManager, TxConfig
 
@@ -29,7 +31,7 @@ class Services:
     """What the HTTP layer calls. ``messaging``/``tx`` are None when the role lacks them."""
 
     config: ServerConfig
-    store: LmdbStore | None = None
+    store: Store | None = None
     messaging: MessagingService | None = None
     tx: TransactionManager | None = None
     pruner: InvalidListPruner | None = None
@@ -52,9 +54,7 @@ class Services:
         services = cls(config)
         try:
             if config.runs_messaging:
-                services.store = LmdbStore(
-                    config.store_dir, map_size=config.map_size, sync=config.sync
-                )
+                services.store = _open_store(config)
                 services.messaging = MessagingService(
                     services.store,
                     MessagingConfig(
@@ -132,3 +132,18 @@ class Services:
         self.queues = None
         if errors:
             raise errors[0]
+
+
+def _open_store(config: ServerConfig) -> Store:
+    """PostgreSQL where ``store`` names a database, else LMDB in ``data_dir``."""
+    if config.store is None:
+        return LmdbStore(config.store_dir, map_size=config.map_size, sync=config.sync)
+    if not config.store.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(f"store must be a postgresql:// URL, got {config.store!r}")
+    try:
+        from tidings.store.backends.postgres import PostgresStore
+    except ImportError:
+        raise ConfigError(
+            "a PostgreSQL store needs psycopg: pip install 'tidings[postgres]'"
+        ) from None
+    return PostgresStore(config.store)

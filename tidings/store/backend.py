@@ -127,6 +127,11 @@ class Store(abc.ABC):
     def close(self) -> None:
         """Finish pending writes and release the store. Idempotent."""
 
+    @property
+    def commits(self) -> int:
+        """Write transactions committed so far (0 where a backend does not count them)."""
+        return 0
+
     # Conveniences: each runs in a snapshot of its own.
 
     def get(self, table: str, key: bytes) -> bytes | None:
