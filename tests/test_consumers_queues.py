@@ -170,3 +170,32 @@ def test_an_ack_writes_the_other_workers_leases_with_the_read_position(tmp_path:
         again = pop(restarted, "w4", 5)
         assert [m.id for m in again] == [m.id for m in second]
         assert [m.delivery_count for m in again] == [2, 2]
+
+
+def test_a_message_queued_twice_is_handed_out_once(tmp_path: Path) -> None:
+    # Found by the property test: a lease runs out (the message is queued), its worker
+    # acks it in a transaction that rolls back (queued again): one pop, one copy.
+    store = MemoryStore()
+    messaging = MessagingService(store)
+    messaging.create_topic("ns", "t")
+    messaging.publish("ns", "t", [b"a", b"b"])
+    clock = Clock()
+    with TransactionManager(tmp_path / "tx", TxConfig(sweep_interval=3600)) as tx:
+        queues = QueueCoordinator(store, messaging, tx, clock=clock)
+
+        def pop(n: int) -> list[Message]:
+            snap = tx.snapshot()
+            assert snap is not None
+            return queues.pop(
+                "ns", "t", "q", "w1", max_messages=n, ack_timeout_ms=1000, snapshot=snap
+            )
+
+        first = pop(1)
+        clock.now += 1.5
+        t = tx.begin()
+        queues.ack("ns", "t", "q", "w1", [first[0].id], write_pointer=t.write_pointer)
+        queues.rollback("ns", "t", "q", t.write_pointer)
+        tx.abort(t.write_pointer)
+        again = pop(5)
+        assert [m.payload for m in again] == [b"a", b"b"]
+        assert again[0].delivery_count == 2

@@ -298,10 +298,15 @@ class QueueCoordinator:
             now = self._now()
             chosen: list[_Entry] = []
             dead: list[_Entry] = []
+            taken: set[MessageId] = set()
             while q.available and len(chosen) < max_messages:
-                entry = q.entries.get(heapq.heappop(q.available))
-                if entry is None or not q.is_available(entry):
-                    continue  # acked or handed out since it was queued
+                message_id = heapq.heappop(q.available)
+                entry = q.entries.get(message_id)
+                if entry is None or message_id in taken or not q.is_available(entry):
+                    # Acked or handed out since it was queued, or queued twice (its
+                    # lease ran out, then it came back again another way).
+                    continue
+                taken.add(message_id)
                 if entry.count >= q.record.max_deliveries:
                     dead.append(entry)
                 else:
