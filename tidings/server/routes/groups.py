@@ -17,13 +17,12 @@ from starlette.routing import Route
 
 from tidings.codec import admin, wire
 from tidings.consumers.groups import DEFAULT_SESSION_TIMEOUT_MS
-from tidings.errors import TidingsError
 from tidings.names import check_name
 from tidings.server.bodies import json_object, read_body, require_json
 from tidings.server.handlers import Api, json_response
+from tidings.server.routes.consumers import answer_media, read_snapshot
 from tidings.server.routes.messaging import COUNT_HEADER, LAST_ID_HEADER, TOPIC, _wait_ms
-from tidings.structs import GroupAssignment, Message, Transaction
-from tidings.tx import TransactionManager
+from tidings.structs import GroupAssignment, Message
 
 __all__ = ["GROUP", "GROUPS", "routes"]
 
@@ -45,13 +44,6 @@ def _names(request: Request) -> tuple[str, str, str]:
     )
 
 
-def _answer_media(request: Request) -> wire.Media:
-    try:
-        return wire.media_for(request.headers.get("accept"))
-    except TidingsError:
-        return wire.JSON  # "*/*" and the like: the default
-
-
 def routes(api: Api) -> list[Route]:
     """Every consumer-group route."""
     max_body = api.config.max_body_bytes
@@ -61,14 +53,6 @@ def routes(api: Api) -> list[Route]:
     async def body(request: Request, what: str) -> dict[str, object]:
         require_json(request)
         return json_object(await read_body(request, max_body), what)
-
-    async def snapshot() -> Transaction:
-        tx = api.services.tx
-        assert tx is not None  # api.groups answered 503 otherwise
-        found = tx.snapshot(wait=False)
-        if found is None:
-            found = await api.blocking(_durable, tx)
-        return found
 
     @api.endpoint(GROUPS)
     async def groups(request: Request) -> Response:
@@ -127,10 +111,10 @@ def routes(api: Api) -> list[Route]:
         wait_ms = _wait_ms(request, max_wait_ms)
         member_id, limit = admin.read_member_request(await body(request, "group poll"))
         limit = min(limit or _DEFAULT_LIMIT, api.config.fetch_max_limit)
-        media = _answer_media(request)
+        media = answer_media(request)
 
         async def fetch() -> tuple[list[Message], GroupAssignment]:
-            tx = await snapshot()
+            tx = await read_snapshot(api)
             return await api.blocking(
                 coordinator.poll, ns, topic, name, member_id, limit=limit, snapshot=tx
             )
@@ -206,9 +190,3 @@ def routes(api: Api) -> list[Route]:
         Route(GROUP, group, methods=["GET", "DELETE"]),
         Route(GROUPS, groups, methods=["GET"]),
     ]
-
-
-def _durable(tx: TransactionManager) -> Transaction:
-    found = tx.snapshot()
-    assert found is not None
-    return found

@@ -17,13 +17,13 @@ from starlette.routing import Route
 
 from tidings.codec import queue_bodies, wire
 from tidings.consumers.queues import DEFAULT_ACK_TIMEOUT_MS
-from tidings.errors import BadRequest, TidingsError
+from tidings.errors import BadRequest
 from tidings.names import check_name
 from tidings.server.bodies import json_object, read_body, require_json
 from tidings.server.handlers import Api, json_response
+from tidings.server.routes.consumers import answer_media, read_snapshot
 from tidings.server.routes.messaging import COUNT_HEADER, LAST_ID_HEADER, TOPIC, _wait_ms
-from tidings.structs import Message, Transaction
-from tidings.tx import TransactionManager
+from tidings.structs import Message
 
 __all__ = ["QUEUE", "QUEUES", "routes"]
 
@@ -41,13 +41,6 @@ def _names(request: Request) -> tuple[str, str, str]:
     )
 
 
-def _answer_media(request: Request) -> wire.Media:
-    try:
-        return wire.media_for(request.headers.get("accept"))
-    except TidingsError:
-        return wire.JSON  # "*/*" and the like: the default
-
-
 def routes(api: Api) -> list[Route]:
     """Every queue route."""
     max_body = api.config.max_body_bytes
@@ -57,14 +50,6 @@ def routes(api: Api) -> list[Route]:
     async def body(request: Request, what: str) -> dict[str, object]:
         require_json(request)
         return json_object(await read_body(request, max_body), what)
-
-    async def snapshot() -> Transaction:
-        tx = api.services.tx
-        assert tx is not None  # api.queues answered 503 otherwise
-        found = tx.snapshot(wait=False)
-        if found is None:
-            found = await api.blocking(_durable, tx)
-        return found
 
     @api.endpoint(NAMESPACE_QUEUES)
     async def all_queues(request: Request) -> Response:
@@ -96,10 +81,10 @@ def routes(api: Api) -> list[Route]:
         ns, topic, name = _names(request)
         wait_ms = _wait_ms(request, max_wait_ms)
         req = queue_bodies.read_pop_request(await body(request, "pop request"))
-        media = _answer_media(request)
+        media = answer_media(request)
 
         async def take() -> list[Message]:
-            tx = await snapshot()
+            tx = await read_snapshot(api)
             return await api.blocking(
                 coordinator.pop,
                 ns,
@@ -204,9 +189,3 @@ def routes(api: Api) -> list[Route]:
         Route(QUEUES, queues, methods=["GET"]),
         Route(NAMESPACE_QUEUES, all_queues, methods=["GET"]),
     ]
-
-
-def _durable(tx: TransactionManager) -> Transaction:
-    found = tx.snapshot()
-    assert found is not None
-    return found

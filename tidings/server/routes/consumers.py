@@ -1,0 +1,40 @@
+"""What the consumer-group and queue routes share: the medium of an answer, and the
+transaction snapshot their reads are committed in."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from tidings.codec import wire
+from tidings.errors import TidingsError
+from tidings.server.handlers import Api
+from tidings.structs import Transaction
+from tidings.tx import TransactionManager
+
+__all__ = ["answer_media", "read_snapshot"]
+
+
+def answer_media(request: Request) -> wire.Media:
+    """The medium the ``Accept`` header names; JSON without one, or for ``*/*``."""
+    try:
+        return wire.media_for(request.headers.get("accept"))
+    except TidingsError:
+        return wire.JSON
+
+
+async def read_snapshot(api: Api) -> Transaction:
+    """A read-committed snapshot: the transaction service's latest when it has one at
+    hand, else a durable one taken on a worker thread. The callers' routes answer 503
+    before this where the process runs no transaction service."""
+    tx = api.services.tx
+    assert tx is not None
+    found = tx.snapshot(wait=False)
+    if found is None:
+        found = await api.blocking(_durable, tx)
+    return found
+
+
+def _durable(tx: TransactionManager) -> Transaction:
+    found = tx.snapshot()
+    assert found is not None
+    return found
