@@ -71,8 +71,7 @@ def consume_rate(url: str, topic: str, members: int, grouped: bool) -> float:
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
     procs = [
-        ctx.Process(target=_member, args=(url, topic, group, members, out))
-        for _ in range(members)
+        ctx.Process(target=_member, args=(url, topic, group, members, out)) for _ in range(members)
     ]
     for p in procs:
         p.start()

@@ -162,10 +162,13 @@ def ack_state(server: Server, messages: int) -> None:
         f"ack state, {messages:,} messages, 10 % acked late: {elapsed:.1f} s to pop all "
         f"({messages / elapsed:,.0f} msg/s with 1,000 per pop)"
     )
+    mib = 2**20
     print(f"  at the peak: {peak.ack_state:,} lease entries, server RSS "
-          f"{rss_peak / 2**20:,.0f} MiB (before the test: {rss_before / 2**20:,.0f} MiB)")  # fmt: skip
-    print(f"  all acked:   {after.ack_state:,} lease entries, server RSS "
-          f"{rss_after / 2**20:,.0f} MiB; cursor at the end: {after.cursor == after.read}")  # fmt: skip
+          f"{rss_peak / mib:,.0f} MiB (before the test: {rss_before / mib:,.0f} MiB)")  # fmt: skip
+    print(
+        f"  all acked:   {after.ack_state:,} lease entries, server RSS "
+        f"{rss_after / mib:,.0f} MiB; cursor at the end: {after.cursor == after.read}"
+    )
 
 
 def _p(values: list[float], q: float) -> float:

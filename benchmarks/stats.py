@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from benchmarks.workloads import _free_port
+from benchmarks.workloads import Server
 from tidings.messaging import MessagingService
 from tidings.store.backends.lmdb import LmdbStore
 from tidings.structs import MessageId
@@ -72,34 +69,6 @@ def _scan(service: MessagingService, topic: str) -> float:
     return time.perf_counter() - began
 
 
-class Serving:
-    """``tidings serve`` on 127.0.0.1 over an existing data directory."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.url = f"http://127.0.0.1:{_free_port()}"
-        port = self.url.rsplit(":", 1)[1]
-        cmd = [sys.executable, "-m", "tidings", "serve", "--port", port,
-               "--data-dir", str(data_dir)]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/healthz", timeout=0.5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("server did not start")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-
 def time_stats(url: str, topics: dict[str, int], calls: int) -> dict[str, list[float]]:
     """Seconds per stats call, per topic, interleaved; checks each answer's count."""
     times: dict[str, list[float]] = {topic: [] for topic in topics}
@@ -130,7 +99,7 @@ def main() -> None:
         scanned = fill(root / "data" / "store", topics, args.scan)
         print(f"filled {args.small:,} + {args.large:,} messages "
               f"in {time.perf_counter() - began:.1f} s")  # fmt: skip
-        server = Serving(root / "data")
+        server = Server([], data_dir=root / "data", start_timeout=60)  # a big store opens slowly
         try:
             times = time_stats(server.url, topics, args.calls)
         finally:

@@ -44,16 +44,20 @@ def _free_port() -> int:
 
 
 class Server:
-    """A throwaway ``tidings serve`` on 127.0.0.1 with its own data dir."""
+    """A throwaway ``tidings serve`` on 127.0.0.1 with its own data dir (or over
+    ``data_dir``, which it then leaves in place)."""
 
-    def __init__(self, extra: list[str]) -> None:
+    def __init__(
+        self, extra: list[str], data_dir: Path | None = None, start_timeout: float = 20.0
+    ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="tidings-bench-"))
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        data = data_dir if data_dir is not None else self.dir / "data"
         cmd = [sys.executable, "-m", "tidings", "serve", "--port", str(self.port),
-               "--data-dir", str(self.dir / "data"), *extra]  # fmt: skip
+               "--data-dir", str(data), *extra]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + start_timeout
         while time.monotonic() < deadline:
             try:
                 if httpx.get(self.url + "/healthz", timeout=0.5).status_code == 200:

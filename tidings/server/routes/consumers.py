@@ -7,11 +7,29 @@ from starlette.requests import Request
 
 from tidings.codec import wire
 from tidings.errors import TidingsError
+from tidings.names import check_name
+from tidings.server.bodies import json_object, read_body, require_json
 from tidings.server.handlers import Api
 from tidings.structs import Transaction
 from tidings.tx import TransactionManager
 
-__all__ = ["answer_media", "read_snapshot"]
+__all__ = ["answer_media", "json_body", "path_names", "read_snapshot"]
+
+
+def path_names(request: Request, last: str) -> tuple[str, str, str]:
+    """The namespace, topic and ``last`` (``group`` or ``queue``) of the path, checked."""
+    params = request.path_params
+    return (
+        check_name(params["ns"], "namespace"),
+        check_name(params["topic"], "topic"),
+        check_name(params[last], last),
+    )
+
+
+async def json_body(api: Api, request: Request, what: str) -> dict[str, object]:
+    """The request's JSON object body (415, 413 and 400 as every JSON endpoint)."""
+    require_json(request)
+    return json_object(await read_body(request, api.config.max_body_bytes), what)
 
 
 def answer_media(request: Request) -> wire.Media:

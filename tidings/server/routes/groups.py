@@ -18,9 +18,8 @@ from starlette.routing import Route
 from tidings.codec import admin, wire
 from tidings.consumers.groups import DEFAULT_SESSION_TIMEOUT_MS
 from tidings.names import check_name
-from tidings.server.bodies import json_object, read_body, require_json
 from tidings.server.handlers import Api, json_response
-from tidings.server.routes.consumers import answer_media, read_snapshot
+from tidings.server.routes.consumers import answer_media, json_body, path_names, read_snapshot
 from tidings.server.routes.messaging import COUNT_HEADER, LAST_ID_HEADER, TOPIC, _wait_ms
 from tidings.structs import GroupAssignment, Message
 
@@ -35,24 +34,10 @@ PARTITION_COUNT_HEADER = "Tidings-Partition-Count"
 _DEFAULT_LIMIT = 500
 
 
-def _names(request: Request) -> tuple[str, str, str]:
-    params = request.path_params
-    return (
-        check_name(params["ns"], "namespace"),
-        check_name(params["topic"], "topic"),
-        check_name(params["group"], "group"),
-    )
-
-
 def routes(api: Api) -> list[Route]:
     """Every consumer-group route."""
-    max_body = api.config.max_body_bytes
     max_wait_ms = api.config.max_wait_ms
     longpolls = api.longpolls
-
-    async def body(request: Request, what: str) -> dict[str, object]:
-        require_json(request)
-        return json_object(await read_body(request, max_body), what)
 
     @api.endpoint(GROUPS)
     async def groups(request: Request) -> Response:
@@ -64,7 +49,7 @@ def routes(api: Api) -> list[Route]:
     @api.endpoint(GROUP)
     async def group(request: Request) -> Response:
         coordinator = api.groups
-        ns, topic, name = _names(request)
+        ns, topic, name = path_names(request, "group")
         if request.method == "DELETE":
             await api.blocking(coordinator.delete, ns, topic, name)
             return json_response({})
@@ -74,8 +59,8 @@ def routes(api: Api) -> list[Route]:
     @api.endpoint(GROUP + "/join")
     async def join(request: Request) -> Response:
         coordinator = api.groups
-        ns, topic, name = _names(request)
-        req = admin.read_join_request(await body(request, "join request"))
+        ns, topic, name = path_names(request, "group")
+        req = admin.read_join_request(await json_body(api, request, "join request"))
         assignment = await api.blocking(
             coordinator.join,
             ns,
@@ -91,25 +76,25 @@ def routes(api: Api) -> list[Route]:
     @api.endpoint(GROUP + "/heartbeat")
     async def heartbeat(request: Request) -> Response:
         coordinator = api.groups
-        ns, topic, name = _names(request)
-        member_id, _ = admin.read_member_request(await body(request, "heartbeat"))
+        ns, topic, name = path_names(request, "group")
+        member_id, _ = admin.read_member_request(await json_body(api, request, "heartbeat"))
         assignment = await api.blocking(coordinator.heartbeat, ns, topic, name, member_id)
         return json_response(admin.assignment_json(assignment))
 
     @api.endpoint(GROUP + "/leave")
     async def leave(request: Request) -> Response:
         coordinator = api.groups
-        ns, topic, name = _names(request)
-        member_id, _ = admin.read_member_request(await body(request, "leave request"))
+        ns, topic, name = path_names(request, "group")
+        member_id, _ = admin.read_member_request(await json_body(api, request, "leave request"))
         await api.blocking(coordinator.leave, ns, topic, name, member_id)
         return json_response({})
 
     @api.endpoint(GROUP + "/poll")
     async def poll(request: Request) -> Response:
         coordinator = api.groups
-        ns, topic, name = _names(request)
+        ns, topic, name = path_names(request, "group")
         wait_ms = _wait_ms(request, max_wait_ms)
-        member_id, limit = admin.read_member_request(await body(request, "group poll"))
+        member_id, limit = admin.read_member_request(await json_body(api, request, "group poll"))
         limit = min(limit or _DEFAULT_LIMIT, api.config.fetch_max_limit)
         media = answer_media(request)
 
@@ -150,9 +135,9 @@ def routes(api: Api) -> list[Route]:
     @api.endpoint(GROUP + "/commit")
     async def commit(request: Request) -> Response:
         coordinator = api.groups
-        ns, topic, name = _names(request)
+        ns, topic, name = path_names(request, "group")
         member_id, positions, write_pointer = admin.read_group_commit_request(
-            await body(request, "group commit")
+            await json_body(api, request, "group commit")
         )
         changes = await api.blocking(
             coordinator.commit, ns, topic, name, member_id, positions, write_pointer=write_pointer
@@ -162,9 +147,9 @@ def routes(api: Api) -> list[Route]:
     @api.endpoint(GROUP + "/rollback")
     async def rollback(request: Request) -> Response:
         coordinator = api.groups
-        ns, topic, name = _names(request)
+        ns, topic, name = path_names(request, "group")
         write_pointer, member_id = admin.read_group_rollback_request(
-            await body(request, "group rollback")
+            await json_body(api, request, "group rollback")
         )
         await api.blocking(
             coordinator.rollback, ns, topic, name, write_pointer, member_id=member_id
@@ -174,8 +159,8 @@ def routes(api: Api) -> list[Route]:
     @api.endpoint(GROUP + "/reset")
     async def reset(request: Request) -> Response:
         coordinator = api.groups
-        ns, topic, name = _names(request)
-        to = admin.read_reset_request(await body(request, "reset request"))
+        ns, topic, name = path_names(request, "group")
+        to = admin.read_reset_request(await json_body(api, request, "reset request"))
         await api.blocking(coordinator.reset, ns, topic, name, to)
         return json_response({})
 

@@ -19,9 +19,8 @@ from tidings.codec import queue_bodies, wire
 from tidings.consumers.queues import DEFAULT_ACK_TIMEOUT_MS
 from tidings.errors import BadRequest
 from tidings.names import check_name
-from tidings.server.bodies import json_object, read_body, require_json
 from tidings.server.handlers import Api, json_response
-from tidings.server.routes.consumers import answer_media, read_snapshot
+from tidings.server.routes.consumers import answer_media, json_body, path_names, read_snapshot
 from tidings.server.routes.messaging import COUNT_HEADER, LAST_ID_HEADER, TOPIC, _wait_ms
 from tidings.structs import Message
 
@@ -32,24 +31,10 @@ QUEUES = TOPIC + "/queues"
 QUEUE = QUEUES + "/{queue}"
 
 
-def _names(request: Request) -> tuple[str, str, str]:
-    params = request.path_params
-    return (
-        check_name(params["ns"], "namespace"),
-        check_name(params["topic"], "topic"),
-        check_name(params["queue"], "queue"),
-    )
-
-
 def routes(api: Api) -> list[Route]:
     """Every queue route."""
-    max_body = api.config.max_body_bytes
     max_wait_ms = api.config.max_wait_ms
     longpolls = api.longpolls
-
-    async def body(request: Request, what: str) -> dict[str, object]:
-        require_json(request)
-        return json_object(await read_body(request, max_body), what)
 
     @api.endpoint(NAMESPACE_QUEUES)
     async def all_queues(request: Request) -> Response:
@@ -68,7 +53,7 @@ def routes(api: Api) -> list[Route]:
     @api.endpoint(QUEUE)
     async def queue(request: Request) -> Response:
         coordinator = api.queues
-        ns, topic, name = _names(request)
+        ns, topic, name = path_names(request, "queue")
         if request.method == "DELETE":
             await api.blocking(coordinator.delete, ns, topic, name)
             return json_response({})
@@ -78,9 +63,9 @@ def routes(api: Api) -> list[Route]:
     @api.endpoint(QUEUE + "/pop")
     async def pop(request: Request) -> Response:
         coordinator = api.queues
-        ns, topic, name = _names(request)
+        ns, topic, name = path_names(request, "queue")
         wait_ms = _wait_ms(request, max_wait_ms)
-        req = queue_bodies.read_pop_request(await body(request, "pop request"))
+        req = queue_bodies.read_pop_request(await json_body(api, request, "pop request"))
         media = answer_media(request)
 
         async def take() -> list[Message]:
@@ -134,9 +119,9 @@ def routes(api: Api) -> list[Route]:
     @api.endpoint(QUEUE + "/ack")
     async def ack(request: Request) -> Response:
         coordinator = api.queues
-        ns, topic, name = _names(request)
+        ns, topic, name = path_names(request, "queue")
         consumer, ids, write_pointer = queue_bodies.read_ack_request(
-            await body(request, "ack request")
+            await json_body(api, request, "ack request")
         )
         await api.blocking(
             coordinator.ack, ns, topic, name, consumer, ids, write_pointer=write_pointer
@@ -146,9 +131,9 @@ def routes(api: Api) -> list[Route]:
     @api.endpoint(QUEUE + "/nack")
     async def nack(request: Request) -> Response:
         coordinator = api.queues
-        ns, topic, name = _names(request)
+        ns, topic, name = path_names(request, "queue")
         consumer, ids, write_pointer = queue_bodies.read_ack_request(
-            await body(request, "nack request")
+            await json_body(api, request, "nack request")
         )
         if write_pointer is not None:
             raise BadRequest("a nack takes effect at once: it takes no transaction")
@@ -158,23 +143,27 @@ def routes(api: Api) -> list[Route]:
     @api.endpoint(QUEUE + "/rollback")
     async def rollback(request: Request) -> Response:
         coordinator = api.queues
-        ns, topic, name = _names(request)
-        write_pointer = queue_bodies.read_rollback_request(await body(request, "rollback request"))
+        ns, topic, name = path_names(request, "queue")
+        write_pointer = queue_bodies.read_rollback_request(
+            await json_body(api, request, "rollback request")
+        )
         returned = await api.blocking(coordinator.rollback, ns, topic, name, write_pointer)
         return json_response({"returned": returned})
 
     @api.endpoint(QUEUE + "/release")
     async def release(request: Request) -> Response:
         coordinator = api.queues
-        ns, topic, name = _names(request)
-        consumer = queue_bodies.read_consumer_request(await body(request, "release request"))
+        ns, topic, name = path_names(request, "queue")
+        consumer = queue_bodies.read_consumer_request(
+            await json_body(api, request, "release request")
+        )
         released = await api.blocking(coordinator.release, ns, topic, name, consumer)
         return json_response({"released": released})
 
     @api.endpoint(QUEUE + "/purge")
     async def purge(request: Request) -> Response:
         coordinator = api.queues
-        ns, topic, name = _names(request)
+        ns, topic, name = path_names(request, "queue")
         purged = await api.blocking(coordinator.purge, ns, topic, name)
         return json_response({"purged": purged})
 
