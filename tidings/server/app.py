@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from tidings.errors import BadRequest, NotFound, ServerError, TidingsError
 from tidings.server import permissions
 from tidings.server.handlers import Api, Endpoint, error_response
-from tidings.server.routes import groups, messaging, ops, queues, transactions
+from tidings.server.routes import console, groups, messaging, ops, queues, transactions
 
 __all__ = ["create_app"]
 
@@ -59,6 +59,7 @@ def create_app(api: Api) -> ASGIApp:
             *groups.routes(api),
             *queues.routes(api),
             *ops.routes(api),
+            *console.routes(api),
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
     )
