@@ -1,5 +1,6 @@
-# The standalone server on the embedded store (LMDB), as a non-root user with its
-# data on a volume. Build: docker build -t tidings .  Run: docker compose up
+# The server as a non-root user with its data on a volume: on the embedded store (LMDB)
+# by default, on PostgreSQL with --store postgresql://... (the extra is installed).
+# Build: docker build -t tidings .  Run: docker compose up (see compose.yaml)
 FROM python:3.11-slim
 
 RUN useradd --create-home --uid 10001 tidings
@@ -7,7 +8,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY tidings ./tidings
 COPY pyspark_tidings ./pyspark_tidings
-RUN pip install --no-cache-dir . && mkdir -p /data && chown tidings /data
+RUN pip install --no-cache-dir ".[postgres]" && mkdir -p /data && chown tidings /data
 
 USER tidings
 VOLUME ["/data"]

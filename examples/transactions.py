@@ -1,7 +1,7 @@
 """Change your own state and announce it, exactly once or not at all.
 
 A toy key-value table takes part in a Tidings transaction next to the messaging
-publisher (seed 000 requirement 7): its writes and the messages commit together, and a
+publisher: its writes and the messages commit together, and a
 write conflict or a failure rolls both back. A read-committed consumer only ever sees
 the messages of committed transactions.
 

@@ -75,8 +75,37 @@ def fresh_database(url: str) -> str:
     return url.rsplit("/", 1)[0] + "/" + name
 
 
+class PgTestCluster:
+    """The session's throwaway PostgreSQL cluster: its URL, and a way to restart it."""
+
+    def __init__(self, bin_dir: Path, root: Path, port: int, as_user: list[str]) -> None:
+        self.bin_dir, self.root, self.port, self._as_user = bin_dir, root, port, as_user
+        self.data = root / "data"
+        self.url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+
+    def _pg_ctl(self, *args: str, check: bool = True) -> None:
+        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} -c fsync=on"
+        subprocess.run(
+            [*self._as_user, str(self.bin_dir / "pg_ctl"), "-D", str(self.data),
+             "-o", options, "-l", str(self.root / "log"), *args],
+            check=check,
+            capture_output=True,
+        )  # fmt: skip
+
+    def start(self) -> None:
+        self._pg_ctl("-w", "start")
+
+    def restart(self) -> None:
+        """Stop at once (connections are cut, as in a crash) and start again."""
+        self._pg_ctl("-m", "immediate", "stop")
+        self.start()
+
+    def stop(self) -> None:
+        self._pg_ctl("-m", "immediate", "stop", check=False)
+
+
 @pytest.fixture(scope="session")
-def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def postgres_cluster() -> Iterator[PgTestCluster]:
     """A PostgreSQL cluster of the session's own on a free loopback port (initdb runs
     as the ``postgres`` user when the tests run as root: initdb refuses root)."""
     pytest.importorskip(
@@ -88,7 +117,6 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # Not under pytest's own temporary directory: that is private to the user running
     # the tests, and the cluster runs as "postgres".
     root = Path(tempfile.mkdtemp(prefix="tidings-pg-"))
-    data = root / "data"
     as_user: list[str] = []
     if os.geteuid() == 0:
         as_user = ["runuser", "-u", "postgres", "--"]
@@ -96,24 +124,22 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    cluster = PgTestCluster(bin_dir, root, port, as_user)
     subprocess.run(
-        [*as_user, str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"],
-        check=True,
-        capture_output=True,
-    )
-    options = f"-p {port} -c listen_addresses=127.0.0.1 -k {root} -c fsync=on"
-    subprocess.run(
-        [*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l",
-         str(root / "log"), "-w", "start"],
+        [*as_user, str(bin_dir / "initdb"), "-D", str(cluster.data), "-A", "trust",
+         "-U", "postgres"],
         check=True,
         capture_output=True,
     )  # fmt: skip
+    cluster.start()
     try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        yield cluster
     finally:
-        subprocess.run(
-            [*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
-            capture_output=True,
-            check=False,
-        )
+        cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_cluster: PgTestCluster) -> str:
+    """The URL of the session's PostgreSQL cluster (its ``postgres`` database)."""
+    return postgres_cluster.url

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 import click
 import orjson
@@ -47,12 +48,42 @@ class _Settings:
     cacert: Path | None = None
 
 
+class _UsageProblem(click.ClickException):
+    """A usage error shown as one line (click's own shows the usage text above it)."""
+
+    exit_code = 2
+
+
+def _one_line(exc: click.UsageError) -> click.ClickException:
+    where = exc.ctx.command_path if exc.ctx is not None else "tidings"
+    return _UsageProblem(f"{exc.format_message().rstrip('.')} (see '{where} --help')")
+
+
 class _Main(click.Group):
-    """The root group: maps every Tidings error to one line and exit status 1."""
+    """The root group: every Tidings error is one line and exit status 1, every usage
+    error one line and exit status 2; neither shows a traceback."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise  # shows the help, as asked
+        except click.UsageError as exc:
+            raise _one_line(exc) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:  # a subcommand's arguments, or a check of ours
+            raise _one_line(exc) from None
         except TidingsError as exc:
             raise click.ClickException(f"{type(exc).__name__}: {exc.message}") from None
         except BrokenPipeError:
@@ -104,13 +135,26 @@ def main(
 
 def _with_scheme(url: str) -> str:
     """``host:port`` means ``http://host:port``; anything else that is no http(s) URL
-    is a usage error (one line, exit 2)."""
+    with a host (and a port in range, if any) is a usage error (one line, exit 2)."""
+    given = url
     url = url.strip()
     if "://" not in url:
         url = "http://" + url
-    scheme, _, rest = url.partition("://")
-    if scheme.lower() not in ("http", "https") or not rest.strip("/"):
-        raise click.BadParameter(f"not a server URL: {url!r}", param_hint="--url")
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises for a port that is no number in 0..65535
+    except ValueError:
+        parts, port = None, None
+    if (
+        parts is None
+        or parts.scheme.lower() not in ("http", "https")
+        or not parts.hostname
+        or port == 0
+    ):
+        raise click.BadParameter(
+            f"not a server URL: {given!r}; expected HOST:PORT or http(s)://HOST:PORT",
+            param_hint="--url",
+        )
     return url
 
 
@@ -473,14 +517,40 @@ def _message_json(message: Message) -> bytes:
     return orjson.dumps(out)
 
 
+_WHERE = (
+    "earliest (or beginning), latest (or end), a message id (40 hex), a time in ms since "
+    "the epoch, an ISO-8601 time such as 2026-11-24T10:00, or a time before now such as "
+    "-10m (s, m, h, d)"
+)
+
+
+def _position(value: str, param_hint: str) -> MessageId | int | str | None:
+    """``value`` as a position: None (the oldest message), ``"latest"``, a message id
+    or ms since the epoch; a usage error (exit 2) if it is none of those."""
+    from tidings.client.base import resolve_start
+
+    try:
+        return resolve_start(value)
+    except TidingsError:
+        raise click.BadParameter(f"{value!r} is not {_WHERE}", param_hint=param_hint) from None
+
+
+def _check_start(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    _position(value, "--from")
+    return value  # the consumer resolves it again, itself
+
+
 @main.command()
 @click.argument("topic")
 @click.option(
     "--from", "start", default="beginning", show_default=True, metavar="WHERE",
-    help="beginning/earliest, end/latest, a message id (40 hex), a time in ms, an "
-    "ISO-8601 time, or a time before now such as -10m (s, m, h, d).",
+    callback=_check_start,
+    help=f"Where to start: {_WHERE}.",
 )  # fmt: skip
-@click.option("--follow", "-f", is_flag=True, help="Keep waiting for new messages.")
+@click.option(
+    "--follow", "-f", is_flag=True,
+    help="Keep waiting for new messages (through server restarts too).",
+)  # fmt: skip
 @click.option(
     "--uncommitted", is_flag=True,
     help="Read uncommitted (and rolled-back) messages too, without a transaction.",
@@ -571,6 +641,44 @@ def stats(ctx: click.Context, topic: str, as_json: bool) -> None:
     _console().print(table)
 
 
+# --- cluster ------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON document.")
+@click.pass_context
+def cluster(ctx: click.Context, as_json: bool) -> None:
+    """Show the instances sharing the server's store: which leads (and owns every
+    topic, the transaction log, groups and queues), its epoch and lease, and which
+    stand by."""
+    view = _client(ctx).cluster()
+    if as_json:
+        _emit_json(view)
+        return
+    from rich.table import Table
+
+    leader = view.get("leader") or {}
+    epoch = leader.get("epoch")
+    title = f"store: {view.get('store')}"
+    if epoch is not None:
+        expires = leader.get("expiresInMs", 0) / 1000
+        age = leader.get("leaseAgeMs", 0) / 1000
+        title += f", leader epoch {epoch}, lease held {age:.1f} s, renews within {expires:.1f} s"
+    table = Table(title=title)
+    for column in ("instance", "url", "role", "owns", "last heard"):
+        table.add_column(column)
+    for info in view.get("instances", []):
+        seen = info.get("seenAgoMs")
+        table.add_row(
+            str(info.get("id")),
+            str(info.get("url")),
+            "leader" if info.get("leader") else "standing by",
+            ", ".join(info.get("owns", [])) or "-",
+            "-" if seen is None else f"{seen / 1000:.1f} s ago",
+        )
+    _console().print(table)
+
+
 # --- consumer groups ----------------------------------------------------------------
 
 
@@ -620,27 +728,18 @@ def groups_describe(ctx: click.Context, topic: str, group: str, as_json: bool) -
 
 
 def _reset_target(value: str) -> str | MessageId | int:
-    """``earliest``, ``latest``, a 40-hex message id, ms since the epoch or an ISO time."""
-    if value in ("earliest", "latest"):
-        return value
-    if len(value) == 40:
-        with contextlib.suppress(TidingsError):
-            return MessageId.from_hex(value)
-    if value.isdigit():
-        return int(value)
-    try:
-        return int(datetime.fromisoformat(value).timestamp() * 1000)
-    except ValueError:
-        raise click.BadParameter(
-            "earliest, latest, a 40-character message id, ms since the epoch or an ISO time",
-            param_hint="--to",
-        ) from None
+    """Where ``groups reset --to`` moves a group: the words and times ``--from`` takes."""
+    position = _position(value, "--to")
+    return "earliest" if position is None else position
 
 
 @groups.command("reset")
 @click.argument("topic")
 @click.argument("group")
-@click.option("--to", "to", required=True, help="earliest, latest, a message id, or a time.")
+@click.option(
+    "--to", "to", required=True, metavar="WHERE",
+    help=f"Where to: {_WHERE}. After a message id it resumes with the next message.",
+)  # fmt: skip
 @click.pass_context
 def groups_reset(ctx: click.Context, topic: str, group: str, to: str) -> None:
     """Move every position of GROUP (which must have no members)."""
@@ -861,6 +960,8 @@ def inspect(
     Without --topic: every table's row count and every topic. With --topic: that topic's
     raw entries in order, with their write pointers (negative: rolled back).
     """
+    import lmdb
+
     from tidings.store.backends.lmdb import LmdbStore
 
     path = data_dir if (data_dir / "data.mdb").exists() else data_dir / "store"
@@ -868,6 +969,8 @@ def inspect(
         store = LmdbStore(path, readonly=True)
     except FileNotFoundError as exc:
         raise click.ClickException(str(exc)) from None
+    except (lmdb.Error, OSError) as exc:
+        raise click.ClickException(f"not a readable LMDB store: {exc}") from None
     settings = _settings(ctx)
     try:
         with store.read() as view:
@@ -875,6 +978,8 @@ def inspect(
                 _inspect_store(view, path)
             else:
                 _inspect_topic(view, settings.namespace, topic, limit, payloads)
+    except lmdb.Error as exc:
+        raise click.ClickException(f"cannot read the store: {exc}") from None
     finally:
         store.close()
 

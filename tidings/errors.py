@@ -41,6 +41,7 @@
     │   ├── LogFailed                 500  the transaction log could not be written
     │   └── CorruptSnapshot           500  a transaction snapshot file is damaged
     ├── ServiceUnavailable            503  e.g. the transaction role is not running here
+    │   └── LeaseLost                 503  this instance no longer leads the cluster (retry)
     ├── ConfigError                        a server setting is wrong; never sent on the wire
     └── ClientError                        raised only by the client, never sent on the wire
         ├── TidingsConnectionError         cannot reach the server (retriable)
@@ -71,6 +72,7 @@ __all__ = [
     "InvalidProducer",
     "InvalidProperties",
     "InvalidTransaction",
+    "LeaseLost",
     "LogFailed",
     "MemberNotFound",
     "NotDelivered",
@@ -311,6 +313,12 @@ class ServiceUnavailable(TidingsError):
 
     status = 503
     retriable = True
+
+
+class LeaseLost(ServiceUnavailable):
+    """This instance no longer holds the leader lease of its shared store: another
+    instance took over, and the store refused this one's write. Retry the request (a
+    load balancer sends it to the new leader)."""
 
 
 class ConfigError(TidingsError):

@@ -54,6 +54,12 @@ class ServerProcess:
         return self._start(timeout)
 
     def _start(self, timeout: float) -> ServerProcess:
+        self.launch()
+        return self.wait_healthy(timeout)
+
+    def launch(self) -> ServerProcess:
+        """Start the process without waiting for it to answer (an instance that stands
+        by for the leader lease does not listen until it leads)."""
         self.port = self.port or free_port()
         self.log_path = self.data_dir.parent / f"server-{self.port}.log"
         cmd = [
@@ -66,6 +72,11 @@ class ServerProcess:
             cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
         )
         log.close()
+        return self
+
+    def wait_healthy(self, timeout: float = 20.0) -> ServerProcess:
+        """Wait until ``/healthz`` answers (or fail with the server's log)."""
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

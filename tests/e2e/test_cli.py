@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
@@ -55,7 +56,8 @@ def test_errors_are_one_line_and_exit_non_zero(run: Run, topic: str) -> None:
     )
     assert unreachable.exit_code == 1
     assert unreachable.stderr.startswith("Error: TidingsConnectionError")
-    assert run("consume", topic, "--from", "yesterday", ok=False).exit_code == 1
+    bad_start = run("consume", topic, "--from", "yesterday", ok=False)
+    assert bad_start.exit_code == 2 and len(bad_start.stderr.strip().splitlines()) == 1
 
 
 def test_publish_and_consume(run: Run, topic: str) -> None:
@@ -203,13 +205,93 @@ def test_new_user_frictions(server: ServerProcess, topic: str) -> None:
     shown = runner.invoke(main, ["topics", "list"], env=env).output.split()
     assert topic in shown and internal not in shown
     assert internal in runner.invoke(main, ["topics", "list", "--all"], env=env).output.split()
-    # Large lines are batched by bytes too: no request over the body limit.
-    big = ("x" * 1_000_000 + "\n") * 9
-    published = runner.invoke(main, ["publish", topic], input=big, env=env)
-    assert published.exit_code == 0, published.output
-    assert "published 9 message(s)" in published.output
+
+
+def test_publish_batches_by_bytes_too(
+    start_server: Callable[..., ServerProcess], topic: str
+) -> None:
+    # 12 lines of 1 MB: one request of them all would be over this server's body limit.
+    srv = start_server(TIDINGS_MAX_BODY_BYTES="8MiB")
+    env = {"TIDINGS_URL": srv.url}
+    runner = CliRunner()
+    assert runner.invoke(main, ["topics", "create", topic], env=env).exit_code == 0
+    big = "".join(f"{i:02d}" + "x" * 1_000_000 + "\n" for i in range(12))
+    for args in (["publish", topic], ["publish", topic, "--tx"]):
+        published = runner.invoke(main, args, input=big, env=env)
+        assert published.exit_code == 0, published.output
+        assert "published 12 message(s)" in published.output
+    consumed = runner.invoke(main, ["consume", topic], env=env).stdout.splitlines()
+    assert [line[:2] for line in consumed] == [f"{i:02d}" for i in range(12)] * 2
 
 
 def test_serve_says_where_it_listens(start_server: Callable[..., ServerProcess]) -> None:
     srv = start_server()
     assert f"listening on http://127.0.0.1:{srv.port}\n" in srv.log()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--url", "http://[bad", "topics", "list"],
+        ["--url", "localhost:abc", "topics", "list"],
+        ["--url", ":8470", "topics", "list"],
+        ["--url", "127.0.0.1:99999", "topics", "list"],
+        ["--url", "ftp://x", "topics", "list"],
+        ["--bogus"],
+        ["topics", "create"],
+        ["topics", "create", "t", "--ttl", "0"],
+        ["topics", "create", "t", "-p", "novalue"],
+        ["consume", "t", "--from", "someday"],
+        ["consume", "t", "--from", "-10x"],
+        ["groups", "reset", "t", "g", "--to", "2026-13-45"],
+        ["tx", "abort", "x"],
+        ["tx", "prune"],
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(args: list[str]) -> None:
+    # Nothing is sent: every one of these is refused before a request.
+    result = CliRunner().invoke(main, args, env={"TIDINGS_URL": f"127.0.0.1:{free_port()}"})
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert "--help" in lines[0]  # where to read more
+
+
+def test_no_arguments_still_shows_the_help() -> None:
+    result = CliRunner().invoke(main, ["topics"])
+    assert "Usage:" in result.output and "create" in result.output
+
+
+def test_positions_by_name_and_by_time(run: Run, server: ServerProcess, topic: str) -> None:
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"a", b"b"])
+    for first in ("beginning", "earliest", "-1h", "2000-01-01T00:00"):
+        assert run("consume", topic, "--from", first).stdout == "a\nb\n", first
+    for last in ("end", "latest", "-0s", "2999-01-01T00:00"):
+        assert run("consume", topic, "--from", last).stdout == "", last
+    with Client(server.url) as client:
+        member = client.consume(topic, group="g", follow=False)
+        assert [m.payload for m in member] == [b"a", b"b"]
+        member.commit()
+        member.close()
+
+    def lag() -> int:
+        described = json.loads(run("groups", "describe", topic, "g", "--json").stdout)
+        return int(described["lag"])
+
+    assert lag() == 0
+    for where, expected in (("beginning", 2), ("end", 0), ("-1d", 2), ("latest", 0)):
+        run("groups", "reset", topic, "g", "--to", where)
+        assert lag() == expected, where
+    run("groups", "reset", topic, "g", "--to", "2999-01-01T00:00")
+    assert lag() == 0
+
+
+def test_inspect_of_something_that_is_no_store_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "data.mdb").write_bytes(b"")
+    result = CliRunner().invoke(main, ["inspect", str(tmp_path)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert result.stderr.startswith("Error: not a readable LMDB store: ")
+    assert len(result.stderr.strip().splitlines()) == 1

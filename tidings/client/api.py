@@ -205,6 +205,13 @@ def _state(response: Response) -> TransactionState:
     return admin.read_state(_json(response))
 
 
+def _cluster(response: Response) -> dict[str, Any]:
+    value = _json(response)
+    if not isinstance(value, dict):
+        raise ServerError(f"malformed cluster answer from the server: {value!r:.80}")
+    return value
+
+
 def _producer(response: Response) -> ProducerInfo:
     return admin.read_producer(_json(response))
 
@@ -593,6 +600,9 @@ class RestApi:
 
     def invalidate(self, write_pointer: int) -> Call[None]:
         return self._json_call("POST", f"{self._tx_url}/{int(write_pointer)}/invalidate", _ignore)
+
+    def cluster(self) -> Call[dict[str, Any]]:
+        return self._json_call("GET", f"{self.url}/v1/cluster", _cluster, idempotent=True)
 
     def transactions(self) -> Call[TransactionState]:
         return self._json_call("GET", self._tx_url, _state, idempotent=True)

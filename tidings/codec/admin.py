@@ -165,7 +165,7 @@ def topic_request(ttl: int | None, properties: Mapping[str, object] | None) -> d
 
 
 def topic_json(meta: TopicMetadata) -> dict[str, Any]:
-    """A topic as the API shows it: property values as strings (seed 000), ttl included."""
+    """A topic as the API shows it: property values as strings (as CDAP TMS), ttl included."""
     properties = dict(meta.properties)
     properties["ttl"] = str(meta.ttl)
     return {"name": meta.name, "properties": properties, "generation": meta.generation}
@@ -478,11 +478,21 @@ class JoinRequest(NamedTuple):
     start: str
 
 
+#: Other names of the two ends a group, a queue or a reset may start from.
+START_ALIASES = {"beginning": "earliest", "end": "latest"}
+
+
+def start_name(value: str | None) -> str | None:
+    """``earliest``/``latest`` for their other names ``beginning``/``end``; other values
+    as they are (the caller checks them)."""
+    return START_ALIASES.get(value, value) if value is not None else None
+
+
 def read_join_request(obj: Mapping[str, Any]) -> JoinRequest:
     """The fields of a join body."""
     timeout_ms = _opt_int(obj, "sessionTimeoutMs", 0)
     partitions = _opt_int(obj, "partitions", 0)
-    start = _opt_str(obj, "start") or "earliest"
+    start = start_name(_opt_str(obj, "start")) or "earliest"
     return JoinRequest(_opt_member(obj), timeout_ms, partitions, start)
 
 
@@ -598,9 +608,9 @@ def read_reset_request(obj: Mapping[str, Any]) -> str | MessageId | int:
         time = _opt_int(obj, "time", 0)
         assert time is not None
         return time
-    to = _opt_str(obj, "to")
+    to = start_name(_opt_str(obj, "to"))
     if to not in ("earliest", "latest"):
-        raise BadRequest(f"to must be earliest or latest, got {to!r}")
+        raise BadRequest(f"to must be earliest (or beginning) or latest (or end), got {to!r}")
     return to
 
 

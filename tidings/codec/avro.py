@@ -1,4 +1,4 @@
-"""The Avro schemas of the REST API (seed 000) and the hand-written fast paths.
+"""The Avro schemas of the REST API (CDAP TMS's) and the hand-written fast paths.
 
 ``*_EXT`` schemas add message keys, headers and per-message TTLs (the
 ``avro/binary; schema=tidings`` medium). fastavro reads and writes every schema; the
@@ -288,7 +288,7 @@ def write_consume_request(
 class AvroItems:
     """How the messaging core writes plain messages straight into an Avro poll response."""
 
-    suffix: bytes  # after the payload: b"" (seed schema) or null key + empty headers
+    suffix: bytes  # after the payload: b"" (CDAP TMS schema) or null key + empty headers
     small: tuple[bytes, ...]  # zig-zag varints of 0..16383
     zigzag: Callable[[int], bytes]
 

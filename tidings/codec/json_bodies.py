@@ -1,7 +1,7 @@
 """The JSON form of the REST bodies: Avro ``bytes`` fields as standard base64 strings.
 
 A JSON number in ``startFrom`` is a timestamp in ms. Extra fields (``extras`` on
-publish, ``key`` and ``headers`` on messages) are additions a seed-only client simply
+publish, ``key`` and ``headers`` on messages) are additions a CDAP TMS client simply
 ignores. Every reader raises :class:`~tidings.errors.BadRequest` for a body it cannot
 accept; the request dataclasses themselves live in :mod:`tidings.codec.wire`.
 """

@@ -1,8 +1,8 @@
-"""Row keys of the Message, Payload and Metadata tables (DESIGN.md "Data model").
+"""Row keys of the Message, Payload and Metadata tables (docs/design.md).
 
 Pure functions over bytes. Every integer is big-endian, so the byte order of keys equals
 the numeric order of their fields; that is what lets a topic's messages be scanned in
-id order (seed 000, "Message Table" / "Payload Table")::
+id order (CDAP TMS's Message and Payload tables)::
 
     Message Table  topic_id (4) | generation (4) | publish_ts (8) | seq (2)         18 bytes
     Payload Table  topic_id (4) | generation (4) | write_pointer (8) | write_ts (8)

@@ -1,8 +1,9 @@
 """The three media a REST body may come in, and how a Content-Type names one.
 
 - ``application/json``: Avro ``bytes`` fields are standard base64 strings.
-- ``avro/binary``: exactly seed 000's schemas, so a seed-only client works unchanged.
-- ``avro/binary; schema=tidings``: the seed's schemas extended with message keys,
+- ``avro/binary``: exactly CDAP TMS's schemas, so a client written for those works
+  unchanged.
+- ``avro/binary; schema=tidings``: those schemas extended with message keys,
   headers and per-message TTLs. Avro binary carries no field names, so the extension
   needs its own media type rather than optional fields.
 """

@@ -7,6 +7,7 @@ import binascii
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from tidings.codec.admin import start_name
 from tidings.codec.json_bodies import b64encode, integer
 from tidings.errors import BadRequest, ServerError
 from tidings.names import INT64_MAX, NAME_PATTERN
@@ -103,7 +104,7 @@ def read_pop_request(obj: Mapping[str, Any]) -> PopRequest:
         ack_timeout,
         max_deliveries,
         _opt_str(obj, "deadLetterTopic"),
-        _opt_str(obj, "start") or "earliest",
+        start_name(_opt_str(obj, "start")) or "earliest",
     )
 
 

@@ -4,17 +4,17 @@ A Message Table or Payload Table value is one flags byte, then the optional fiel
 fixed order, then the payload, so the payload is a plain slice of the stored value::
 
     flags (1)             version (high 3 bits) | which fields follow (low 5 bits)
-    t (8, signed)         if FLAG_T: the transaction write pointer (seed 000 column "t")
+    t (8, signed)         if FLAG_T: the transaction write pointer (CDAP TMS's column "t")
     expires_at (8)        if FLAG_EXPIRY: per-message expiry, ms since the epoch
     key                   if FLAG_KEY: varint length + bytes
     headers               if FLAG_HEADERS: varint count, then per header varint length +
                           UTF-8 name, varint length + value
-    payload               if FLAG_P: the rest of the value (seed 000 column "p")
+    payload               if FLAG_P: the rest of the value (CDAP TMS's column "p")
     range (20)            if not FLAG_P, optionally: first_ts (8) | first_seq (2) |
                           last_ts (8) | last_seq (2), unsigned big-endian
 
 ``t`` sits at a fixed offset (1..9) so a rollback rewrites eight bytes and copies the
-rest (seed 000, "Rollback of Published Message"). An entry without ``p`` is a Payload
+rest (CDAP TMS's rollback of published messages). An entry without ``p`` is a Payload
 Table pointer: its messages are the Payload Table rows under ``abs(t)``. If the rest of
 a pointer value (after its fields) is empty, that is every row under the pointer (the
 only form before payload ranges, so older data reads the same); if it is a 20-byte
@@ -270,7 +270,7 @@ class TopicState(NamedTuple):
     ``generation`` is negative once the topic is deleted. The ``last_*`` fields are the
     last assigned Message Table ``(publish_ts, seq)`` and Payload Table
     ``(write_ts, p_seq)``; new keys start after them even if the clock went backwards
-    (DESIGN.md invariant 1: max(now, last)). ``message_count`` and ``payload_bytes``
+    (``max(now, last)``: docs/design.md, invariant 1). ``message_count`` and ``payload_bytes``
     are what ``stats`` reports for the current generation, kept up to date by the writes
     that change them (docs/design.md, "Topic statistics without a scan");
     :data:`UNKNOWN` in a state written before they were kept.

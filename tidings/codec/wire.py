@@ -1,4 +1,4 @@
-"""Request and response bodies of the REST API, in every medium (seed 000).
+"""Request and response bodies of the REST API, in every medium (docs/api.md).
 
 The server decodes what clients send and the client decodes what the server answers
 with the same functions, so the two cannot drift. This module holds the decoded forms
@@ -110,7 +110,7 @@ def _check_extras_avro(raw: list[dict[str, Any]] | None, n: int) -> None:
 
 
 def decode_publish_request(body: bytes, media: Media) -> PublishRequest:
-    """Decode a ``publish``/``store`` body (seed's PublishRequest, plus ``extras``)."""
+    """Decode a ``publish``/``store`` body (CDAP TMS's PublishRequest, plus ``extras``)."""
     if media is JSON:
         return publish_request_from_json(jsonb.obj(body, "publish request"))
     schema = avro.PUBLISH_REQUEST_EXT if media is AVRO_EXT else avro.PUBLISH_REQUEST
@@ -256,7 +256,7 @@ def encode_consume_request(req: ConsumeRequest, media: Media) -> bytes:
 
 
 def encode_messages(messages: Sequence[Message], media: Media) -> bytes:
-    """Encode a poll response (seed's Message array, extended per ``media``)."""
+    """Encode a poll response (CDAP TMS's Message array, extended per ``media``)."""
     if media is JSON:
         return jsonb.dump_messages(messages)
     return avro.write_messages(messages, extended=media is AVRO_EXT)

@@ -1,5 +1,5 @@
 """Consumer groups and queues: transport-free, over the store and the transaction
-manager, beside the messaging core (DESIGN.md, "Components")."""
+manager, beside the messaging core (docs/design.md, "Where things live")."""
 
 from tidings.codec.groups import partition_of
 from tidings.consumers.groups import GroupCoordinator

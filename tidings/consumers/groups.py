@@ -1,7 +1,7 @@
 """Consumer groups: members split a topic by key hash; positions commit in transactions.
 
-Seed 001's consumer groups over seed 000's single total order, with Kafka's group
-semantics (seed 002). A group has a fixed number of virtual partitions ``P`` (chosen
+CDAP's consumer groups over one topic's single total order, with Kafka's group
+semantics. A group has a fixed number of virtual partitions ``P`` (chosen
 at its first join); a message belongs to partition ``crc32(key) mod P``, or, without a
 key, ``crc32(id) mod P``, so all messages of one key go to one member, in the topic's
 order, and keyless ones spread evenly. A sticky assignment
@@ -576,7 +576,10 @@ class GroupCoordinator:
         self, namespace: str, topic: str, to: str | MessageId | int
     ) -> MessageId | None:
         if to == "earliest":
-            return None
+            # Explicitly before every message (no id is ever all zeros): removing the
+            # positions instead would hand the group back to its own start, which may
+            # be "latest".
+            return MessageId(0, 0, 0, 0)
         if to == "latest":
             return self._latest(namespace, topic)
         if isinstance(to, MessageId):

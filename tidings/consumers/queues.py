@@ -1,10 +1,10 @@
 """Queues: workers pop leased messages from a topic, ack, nack; leases time out.
 
-Seed 004's queue (pop moves a message from waiting to pending; commit or rollback; a
-pending message past its timeout goes back to waiting) on seed 000's total order, with
-Pulsar's shared subscriptions and transactional acks (seed 003). A queue is a named
-group of one topic: every queue (and every consumer group) of a topic gets every
-message, and each message of a queue goes to one worker at a time.
+A work queue in the manner of CDAP's queues (pop moves a message from waiting to
+pending; commit or rollback; a pending message past its timeout goes back to waiting)
+on a topic's total order, with Pulsar's shared subscriptions and transactional acks.
+A queue is a named group of one topic: every queue (and every consumer group) of a
+topic gets every message, and each message of a queue goes to one worker at a time.
 
 **Leases.** ``pop`` hands out the oldest available messages (returned ones first, as
 they are older than anything not read yet) under a lease: the worker holds them until
@@ -404,7 +404,7 @@ class QueueCoordinator:
     def nack(
         self, namespace: str, topic: str, queue: str, consumer: str, ids: Sequence[MessageId]
     ) -> None:
-        """Give messages back to the queue at once (seed 004's rollback): they go ahead
+        """Give messages back to the queue at once (a queue's rollback): they go ahead
         of newer ones. Errors as :meth:`ack`."""
         _check_consumer(consumer)
         _check_ids(ids)

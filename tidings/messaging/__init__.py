@@ -1,4 +1,4 @@
-"""The messaging core (seed 000), transport-free: topics, publish, store, rollback,
+"""The messaging core (after CDAP TMS), transport-free: topics, publish, store, rollback,
 fetch, retention and counters over a :class:`~tidings.store.Store`."""
 
 from tidings.messaging.counters import LatencyHistogram, TopicCounters

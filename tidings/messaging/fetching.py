@@ -1,6 +1,6 @@
 """The read side: scan a topic's Message Table rows in order and expand them into messages.
 
-Seed 000 "Consuming": scan the Message Table in ascending order from a start id or
+Consuming: scan the Message Table in ascending order from a start id or
 timestamp; a row with ``p`` is one message; a row without ``p`` stands for the Payload
 Table rows stored under its ``t`` (or, if the entry names a payload range, only those of
 them inside it), which expand in place. A transactional reader skips
@@ -8,7 +8,7 @@ entries of invalid and rolled-back transactions and stops at the first entry who
 transaction is in progress (invariant 3, via :func:`tidings.tx.visibility.classify`);
 entries without ``t`` are always visible. A non-transactional reader sees everything.
 
-Retention (seed 000 "Message Retention"): the scan never starts below ``now - ttl``, a
+Retention: the scan never starts below ``now - ttl``, a
 Payload Table row written before that is skipped too, and so is a message past its own
 expiry, so what a reader sees does not depend on whether the cleaner has run yet.
 
@@ -260,7 +260,7 @@ class _Reader:
         inclusive: bool,
     ) -> None:
         # Payload rows are keyed by the positive pointer; a rolled-back entry (-t) still
-        # expands for non-transactional readers (seed 000: repeatable reads).
+        # expands for non-transactional readers (repeatable reads).
         prefix, stop = keys.write_pointer_range(self.topic_id, self.generation, abs(wp))
         start = prefix
         if rng is not None:

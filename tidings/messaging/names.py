@@ -1,7 +1,7 @@
 """Validation of topic properties (names are :func:`tidings.names.check_name`).
 
 Pure functions; each raises the :mod:`tidings.errors` class the REST API maps to 400
-(DESIGN.md invariant 5: bad input gets a clear error and changes nothing).
+(invariant 5 of docs/design.md: bad input gets a clear error and changes nothing).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ MAX_TTL = INT64_MAX // 1000
 
 
 def parse_ttl(value: object) -> int:
-    """A ttl in seconds: a positive int, or a string of digits (seed 000 sends both)."""
+    """A ttl in seconds: a positive int, or a string of digits (CDAP TMS clients send both)."""
     if isinstance(value, bool):
         raise InvalidProperties(f"ttl must be a positive integer number of seconds, got {value!r}")
     if isinstance(value, str) and value.isascii() and value.isdigit():

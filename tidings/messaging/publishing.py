@@ -5,7 +5,7 @@ write is queued, so the store's single writer does as little as possible per mes
 build keys, hand them to ``put_many``, store the topic's new last position. Key
 assignment happens in that same write function, after reading the topic's last
 position in the same transaction, so keys become visible in the order they are assigned
-(DESIGN.md invariant 1; seed 000 "Publishing").
+(invariant 1 of docs/design.md).
 """
 
 from __future__ import annotations
@@ -384,7 +384,7 @@ def rollback_fn(
     topics: Topics, namespace: str, topic: str, info: RollbackInfo
 ) -> Callable[[WriteView], int]:
     """The write function of a rollback: ``t -> -t`` on exactly the entries in the range
-    whose ``t`` is the write pointer (seed 000: the Payload Table is left alone)."""
+    whose ``t`` is the write pointer (the Payload Table is left alone)."""
     write_pointer = info.write_pointer
     flipped = -write_pointer
 

@@ -1,6 +1,6 @@
 """The cleaner: deletes expired rows and every row of older generations.
 
-Seed 000 "Data Cleanup In Tables" (the LevelDB column: a periodic thread). Per topic:
+Cleanup of expired and deleted data by a periodic thread, as CDAP TMS does on LevelDB. Per topic:
 
 * rows of older generations (``gen < abs(current)``, and all rows once deleted) in both
   tables: one contiguous key range per table (see :mod:`tidings.codec.keys`);

@@ -2,7 +2,7 @@
 
 Pure functions; the service calls them inside the store's write function, with the
 topic's last assigned position read in that same write, so assignment and visibility
-happen together and in order (DESIGN.md invariant 1, seed 000 "Publishing").
+happen together and in order (invariant 1 of docs/design.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The messaging core: every operation of seed 000, transport-free.
+"""The messaging core: every operation of the messaging service, transport-free.
 
 :class:`MessagingService` wires the pure parts (names, codecs, sequencing, fetching) to
 the store. Writes go through ``store.submit`` so keys are assigned inside the write

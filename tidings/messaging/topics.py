@@ -4,7 +4,7 @@ A topic has two records (keys in :mod:`tidings.codec.keys`): its *record* (topic
 properties, written on create/update) and its *state* (generation, ttl and the last
 assigned positions, rewritten by every publish). Ids are allocated from a counter and
 never reused; a deleted topic keeps its id and a negative generation, and re-creating it
-uses ``abs(generation) + 1`` (DESIGN.md "Generation"), so rows of older generations sit
+uses ``abs(generation) + 1`` (docs/design.md, "Topics"), so rows of older generations sit
 in one range the cleaner can drop.
 
 The cache maps a name to what was last seen of it. The id part can never be wrong (ids

@@ -1,4 +1,4 @@
-"""The HTTP server: seed 000's REST API plus Tidings' additions (docs/api.md).
+"""The HTTP server: CDAP TMS's REST API plus Tidings' additions (docs/api.md).
 
 ``tidings serve`` calls :func:`tidings.server.config.load_config` and
 :func:`tidings.server.main.run`. Modules, one idea each:

@@ -147,9 +147,25 @@ class ServerConfig:
     # store
     store: str | None = _setting(
         None,
-        "where messages, topics, groups and queues live: a `postgresql://USER@HOST:PORT/DB` "
-        "URL (needs `tidings[postgres]`); unset: LMDB in `data_dir` (the transaction log "
-        "stays in `data_dir` either way)",
+        "where everything lives: a `postgresql://USER@HOST:PORT/DB` URL (needs "
+        "`tidings[postgres]`; the transaction log goes there too, and several instances "
+        "may share it: one leads, the others stand by); unset: LMDB and the transaction "
+        "log in `data_dir`",
+        flag=True,
+        shown="",
+    )
+    lease_seconds: float = _setting(
+        5.0,
+        "with a PostgreSQL store: how long the leader's lease lasts unrenewed; a standing-by "
+        "instance takes over within about this long after the leader dies",
+        flag=True,
+        bound="positive",
+        shown="5",
+    )
+    advertise_url: str | None = _setting(
+        None,
+        "with a PostgreSQL store: the URL other instances and `GET /v1/cluster` show for "
+        "this one (default `http://HOST:PORT`)",
         flag=True,
         shown="",
     )

@@ -2,7 +2,9 @@
 
 SIGTERM or SIGINT: stop accepting connections, release parked long-polls, let
 in-flight requests finish (their writes become durable), close the services and the
-store, exit 0. A second SIGINT skips the wait. Exit 1 if the server cannot start.
+store, exit 0. A second SIGINT skips the wait. Exit 1 if the server cannot start (2 for
+a setting that is wrong), with one line for people on stdout, ``Error: ...``, as
+``listening on ...`` is when it starts; the JSON log lines, for machines, go to stderr.
 """
 
 from __future__ import annotations
@@ -15,15 +17,19 @@ import math
 import os
 import signal
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
 import uvloop
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import tidings
-from tidings.errors import ConfigError, TidingsError
+from tidings.errors import ConfigError, ServiceUnavailable, TidingsError
 from tidings.server.app import create_app
 from tidings.server.auth import Authenticator
 from tidings.server.config import ServerConfig
@@ -34,6 +40,10 @@ from tidings.server.longpoll import LongPolls
 from tidings.server.metrics import Metrics, Sources
 from tidings.server.protocol import HttpProtocol
 from tidings.server.services import Services
+
+if TYPE_CHECKING:
+    from tidings.cluster.lease import LeaderLease
+    from tidings.server.forward import Forwarder
 
 __all__ = ["run"]
 
@@ -108,39 +118,91 @@ def run(config: ServerConfig) -> int:
         auth = _security(config)
     except ConfigError as exc:
         log.error(f"cannot start: {exc.message}", extra={"event": "error", **about})
-        print(f"Error: {exc.message}", flush=True)
+        _tell(exc.message)
         return 2
+    lease: LeaderLease | None = None
+    services: Services | None = None
     try:
-        services = Services.open(config)
-    except TidingsError as exc:
-        # Expected (a data directory in use, say): one line for people on stdout (as
-        # "listening on" is), the JSON line on stderr, and no traceback in either.
-        log.error(f"cannot open the services: {exc.message}", extra={"event": "error", **about})
-        print(f"Error: {type(exc).__name__}: {exc.message}", flush=True)
-        return 1
+        if config.store is not None and config.runs_messaging:
+            # Several instances may share the database: lead now if nobody does, else
+            # stand by (forwarding every request to the leader) until the lease passes.
+            lease = Services.new_lease(config)
+        if lease is None or lease.take():
+            services = Services.open(config, lease)
     except Exception as exc:
+        # Expected failures (a data directory in use or out of reach) are one line
+        # each, without a traceback; anything else keeps its traceback in the log.
+        expected = isinstance(exc, TidingsError | OSError)
+        reason = _reason(exc)
         log.error(
-            f"cannot open the services: {exc}", exc_info=exc, extra={"event": "error", **about}
+            f"cannot open the services: {reason}",
+            exc_info=None if expected else exc,
+            extra={"event": "error", **about},
         )
+        _tell(f"cannot start: {reason}")
         return 1
+    bind_errors = _LastError()
+    logging.getLogger("uvicorn.error").addHandler(bind_errors)
+    holder = _Holder(services, lease)
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            started, received = runner.run(_serve(config, services, about, auth))
+            started, received = runner.run(_serve(config, holder, about, auth))
     except BaseException as exc:
         log.error(f"server failed: {exc!r}", exc_info=exc, extra={"event": "error", **about})
-        services.close()
+        _tell(f"server failed: {_reason(exc)}")
+        holder.close()
         return 1
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(bind_errors)
+    services = holder.services
     try:
-        services.close()
+        holder.close()
     except Exception as exc:
         log.error(f"closing failed: {exc}", exc_info=exc, extra={"event": "error", **about})
         return 1
     if not started:
         log.error("server did not start", extra={"event": "error", **about})
+        why = bind_errors.message or "see the log lines above"
+        _tell(f"cannot listen on {config.host}:{config.port}: {why}")
         return 1
+    if holder.failed is not None:
+        _tell(holder.failed)
+        return 1
+    if services is not None and services.lease_lost is not None:
+        log.error(
+            f"stopped: lost the leader lease ({services.lease_lost})",
+            extra={"event": "stop", "reason": "lease_lost", **about},
+        )
+        return 3
     reason = signal.Signals(received).name if received is not None else "exit"
     log.info("stopped", extra={"event": "stop", "reason": reason, **about})
     return 0
+
+
+def _tell(problem: str) -> None:
+    """The one line for people (stdout, like ``listening on``) when the server stops."""
+    print(f"Error: {problem}", flush=True)
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong, in one line, without the exception's class when it says little."""
+    if isinstance(exc, TidingsError):
+        return exc.message
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror}{where}"
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+class _LastError(logging.Handler):
+    """Keeps uvicorn's last error line: why it could not bind (uvicorn only logs it)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.message: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.message = " ".join(record.getMessage().split())
 
 
 def _security(config: ServerConfig) -> Authenticator | None:
@@ -148,6 +210,15 @@ def _security(config: ServerConfig) -> Authenticator | None:
     warns when a non-loopback address is served without authentication."""
     if (config.tls_cert is None) != (config.tls_key is None):
         raise ConfigError("tls_cert and tls_key go together: set both or neither")
+    if config.tls_cert is not None and config.tls_key is not None:
+        # Loaded here, not first by uvicorn, so that a wrong file is one line.
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(config.tls_cert, config.tls_key)
+        except OSError as exc:  # ssl.SSLError is one
+            raise ConfigError(
+                f"cannot load tls_cert {config.tls_cert} and tls_key {config.tls_key}: "
+                f"{_reason(exc)}"
+            ) from None
     auth = Authenticator(config.auth_file) if config.auth_file is not None else None
     if auth is None and not _loopback(config.host):
         log.warning(
@@ -165,13 +236,40 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
-async def _serve(
+@dataclass
+class _Holder:
+    """The services (opened later by an instance that stands by at first) and the
+    leader lease of a PostgreSQL store."""
+
+    services: Services | None
+    lease: LeaderLease | None
+    #: Why taking over failed (the server then stops and exits 1).
+    failed: str | None = None
+
+    def close(self) -> None:
+        if self.services is not None:
+            self.services.close()
+        elif self.lease is not None:
+            self.lease.release()
+
+
+class _Switch:
+    """The ASGI app of an instance that may change from forwarding to leading."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
+def _application(
     config: ServerConfig,
     services: Services,
-    about: dict[str, object],
-    auth: Authenticator | None = None,
-) -> tuple[bool, int | None]:
-    loop = asyncio.get_running_loop()
+    auth: Authenticator | None,
+    loop: asyncio.AbstractEventLoop,
+) -> tuple[ASGIApp, LongPolls]:
+    """The server's application over opened ``services``, and its long-polls."""
     inbox = LoopInbox(loop)
     longpolls = LongPolls()
     longpolls.bind(inbox)
@@ -186,20 +284,49 @@ async def _serve(
         queue_stats=services.queues.stats if services.queues is not None else None,
     )
     api = Api(config, services, Metrics(sources=sources), longpolls, inbox, auth)
-    if auth is not None and threading.current_thread() is threading.main_thread():
-        # SIGHUP reloads the principals; a file that does not load changes nothing.
-        loop.add_signal_handler(signal.SIGHUP, lambda: loop.run_in_executor(None, auth.reload))
     if messaging is not None:
         messaging.add_listener(longpolls.on_commit)
     if services.queues is not None:  # a nack or close gives messages back: wake pops
         services.queues.add_listener(longpolls.on_commit)
+    return create_app(api), longpolls
+
+
+async def _serve(
+    config: ServerConfig,
+    holder: _Holder,
+    about: dict[str, object],
+    auth: Authenticator | None = None,
+) -> tuple[bool, int | None]:
+    loop = asyncio.get_running_loop()
+    if auth is not None and threading.current_thread() is threading.main_thread():
+        # SIGHUP reloads the principals; a file that does not load changes nothing.
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.run_in_executor(None, auth.reload))
+    longpolls: list[LongPolls] = []
+    forwarder: Forwarder | None = None
+    takeover: asyncio.Task[None] | None = None
+    app: ASGIApp
+    if holder.services is not None:
+        app, polls = _application(config, holder.services, auth, loop)
+        longpolls.append(polls)
+        if holder.lease is not None:
+            app = _Switch(app)
+    else:
+        assert holder.lease is not None
+        forwarder = _forwarder(config, holder.lease)
+        switch = _Switch(forwarder)
+        app = switch
+        takeover = loop.create_task(_take_over(config, holder, auth, switch, longpolls))
 
     def on_signal(sig: int) -> None:
-        services.serving = False  # /readyz answers 503 while draining
-        loop.call_soon_threadsafe(longpolls.close)
+        if holder.services is not None:
+            holder.services.serving = False  # /readyz answers 503 while draining
+        elif holder.lease is not None:
+            holder.lease.stop_waiting()
+        for polls in longpolls:
+            loop.call_soon_threadsafe(polls.close)
 
     uv_config = uvicorn.Config(
-        create_app(api),
+        app,
         host=config.host,
         port=config.port,
         http=HttpProtocol,
@@ -220,4 +347,53 @@ async def _serve(
     except SystemExit:
         # uvicorn exits this way when it cannot bind; it has logged why.
         return False, None
+    finally:
+        if takeover is not None:
+            if holder.lease is not None:
+                holder.lease.stop_waiting()
+            await asyncio.gather(takeover, return_exceptions=True)
+        if forwarder is not None:
+            await forwarder.aclose()
     return server.started, server.received
+
+
+def _forwarder(config: ServerConfig, lease: LeaderLease) -> Forwarder:
+    from tidings.server.forward import Forwarder  # only instances on PostgreSQL need it
+
+    # Forwarded long-polls wait up to max_wait_ms at the leader: allow that and more.
+    return Forwarder(
+        lease.leader_url,
+        me=lease.advertise_url,
+        max_body=config.max_body_bytes,
+        timeout=config.max_wait_ms / 1000 + 30,
+        verify=str(config.tls_cert) if config.tls_cert is not None else True,
+    )
+
+
+async def _take_over(
+    config: ServerConfig,
+    holder: _Holder,
+    auth: Authenticator | None,
+    switch: _Switch,
+    longpolls: list[LongPolls],
+) -> None:
+    """Stand by until the lease is ours, then open the services and serve them."""
+    lease = holder.lease
+    assert lease is not None
+    try:
+        await asyncio.to_thread(lease.acquire)
+    except ServiceUnavailable:
+        return  # stopped while standing by
+    try:
+        services = await asyncio.to_thread(Services.open, config, lease)
+    except Exception as exc:
+        holder.failed = f"cannot take over: {_reason(exc)}"
+        log.error(holder.failed, exc_info=exc, extra={"event": "error"})
+        lease.release()
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    holder.services = services
+    app, polls = _application(config, services, auth, asyncio.get_running_loop())
+    longpolls.append(polls)
+    switch.app = app
+    log.info("took over: this instance leads", extra={"event": "takeover", "epoch": lease.epoch})

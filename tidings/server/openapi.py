@@ -2,7 +2,7 @@
 
 Built from plain dicts rather than inferred from the routes: the document is the
 contract, and ``tests/e2e/test_server_fuzz.py`` fuzzes the server against it. Avro
-bodies are described as binary strings carrying the seed's Avro schema in
+bodies are described as binary strings carrying CDAP TMS's Avro schema in
 ``x-avro-schema`` (the schemas come from :mod:`tidings.codec.wire`, never copied).
 """
 
@@ -105,6 +105,10 @@ def _content(json_schema: dict[str, Any], avro: str | None, avro_ext: str | None
     if avro_ext is not None:
         content[AVRO_EXT] = {"schema": _avro(avro_ext)}
     return content
+
+
+#: Where a group, a queue or a reset starts: the two ends, each by both its names.
+_STARTS = ["earliest", "latest", "beginning", "end"]
 
 
 def _error(description: str) -> dict[str, Any]:
@@ -486,7 +490,7 @@ def _group_schemas() -> dict[str, Any]:
                 "start": _nullable(
                     {
                         "type": "string",
-                        "enum": ["earliest", "latest"],
+                        "enum": _STARTS,
                         "description": "where partitions without a position start; only "
                         "when the group is created",
                     }
@@ -553,7 +557,7 @@ def _group_schemas() -> dict[str, Any]:
                 {
                     "required": ["to"],
                     "properties": {
-                        "to": {"type": "string", "enum": ["earliest", "latest"]},
+                        "to": {"type": "string", "enum": _STARTS},
                         "id": null,
                         "time": null,
                     },
@@ -984,7 +988,7 @@ def _queue_schemas() -> dict[str, Any]:
                     {"type": "integer", "minimum": 1, "maximum": MAX_DELIVERIES_LIMIT}
                 ),
                 "deadLetterTopic": _nullable(_NAME),
-                "start": _nullable({"type": "string", "enum": ["earliest", "latest"]}),
+                "start": _nullable({"type": "string", "enum": _STARTS}),
             },
         },
         "QueueAckRequest": {
@@ -1300,6 +1304,15 @@ def _ops_paths() -> dict[str, Any]:
                 errors=False,
             )
         },
+        "/v1/cluster": {
+            "get": _op(
+                "The instances sharing this server's store: the leader (which owns every "
+                "topic, the transaction log, groups and queues), its epoch and lease, and "
+                "the instances standing by",
+                {"200": _json("the cluster", {"type": "object"})},
+                tags=tags,
+            )
+        },
         "/openapi.json": {
             "get": _op(
                 "This document",
@@ -1309,6 +1322,153 @@ def _ops_paths() -> dict[str, Any]:
             )
         },
     }
+
+
+def _console_paths() -> dict[str, Any]:
+    """The web console's files and the read-only endpoints it reads (docs/console.md)."""
+    tags = ("console",)
+    files = {
+        "/console/": ("The web console's page", "text/html"),
+        "/console/console.js": ("The web console's script", "text/javascript"),
+        "/console/console.css": ("The web console's style sheet", "text/css"),
+    }
+    paths: dict[str, Any] = {
+        path: {
+            "get": _op(
+                summary,
+                {
+                    "200": {
+                        "description": "the file",
+                        "content": {media: {"schema": {"type": "string"}}},
+                    }
+                },
+                tags=tags,
+                errors=False,
+            )
+        }
+        for path, (summary, media) in files.items()
+    }
+    patterns = {"type": "array", "items": {"type": "string"}}
+    whoami = {
+        "type": "object",
+        "required": ["auth", "name", "admin", "publish", "consume"],
+        "properties": {
+            "auth": {"type": "boolean", "description": "false: the server has no auth file"},
+            "name": _nullable({"type": "string"}),
+            "admin": {"type": "boolean"},
+            "publish": patterns,
+            "consume": patterns,
+        },
+    }
+    nullable_int = _nullable(_INT64)
+    details = {
+        "type": "object",
+        "required": [
+            "now",
+            "readPointer",
+            "lastWritePointer",
+            "defaultTimeoutMs",
+            "inProgress",
+            "invalid",
+            "producers",
+        ],
+        "properties": {
+            "now": _INT64,
+            "readPointer": _INT64,
+            "lastWritePointer": _INT64,
+            "defaultTimeoutMs": _INT64,
+            "inProgress": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["writePointer", "beganAt", "expiresAt", "timeoutMs"],
+                    "properties": {
+                        "writePointer": _INT64,
+                        "beganAt": nullable_int,
+                        "expiresAt": _INT64,
+                        "timeoutMs": nullable_int,
+                        "transactionalId": _nullable({"type": "string"}),
+                        "producerId": nullable_int,
+                        "epoch": nullable_int,
+                    },
+                },
+            },
+            "invalid": {"type": "array", "items": _INT64},
+            "producers": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["transactionalId", "producerId", "epoch"],
+                    "properties": {
+                        "transactionalId": {"type": "string"},
+                        "producerId": _INT64,
+                        "epoch": _INT64,
+                    },
+                },
+            },
+        },
+    }
+    paths["/v1/whoami"] = {
+        "get": _op(
+            "Who the request's token belongs to, if anyone, and what it may do (addition)",
+            {"200": _json("the principal (name null: no token, or one nobody has)", whoami)},
+            tags=tags,
+            errors=False,
+        )
+    }
+    paths["/v1/transactions/details"] = {
+        "get": _op(
+            "The transaction state with each open transaction's producer, epoch, begin "
+            "time and timeout, and every registered transactional id (addition)",
+            {"200": _json("details", details)},
+            tags=(*tags, "transactions"),
+        )
+    }
+    paths["/v1/namespaces/{ns}/topics/{topic}/messages"] = {
+        "get": _op(
+            "The page of messages before a position, oldest first (addition; the "
+            "console's way back: a poll reads forward only)",
+            {
+                "200": _json("messages, oldest first; header Tidings-Count", _ref("Messages")),
+                "404": _error("unknown topic"),
+            },
+            tags=(*tags, "messages"),
+            parameters=[
+                _param("ns", _NAME),
+                _param("topic", _NAME),
+                _param(
+                    "before",
+                    {
+                        "type": "string",
+                        "pattern": "^[0-9a-fA-F]{40}$",
+                        "description": "a message id in hex (exclusive); absent: the end",
+                    },
+                    "query",
+                ),
+                _param(
+                    "limit",
+                    {
+                        "type": "integer",
+                        "minimum": 1,
+                        "maximum": 2**31 - 1,
+                        "default": 20,
+                        "description": "clamped to the server's fetch maximum",
+                    },
+                    "query",
+                ),
+                _param(
+                    "isolation",
+                    {
+                        "type": "string",
+                        "enum": ["read_committed", "read_uncommitted"],
+                        "default": "read_uncommitted",
+                    },
+                    "query",
+                ),
+            ],
+        )
+    }
+    return paths
 
 
 def openapi_document(version: str, *, max_timeout: float = 3600.0) -> dict[str, Any]:
@@ -1329,6 +1489,7 @@ def openapi_document(version: str, *, max_timeout: float = 3600.0) -> dict[str, 
             **_queue_paths(),
             **_transaction_paths(),
             **_ops_paths(),
+            **_console_paths(),
         },
         "components": {
             "schemas": _schemas(max_timeout),

@@ -51,6 +51,7 @@ PERMISSIONS: Mapping[tuple[str, str], Need] = {
     ("GET", "/readyz"): Need.OPEN,
     ("GET", "/openapi.json"): Need.OPEN,
     ("GET", "/metrics"): Need.METRICS,
+    ("GET", "/v1/cluster"): Need.ANY,
     # topics and messages
     ("GET", _NS + "/topics"): Need.ANY,
     ("GET", _TOPIC): Need.TOPIC,
@@ -94,6 +95,13 @@ PERMISSIONS: Mapping[tuple[str, str], Need] = {
     ("POST", _QUEUE + "/rollback"): Need.CONSUME,
     ("POST", _QUEUE + "/release"): Need.CONSUME,
     ("POST", _QUEUE + "/purge"): Need.ADMIN,
+    # the web console: its files are open, the data it shows comes through the API
+    ("GET", "/console/"): Need.OPEN,
+    ("GET", "/console/console.js"): Need.OPEN,
+    ("GET", "/console/console.css"): Need.OPEN,
+    ("GET", "/v1/whoami"): Need.OPEN,
+    ("GET", _TX + "/details"): Need.ADMIN,
+    ("GET", _TOPIC + "/messages"): Need.CONSUME,
 }
 
 

@@ -2,9 +2,8 @@
 
 A timed-out or invalidated transaction's pointer stays on the invalid list so that every
 transactional reader skips what it wrote. Once no Message Table entry names it any more
-(its client rolled the entries back, or retention dropped them), it can go (DESIGN.md,
-"prunes the invalid list once no data refers to an invalid pointer any more"), which
-keeps every snapshot small.
+(its client rolled the entries back, or retention dropped them), it can go, as in
+Tephra, which keeps every snapshot small.
 
 That is safe only if nothing can name the pointer later: the server guards every
 publish with :meth:`~tidings.tx.TransactionManager.check_writable` (a transaction

@@ -9,11 +9,15 @@ own directory, so a messaging process and a transactions process may share one
 from __future__ import annotations
 
 import logging
+import os
+import signal
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 
 from tidings.consumers import GroupCoordinator, QueueCoordinator
-from tidings.errors import ConfigError
+from tidings.errors import ConfigError, ServiceUnavailable
 from tidings.messaging import MessagingConfig, MessagingService
 from tidings.server.config import ServerConfig
 from tidings.server.pruner import InvalidListPruner
@@ -21,7 +25,12 @@ from tidings.store.backend import Store
 from tidings.store.backends.lmdb import LmdbStore
 from tidings.tx import TransactionManager, TxConfig
 
+if TYPE_CHECKING:
+    from tidings.cluster.lease import LeaderLease
+
 __all__ = ["Services"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("tidings.server")
 
@@ -39,6 +48,10 @@ class Services:
     groups: GroupCoordinator | None = None
     #: Queues: where one process runs both services.
     queues: QueueCoordinator | None = None
+    #: With a PostgreSQL store: this instance's hold on the leader lease.
+    lease: LeaderLease | None = None
+    #: Why the lease was lost (the server then shuts down and exits non-zero).
+    lease_lost: str | None = None
     #: Runs the calls that block (transaction service, topic admin, stats).
     executor: ThreadPoolExecutor = field(init=False)
     serving: bool = False
@@ -49,12 +62,14 @@ class Services:
         )
 
     @classmethod
-    def open(cls, config: ServerConfig) -> Services:
+    def open(cls, config: ServerConfig, lease: LeaderLease | None = None) -> Services:
         """Open the store and start the services of ``config.role``; all or nothing."""
         services = cls(config)
         try:
             if config.runs_messaging:
                 services.store = _open_store(config)
+                if config.store is not None:
+                    services.lease = services._lead(lease)
                 services.messaging = MessagingService(
                     services.store,
                     MessagingConfig(
@@ -69,7 +84,7 @@ class Services:
                 services.messaging.start()
             if config.runs_transactions:
                 services.tx = TransactionManager(
-                    config.tx_dir,
+                    None if services.lease is not None else config.tx_dir,
                     TxConfig(
                         default_timeout=config.tx_default_timeout,
                         max_timeout=config.tx_max_timeout,
@@ -79,6 +94,7 @@ class Services:
                         history_size=config.tx_history_size,
                         producer_expiry=config.tx_producer_expiry,
                     ),
+                    store=services.store if services.lease is not None else None,
                 )
                 services.tx.start()
             if services.messaging is not None and services.tx is not None:
@@ -102,6 +118,52 @@ class Services:
             raise
         services.serving = True
         return services
+
+    @staticmethod
+    def new_lease(config: ServerConfig) -> LeaderLease:
+        """This instance's claim on the leader lease of ``config.store`` (not taken yet)."""
+        from tidings.cluster.lease import LeaderLease, new_instance_id
+
+        _check_store_url(config)
+        if config.role != "all":
+            raise ConfigError("a PostgreSQL store needs role `all` (one process per instance)")
+        assert config.store is not None
+        lease = LeaderLease(
+            config.store,
+            instance_id=new_instance_id(),
+            advertise_url=config.advertise_url or f"http://{config.host}:{config.port}",
+            seconds=config.lease_seconds,
+        )
+        _unreachable(lease.prepare)
+        return lease
+
+    def _lead(self, lease: LeaderLease | None) -> LeaderLease:
+        """Stand by until this instance holds the leader lease (unless ``lease`` is held
+        already), then fence every write of the store with its epoch (docs/storage.md,
+        "Several instances")."""
+        from tidings.cluster.lease import FENCE_SQL
+        from tidings.store.backends.postgres import PostgresStore
+
+        assert isinstance(self.store, PostgresStore)
+        if lease is None:
+            lease = self.new_lease(self.config)
+        lease.on_lost = self._lease_lost
+        if not lease.held:
+            lease.acquire()
+        # Renewed from now on: recovering the state below may take a while.
+        lease.start_renewing()
+        self.store.fence(
+            FENCE_SQL, (lease.instance_id, lease.epoch), idle_timeout=lease.seconds / 2
+        )
+        return lease
+
+    def _lease_lost(self, why: str) -> None:
+        # Fail-stop: every write is refused by the store from now on anyway; stop
+        # answering as if this instance could still serve, and exit (a supervisor
+        # restarts it, and it stands by).
+        self.lease_lost = why
+        self.serving = False
+        os.kill(os.getpid(), signal.SIGTERM)
 
     @property
     def ready(self) -> bool:
@@ -130,6 +192,11 @@ class Services:
         self.tx = self.messaging = self.store = None
         self.groups = None
         self.queues = None
+        if self.lease is not None:
+            # After the store: its last writes still ran under the lease. Letting it
+            # pass now hands over at once instead of after it expires.
+            self.lease.release()
+            self.lease = None
         if errors:
             raise errors[0]
 
@@ -138,12 +205,33 @@ def _open_store(config: ServerConfig) -> Store:
     """PostgreSQL where ``store`` names a database, else LMDB in ``data_dir``."""
     if config.store is None:
         return LmdbStore(config.store_dir, map_size=config.map_size, sync=config.sync)
+    _check_store_url(config)
+    from tidings.store.backends.postgres import PostgresStore
+
+    url = config.store
+    return _unreachable(lambda: PostgresStore(url))
+
+
+def _check_store_url(config: ServerConfig) -> None:
+    """A ``postgresql://`` URL, and psycopg to reach it; ConfigError otherwise."""
+    assert config.store is not None
     if not config.store.startswith(("postgresql://", "postgres://")):
         raise ConfigError(f"store must be a postgresql:// URL, got {config.store!r}")
     try:
-        from tidings.store.backends.postgres import PostgresStore
+        import psycopg  # noqa: F401
+        import psycopg_pool  # noqa: F401
     except ImportError:
         raise ConfigError(
             "a PostgreSQL store needs psycopg: pip install 'tidings[postgres]'"
         ) from None
-    return PostgresStore(config.store)
+
+
+def _unreachable(open_: Callable[[], T]) -> T:
+    """``open_()``, with the database's connection errors as one clear Tidings error."""
+    import psycopg
+
+    try:
+        return open_()
+    except psycopg.Error as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ServiceUnavailable(f"cannot reach the PostgreSQL store: {reason}") from None

@@ -5,7 +5,7 @@ A store holds a fixed set of named tables, each an ordered map ``bytes -> bytes`
 *write functions* that the store runs one at a time inside its single write
 transaction, so a function can read the current state, decide, and write, and
 nothing else interleaves. That is how the messaging core assigns message keys inside
-the storage write that makes them visible (DESIGN.md, invariant 1).
+the storage write that makes them visible (docs/design.md, invariant 1).
 
 Backends group-commit: functions submitted concurrently are run one after another in
 one write transaction, made durable with one commit (one fsync), and only then are

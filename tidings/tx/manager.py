@@ -35,6 +35,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -48,14 +49,16 @@ from tidings.errors import (
     TransactionTimedOut,
 )
 from tidings.names import INT64_MAX
+from tidings.store.backend import Store
 from tidings.structs import ProducerInfo, Transaction, TransactionState
 from tidings.tx.config import TxConfig
 from tidings.tx.durable import TxStorage
 from tidings.tx.log import WriteAheadLog
 from tidings.tx.records import Abort, Begin, Commit, Prune, Release, Reserve, encode_record
 from tidings.tx.state import Result, TxStateMachine
+from tidings.tx.stored import StoreLog, StoreTxStorage
 
-__all__ = ["TransactionManager"]
+__all__ = ["OpenTransaction", "TransactionDetails", "TransactionManager"]
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +73,40 @@ _NOT_VISIBLE = frozenset({Begin, Reserve, Release})
 _NOWAIT_LOCK_TIMEOUT = 0.0005
 
 
+@dataclass(frozen=True, slots=True)
+class OpenTransaction:
+    """A transaction in progress as :meth:`TransactionManager.details` shows it."""
+
+    write_pointer: int
+    #: When it expires (ms).
+    expires_at: int
+    #: When it began (ms); None if it began before this process started.
+    began_at: int | None
+    #: Who began it (None: no transactional id), with the epoch it began under.
+    producer: ProducerInfo | None
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionDetails:
+    """The state plus what it does not say: who holds each open transaction and since
+    when, and every registered transactional id. For operators (the web console)."""
+
+    state: TransactionState
+    open: tuple[OpenTransaction, ...]
+    producers: tuple[ProducerInfo, ...]
+    #: The manager's clock when this was read (ms).
+    now: int
+
+
 class TransactionManager:
     """Tephra-style transaction service with KIP-98 transactional ids; thread-safe.
 
     ``data_dir=None`` keeps everything in memory (tests, examples); otherwise every
     acknowledged change is in the write-ahead log under ``data_dir`` before the call
-    returns. Call :meth:`start` before use and :meth:`close` after (or use ``with``).
+    returns. With ``store`` instead (a shared PostgreSQL store, say), the log and its
+    snapshots are kept in the store's ``tx`` table (:mod:`tidings.tx.stored`), so
+    another process can take over the state from there. Call :meth:`start` before use
+    and :meth:`close` after (or use ``with``).
     """
 
     def __init__(
@@ -83,14 +114,19 @@ class TransactionManager:
         data_dir: str | os.PathLike[str] | None,
         config: TxConfig = TxConfig(),  # noqa: B008  (frozen, so sharing it is safe)
         clock: Clock | None = None,
+        *,
+        store: Store | None = None,
     ) -> None:
+        if data_dir is not None and store is not None:
+            raise ValueError("keep the transaction state in data_dir or in store, not both")
         self.data_dir = None if data_dir is None else Path(data_dir)
+        self.store = store
         self.config = config
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._lock = threading.Lock()
         self._state = TxStateMachine(config.history_size)
-        self._storage: TxStorage | None = None
-        self._wal: WriteAheadLog | None = None
+        self._storage: TxStorage | StoreTxStorage | None = None
+        self._wal: WriteAheadLog | StoreLog | None = None
         self._started = False
         self._closed = False
         self._since_snapshot = 0
@@ -112,6 +148,9 @@ class TransactionManager:
         self._unsynced_reserves: deque[tuple[int, int]] = deque()
         self._durable_reserved = 0
         self._prune_seq = 0
+        #: Begin time (ms) of the transactions begun by this process, for details();
+        #: memory only (the log keeps expiries), trimmed by every timeout sweep.
+        self._began: dict[int, int] = {}
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -128,6 +167,10 @@ class TransactionManager:
                 )
                 self._state = storage.open()
                 self._storage, self._wal = storage, storage.wal
+            elif self.store is not None:
+                stored = StoreTxStorage(self.store, history_size=self.config.history_size)
+                self._state = stored.open()
+                self._storage, self._wal = stored, stored.wal
             self._started = True
         self._thread = threading.Thread(
             target=self._maintain, name="tidings-tx-maintenance", daemon=True
@@ -179,7 +222,10 @@ class TransactionManager:
         """Start a transaction; its snapshot says what it may see (seconds of ``timeout``)."""
         timeout_ms = self._timeout_ms(timeout)
         result = self._run(
-            lambda now: self._state.begin(now, timeout_ms, transactional_id, epoch), early=True
+            lambda now: self._noted(
+                now, self._state.begin(now, timeout_ms, transactional_id, epoch)
+            ),
+            early=True,
         )
         assert result.transaction is not None
         return result.transaction
@@ -198,7 +244,9 @@ class TransactionManager:
         except TidingsError as exc:
             return _failed(exc)
         return self._run_future(
-            lambda now: self._state.begin(now, timeout_ms, transactional_id, epoch),
+            lambda now: self._noted(
+                now, self._state.begin(now, timeout_ms, transactional_id, epoch)
+            ),
             _transaction_of,
             early=True,
         )
@@ -309,6 +357,33 @@ class TransactionManager:
             wal.sync(seq)  # report nothing that could still be lost
         return view
 
+    def details(self) -> TransactionDetails:
+        """:meth:`state` plus each open transaction's producer and begin time, and every
+        registered transactional id with its current epoch (read from memory)."""
+        with self._lock:
+            self._check_running()
+            state = self._state
+            now = self._clock.now_ms()
+            producers = {info.producer_id: info for info in state.producers}
+            open_ = tuple(
+                OpenTransaction(
+                    wp,
+                    tx.expiry_ms,
+                    self._began.get(wp),
+                    None
+                    if not tx.producer_id or tx.producer_id not in producers
+                    else dataclasses.replace(producers[tx.producer_id], epoch=tx.epoch),
+                )
+                for wp, tx in state.in_progress.items()
+            )
+            view = state.view()
+            wal = self._wal
+            seq = 0 if wal is None else wal.tail
+        if wal is not None:
+            wal.sync(seq)  # as state(): report nothing that could still be lost
+        listed = tuple(sorted(producers.values(), key=lambda p: p.transactional_id))
+        return TransactionDetails(view, open_, listed, now)
+
     def snapshot(self, *, wait: bool = True) -> Transaction | None:
         """A read-only snapshot of what is committed now, from memory: no log write.
 
@@ -369,6 +444,9 @@ class TransactionManager:
         with self._lock:
             self._check_running()
             forgotten = self._state.expire_producers(self._clock.now_ms(), idle_ms)
+            in_progress = self._state.in_progress
+            for wp in [wp for wp in self._began if wp not in in_progress]:
+                del self._began[wp]
         if forgotten:
             log.info("forgot %d idle transactional ids: %s", len(forgotten), forgotten[:10])
         return expired
@@ -380,16 +458,28 @@ class TransactionManager:
             if storage is None:
                 self._check_running()
                 return
-            generation, path = storage.new_log()
+            if isinstance(storage, StoreTxStorage):
+                generation, target = storage.new_log()
+            else:
+                generation, path = storage.new_log()
             with self._lock:
                 self._check_running()
                 image = self._state.export()
-                storage.wal.rotate(path)
+                if isinstance(storage, StoreTxStorage):
+                    storage.wal.rotate(target)
+                else:
+                    storage.wal.rotate(path)
                 storage.rotated(generation)
                 self._since_snapshot = 0
             storage.finish_snapshot(generation, image)
 
     # -- the one way every call runs -----------------------------------------------------
+
+    def _noted(self, now: int, result: Result) -> Result:
+        # Under the lock (every op runs there): a begin's time, for details().
+        if result.transaction is not None:
+            self._began[result.transaction.write_pointer] = now
+        return result
 
     def _run(self, op: Callable[[int], Result], *, early: bool = False) -> Result:
         # Blocking: the caller's thread takes part in the group commit itself (leads a
@@ -429,7 +519,7 @@ class TransactionManager:
 
     def _decide(
         self, op: Callable[[int], Result], early: bool = False
-    ) -> tuple[Result, WriteAheadLog | None, int, bool]:
+    ) -> tuple[Result, WriteAheadLog | StoreLog | None, int, bool]:
         # Under the lock: decide, apply and append; the caller then waits for ``seq``
         # (``wal`` None: nothing to wait for). ``early``: a begin that may be answered
         # before its record is durable, if _answer_early allows.
@@ -509,7 +599,7 @@ class TransactionManager:
         if seq > self._synced_seq:
             self._synced_seq = seq
 
-    def _append(self, wal: WriteAheadLog, result: Result) -> int:
+    def _append(self, wal: WriteAheadLog | StoreLog, result: Result) -> int:
         if not result.records:
             return wal.tail
         seq = wal.append([encode_record(r) for r in result.records])

@@ -644,6 +644,12 @@ class AsyncClient(BaseClient):
         """Make a transaction invalid: its writes are never visible."""
         await self._send(self._api.invalidate(_wp(transaction)))
 
+    async def cluster(self) -> dict[str, Any]:
+        """The instances sharing the server's store (``GET /v1/cluster``): the leader
+        with its epoch and lease, and every instance with what it owns, as the JSON
+        document docs/api.md describes."""
+        return await self._send(self._api.cluster())
+
     async def transactions(self) -> TransactionState:
         """The transaction service's state: pointers, in-progress and invalid lists."""
         return await self._send(self._api.transactions())

@@ -617,6 +617,12 @@ class Client(BaseClient):
         """Make a transaction invalid: its writes are never visible."""
         self._send(self._api.invalidate(_wp(transaction)))
 
+    def cluster(self) -> dict[str, Any]:
+        """The instances sharing the server's store (``GET /v1/cluster``): the leader
+        with its epoch and lease, and every instance with what it owns, as the JSON
+        document docs/api.md describes."""
+        return self._send(self._api.cluster())
+
     def transactions(self) -> TransactionState:
         """The transaction service's state: pointers, in-progress and invalid lists."""
         return self._send(self._api.transactions())

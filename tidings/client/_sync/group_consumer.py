@@ -22,10 +22,12 @@ import contextlib
 from collections import deque
 from collections.abc import Iterable, Iterator
 
+from tidings.client._sync.concurrency import sleep
 from tidings.client._sync.session import Session
 from tidings.client._sync.transactions import TransactionContext
+from tidings.codec.admin import START_ALIASES
 from tidings.codec.groups import partition_of
-from tidings.errors import GroupNotFound, MemberNotFound
+from tidings.errors import GroupNotFound, MemberNotFound, TidingsError
 from tidings.structs import GroupAssignment, Message, MessageId, Transaction
 
 __all__ = ["GroupConsumer"]
@@ -78,8 +80,12 @@ class GroupConsumer(Iterator[Message]):
         partitions: int | None = None,
         follow: bool = True,
     ) -> None:
+        start = START_ALIASES.get(start, start)
         if start not in ("earliest", "latest"):
-            raise ValueError("a group starts at 'earliest' or 'latest' (where it has no position)")
+            raise ValueError(
+                "a group starts at 'earliest' (or 'beginning') or 'latest' (or 'end') "
+                "where it has no position"
+            )
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         self._client = client
@@ -257,12 +263,31 @@ class GroupConsumer(Iterator[Message]):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _wait_out(self, error: TidingsError, outage: int) -> int:
+        """A follower outlives a server restart: on a retriable error it waits (0.1 s,
+        doubling to 5 s) and polls again, rejoining if the group forgot it; the server
+        delivers from the committed positions. Anything else is raised."""
+        if not (self._follow and error.retriable):
+            raise error
+        # A restarted server delivers again from the committed positions and refuses
+        # commits past them, so what was returned but not committed is given up here
+        # (it comes again). If the server did not restart, a later commit covers it.
+        self._returned.clear()
+        sleep(min(5.0, 0.1 * 2**outage))
+        return outage + 1
+
     def __iter__(self) -> GroupConsumer:
         return self
 
     def __next__(self) -> Message:
+        outage = 0
         while not self._buffer:
-            messages = self._fetch()
+            try:
+                messages = self._fetch()
+            except TidingsError as exc:
+                outage = self._wait_out(exc, outage)
+                continue
+            outage = 0
             if not messages and not self._follow:
                 raise StopIteration
             self._buffer.extend(messages)

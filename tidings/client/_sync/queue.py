@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 
 from tidings.client._sync.session import Session
 from tidings.client._sync.transactions import TransactionContext
+from tidings.codec.admin import START_ALIASES
 from tidings.errors import QueueNotFound
 from tidings.structs import Message, MessageId, QueueStats, Transaction
 
@@ -81,8 +82,12 @@ class Queue:
     ) -> None:
         if not ack_timeout > 0:
             raise ValueError("ack_timeout must be positive")
+        start = START_ALIASES.get(start, start)
         if start not in ("earliest", "latest"):
-            raise ValueError("a queue starts at 'earliest' or 'latest' (when it is created)")
+            raise ValueError(
+                "a queue starts at 'earliest' (or 'beginning') or 'latest' (or 'end') "
+                "when it is created"
+            )
         if max_deliveries is not None and max_deliveries < 1:
             raise ValueError("max_deliveries must be at least 1")
         self._client = client

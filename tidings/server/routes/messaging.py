@@ -1,4 +1,4 @@
-"""The messaging API of seed 000 under ``/v1/namespaces/{ns}``, plus stats and long-poll.
+"""The messaging API of CDAP TMS under ``/v1/namespaces/{ns}``, plus stats and long-poll.
 
 Publish, store and rollback await the store's group-commit future on the event loop
 (through the server's :class:`~tidings.server.inbox.LoopInbox`: one loop wake-up per
@@ -156,7 +156,7 @@ def routes(api: Api) -> list[Route]:
             )
         )
         if info is None:
-            # Seed 000: a non-transactional publish answers an empty body. Empty is no
+            # As in CDAP TMS, a non-transactional publish answers an empty body. Empty is no
             # JSON document, so it is not labelled as one (docs/api.md).
             return Response(b"", media_type=EMPTY_TYPE)
         return Response(wire.encode_rollback_info(info, media), media_type=media.value)

@@ -5,8 +5,8 @@ that never block it (MVCC over a copy-on-write B+tree), and lets other processes
 read the same directory. What it does not give is cheap durability: every commit is
 an fsync. So all writes go through one writer thread that merges the write
 functions submitted meanwhile into one write transaction and one fsync (group
-commit), and resolves each function's future only after that commit is durable
-(DESIGN.md, invariant 2).
+commit), and resolves each function's future only after that commit is durable: an
+acknowledged write survives a crash.
 
 A group first runs every write function directly in the group's transaction. Only
 if one raises is that attempt aborted and the group run again with each function in a
@@ -20,6 +20,7 @@ copy every page they touch: measured with py-lmdb 3.0 (LMDB 0.9), 500-row batche
 from __future__ import annotations
 
 import collections
+import fcntl
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -29,6 +30,7 @@ from typing import Any, TypeVar
 
 import lmdb
 
+from tidings.errors import ServiceUnavailable
 from tidings.store.backend import TABLES, ReadView, Store, WriteView, check_table
 
 __all__ = ["LmdbStore"]
@@ -43,6 +45,34 @@ DEFAULT_MAX_GROUP = 256
 # Readers each hold a slot in the lock file for the length of a snapshot; a server
 # with many request threads, plus inspection tools, needs more than LMDB's 126.
 _MAX_READERS = 1024
+
+
+#: In the store's directory: held (flock) by the one process that writes the store.
+LOCK_FILE = "tidings.lock"
+
+
+def _lock(path: str) -> int:
+    """Take the store's lock file, or raise :class:`ServiceUnavailable` naming the
+    process that holds it. LMDB itself would let a second process open the store and
+    write beside the first; a second server must instead stop before changing anything.
+    Read-only opens take no lock, so ``tidings inspect`` works beside the server."""
+    fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        by = f" (pid {holder})" if holder.isdigit() else ""
+        raise ServiceUnavailable(
+            f"the store {path} is in use by another process{by}: one server per store"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    # The pid, for the message above; the lock is the flock, not the file's content.
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 class _View:
@@ -169,7 +199,9 @@ class LmdbStore(Store):
     cache), but an OS crash may lose the last commits, or corrupt the store on a
     filesystem that reorders writes (see docs/storage.md). ``readonly=True`` opens an
     existing store for inspection while another process writes it; :meth:`submit` then
-    raises. ``max_group`` bounds how many write functions one commit merges.
+    raises. A writable store is one process's: opening it while another process has
+    it open for writing raises :class:`~tidings.errors.ServiceUnavailable` and changes
+    nothing. ``max_group`` bounds how many write functions one commit merges.
 
     Close the store (or use it as a context manager): :meth:`close` finishes the
     queued writes and stops the writer thread.
@@ -189,10 +221,32 @@ class LmdbStore(Store):
         self.path = os.fspath(path)
         self.readonly = readonly
         self._max_group = max_group
+        self._lock_fd: int | None = None
         if not readonly:
             os.makedirs(self.path, exist_ok=True)
+            self._lock_fd = _lock(self.path)
         elif not os.path.exists(os.path.join(self.path, "data.mdb")):
             raise FileNotFoundError(f"no LMDB store at {self.path!r} to open read-only")
+        try:
+            self._open(map_size, sync, readonly)
+        except BaseException:
+            self._unlock()
+            raise
+        self._cond = threading.Condition()
+        self._queue: collections.deque[tuple[Callable[[WriteView], Any], Future[Any]]] = (
+            collections.deque()
+        )
+        self._closed = False
+        self._commits = 0
+        self._writes = 0
+        self._thread: threading.Thread | None = None
+        if not readonly:
+            self._thread = threading.Thread(
+                target=self._write_loop, name=f"tidings-store-writer:{self.path}", daemon=True
+            )
+            self._thread.start()
+
+    def _open(self, map_size: int, sync: bool, readonly: bool) -> None:
         self._env = lmdb.open(
             self.path,
             map_size=map_size,
@@ -217,19 +271,6 @@ class LmdbStore(Store):
         except BaseException:
             self._env.close()
             raise
-        self._cond = threading.Condition()
-        self._queue: collections.deque[tuple[Callable[[WriteView], Any], Future[Any]]] = (
-            collections.deque()
-        )
-        self._closed = False
-        self._commits = 0
-        self._writes = 0
-        self._thread: threading.Thread | None = None
-        if not readonly:
-            self._thread = threading.Thread(
-                target=self._write_loop, name=f"tidings-store-writer:{self.path}", daemon=True
-            )
-            self._thread.start()
 
     @property
     def commits(self) -> int:
@@ -279,6 +320,12 @@ class LmdbStore(Store):
                 raise RuntimeError("close() called from a write function")
             self._thread.join()
         self._env.close()
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
 
     def _write_loop(self) -> None:
         while True:

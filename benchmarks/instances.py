@@ -1,0 +1,201 @@
+"""One instance against two on one PostgreSQL: throughput and CPU per message.
+
+Starts a throwaway PostgreSQL cluster, then for each shape a fresh database and its
+instances: ``1`` (clients all on the leader) and ``2`` (half the clients on the
+instance standing by, which forwards to the leader), beside PostgreSQL used directly
+(binary COPY of each batch, one COMMIT per batch, as many connections as publishes in
+flight). The workload is W1: 100-byte
+messages in batches of 500, ``--concurrency`` publishes in flight, durable. Reported:
+messages per second, and CPU-seconds per 100,000 messages of each Tidings process and
+of PostgreSQL (every ``postgres`` process), read from /proc before and after. On a
+2-core machine the machine is the limit; the CPU figures say what each part costs.
+
+    python -m benchmarks.instances [--messages 100000] [--concurrency 8] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+
+from benchmarks.vs_postgres import PgCluster, _free_port
+from tidings import AsyncClient
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu(pid: int, *, children: bool = False) -> float:
+    """User + system CPU seconds of ``pid`` so far (and of its reaped children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    used = int(fields[11]) + int(fields[12])
+    if children:
+        used += int(fields[13]) + int(fields[14])
+    return used / _TICK
+
+
+def _postgres_cpu() -> float:
+    # Every live postgres process, plus what the postmaster's reaped children (the
+    # backends of closed connections) used.
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "postgres":
+                    total += _cpu(int(entry.name), children=True)
+            except OSError:
+                continue
+    return total
+
+
+class Node:
+    """A ``tidings serve`` on the shared database."""
+
+    def __init__(self, dsn: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        data = tempfile.mkdtemp(prefix="tidings-inst-")
+        cmd = [sys.executable, "-m", "tidings", "serve", "--port", str(self.port),
+               "--data-dir", data, "--store", dsn]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(self.url + "/healthz", timeout=0.5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("an instance did not start")
+            time.sleep(0.05)
+
+    def status(self) -> str:
+        return str(httpx.get(self.url + "/readyz", timeout=2).json()["status"])
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+async def _publish(urls: list[str], messages: int, concurrency: int) -> float:
+    batches = messages // 500
+    clients = [AsyncClient(url) for url in urls]
+    try:
+        await clients[0].create_topic("w1")
+        payload = [b"x" * 100] * 500
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for n in range(batches):
+            queue.put_nowait(n)
+
+        async def worker(client: AsyncClient) -> None:
+            while not queue.empty():
+                queue.get_nowait()
+                await client.publish("w1", payload)
+
+        began = time.perf_counter()
+        await asyncio.gather(*(worker(clients[i % len(clients)]) for i in range(concurrency)))
+        return batches * 500 / (time.perf_counter() - began)
+    finally:
+        for client in clients:
+            await client.close()
+
+
+def run_direct(cluster: PgCluster, args: argparse.Namespace, n: int) -> str:
+    """The same workload on PostgreSQL used directly: ``--concurrency`` connections,
+    each a binary COPY of 500 rows and a COMMIT per batch (default durability)."""
+    db = f"direct_{n}"
+    with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {db}")
+    dsn = cluster.dsn.rsplit("/", 1)[0] + "/" + db
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE w1 (id bigserial PRIMARY KEY, payload bytea NOT NULL)")
+    batches = args.messages // 500
+    left = list(range(batches))
+    lock = threading.Lock()
+    payload = b"x" * 100
+
+    def work() -> None:
+        with psycopg.connect(dsn) as conn:
+            while True:
+                with lock:
+                    if not left:
+                        return
+                    left.pop()
+                with conn.cursor() as cur, cur.copy("COPY w1 (payload) FROM STDIN") as copy:
+                    for _ in range(500):
+                        copy.write_row((payload,))
+                conn.commit()
+
+    before = _postgres_cpu()
+    began = time.perf_counter()
+    threads = [threading.Thread(target=work) for _ in range(args.concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    rate = batches * 500 / (time.perf_counter() - began)
+    pg = (_postgres_cpu() - before) * 100_000 / args.messages
+    return f"PostgreSQL directly: {rate:,.0f} msg/s; CPU-s per 100k msgs: PostgreSQL {pg:.2f}"
+
+
+def run_shape(cluster: PgCluster, shape: int, args: argparse.Namespace, n: int) -> str:
+    db = f"inst{shape}_{n}"
+    with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {db}")
+    dsn = cluster.dsn.rsplit("/", 1)[0] + "/" + db
+    nodes = [Node(dsn)]
+    if shape == 2:
+        nodes.append(Node(dsn))
+        assert nodes[1].status() == "forwarding"
+    try:
+        before = [_cpu(node.proc.pid) for node in nodes], _postgres_cpu()
+        rate = asyncio.run(_publish([node.url for node in nodes], args.messages, args.concurrency))
+        after = [_cpu(node.proc.pid) for node in nodes], _postgres_cpu()
+    finally:
+        for node in nodes:
+            node.stop()
+    per = 100_000 / args.messages
+    parts = [f"{(a - b) * per:.2f}" for a, b in zip(after[0], before[0], strict=True)]
+    pg = (after[1] - before[1]) * per
+    names = ["leader", "forwarder"][: len(parts)]
+    cpu = ", ".join(f"{name} {value}" for name, value in zip(names, parts, strict=True))
+    return (
+        f"{shape} instance(s): {rate:,.0f} msg/s; CPU-s per 100k msgs: {cpu}, PostgreSQL {pg:.2f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    cluster = PgCluster()
+    try:
+        for n in range(args.rounds):
+            print(run_direct(cluster, args, n), flush=True)
+            for shape in (1, 2):
+                print(run_shape(cluster, shape, args, n), flush=True)
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()

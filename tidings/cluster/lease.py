@@ -1,0 +1,368 @@
+"""The leader lease of instances sharing one PostgreSQL store.
+
+Several ``tidings serve`` processes may run on one database. One of them, the
+*leader*, holds the lease row ``tidings_leases.name = 'leader'`` and is the only one
+that writes: it owns every topic, the transaction log, and the consumer groups and
+queues. The others stand by and take over once the lease has passed unrenewed.
+
+Each acquisition bumps the row's **epoch**. The store's writer checks, inside every
+write transaction, that the row still names this instance and its epoch, taking a
+``FOR SHARE`` lock on it (:data:`FENCE_SQL`). A takeover updates that row, so it waits
+for a write in flight to end, and once it has committed no write of the old epoch can
+commit: a paused or partitioned ex-leader is refused by the database itself, not by
+its good manners. Its writer connection has ``idle_in_transaction_session_timeout``
+set, so a process stopped in the middle of a write transaction cannot hold the row
+locked past about half a lease.
+
+Times are the database's (``now()``), so the instances' clocks need not agree. The
+holder renews every third of the lease; a holder that has not renewed within the
+lease by its own monotonic clock gives up (fail-stop: the server exits).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from tidings.errors import ServiceUnavailable
+
+__all__ = [
+    "FENCE_SQL",
+    "LEADER",
+    "ClusterView",
+    "InstanceInfo",
+    "LeaderLease",
+    "LeaseInfo",
+    "create_tables",
+    "new_instance_id",
+]
+
+_log = logging.getLogger("tidings.cluster")
+
+#: The lease every write of the store and of the transaction log is fenced by.
+LEADER = "leader"
+
+#: Run first in every write transaction of the leader, with (holder, epoch): no row
+#: means the lease has passed to another instance, and the transaction must not commit.
+FENCE_SQL = (
+    "SELECT 1 FROM tidings_leases WHERE name = 'leader' AND holder = %s AND epoch = %s FOR SHARE"
+)
+
+_TABLES = (
+    """CREATE TABLE IF NOT EXISTS tidings_leases (
+        name text PRIMARY KEY,
+        holder text NOT NULL,
+        url text NOT NULL,
+        epoch bigint NOT NULL,
+        acquired_at timestamptz NOT NULL,
+        renewed_at timestamptz NOT NULL,
+        expires_at timestamptz NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS tidings_instances (
+        id text PRIMARY KEY,
+        url text NOT NULL,
+        started_at timestamptz NOT NULL,
+        seen_at timestamptz NOT NULL)""",
+)
+
+# The lease goes to the caller only where nobody holds it, or its holder let it pass:
+# the row lock ON CONFLICT takes waits for a fenced write of the old holder to end.
+_ACQUIRE = """
+INSERT INTO tidings_leases AS l (name, holder, url, epoch, acquired_at, renewed_at, expires_at)
+VALUES (%(name)s, %(holder)s, %(url)s, 1, now(), now(), now() + %(lease)s * interval '1 second')
+ON CONFLICT (name) DO UPDATE SET
+    holder = EXCLUDED.holder, url = EXCLUDED.url, epoch = l.epoch + 1,
+    acquired_at = now(), renewed_at = now(), expires_at = EXCLUDED.expires_at
+WHERE l.expires_at < now()
+RETURNING epoch
+"""
+
+_RENEW = """
+UPDATE tidings_leases SET renewed_at = now(), expires_at = now() + %(lease)s * interval '1 second'
+WHERE name = %(name)s AND holder = %(holder)s AND epoch = %(epoch)s
+RETURNING epoch
+"""
+
+_RELEASE = """
+UPDATE tidings_leases SET expires_at = now() - interval '1 second'
+WHERE name = %(name)s AND holder = %(holder)s AND epoch = %(epoch)s
+"""
+
+_SEEN = """
+INSERT INTO tidings_instances (id, url, started_at, seen_at) VALUES (%s, %s, now(), now())
+ON CONFLICT (id) DO UPDATE SET url = EXCLUDED.url, seen_at = now()
+"""
+
+
+def new_instance_id() -> str:
+    """A name for this process, unique across restarts: host, pid and a random tail."""
+    return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+
+
+def create_tables(conn: psycopg.Connection[Any]) -> None:
+    """Create the lease and instance tables where missing (idempotent)."""
+    for statement in _TABLES:
+        conn.execute(statement)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseInfo:
+    """A lease as the database shows it."""
+
+    name: str
+    holder: str
+    url: str
+    epoch: int
+    acquired_at: datetime
+    renewed_at: datetime
+    expires_at: datetime
+    #: Seconds until it passes (negative: it has passed and may be taken).
+    expires_in: float
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceInfo:
+    """An instance that has run on this database, with when it was last heard of."""
+
+    id: str
+    url: str
+    started_at: datetime
+    seen_at: datetime
+    #: Seconds since ``seen_at``, by the database's clock.
+    seen_ago: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """Every lease and every instance seen within ``window`` seconds."""
+
+    leases: list[LeaseInfo]
+    instances: list[InstanceInfo]
+
+
+class LeaderLease:
+    """This instance's claim on the leader lease: wait for it, renew it, give it up.
+
+    ``on_lost`` is called (once, from the renewing thread) when the lease could not be
+    renewed in time or another instance holds it: whoever called :meth:`acquire` must
+    stop serving writes; the store refuses them from then on anyway.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        instance_id: str,
+        advertise_url: str,
+        seconds: float = 5.0,
+        on_lost: Callable[[str], None] | None = None,
+    ) -> None:
+        if seconds <= 0:
+            raise ValueError("a lease lasts a positive number of seconds")
+        self.url = url
+        self.instance_id = instance_id
+        self.advertise_url = advertise_url
+        self.seconds = seconds
+        self.epoch = 0
+        #: Called once, from the renewing thread, when the lease is lost.
+        self.on_lost = on_lost
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._renewed = 0.0  # monotonic time of the last renewal the database confirmed
+        self._lost = False
+
+    @property
+    def held(self) -> bool:
+        """True between a successful :meth:`acquire` and the lease's loss or release."""
+        return self.epoch > 0 and not self._lost and not self._stop.is_set()
+
+    def prepare(self) -> None:
+        """Create the lease and instance tables where missing."""
+        with self._connect() as conn:
+            conn.execute("SELECT pg_advisory_lock(8471)")  # one creator at a time
+            create_tables(conn)
+            conn.execute("SELECT pg_advisory_unlock(8471)")
+
+    def acquire(self, *, wait: bool = True, poll: float | None = None) -> int:
+        """Take the lease, standing by while another instance holds it; returns the epoch.
+
+        Polls every ``poll`` seconds (default a twentieth of the lease, at most 0.5 s),
+        so a lease that passes is taken within that of its expiry. With ``wait=False``
+        raises :class:`~tidings.errors.ServiceUnavailable` instead of waiting.
+        """
+        interval = poll if poll is not None else min(self.seconds / 20, 0.5)
+        announced = False
+        while True:
+            epoch = self._try_acquire()
+            if epoch is not None:
+                self.epoch = epoch
+                self._renewed = time.monotonic()
+                _log.info(
+                    f"leading the cluster (epoch {epoch})",
+                    extra={"event": "lease", "epoch": epoch, "instance": self.instance_id},
+                )
+                return epoch
+            if not wait:
+                raise ServiceUnavailable("another instance holds the leader lease")
+            if not announced:
+                holder = self._holder()
+                _log.info(
+                    f"standing by: {holder} leads the cluster",
+                    extra={"event": "standby", "instance": self.instance_id},
+                )
+                announced = True
+            if self._stop.wait(interval):
+                raise ServiceUnavailable("stopped while standing by")
+
+    def take(self) -> bool:
+        """Take the lease if it is free now; True if this instance leads."""
+        try:
+            self.acquire(wait=False)
+        except ServiceUnavailable:
+            return False
+        return True
+
+    def stop_waiting(self) -> None:
+        """Make an :meth:`acquire` waiting in another thread give up (it raises
+        ServiceUnavailable); touches no database, so a signal handler may call it."""
+        self._stop.set()
+
+    def start_renewing(self) -> None:
+        """Renew the lease every third of its length until :meth:`release`."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._renew_loop, name="tidings-lease", daemon=True)
+        self._thread.start()
+
+    def release(self) -> None:
+        """Stop renewing and let the lease pass at once (a clean shutdown hands over
+        without waiting for expiry). Idempotent; safe to call while standing by."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        if self.epoch > 0 and not self._lost:
+            try:
+                with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(
+                        _RELEASE,
+                        {"name": LEADER, "holder": self.instance_id, "epoch": self.epoch},
+                    )
+            except psycopg.Error as exc:
+                _log.warning(f"could not release the leader lease: {exc}")
+
+    def leader_url(self) -> str | None:
+        """The URL the live leader advertises (None while nobody's lease is live)."""
+        with self._connect() as conn:
+            row = conn.execute(
+                "SELECT url FROM tidings_leases WHERE name = %s AND expires_at > now()",
+                (LEADER,),
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def view(self, window: float = 3600.0) -> ClusterView:
+        """The leases and the instances heard of within ``window`` seconds."""
+        with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
+            return read_view(conn, window)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.url, autocommit=True, connect_timeout=5)
+
+    def _try_acquire(self) -> int | None:
+        try:
+            with self._connect() as conn:
+                conn.execute(_SEEN, (self.instance_id, self.advertise_url))
+                row = conn.execute(
+                    _ACQUIRE,
+                    {
+                        "name": LEADER,
+                        "holder": self.instance_id,
+                        "url": self.advertise_url,
+                        "lease": self.seconds,
+                    },
+                ).fetchone()
+        except psycopg.Error as exc:
+            _log.warning(f"cannot reach the store to take the lease: {exc}")
+            return None
+        return None if row is None else int(row[0])
+
+    def _holder(self) -> str:
+        try:
+            with self._connect() as conn:
+                row = conn.execute(
+                    "SELECT holder, epoch FROM tidings_leases WHERE name = %s", (LEADER,)
+                ).fetchone()
+        except psycopg.Error:
+            return "another instance"
+        return "another instance" if row is None else f"{row[0]} (epoch {row[1]})"
+
+    def _renew_loop(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        every = self.seconds / 3
+        try:
+            while not self._stop.wait(every):
+                try:
+                    if conn is None or conn.closed or conn.broken:
+                        conn = self._connect()
+                    conn.execute(_SEEN, (self.instance_id, self.advertise_url))
+                    row = conn.execute(
+                        _RENEW,
+                        {
+                            "name": LEADER,
+                            "holder": self.instance_id,
+                            "epoch": self.epoch,
+                            "lease": self.seconds,
+                        },
+                    ).fetchone()
+                except psycopg.Error as exc:
+                    _log.warning(f"cannot renew the leader lease: {exc}")
+                    if time.monotonic() - self._renewed >= self.seconds:
+                        self._lose("the leader lease could not be renewed in time")
+                        return
+                    continue
+                if row is None:
+                    self._lose("another instance took the leader lease")
+                    return
+                self._renewed = time.monotonic()
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _lose(self, why: str) -> None:
+        self._lost = True
+        _log.error(
+            f"lost the leader lease (epoch {self.epoch}): {why}",
+            extra={"event": "lease_lost", "epoch": self.epoch, "instance": self.instance_id},
+        )
+        if self.on_lost is not None:
+            self.on_lost(why)
+
+
+def read_view(conn: psycopg.Connection[Any], window: float) -> ClusterView:
+    """The leases and recent instances, read over ``conn``."""
+    leases = [
+        LeaseInfo(row[0], row[1], row[2], int(row[3]), row[4], row[5], row[6], float(row[7]))
+        for row in conn.execute(
+            "SELECT name, holder, url, epoch, acquired_at, renewed_at, expires_at, "
+            "extract(epoch FROM expires_at - now()) FROM tidings_leases ORDER BY name"
+        ).fetchall()
+    ]
+    instances = [
+        InstanceInfo(row[0], row[1], row[2], row[3], float(row[4]))
+        for row in conn.execute(
+            "SELECT id, url, started_at, seen_at, extract(epoch FROM now() - seen_at) "
+            "FROM tidings_instances WHERE seen_at > now() - %s * interval '1 second' "
+            "ORDER BY started_at",
+            (window,),
+        ).fetchall()
+    ]
+    return ClusterView(leases, instances)

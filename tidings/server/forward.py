@@ -1,0 +1,174 @@
+"""What an instance standing by serves: every request forwarded to the leader.
+
+Several instances on one PostgreSQL store share one leader, which owns every topic, the
+transaction log, groups and queues (:mod:`tidings.cluster.lease`). The others listen
+all the same, so a load balancer may send any request to any of them: they pass it on
+to the leader's advertised URL as it came (method, path, query, body, and the
+``Authorization`` header, which the leader checks), and pass its answer back. Only
+``/healthz``, ``/readyz`` and ``/metrics`` are answered here, about this instance.
+
+Where no leader is known or it cannot be reached (a takeover under way), the answer is
+a retriable 503 ``ServiceUnavailable`` with ``Retry-After: 1``: the clients retry, and
+by then this instance or another leads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import httpx
+import orjson
+from starlette.types import Message, Receive, Scope, Send
+
+from tidings.errors import PayloadTooLarge, ServiceUnavailable, TidingsError
+
+__all__ = ["Forwarder"]
+
+log = logging.getLogger("tidings.server")
+
+#: Headers that describe one connection, not the request (RFC 9110, 7.6.1), plus the
+#: ones httpx sets again for the hop to the leader.
+_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+    }
+)
+#: How long a looked-up leader URL is trusted before the lease row is read again.
+_LEADER_TTL = 1.0
+
+
+class Forwarder:
+    """ASGI app forwarding to ``leader()`` (the leader's URL, or None when none is known).
+
+    ``max_body`` bounds a forwarded body as the server's own limit would (413).
+    ``timeout`` bounds the wait for the leader's answer; it must exceed the longest
+    long-poll the leader allows.
+    """
+
+    def __init__(
+        self,
+        leader: Callable[[], str | None],
+        *,
+        me: str,
+        max_body: int,
+        timeout: float,
+        verify: bool | str = True,
+    ) -> None:
+        self._leader = leader
+        self._me = me
+        self._max_body = max_body
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, connect=2.0),
+            verify=verify,
+            limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
+        )
+        self._cached: tuple[float, str | None] = (0.0, None)
+
+    async def aclose(self) -> None:
+        """Close the connections to the leader."""
+        await self._client.aclose()
+
+    async def leader_url(self, *, fresh: bool = False) -> str | None:
+        """The leader's URL as the lease row names it (cached for a second)."""
+        at, url = self._cached
+        if fresh or url is None or time.monotonic() - at > _LEADER_TTL:
+            try:
+                # A database query: off the loop, which keeps serving meanwhile.
+                url = await asyncio.to_thread(self._leader)
+            except Exception as exc:
+                log.warning(f"cannot look up the leader: {exc}")
+                url = None
+            self._cached = (time.monotonic(), url)
+        return url
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        if path in ("/healthz", "/readyz"):
+            leader = await self.leader_url()
+            body = {"status": "ok" if path == "/healthz" else "forwarding", "leader": leader}
+            await _answer(send, 200 if path == "/healthz" or leader else 503, orjson.dumps(body))
+            return
+        if path == "/metrics":
+            text = b"# TYPE tidings_instance_leader gauge\ntidings_instance_leader 0\n"
+            await _answer(send, 200, text, b"text/plain; version=0.0.4; charset=utf-8")
+            return
+        try:
+            body_bytes = await self._body(receive)
+            await self._forward(scope, body_bytes, send)
+        except TidingsError as exc:
+            headers = [(b"retry-after", b"1")] if exc.status == 503 else []
+            await _answer(send, exc.status, orjson.dumps(exc.to_json()), extra=headers)
+
+    async def _body(self, receive: Receive) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self._max_body:
+                raise PayloadTooLarge(f"request body larger than {self._max_body} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+    async def _forward(self, scope: Scope, body: bytes, send: Send) -> None:
+        leader = await self.leader_url()
+        if leader is None or leader == self._me:
+            leader = await self.leader_url(fresh=True)
+        if leader is None or leader == self._me:
+            raise ServiceUnavailable("no instance leads the cluster right now; retry shortly")
+        query = scope.get("query_string", b"")
+        url = leader.rstrip("/") + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
+        if query:
+            url += "?" + query.decode("latin-1")
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP]
+        request = self._client.build_request(scope["method"], url, headers=headers, content=body)
+        try:
+            response = await self._client.send(request, stream=True)
+            try:
+                # Whole, then answered with its length: a leader that dies half-way
+                # through an answer becomes a clean 503 here, not a truncated body.
+                content = b"".join([chunk async for chunk in response.aiter_raw()])
+            finally:
+                await response.aclose()
+        except httpx.HTTPError as exc:
+            self._cached = (0.0, None)  # look the leader up again next time
+            raise ServiceUnavailable(
+                f"the leader at {leader} cannot be reached ({type(exc).__name__}); retry shortly"
+            ) from None
+        out = [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP]
+        out.append((b"content-length", str(len(content)).encode()))
+        await send({"type": "http.response.start", "status": response.status_code, "headers": out})
+        await send({"type": "http.response.body", "body": content})
+
+
+async def _answer(
+    send: Send,
+    status: int,
+    body: bytes,
+    media: bytes = b"application/json",
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    headers = [(b"content-type", media), (b"content-length", str(len(body)).encode())]
+    if extra:
+        headers.extend(extra)
+    start: Message = {"type": "http.response.start", "status": status, "headers": headers}
+    await send(start)
+    await send({"type": "http.response.body", "body": body})
