@@ -8,10 +8,15 @@ measures, after a small warm-up run (JVM and Python workers started):
   ``Trigger.AvailableNow``, from query start to termination, in micro-batches of
   ``--max-per-trigger`` messages (0: one batch with everything);
 - a batch read of the source topic (``spark.read ... .count()``);
-- a batch write (``df.write``) of the source's rows to another topic.
+- a batch write (``df.write``) of the source's rows to another topic;
+- in the same session, the ceiling Spark itself reaches on this machine with the same
+  rows: the ``rate-micro-batch`` source making 1 KiB rows (from the row number, so
+  nothing is constant-folded) -> ``upper()`` -> the ``noop`` sink, streaming; a Parquet
+  file of such rows -> ``upper()`` -> ``noop``, batch; and the same through a
+  row-at-a-time Python UDF. Tidings is reported as a fraction of those.
 
     python benchmarks/spark_pipeline.py                     # 20,000 x 1 KiB
-    python benchmarks/spark_pipeline.py --messages 100000 --max-per-trigger 20000
+    python benchmarks/spark_pipeline.py --messages 200000 --max-per-trigger 50000
 """
 
 from __future__ import annotations
@@ -90,6 +95,90 @@ def _timed(label: str, count: int, size: int, fn: Callable[[], object]) -> float
     return rate
 
 
+def _steady(query: Any) -> tuple[int, float]:
+    """Rows and seconds of a query's micro-batches after its first (the first one pays
+    for planning the query, starting workers and compiling code)."""
+    batches = [p for p in query.recentProgress if p["numInputRows"]][1:]
+    rows = sum(p["numInputRows"] for p in batches)
+    return rows, sum(p["durationMs"]["triggerExecution"] for p in batches) / 1000
+
+
+def _line(label: str, count: int, seconds: float, size: int) -> float:
+    rate = count / seconds if seconds else 0.0
+    print(
+        f"{label:<44} {count:>8,} msgs {seconds:7.2f} s {rate:>9,.0f} msg/s "
+        f"{rate * size / 1e6:6.1f} MB/s",
+        flush=True,
+    )
+    return rate
+
+
+def _rows_1k(df: Any, size: int) -> Any:
+    """``size``-byte string rows made from a ``value`` (long) column."""
+    from pyspark.sql import functions as F
+
+    return df.select(
+        F.concat(F.lpad(F.col("value").cast("string"), 8, "0"), F.lit("x" * (size - 8))).alias(
+            "value"
+        )
+    )
+
+
+def _ceilings(spark: Any, work: Path, count: int, size: int, per_trigger: int) -> dict[str, float]:
+    """Spark's own rates with the same rows on this machine (see the module docstring)."""
+    from pyspark.sql import functions as F
+
+    out: dict[str, float] = {}
+    stream = (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", per_trigger)
+        .option("numPartitions", 2)
+        .load()
+    )
+    query = (
+        _rows_1k(stream, size)
+        .select(F.upper("value").alias("value"))
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(work / "ckpt-rate"))
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    try:
+        # Three times the rows: the first batches also compile the JVM's code.
+        while sum(p["numInputRows"] for p in query.recentProgress) < 3 * count:
+            time.sleep(0.2)
+    finally:
+        spark.sparkContext.setLogLevel("OFF")  # stopping cancels a batch: no stack traces
+        query.stop()
+        spark.sparkContext.setLogLevel("ERROR")
+    rows, seconds = _steady(query)
+    out["stream"] = _line("ceiling: rate -> upper() -> noop, steady", rows, seconds, size)
+    parquet = str(work / "rows.parquet")
+    _rows_1k(spark.range(count).withColumnRenamed("id", "value"), size).write.parquet(parquet)
+
+    def upper() -> None:
+        spark.read.parquet(parquet).select(F.upper("value")).write.format("noop").mode(
+            "overwrite"
+        ).save()
+
+    upper()  # warm-up
+    out["batch"] = _timed("ceiling: Parquet -> upper() -> noop", count, size, upper)
+    py_upper = F.udf(lambda v: v.upper(), "string")
+    out["udf"] = _timed(
+        "ceiling: Parquet -> Python UDF upper -> noop",
+        count,
+        size,
+        lambda: (
+            spark.read.parquet(parquet)
+            .select(py_upper("value"))
+            .write.format("noop")
+            .mode("overwrite")
+            .save()
+        ),
+    )
+    return out
+
+
 def _count(client: Any, topic: str) -> int:
     total, start, tx = 0, None, client.snapshot()
     while True:
@@ -105,6 +194,17 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--max-per-trigger", type=int, default=5_000)
+    parser.add_argument(
+        "--warmup", type=int, default=20_000, help="messages through the pipeline first"
+    )
+    parser.add_argument(
+        "--arrow-batch",
+        type=int,
+        default=2_000,
+        help="spark.sql.execution.arrow.maxRecordsPerBatch (0: Spark's default)",
+    )
+    parser.add_argument("--no-ceilings", action="store_true", help="measure Tidings only")
+    parser.add_argument("--verbose", action="store_true", help="print each micro-batch")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -118,12 +218,16 @@ def main() -> int:
         server, url = _serve(work / "data")
         try:
             client = Client(url, timeout=120)
-            _publish(client, "warmup", 200, args.size)
+            _publish(client, "warmup", args.warmup, args.size)
             _publish(client, "source", args.messages, args.size)
             for topic in ("warmup-out", "sink", "copy"):
                 client.create_topic(topic)
             spark = example.session("tidings-benchmark")
             spark.sparkContext.setLogLevel("ERROR")
+            if args.arrow_batch:
+                # Rows reach a Python writer in Arrow batches of this many: smaller than
+                # a micro-batch, so the sink stores while the source still reads.
+                spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", args.arrow_batch)
             per_trigger = args.max_per_trigger or None
 
             def pipeline(source: str, sink: str) -> Any:
@@ -141,32 +245,36 @@ def main() -> int:
                     raise RuntimeError(query.exception())
                 return query
 
-            pipeline("warmup", "warmup-out")  # start the JVM's and Python's workers
+            # Starts the JVM's and Python's workers and lets the JVM compile its hot code.
+            pipeline("warmup", "warmup-out")
             print(
-                f"local[2], {args.size} B messages, maxMessagesPerTrigger={per_trigger}",
+                f"local[2], {args.size} B messages, maxMessagesPerTrigger={per_trigger}, "
+                f"arrow batches of {args.arrow_batch or 'Spark default'}",
                 flush=True,
             )
             queries: list[Any] = []
-            _timed(
+            rates: dict[str, float] = {}
+            rates["start-to-end"] = _timed(
                 "pipeline, query start to end",
                 args.messages,
                 args.size,
                 lambda: queries.append(pipeline("source", "sink")),
             )
             assert _count(client, "sink") == args.messages
-            batches = [p for p in queries[0].recentProgress if p["numInputRows"]][1:]
-            if batches:
-                rows = sum(p["numInputRows"] for p in batches)
-                ms = sum(p["durationMs"]["triggerExecution"] for p in batches)
-                rate = rows / (ms / 1000)
-                print(
-                    f"{'pipeline, steady state (after 1st batch)':<44} {rows:>8,} msgs "
-                    f"{ms / 1000:7.2f} s {rate:>9,.0f} msg/s {rate * args.size / 1e6:6.1f} MB/s",
-                    flush=True,
+            if args.verbose:
+                for p in queries[0].recentProgress:
+                    if p["numInputRows"]:
+                        print(f"  batch {p['batchId']}: {p['numInputRows']} {p['durationMs']}")
+            rows, seconds = _steady(queries[0])
+            if rows:
+                rates["steady"] = _line(
+                    "pipeline, steady state (after 1st batch)", rows, seconds, args.size
                 )
             source = spark.read.format("tidings").option("url", url).option("topic", "source")
-            _timed("batch read (count)", args.messages, args.size, lambda: source.load().count())
-            _timed(
+            rates["read"] = _timed(
+                "batch read (count)", args.messages, args.size, lambda: source.load().count()
+            )
+            rates["write"] = _timed(
                 "batch write (df.write of the source's rows)",
                 args.messages,
                 args.size,
@@ -181,6 +289,20 @@ def main() -> int:
                 ),
             )
             assert _count(client, "copy") == args.messages
+            if not args.no_ceilings:
+                ceiling = _ceilings(spark, work, args.messages, args.size, per_trigger or 50_000)
+                for what, against in (
+                    ("steady", "stream"),
+                    ("start-to-end", "stream"),
+                    ("read", "batch"),
+                    ("write", "batch"),
+                ):
+                    if what in rates and ceiling.get(against):
+                        print(
+                            f"  {what} = {rates[what] / ceiling[against]:.1%} of the {against} "
+                            f"ceiling, {rates[what] / ceiling['udf']:.0%} of the Python UDF's",
+                            flush=True,
+                        )
             spark.stop()
         finally:
             server.terminate()

@@ -287,3 +287,34 @@ def test_cluster_on_the_embedded_store_is_one_instance(
     assert view["store"] == "lmdb"
     assert len(view["instances"]) == 1 and view["instances"][0]["leader"]
     assert view["leader"]["epoch"] is None
+
+
+def test_the_standby_forwards_the_token_and_the_leader_checks_it(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    from tests.e2e.test_security import TOKENS, auth_file, bearer
+
+    url = fresh_database(postgres_url)
+    path = auth_file(tmp_path / "auth.toml")
+    nodes = [
+        ServerProcess(
+            tmp_path / f"n{n}", ["--store", url, "--lease-seconds", "3", "--auth-file", str(path)]
+        ).start()
+        for n in range(2)
+    ]
+    try:
+        b = nodes[1]
+        assert _status(b) == "forwarding"
+        topics = "/v1/namespaces/default/topics"
+        with httpx.Client(base_url=b.url, timeout=10) as http:
+            assert http.get(topics).status_code == 401  # no token: refused, via the leader
+            assert http.put(topics + "/t-x", headers=bearer("reader")).status_code == 403
+            assert http.put(topics + "/t-x", headers=bearer("admin")).status_code == 200
+            answer = http.get(topics, headers=bearer("reader"))
+            assert answer.status_code == 200 and "t-x" in answer.json()
+        # The token reached the leader, but no log line of either instance shows it.
+        for node in nodes:
+            assert not any(token in node.log() for token in TOKENS.values())
+    finally:
+        for node in nodes:
+            node.kill()

@@ -444,6 +444,16 @@ class RestApi:
             _payload_range,
         )
 
+    def store_encoded(self, topic: str, body: bytes, write_pointer: int) -> Call[PayloadRange]:
+        # The body is the caller's, already in the client's medium (checked there).
+        del write_pointer  # it is inside the body
+        return Call(
+            Request(
+                "POST", self._topic_url(topic, "/store"), body, self.media.value, self.timeout
+            ),
+            _payload_range,
+        )
+
     def rollback(self, topic: str, info: RollbackInfo) -> Call[int]:
         # Always JSON: only JSON answers with the number of entries rolled back.
         return Call(

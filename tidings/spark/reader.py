@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from tidings.spark.bodies import poll_batch
 from tidings.spark.offsets import EARLIEST, slices
 from tidings.spark.options import Bound, ReadOptions, Start
-from tidings.spark.scan import TopicRange, connect, plan_ranges, read_range, scan, snapshot
-from tidings.spark.schema import arrow_read_schema, messages_to_batch
+from tidings.spark.scan import TopicRange, connect, plan_ranges, read_range_columns, scan, snapshot
+from tidings.spark.schema import arrow_read_schema
 from tidings.structs import MessageId
 
 if TYPE_CHECKING:
@@ -44,8 +45,8 @@ def read_partition(options: ReadOptions, part: InputPartition) -> Iterator[pa.Re
         raise TypeError(f"not a tidings partition: {part!r}")
     schema = arrow_read_schema()
     with connect(options) as client:
-        for page in read_range(client, part, options.fetch_size):
-            yield messages_to_batch(page, part.topic, options.namespace, schema)
+        for page, rows in read_range_columns(client, part, options.fetch_size):
+            yield poll_batch(page, rows, part.topic, options.namespace, schema)
 
 
 def slices_per_topic(options: ReadOptions, default: int) -> int:

@@ -5,7 +5,7 @@ poll stops before the first entry of a transaction still in progress, so the las
 message it returns is *stable* -- every entry before it is either visible or skipped
 (invalid or rolled back) in this snapshot, and stays so in every later snapshot: a
 committed transaction stays committed, an invalid one stays skipped, and nothing is ever
-inserted before a message once it is visible (DESIGN.md invariants 1 and 3). So reading
+inserted before a message once it is visible (invariants 1 and 3 of docs/design.md). So reading
 ``(start, end]`` again later -- on an executor, after a task retry, or when a restarted
 query replays a batch -- yields exactly the same messages, with whatever newer snapshot.
 
@@ -15,16 +15,29 @@ Executors then read their :class:`TopicRange` with the snapshot planned for them
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
 from pyspark.sql.datasource import InputPartition
 
 from tidings.client import Client
+from tidings.client.api import PollPage
+from tidings.codec.media import AVRO_EXT
+from tidings.spark.bodies import PollColumns, read_poll_body
 from tidings.spark.offsets import Slice, poll_start
 from tidings.structs import Message, MessageId, Transaction
 
-__all__ = ["Scan", "TopicRange", "connect", "plan_ranges", "read_range", "scan", "snapshot"]
+__all__ = [
+    "Scan",
+    "TopicRange",
+    "connect",
+    "plan_ranges",
+    "read_range",
+    "read_range_columns",
+    "scan",
+    "snapshot",
+]
 
 
 class _Server(Protocol):
@@ -161,3 +174,71 @@ def read_range(client: Client, part: TopicRange, fetch_size: int) -> Iterator[li
         if len(kept) < len(page) or page[-1].id >= end:
             return
         start, inclusive = page[-1].id, False
+
+
+def _columns(page: PollPage) -> PollColumns:
+    if page.media is AVRO_EXT:
+        return read_poll_body(page.body or b"\x00")
+    # Any other answer (a server that chose another medium) through the client's decoder.
+    messages = page.messages()
+    offsets = [0]
+    names: list[str] = []
+    values: list[bytes] = []
+    for m in messages:
+        names.extend(m.headers)
+        values.extend(m.headers.values())
+        offsets.append(len(names))
+    return PollColumns(
+        [m.id.to_bytes() for m in messages],
+        [m.payload for m in messages],
+        [m.key for m in messages],
+        offsets,
+        names,
+        values,
+    )
+
+
+def read_range_columns(
+    client: Client, part: TopicRange, fetch_size: int
+) -> Iterator[tuple[PollColumns, int]]:
+    """The messages of one range as pages of columns, with how many leading rows of
+    each belong to the range. The next page is asked for (on a second thread) as soon
+    as the answer's headers say where this one ends, so the server prepares it while
+    this one is decoded and handed to Spark."""
+    end = MessageId.from_hex(part.end)
+    hi = part.hi
+
+    def fetch(start: MessageId | int | None, inclusive: bool) -> PollPage:
+        return client.poll_page(
+            part.topic,
+            start,
+            inclusive=inclusive,
+            limit=fetch_size,
+            transaction=part.snapshot,
+            wait=None,
+            isolation=None,
+        )
+
+    def more_after(page: PollPage) -> bool:
+        last = page.last_id
+        return last is not None and last < end and (hi is None or last.publish_ts < hi)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="tidings-poll") as ahead:
+        start, inclusive = poll_start(part.start)
+        page = fetch(start, inclusive)
+        while True:
+            following: Future[PollPage] | None = None
+            if more_after(page):
+                assert page.last_id is not None
+                following = ahead.submit(fetch, page.last_id, False)
+            columns = _columns(page)
+            if not len(columns):
+                return  # the rest of the range expired (retention) before it was read
+            kept = columns.cut(end, hi)
+            if kept:
+                yield columns, kept
+            if kept < len(columns) or columns.ids[-1] >= end.to_bytes():
+                return
+            if following is None:  # the answer did not say where it ends
+                following = ahead.submit(fetch, MessageId.from_bytes(columns.ids[-1]), False)
+            page = following.result()

@@ -1,6 +1,7 @@
 """The write protocol: one transaction per write, payloads stored by executors, one
-publish per topic at commit (seed 000, "Message Write Time is Not Close to Transaction
-Commit Time"), and for streams a marker that makes a replayed batch a no-op.
+publish per topic at commit (the payload path CDAP TMS uses when a message's write
+time is not close to its transaction's commit time), and for streams a marker that
+makes a replayed batch a no-op.
 
 For a streaming sink ``sinkId`` the driver, when it plans each micro-batch,
 
@@ -34,11 +35,14 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tidings.client import Client
 from tidings.client.base import MessageLike
+from tidings.codec.media import AVRO_EXT
 from tidings.errors import (
     ClientError,
     ServerError,
@@ -61,7 +65,9 @@ __all__ = [
     "marker",
     "publish_and_commit",
     "range_size",
+    "store_encoded",
     "store_rows",
+    "store_stream",
     "transactional_id",
 ]
 
@@ -137,6 +143,50 @@ def store_rows(
             flush(topic)
     for topic in list(buffers):
         flush(topic)
+    return ranges
+
+
+def store_encoded(client: Client, topic: str, body: bytes, write_pointer: int) -> PayloadRange:
+    """``client.store`` of a request body already encoded (``PublishRequestExt``, as
+    :func:`tidings.spark.bodies.store_bodies` builds it from Arrow columns)."""
+    if client.media is not AVRO_EXT:
+        raise ValueError(
+            f"encoded store bodies are {AVRO_EXT.value}, the client sends {client.media}"
+        )
+    return client.store_encoded(topic, body, write_pointer=write_pointer)
+
+
+def store_stream(
+    client: Client, write_pointer: int, bodies: Iterable[tuple[str, bytes]], *, ahead: int = 2
+) -> dict[str, list[PayloadRange]]:
+    """Send ``(topic, body)`` stores in order on a second thread, at most ``ahead``
+    waiting, while this thread builds the next bodies (and Spark's worker keeps
+    reading rows from the JVM). One store at a time keeps a topic's rows in their
+    order; returns each topic's store ranges in order, as :func:`store_rows`."""
+    ranges: dict[str, list[PayloadRange]] = {}
+    pending: deque[tuple[str, Future[PayloadRange]]] = deque()
+
+    def settle_one() -> None:
+        topic, future = pending.popleft()
+        ranges.setdefault(topic, []).append(future.result())
+
+    with ThreadPoolExecutor(1, thread_name_prefix="tidings-store") as sender:
+        try:
+            for topic, body in bodies:
+                while len(pending) >= ahead:
+                    settle_one()
+                pending.append(
+                    (topic, sender.submit(store_encoded, client, topic, body, write_pointer))
+                )
+        except BaseException:
+            # Stores handed over still go out, as they would have one by one before
+            # the failure; the task then fails with the original error.
+            for _, future in pending:
+                with contextlib.suppress(Exception):
+                    future.result()
+            raise
+        while pending:
+            settle_one()
     return ranges
 
 

@@ -36,9 +36,10 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from tidings.spark.bodies import store_bodies
 from tidings.spark.options import WriteOptions
 from tidings.spark.scan import connect
-from tidings.spark.schema import WriteColumns, records_from_batch, write_columns
+from tidings.spark.schema import WriteColumns, write_columns
 from tidings.spark.sink import (
     SinkTransaction,
     begin_write,
@@ -49,7 +50,7 @@ from tidings.spark.sink import (
     merge_ranges,
     publish_and_commit,
     range_size,
-    store_rows,
+    store_stream,
 )
 from tidings.structs import PayloadRange
 
@@ -111,15 +112,20 @@ def _write_task(
     query_id = ctx.getLocalProperty("sql.streaming.queryId") if ctx is not None else None
     # Any attempt stores: the driver publishes only the ranges of the attempt whose
     # message it gets, so what an earlier attempt of this task stored stays unseen.
-    rows = (row for batch in batches for row in records_from_batch(batch, columns, options.topic))
-    with connect(options) as client:
-        ranges = store_rows(
-            client,
+    bodies = (
+        (body.topic, body.body)
+        for batch in batches
+        for body in store_bodies(
+            batch,
+            columns,
+            options.topic,
             tx.write_pointer,
-            rows,
             max_records=options.store_batch,
             max_bytes=options.store_bytes,
         )
+    )
+    with connect(options) as client:
+        ranges = store_stream(client, tx.write_pointer, bodies)
     return SinkMessage(tx, ranges, attempt, query_id)
 
 

@@ -1,0 +1,113 @@
+"""The Arrow <-> Avro body paths agree with the row-by-row ones they replace."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tidings.codec import avro, wire
+from tidings.codec.media import AVRO_EXT
+from tidings.spark.bodies import poll_batch, read_poll_body, store_bodies
+from tidings.spark.schema import (
+    arrow_read_schema,
+    messages_to_batch,
+    records_from_batch,
+    write_columns,
+)
+from tidings.structs import Message, MessageId, Record
+
+pytestmark = pytest.mark.spark
+
+
+def _messages(n: int) -> list[Message]:
+    out = []
+    for i in range(n):
+        mid = MessageId(1_700_000_000_000 + i // 3, i % 3, 1_700_000_000_000 + i, i)
+        key = None if i % 4 else b"k%d" % i
+        headers = {} if i % 3 == 0 else ({"a": b"x" * i, "bb": b""} if i % 2 else {"h": b"1"})
+        out.append(Message(mid, b"p" * (i * 7), key, headers, None, 0))
+    return out
+
+
+def test_a_poll_body_reads_into_the_same_batch_as_messages() -> None:
+    messages = _messages(50)
+    page = read_poll_body(avro.write_messages(messages, extended=True))
+    schema = arrow_read_schema()
+    got = poll_batch(page, 40, "t", "ns", schema)
+    assert got.equals(messages_to_batch(messages[:40], "t", "ns", schema))
+    assert page.cut(messages[10].id, None) == 11
+    assert page.cut(messages[49].id, messages[30].id.publish_ts) == 30
+
+
+@pytest.mark.parametrize("as_map", [False, True])
+def test_store_bodies_carry_the_rows_records_from_batch_makes(as_map: bool) -> None:
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        MapType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    pair = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    header_type = MapType(StringType(), BinaryType()) if as_map else ArrayType(pair)
+    schema = StructType(
+        [
+            StructField("key", BinaryType()),
+            StructField("value", StringType()),
+            StructField("headers", header_type),
+            StructField("topic", StringType()),
+        ]
+    )
+    rows: list[dict[str, Any]] = []
+    for i in range(30):
+        headers: Any = None
+        if i % 5:
+            headers = (
+                [("a", b"v%d" % i), ("z", None)]
+                if as_map
+                else [{"key": "a", "value": b"v%d" % i}, None, {"key": "z", "value": None}]
+            )
+        rows.append(
+            {
+                "key": None if i % 2 else b"k",
+                "value": f"val{i}",
+                "headers": headers,
+                "topic": f"t{i % 2}",
+            }
+        )
+    batch = pa.RecordBatch.from_pylist(rows, schema=to_arrow_schema(schema))
+    columns = write_columns(schema, None)
+    expected: dict[str, list[Record]] = {}
+    for topic, record in records_from_batch(batch, columns, None):
+        expected.setdefault(topic, []).append(record)
+    bodies = list(store_bodies(batch, columns, None, 77, max_records=4, max_bytes=1 << 20))
+    assert all(b.rows <= 4 for b in bodies)
+    for topic, records in expected.items():
+        got: list[Record] = []
+        for body in bodies:
+            if body.topic == topic:
+                request = wire.decode_publish_request(body.body, AVRO_EXT)
+                assert request.write_pointer == 77
+                assert len(request.records) == body.rows
+                got.extend(r if isinstance(r, Record) else Record(r) for r in request.records)
+        assert [(r.payload, r.key, dict(r.headers)) for r in got] == [
+            (r.payload, r.key, dict(r.headers)) for r in records
+        ]
+
+
+def test_store_bodies_cover_the_rows_before_a_null_value_then_refuse() -> None:
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    schema = StructType([StructField("value", BinaryType())])
+    batch = pa.record_batch([pa.array([b"a", b"b", b"c", None, b"e"], pa.binary())], ["value"])
+    made = store_bodies(batch, write_columns(schema, "t"), "t", 5, max_records=2, max_bytes=1 << 20)
+    assert next(made).rows == 2
+    assert next(made).rows == 1
+    with pytest.raises(ValueError, match="must not be null"):
+        next(made)
