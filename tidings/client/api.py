@@ -448,9 +448,7 @@ class RestApi:
         # The body is the caller's, already in the client's medium (checked there).
         del write_pointer  # it is inside the body
         return Call(
-            Request(
-                "POST", self._topic_url(topic, "/store"), body, self.media.value, self.timeout
-            ),
+            Request("POST", self._topic_url(topic, "/store"), body, self.media.value, self.timeout),
             _payload_range,
         )
 
