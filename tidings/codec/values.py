@@ -138,10 +138,11 @@ def encode_value(
         parts.append(key)
     if headers:
         flags |= FLAG_HEADERS
-        parts.append(_varint(len(headers)))
+        varint = _varint
+        parts.append(varint(len(headers)))
         for name, value in headers.items():
             raw = name.encode("utf-8")
-            parts.extend((_varint(len(raw)), raw, _varint(len(value)), value))
+            parts.extend((varint(len(raw)), raw, varint(len(value)), value))
     if payload is not None:
         flags |= FLAG_P
         parts.append(payload)
@@ -232,13 +233,22 @@ def with_write_pointer(value: bytes, write_pointer: int) -> bytes:
     return value[:1] + _I64.pack(write_pointer) + value[9:]
 
 
-def _varint(n: int) -> bytes:
+def _varint_slow(n: int) -> bytes:
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+# Keys, header names and header values are short: a table lookup beats the loop
+# (four varints per message with a key and a header).
+_SMALL_VARINTS = tuple(_varint_slow(n) for n in range(4096))
+
+
+def _varint(n: int) -> bytes:
+    return _SMALL_VARINTS[n] if n < 4096 else _varint_slow(n)
 
 
 def _read_varint(value: bytes, pos: int) -> tuple[int, int]:

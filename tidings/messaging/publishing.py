@@ -118,27 +118,29 @@ def encode_batch(
     encoded = []
     expiries: list[tuple[int, int]] = []
     size = 0
+    encode = values.encode_value
     for i, message in enumerate(messages):
         if isinstance(message, bytes | bytearray | memoryview):
             payload = bytes(message)
             encoded.append(header + payload)
         elif isinstance(message, Record):
-            payload = _bytes(message.payload, "payload")
+            payload, key, headers, ttl = message
+            payload = _bytes(payload, "payload")
             expires_at = None
-            if message.ttl is not None:
-                if isinstance(message.ttl, bool) or not isinstance(message.ttl, int):
-                    raise BadRequest(f"message ttl must be an integer, got {message.ttl!r}")
-                if message.ttl <= 0:
-                    raise BadRequest(f"message ttl must be positive, got {message.ttl}")
-                expires_at = min(now + message.ttl * 1000, INT64_MAX)
+            if ttl is not None:
+                if isinstance(ttl, bool) or not isinstance(ttl, int):
+                    raise BadRequest(f"message ttl must be an integer, got {ttl!r}")
+                if ttl <= 0:
+                    raise BadRequest(f"message ttl must be positive, got {ttl}")
+                expires_at = min(now + ttl * 1000, INT64_MAX)
                 expiries.append((i, expires_at))
             encoded.append(
-                values.encode_value(
+                encode(
                     payload,
                     write_pointer,
-                    key=None if message.key is None else _bytes(message.key, "key"),
-                    headers=_headers(message.headers),
-                    expires_at=expires_at,
+                    None if key is None else _bytes(key, "key"),
+                    _headers(headers),
+                    expires_at,
                 )
             )
         else:
@@ -148,12 +150,19 @@ def encode_batch(
 
 
 def _bytes(value: object, what: str) -> bytes:
+    if type(value) is bytes:
+        return value
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     raise BadRequest(f"message {what} must be bytes, got {type(value).__name__}")
 
 
-def _headers(headers: object) -> dict[str, bytes]:
+def _headers(headers: object) -> Mapping[str, bytes]:
+    # The common case, decoded from a body: a dict of str to bytes, used as it is.
+    if type(headers) is dict and all(
+        type(k) is str and type(v) is bytes for k, v in headers.items()
+    ):
+        return headers
     if not isinstance(headers, Mapping):
         raise BadRequest(f"message headers must be a mapping, got {type(headers).__name__}")
     out: dict[str, bytes] = {}
