@@ -10,13 +10,18 @@ messages per second, and CPU-seconds per 100,000 messages of each Tidings proces
 of PostgreSQL (every ``postgres`` process), read from /proc before and after. On a
 2-core machine the machine is the limit; the CPU figures say what each part costs.
 
+With two instances it also measures how soon a long-poll through the standby wakes
+after a publish through the leader commits (``--wakes`` trials, one at a time).
+
     python -m benchmarks.instances [--messages 100000] [--concurrency 8] [--rounds 2]
+                                   [--wakes 50]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -30,7 +35,8 @@ import httpx
 import psycopg
 
 from benchmarks.vs_postgres import PgCluster, _free_port
-from tidings import AsyncClient
+from tidings import AsyncClient, MessageId
+from tidings.errors import TopicAlreadyExists
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -117,6 +123,45 @@ async def _publish(urls: list[str], messages: int, concurrency: int) -> float:
             await client.close()
 
 
+def _wakes(leader: str, standby: str, trials: int) -> str:
+    """p50/p99/max milliseconds from sending a publish through ``leader`` to the answer
+    of a long-poll parked on ``standby`` (which forwards it to the leader), beside the
+    publish's own round trip (its durable write is part of both); ``standby`` may be the
+    leader itself, for comparison."""
+    from tidings import Client
+
+    waits: list[float] = []
+    publishes: list[float] = []
+    with Client(leader) as lead, Client(standby) as stand:
+        with contextlib.suppress(TopicAlreadyExists):
+            lead.create_topic("wake")
+        lead.publish("wake", [b"first"])
+        for _ in range(trials):
+            last = lead.poll("wake", limit=10_000)[-1].id  # a few hundred at most
+            woke: list[float] = []
+
+            def wait(after: MessageId = last, woke: list[float] = woke) -> None:
+                page = stand.poll("wake", start=after, inclusive=False, wait=10.0)
+                woke.append(time.perf_counter() if page else float("nan"))
+
+            waiter = threading.Thread(target=wait)
+            waiter.start()
+            time.sleep(0.2)  # the long-poll is parked on the leader by now
+            sent = time.perf_counter()
+            lead.publish("wake", [b"wake"])
+            publishes.append((time.perf_counter() - sent) * 1000)
+            waiter.join(15)
+            waits.append((woke[0] - sent) * 1000 if woke else float("nan"))
+    waits.sort()
+    p50, p99 = waits[len(waits) // 2], waits[min(len(waits) - 1, int(len(waits) * 0.99))]
+    where = "the leader" if standby == leader else "the standby"
+    return (
+        f"publish through the leader -> long-poll through {where} answered: "
+        f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {waits[-1]:.1f} ms ({trials} trials; "
+        f"the publish's own round trip p50 {sorted(publishes)[len(publishes) // 2]:.1f} ms)"
+    )
+
+
 def run_direct(cluster: PgCluster, args: argparse.Namespace, n: int) -> str:
     """The same workload on PostgreSQL used directly: ``--concurrency`` connections,
     each a binary COPY of 500 rows and a COMMIT per batch (default durability)."""
@@ -168,6 +213,9 @@ def run_shape(cluster: PgCluster, shape: int, args: argparse.Namespace, n: int) 
         before = [_cpu(node.proc.pid) for node in nodes], _postgres_cpu()
         rate = asyncio.run(_publish([node.url for node in nodes], args.messages, args.concurrency))
         after = [_cpu(node.proc.pid) for node in nodes], _postgres_cpu()
+        wakes = ""
+        if shape == 2 and args.wakes:
+            wakes = "\n".join(_wakes(nodes[0].url, node.url, args.wakes) for node in nodes)
     finally:
         for node in nodes:
             node.stop()
@@ -176,9 +224,10 @@ def run_shape(cluster: PgCluster, shape: int, args: argparse.Namespace, n: int) 
     pg = (after[1] - before[1]) * per
     names = ["leader", "forwarder"][: len(parts)]
     cpu = ", ".join(f"{name} {value}" for name, value in zip(names, parts, strict=True))
-    return (
+    line = (
         f"{shape} instance(s): {rate:,.0f} msg/s; CPU-s per 100k msgs: {cpu}, PostgreSQL {pg:.2f}"
     )
+    return line + (f"\n{wakes}" if wakes else "")
 
 
 def main() -> None:
@@ -186,6 +235,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--wakes", type=int, default=50, help="long-poll wake trials (0: none)")
     args = parser.parse_args()
     cluster = PgCluster()
     try:

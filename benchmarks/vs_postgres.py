@@ -2,6 +2,7 @@
 
     python -m benchmarks.vs_postgres                      # 3 interleaved rounds
     python -m benchmarks.vs_postgres --rounds 1 --w1-small 50000 --w3-seconds 3
+    python -m benchmarks.vs_postgres --tidings-on-postgres   # and Tidings on that store
 
 The shape: the sync client, one request at a time, producer and consumer in separate
 processes, both systems durable by default (Tidings fsyncs each group commit;
@@ -390,6 +391,19 @@ def run_system(kind: str, address: str, args: argparse.Namespace) -> dict[str, f
     return out
 
 
+def _run_tidings_on_postgres(args: argparse.Namespace) -> dict[str, float]:
+    """Tidings with its store in a throwaway PostgreSQL cluster of its own."""
+    cluster = PgCluster()
+    try:
+        server = Server([*args.server_arg, "--store", cluster.dsn])
+        try:
+            return run_system("tidings", server.url, args)
+        finally:
+            server.stop()
+    finally:
+        cluster.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -399,11 +413,17 @@ def main() -> None:
     parser.add_argument("--w3-seconds", type=float, default=10.0)
     parser.add_argument("--w4-count", type=int, default=2000)
     parser.add_argument("--server-arg", action="append", default=[], help="extra serve flag")
+    parser.add_argument(
+        "--tidings-on-postgres",
+        action="store_true",
+        help="also run Tidings with its store in PostgreSQL (a third column)",
+    )
     args = parser.parse_args()
 
-    results: dict[str, list[dict[str, float]]] = {"tidings": [], "postgres": []}
+    kinds = ["tidings", "postgres"] + (["tidings-pg"] if args.tidings_on_postgres else [])
+    results: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
     for i in range(args.rounds):
-        order = ["tidings", "postgres"] if i % 2 == 0 else ["postgres", "tidings"]
+        order = kinds[i % len(kinds) :] + kinds[: i % len(kinds)]
         for kind in order:
             if kind == "tidings":
                 server = Server(args.server_arg)
@@ -411,6 +431,8 @@ def main() -> None:
                     figures = run_system(kind, server.url, args)
                 finally:
                     server.stop()
+            elif kind == "tidings-pg":
+                figures = _run_tidings_on_postgres(args)
             else:
                 cluster = PgCluster()
                 try:
@@ -422,14 +444,20 @@ def main() -> None:
                 f"round {i + 1} {kind}: " + ", ".join(f"{k} {v:,.2f}" for k, v in figures.items())
             )
 
-    print(f"median of {args.rounds} rounds   {'PostgreSQL':>12} {'Tidings':>12} {'ratio':>7}")
+    names = {"postgres": "PostgreSQL", "tidings": "Tidings", "tidings-pg": "Tidings on PG"}
+    others = [k for k in kinds if k != "postgres"]
+    header = "".join(f"{names[k]:>14} {'ratio':>7}" for k in others)
+    print(f"median of {args.rounds} rounds   {'PostgreSQL':>12}{header}")
     for key in results["tidings"][0]:
         pg = statistics.median(r[key] for r in results["postgres"])
-        td = statistics.median(r[key] for r in results["tidings"])
-        # Higher is better for rates, lower for latencies: the ratio says how many
-        # times better Tidings is either way.
-        ratio = pg / td if key.endswith("ms") else td / pg
-        print(f"  {key:24s} {pg:>12,.2f} {td:>12,.2f} {ratio:>6.2f}x")
+        row = f"  {key:24s} {pg:>12,.2f}"
+        for kind in others:
+            td = statistics.median(r[key] for r in results[kind])
+            # Higher is better for rates, lower for latencies: the ratio says how many
+            # times better Tidings is either way.
+            ratio = pg / td if key.endswith("ms") else td / pg
+            row += f"{td:>14,.2f} {ratio:>6.2f}x"
+        print(row)
 
 
 if __name__ == "__main__":
