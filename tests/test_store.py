@@ -265,6 +265,11 @@ _ops = st.one_of(
         st.just("put_many_append"), st.just(M), st.lists(st.tuples(_keys, st.binary(max_size=2)))
     ),
     st.tuples(st.just("fail"), st.just(M), _keys),
+    # A write function's own reads (a store may answer them from what it wrote or
+    # read before: they must still be what is committed), and a function that raises
+    # after its writes went out under a savepoint (a scan flushes them).
+    st.tuples(st.just("get"), st.sampled_from(TABLES[:2]), _keys),
+    st.tuples(st.just("fail_flushed"), st.sampled_from(TABLES[:2]), _keys),
 )
 _reads = st.one_of(
     st.tuples(st.just("scan"), _bounds, _bounds, _limits),
@@ -288,6 +293,8 @@ def _apply_to_model(model: dict[str, dict[bytes, bytes]], op: tuple[Any, ...]) -
         return len(doomed)
     elif kind in ("put_many", "put_many_append"):
         data.update(args[0])
+    elif kind == "get":
+        return data.get(args[0])
     return None
 
 
@@ -295,6 +302,11 @@ def _apply_to_view(view: WriteView, op: tuple[Any, ...]) -> Any:
     kind, table, *args = op
     if kind == "fail":
         view.put(table, args[0], b"doomed")
+        raise Boom
+    if kind == "fail_flushed":
+        view.put(table, args[0], b"doomed")
+        list(view.scan(table, b"", END))
+        assert view.get(table, args[0]) == b"doomed"
         raise Boom
     if kind == "put_many_append":
         return view.put_many(table, *args, append=True)
@@ -333,7 +345,7 @@ def test_matches_a_dict_model(store: Store, steps: list[tuple[Any, Any]]) -> Non
     for op, read in steps:
         expected = _apply_to_model(model, op)
         future = store.submit(lambda v, op=op: _apply_to_view(v, op))
-        if op[0] == "fail":
+        if op[0] in ("fail", "fail_flushed"):
             with pytest.raises(Boom):
                 future.result()
         else:
