@@ -124,7 +124,7 @@ class TxStorage:
         if self._wal is not None:
             try:
                 self._wal.close()
-                if self.store is not None:
+                if self.store is not None and not self._wal.failed:
                     # The file holds every record now: a restart needs no store.
                     with contextlib.suppress(FileNotFoundError):
                         (self.dir / TAIL_MARKER).unlink()

@@ -213,6 +213,12 @@ class WriteAheadLog:
         """Sequence number of the last appended record (a barrier for read-only calls)."""
         return self._appended
 
+    @property
+    def failed(self) -> bool:
+        """The log stopped (a failed flush or carrying store write): the file may lack
+        records that were acknowledged from a store write."""
+        return self._failed is not None
+
     def append(self, payloads: list[bytes]) -> int:
         """Queue ``payloads`` (in order); returns the sequence number to :meth:`sync` on."""
         frames = [frame(p) for p in payloads]
