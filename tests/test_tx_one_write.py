@@ -5,7 +5,8 @@ What must hold: the commit is durable when the write is (the file log may lack i
 restart reads it from the store), a refused commit writes nothing, a write that fails
 after the decision stops the log (fail-stop), the held commit stays out of the file
 and out of every snapshot until its write commits, a retried group decides once, and
-a rotating log sends the commit the usual way.
+a rotating log sends the commit the usual way. With the log in the store (PostgreSQL's
+layout), the write puts the log's own records, in order.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ from tidings.clock import FakeClock
 from tidings.errors import (
     LogFailed,
     ServerError,
+    TransactionAborted,
     TransactionCommitted,
     TransactionTimedOut,
 )
 from tidings.messaging import MessagingService
-from tidings.store.backend import WriteView
+from tidings.store.backend import Store, WriteView
 from tidings.store.backends.lmdb import LmdbStore
 from tidings.tx import TransactionManager, TxConfig
 from tidings.tx.durable import TAIL_MARKER
@@ -318,3 +320,78 @@ def test_a_crash_recovers_commits_only_the_store_holds(tmp_path: Path) -> None:
     assert not (tmp_path / "tx" / TAIL_MARKER).exists()
     with TransactionManager(tmp_path / "tx", QUIET) as m:
         assert m.state().read_pointer >= max(acknowledged)
+
+
+# --- the log in the store (PostgreSQL's layout; every backend) ----------------------
+
+
+def test_one_write_with_the_log_in_the_store(store: Store) -> None:
+    messaging = MessagingService(store)
+    tm = TransactionManager(None, QUIET, store=store)
+    tm.start()
+    messaging.guard_publishes(tm.check_writable)
+    messaging.create_topic(NS, "a")
+    try:
+        committed = []
+        for i in range(20):
+            wp = tm.begin().write_pointer
+            step = tm.commit_in_write(wp)
+            assert step is not None
+            write = messaging.publish_all_future(NS, [("a", [b"%d" % i])], wp, then=step)
+            step.watch(write).result(5)
+            committed.append(wp)
+        # Another call's record queued behind the write that carries it: the write puts
+        # it first (log order), its own write puts it again, which changes nothing.
+        other = tm.begin().write_pointer
+        wp = tm.begin().write_pointer
+        gate = threading.Event()
+        store.submit(lambda view: gate.wait(10))
+        step = tm.commit_in_write(wp)
+        assert step is not None
+        write = messaging.publish_all_future(NS, [("a", [b"last"])], wp, then=step)
+        aborted = threading.Thread(target=tm.abort, args=(other,))
+        aborted.start()
+        time.sleep(0.1)
+        gate.set()
+        step.watch(write).result(5)
+        aborted.join(5)
+        committed.append(wp)
+        # The log in the store replays as one order: a new manager finds every commit.
+        with TransactionManager(None, QUIET, store=store) as again:
+            for wp in committed:
+                with pytest.raises(TransactionCommitted):
+                    again.commit(wp)
+            with pytest.raises(TransactionAborted):
+                again.commit(other)
+            snapshot = again.snapshot()
+        payloads = [m.payload for m in messaging.fetch(NS, "a", transaction=snapshot)]
+        assert payloads == [b"%d" % i for i in range(20)] + [b"last"]
+    finally:
+        tm.close()
+        messaging.close()
+
+
+def test_a_failed_write_stops_the_log_in_the_store(store: Store) -> None:
+    messaging = MessagingService(store)
+    tm = TransactionManager(None, QUIET, store=store)
+    tm.start()
+    messaging.create_topic(NS, "a")
+    try:
+        wp = tm.begin().write_pointer
+        step = tm.commit_in_write(wp)
+        assert step is not None
+
+        def then(view: WriteView) -> None:
+            step(view)
+            raise OSError("the database went away")
+
+        write = messaging.publish_all_future(NS, [("a", [b"x"])], wp, then=then)
+        with pytest.raises(OSError):
+            step.watch(write).result(5)
+        with pytest.raises(LogFailed):
+            tm.begin()
+        with TransactionManager(None, QUIET, store=store) as again:
+            assert wp in again.state().in_progress  # not committed
+    finally:
+        tm.close()
+        messaging.close()

@@ -317,13 +317,20 @@ class TransactionManager:
         """The commit of a transaction without change keys as the last step of a store
         write (the write that publishes its messages), made durable by that write's
         commit: one fsync for messages and commit. None where this manager cannot (no
-        ``message_store``, or a log kept in a store): commit with :meth:`commit_future`
-        after the publish.
+        ``message_store`` for a file log, or no log): commit with :meth:`commit_future`
+        after the publish. With the log in the store (``store``), the publish must be a
+        write of that same store.
 
         Run the returned step last inside the write function (``step(view)``) and pass
         that write's future to :meth:`OneWriteCommit.watch`. See :class:`OneWriteCommit`.
         """
-        if self.message_store is None or not isinstance(self._wal, WriteAheadLog):
+        wal = self._wal
+        # A file log needs the messages' store to carry its tail; a log in the store
+        # (PostgreSQL) is written by store writes anyway.
+        if not (
+            (self.message_store is not None and isinstance(wal, WriteAheadLog))
+            or isinstance(wal, StoreLog)
+        ):
             return None
         _check_pointer(write_pointer)
         return OneWriteCommit(self, write_pointer, transactional_id, epoch)
@@ -721,9 +728,10 @@ class OneWriteCommit:
     ``step(view)`` runs last in that write function, on the store's writer. Under the
     manager's lock it decides the commit as :meth:`TransactionManager.commit` would
     (timeouts, fencing, ended transactions; in place of the publish guard, which would
-    refuse the transaction once it is committed) and appends the record to the file
-    log *held*: no flush writes it until the store write has committed. Every record
-    not yet durable up to it goes into the write (``tx`` table), so that write's commit
+    refuse the transaction once it is committed) and appends the record to the log
+    without a write of its own: a file log holds it (no flush writes it until the
+    store write has committed), a log in the store only numbers it. Every record not
+    yet durable up to it goes into the write (``tx`` table), so that write's commit
     makes the commit durable with the messages, in log order. If the decision refuses,
     the step raises and the store drops the messages with it: nothing of the
     transaction was written (:attr:`refused`). If the log is rotating the step raises
@@ -750,7 +758,7 @@ class OneWriteCommit:
         self.refused = False
         #: The log was rotating; nothing was decided.
         self.deferred = False
-        self._decided: tuple[Result, WriteAheadLog, int, int, bool] | None = None
+        self._decided: tuple[Result, WriteAheadLog | StoreLog, int, int, bool] | None = None
         self._items: list[tuple[bytes, bytes]] = []
 
     @property
@@ -779,7 +787,7 @@ class OneWriteCommit:
                 self.refused = True
                 raise
             wal = m._wal
-            assert isinstance(wal, WriteAheadLog)
+            assert wal is not None
             wp = self.write_pointer
             try:
                 result = m._state.commit(
