@@ -17,10 +17,11 @@ one of the log's flushes off every transaction. A background thread runs the tim
 snapshots when the log has grown by ``snapshot_every`` records.
 
 ``commit_in_write()`` is the one-write commit of a one-request transaction (where one
-process runs both services, over a file log): the commit is decided inside the store
-write that holds the transaction's messages, last in it, and its record is carried by
-that write (:meth:`tidings.tx.log.WriteAheadLog.append_carried`), so the store's one
-commit makes messages and commit durable together: one fsync, not two.
+process runs both services): the commit is decided inside the store write that holds
+the transaction's messages, last in it, and its record is carried by that write
+(``append_carried`` of :class:`~tidings.tx.log.WriteAheadLog` or, with the log in the
+store, of :class:`~tidings.tx.stored.StoreLog`), so the store's one commit makes
+messages and commit durable together: one fsync, not two.
 
 ``snapshot()`` is the cheap read for read-committed consumers: a read-only snapshot from
 memory that waits only for records that change what a reader sees (anything but a
