@@ -291,13 +291,20 @@ class MessagingService:
         batches: Sequence[tuple[str, Sequence[Record | bytes]]],
         write_pointer: int | None = None,
         payload_ranges: Mapping[str, Sequence[PayloadRange]] | None = None,
+        then: Callable[[WriteView], None] | None = None,
     ) -> Future[list[RollbackInfo | None]]:
         """Several publishes (``(topic, messages)``, in order) in one write transaction:
         all become durable together, or none is written (the future then carries the
         first error, e.g. a topic deleted meanwhile). Bad input raises here, at once.
         ``payload_ranges`` maps a topic of a pointer publish (no messages) to the ranges
         to publish there, as in :meth:`publish`. Resolves to each batch's
-        :meth:`publish` result, in order."""
+        :meth:`publish` result, in order.
+
+        ``then(view)`` runs last in the same write function (the commit of a one-write
+        transaction, :meth:`~tidings.tx.TransactionManager.commit_in_write`), in place
+        of the publish guard (:meth:`guard_publishes`): it must refuse, by raising, a
+        write pointer the guard would refuse. The guard cannot run there, because the
+        store may run the function again after ``then`` committed the transaction."""
         began = time.perf_counter()
         if write_pointer is not None:
             publishing.check_write_pointer(write_pointer)
@@ -322,7 +329,7 @@ class MessagingService:
                     batch,
                     write_pointer,
                     ranges,
-                    self._guard,
+                    self._guard if then is None else None,
                 )
             )
             counts.append(((namespace, topic), len(batch.values), batch.size))
@@ -340,7 +347,16 @@ class MessagingService:
                 self._notify(*key)
             result.set_result(inner.result())
 
-        self._store.submit(publishing.publish_all_fn(fns)).add_done_callback(done)
+        write = publishing.publish_all_fn(fns)
+        if then is not None:
+            publish_all = write
+
+            def write(view: WriteView) -> list[RollbackInfo | None]:
+                infos = publish_all(view)
+                then(view)
+                return infos
+
+        self._store.submit(write).add_done_callback(done)
         return result
 
     def store_payloads(

@@ -3,7 +3,9 @@
 Data layout under ``data_dir``: ``store/`` is the LMDB environment (messaging),
 ``tx/`` the transaction log and snapshots (transactions). Each role opens only its
 own directory, so a messaging process and a transactions process may share one
-``data_dir``.
+``data_dir``. Where one process runs both, the log's newest records may be carried by
+store writes (``tx/TAIL-IN-STORE`` says so until a clean stop); a process running only
+the transaction service then refuses to start until one with both has recovered.
 """
 
 from __future__ import annotations
@@ -95,6 +97,9 @@ class Services:
                         producer_expiry=config.tx_producer_expiry,
                     ),
                     store=services.store if services.lease is not None else None,
+                    # Both services over LMDB: a one-request transaction's commit rides
+                    # in the store write of its messages (TransactionManager.commit_in_write).
+                    message_store=services.store if services.lease is None else None,
                 )
                 services.tx.start()
             if services.messaging is not None and services.tx is not None:

@@ -3,11 +3,14 @@
 Files (``<gen>`` is a 20-digit generation number)::
 
     LOCK                    flock'ed while a manager has the directory open
+    TAIL-IN-STORE           present while store writes may carry records the files lack
     snapshot-<gen>.snap     the state before the first record of wal-<gen>.log
     wal-<gen>.log           records appended since that snapshot
 
 Recovery loads the newest snapshot, replays every log of its generation and later ones
-(a torn last record is ignored, see ``log.py``), then writes a fresh snapshot of the
+(a torn last record is ignored, see ``log.py``), each followed by the records a store
+write carried past the file's last intact one (where a store is attached: see
+``log.py``, "The tail carried by a store write"), then writes a fresh snapshot of the
 result under a new generation and starts a new log there. Only after that snapshot is
 durable are the older files deleted, so a crash at any point of recovery or of
 :meth:`TxStorage.finish_snapshot` leaves a directory that recovers to the same state.
@@ -23,7 +26,8 @@ import re
 from pathlib import Path
 
 from tidings.errors import ServerError, ServiceUnavailable
-from tidings.tx.log import WriteAheadLog, fsync_dir, read_log
+from tidings.store.backend import Store, WriteView
+from tidings.tx.log import TAIL_PREFIX, WriteAheadLog, fsync_dir, read_log, tail_index, tail_key
 from tidings.tx.records import decode_record
 from tidings.tx.snapshot import decode_state, encode_state, write_snapshot
 from tidings.tx.state import StateImage, TxStateMachine
@@ -33,13 +37,25 @@ __all__ = ["TxStorage"]
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^(wal|snapshot)-(\d{20})\.(log|snap)$")
+#: Present while the log's tail may be in the attached store rather than in the files.
+TAIL_MARKER = "TAIL-IN-STORE"
+_TX_TABLE = "tx"
 
 
 class TxStorage:
     """Owns the data directory: the lock, the open log, snapshots and old-file cleanup."""
 
-    def __init__(self, data_dir: Path, *, sync: bool = True, history_size: int = 100_000) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        sync: bool = True,
+        history_size: int = 100_000,
+        store: Store | None = None,
+    ) -> None:
         self.dir = data_dir
+        #: The store whose writes may carry the log's tail (``WriteAheadLog.append_carried``).
+        self.store = store
         self._sync = sync
         self._history_size = history_size
         self._lock_fd: int | None = None
@@ -57,11 +73,27 @@ class TxStorage:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock()
         try:
+            marker = self.dir / TAIL_MARKER
+            if self.store is None and marker.exists():
+                # The last run crashed with records only a store write holds: recovering
+                # without them would lose acknowledged commits.
+                raise ServerError(
+                    f"{self.dir}: the transaction log's last records may be in the message "
+                    "store (the last run ran both services and did not stop cleanly); "
+                    "start once with both services (role `all`) to recover them"
+                )
             state = self._recover()
             self.generation = self._last_generation() + 1
             self._write_snapshot(self.generation, state.export())
-            self._wal = WriteAheadLog(self._path("wal", self.generation), sync=self._sync)
+            self._wal = WriteAheadLog(
+                self._path("wal", self.generation), sync=self._sync, generation=self.generation
+            )
             self._remove_before(self.generation)
+            if self.store is not None:
+                if not marker.exists():
+                    marker.touch()
+                    fsync_dir(self.dir)
+                self._drop_tails(self.generation)
             return state
         except BaseException:
             self.close()
@@ -79,16 +111,24 @@ class TxStorage:
     def rotated(self, generation: int) -> None:
         """Note that the log now appends to ``generation``'s file."""
         self.generation = generation
+        self.wal.generation = generation
 
     def finish_snapshot(self, generation: int, image: StateImage) -> None:
         """Write the snapshot for ``generation`` and delete what it makes obsolete."""
         self._write_snapshot(generation, image)
         self._remove_before(generation)
+        if self.store is not None:
+            self._drop_tails(generation)
 
     def close(self) -> None:
         if self._wal is not None:
             try:
                 self._wal.close()
+                if self.store is not None and not self._wal.failed:
+                    # The file holds every record now: a restart needs no store.
+                    with contextlib.suppress(FileNotFoundError):
+                        (self.dir / TAIL_MARKER).unlink()
+                        fsync_dir(self.dir)
             finally:
                 self._wal = None
         if self._lock_fd is not None:
@@ -141,26 +181,61 @@ class TxStorage:
                 f"{self.dir}: transaction log files do not follow snapshot {base} "
                 f"without gaps ({[g for g, _ in logs]}); refusing to guess"
             )
-        replayed = 0
-        for _, path in logs:
+        replayed = carried = 0
+        for generation, path in logs:
+            count = 0
             for payload in read_log(path):
                 state.apply(decode_record(payload))
-                replayed += 1
+                count += 1
+            # Then what store writes carried past the file's end (a crash before the
+            # file caught up): they follow its last intact record.
+            for payload in self._carried(generation, count):
+                state.apply(decode_record(payload))
+                carried += 1
+            replayed += count
         # The fresh snapshot written after recovery keeps these invalidations.
         unlogged = state.invalidate_unlogged()
         log.info(
-            "transaction state recovered from %s (snapshot %d, %d log records, "
-            "%d reserved pointers invalidated): "
+            "transaction state recovered from %s (snapshot %d, %d log records and %d "
+            "from the store, %d reserved pointers invalidated): "
             "%d in progress, %d invalid, last write pointer %d",
             self.dir,
             base,
             replayed,
+            carried,
             len(unlogged),
             len(state.in_progress),
             len(state.invalid),
             state.last_write_pointer,
         )
         return state
+
+    def _carried(self, generation: int, after: int) -> list[bytes]:
+        """The records of ``generation``'s log after its ``after``-th that store writes
+        carried, in order, up to the first missing one."""
+        if self.store is None:
+            return []
+        found: list[bytes] = []
+        with self.store.read() as view:
+            for key, payload in view.scan(
+                _TX_TABLE, tail_key(generation, after + 1), tail_key(generation + 1, 0)
+            ):
+                if tail_index(key)[1] != after + len(found) + 1:
+                    # Cannot happen: a carried write holds every record after what was
+                    # durable when it was made. Replaying past a gap would invent a state.
+                    log.warning("%s: carried records of log %d stop at a gap", self.dir, generation)
+                    break
+                found.append(bytes(payload))
+        return found
+
+    def _drop_tails(self, generation: int) -> None:
+        # The records carried for logs before ``generation``: its snapshot covers them.
+        def drop(view: WriteView) -> None:
+            view.delete_range(_TX_TABLE, TAIL_PREFIX, tail_key(generation, 0))
+
+        assert self.store is not None
+        if self.store.scan_list(_TX_TABLE, TAIL_PREFIX, tail_key(generation, 0), limit=1):
+            self.store.apply(drop)
 
     def _write_snapshot(self, generation: int, image: StateImage) -> None:
         write_snapshot(self._path("snapshot", generation), encode_state(image))

@@ -26,6 +26,18 @@ preallocated tail reads as zeros, which no frame can be (a record is never empty
 A flush that fails leaves the log *failed*: the records may or may not be on disk, the
 in-memory state has already moved, so the only safe answer to this and every later
 call is an error (fail-stop; see docs/transactions.md).
+
+**The tail carried by a store write** (:meth:`WriteAheadLog.append_carried`). Where one
+process runs both services, a one-request transaction's commit record is made durable
+by the store write that holds its messages, not by a flush of this file: the records
+not yet durable, up to and including the commit, are put into that write (``tx`` table,
+:func:`tail_key`), and they count as durable once it commits (:meth:`carried`).
+Until then the commit is *held*: no flush writes it (or anything after it) to the file,
+because a commit record on disk whose messages were never written would commit them
+absent. If that store write fails, :meth:`fail` stops the log, as a failed flush does.
+Later flushes write the carried records to the file as usual, so the file alone is
+complete again after the next flush; recovery (``durable.py``) replays the file and
+then the carried records that follow its last intact one.
 """
 
 from __future__ import annotations
@@ -38,13 +50,14 @@ import os
 import struct
 import threading
 import zlib
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
 from tidings.errors import LogFailed, ServerError
 
-__all__ = ["HEADER", "WriteAheadLog", "frame", "fsync_dir", "read_log"]
+__all__ = ["HEADER", "TAIL_PREFIX", "WriteAheadLog", "frame", "fsync_dir", "read_log", "tail_key"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +68,21 @@ MAX_FRAME = 1 << 30
 #: Preallocation step of a log file.
 CHUNK = 4 << 20
 _UNBOUNDED = 1 << 62
+#: Keys of records carried by store writes, in the store's ``tx`` table:
+#: ``TAIL_PREFIX | generation (8) | index in that generation's file (8)``, from 1.
+TAIL_PREFIX = b"txtail/"
+_TAIL = struct.Struct(">QQ")
+
+
+def tail_key(generation: int, index: int) -> bytes:
+    """The ``tx`` table key of the ``index``-th record (from 1) of log ``generation``."""
+    return TAIL_PREFIX + _TAIL.pack(generation, index)
+
+
+def tail_index(key: bytes) -> tuple[int, int]:
+    """``(generation, index)`` of a :func:`tail_key`."""
+    generation, index = _TAIL.unpack(key[len(TAIL_PREFIX) :])
+    return generation, index
 
 
 def frame(payload: bytes) -> bytes:
@@ -141,16 +169,26 @@ def _preallocate(fd: int, size: int) -> int:
 class WriteAheadLog:
     """One open log file with group commit; :meth:`rotate` switches to a new file."""
 
-    def __init__(self, path: Path, *, sync: bool = True) -> None:
+    def __init__(self, path: Path, *, sync: bool = True, generation: int = 0) -> None:
         self.path = path
+        #: The generation of the current file (its name's number), for carried keys.
+        self.generation = generation
         self._sync = sync
         self._fd = _create(path)
         self._offset = len(HEADER)
         self._allocated = os.fstat(self._fd).st_size
         self._cond = threading.Condition(threading.Lock())
+        #: Frames of the records after ``_written``, not yet handed to the file.
         self._pending: list[bytes] = []
+        #: Payloads of the records after ``_durable``: what a store write may carry.
+        self._unsynced: deque[bytes] = deque()
         self._appended = 0  # sequence number of the last appended record
-        self._durable = 0  # sequence number of the last record known to be on disk
+        self._written = 0  # ... of the last record handed to the file
+        self._file_durable = 0  # ... of the last record the file holds durably
+        self._durable = 0  # ... below which every record is durable (file or store)
+        self._file_base = 0  # sequence number of the record before the file's first
+        #: First sequence numbers of held records (a heap): flushes stop before them.
+        self._holds: list[int] = []
         self._flushing = False
         self._failed: BaseException | None = None
         self._closed = False
@@ -166,7 +204,8 @@ class WriteAheadLog:
 
     @property
     def durable(self) -> int:
-        """Sequence number of the last record known to be on disk."""
+        """Sequence number of the last record known durable (on disk, or carried by a
+        committed store write), with every record before it."""
         return self._durable
 
     @property
@@ -174,14 +213,62 @@ class WriteAheadLog:
         """Sequence number of the last appended record (a barrier for read-only calls)."""
         return self._appended
 
+    @property
+    def failed(self) -> bool:
+        """The log stopped (a failed flush or carrying store write): the file may lack
+        records that were acknowledged from a store write."""
+        return self._failed is not None
+
     def append(self, payloads: list[bytes]) -> int:
         """Queue ``payloads`` (in order); returns the sequence number to :meth:`sync` on."""
         frames = [frame(p) for p in payloads]
         with self._cond:
             self._check()
             self._pending.extend(frames)
+            self._unsynced.extend(payloads)
             self._appended += len(frames)
             return self._appended
+
+    def append_carried(self, payloads: list[bytes]) -> tuple[int, list[tuple[bytes, bytes]]]:
+        """Queue ``payloads`` held (no flush writes them until :meth:`carried` or
+        :meth:`fail`), and return their last sequence number with the ``tx`` table
+        items of every record not yet durable up to it: the caller puts those into a
+        store write, and calls :meth:`carried` once that write has committed."""
+        frames = [frame(p) for p in payloads]
+        with self._cond:
+            self._check()
+            first = self._appended + 1
+            self._pending.extend(frames)
+            self._unsynced.extend(payloads)
+            self._appended += len(frames)
+            # Held in the same critical section as the append: a flush running now
+            # must not take these frames to the file.
+            heapq.heappush(self._holds, first)
+            base, generation = self._file_base, self.generation
+            items = [
+                (tail_key(generation, seq - base), payload)
+                for seq, payload in enumerate(self._unsynced, self._durable + 1)
+            ]
+            return self._appended, items
+
+    def carried(self, first: int, seq: int) -> None:
+        """The store write carrying the records up to ``seq`` (held from ``first``) has
+        committed: they are durable, and flushes may write them to the file."""
+        with self._cond:
+            self._holds.remove(first)
+            heapq.heapify(self._holds)
+            self._advance_locked(seq)
+            self._cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        """Stop the log (fail-stop): a held record's store write failed, so memory has
+        moved where nothing durable followed. Every waiting and later call fails."""
+        with self._cond:
+            if self._failed is None:
+                log.error("transaction log write failed; refusing further changes: %s", error)
+                self._failed = error
+            self._holds.clear()
+            self._cond.notify_all()
 
     def sync(self, seq: int) -> None:
         """Return once every record up to ``seq`` is on disk (or raise :class:`LogFailed`)."""
@@ -190,7 +277,9 @@ class WriteAheadLog:
         with self._cond:
             while self._durable < seq:
                 self._check()
-                if self._flushing:
+                if self._flushing or self._limit_locked() <= self._written:
+                    # A flush is running, or what is left is held for a store write
+                    # (whose commit notifies): either way, wait.
                     self._cond.wait()
                 else:
                     self._flush_locked()
@@ -228,14 +317,16 @@ class WriteAheadLog:
         """Flush everything to the current file, then append to ``new_path`` from now on.
 
         ``new_path`` must have been made with :meth:`create_file`. The caller holds the
-        manager's lock, so no record is appended meanwhile.
+        manager's lock, so no record is appended meanwhile; held records are waited for
+        (the manager keeps new ones from being made while it rotates).
         """
         fd = os.open(new_path, os.O_WRONLY)
         with self._cond:
-            while self._flushing:
+            while (self._flushing or self._holds) and self._failed is None:
                 self._cond.wait()
             try:
-                if self._durable < self._appended:
+                self._check()
+                if self._written < self._appended:
                     self._flush_locked()
                 self._check()
             except BaseException:
@@ -244,17 +335,18 @@ class WriteAheadLog:
             old, self._fd, self.path = self._fd, fd, new_path
             self._offset = len(HEADER)
             self._allocated = os.fstat(fd).st_size
+            self._file_base = self._appended
         os.close(old)
 
     def close(self) -> None:
         """Flush what is pending and close the file; idempotent."""
         with self._cond:
-            while self._flushing:
+            while (self._flushing or self._holds) and self._failed is None:
                 self._cond.wait()
             if self._closed:
                 return
             try:
-                if self._failed is None and self._durable < self._appended:
+                if self._failed is None and self._written < self._appended:
                     self._flush_locked()
             finally:
                 self._closed = True
@@ -272,6 +364,17 @@ class WriteAheadLog:
         if self._closed:
             raise LogFailed("transaction log is closed")
 
+    def _limit_locked(self) -> int:
+        # The last record a flush may write now: everything before the first held one.
+        return self._holds[0] - 1 if self._holds else self._appended
+
+    def _advance_locked(self, seq: int) -> None:
+        # Every record up to ``seq`` is durable: no store write needs to carry it.
+        if seq > self._durable:
+            for _ in range(min(seq - self._durable, len(self._unsynced))):
+                self._unsynced.popleft()
+            self._durable = seq
+
     def _flush_for_waiters(self) -> None:
         """The flusher thread: flush while futures wait, resolve those a flush covered."""
         while True:
@@ -284,7 +387,11 @@ class WriteAheadLog:
                     if self._failed is not None or self._closed:
                         self._flusher = None
                         return
-                    if self._waiters and not self._flushing:
+                    if (
+                        self._waiters
+                        and not self._flushing
+                        and self._limit_locked() > self._written
+                    ):
                         with contextlib.suppress(LogFailed):  # its waiters fail next round
                             self._flush_locked()
                         continue
@@ -314,11 +421,15 @@ class WriteAheadLog:
         return ready
 
     def _flush_locked(self) -> None:
-        # Called with the condition held and no flush running; releases it for the I/O.
+        # Called with the condition held, no flush running and something to write
+        # (``_limit_locked() > _written``); releases it for the I/O. Held records and
+        # those after them stay pending.
         self._flushing = True
-        batch = b"".join(self._pending)
-        self._pending.clear()
-        target = self._appended
+        target = self._limit_locked()
+        count = target - self._written
+        batch = b"".join(self._pending[:count])
+        del self._pending[:count]
+        self._written = target
         fd, offset = self._fd, self._offset
         self._offset += len(batch)
         self._cond.release()
@@ -337,6 +448,7 @@ class WriteAheadLog:
             log.error("transaction log write failed; refusing further changes: %s", exc)
             raise LogFailed(f"transaction log write failed: {exc}") from exc
         self._cond.acquire()
-        self._durable = target
+        self._file_durable = target
+        self._advance_locked(target)
         self._flushing = False
         self._cond.notify_all()

@@ -16,6 +16,13 @@ pointer, never a reused one) and its snapshot rests on nothing that could still 
 one of the log's flushes off every transaction. A background thread runs the timeout sweep and takes
 snapshots when the log has grown by ``snapshot_every`` records.
 
+``commit_in_write()`` is the one-write commit of a one-request transaction (where one
+process runs both services): the commit is decided inside the store write that holds
+the transaction's messages, last in it, and its record is carried by that write
+(``append_carried`` of :class:`~tidings.tx.log.WriteAheadLog` or, with the log in the
+store, of :class:`~tidings.tx.stored.StoreLog`), so the store's one commit makes
+messages and commit durable together: one fsync, not two.
+
 ``snapshot()`` is the cheap read for read-committed consumers: a read-only snapshot from
 memory that waits only for records that change what a reader sees (anything but a
 begin), and with ``wait=False`` does not wait at all. Listeners
@@ -43,13 +50,14 @@ from typing import Any, TypeVar
 from tidings.clock import Clock, SystemClock
 from tidings.errors import (
     BadRequest,
+    ServerError,
     ServiceUnavailable,
     TidingsError,
     TimeoutTooLarge,
     TransactionTimedOut,
 )
 from tidings.names import INT64_MAX
-from tidings.store.backend import Store
+from tidings.store.backend import Store, WriteView
 from tidings.structs import ProducerInfo, Transaction, TransactionState
 from tidings.tx.config import TxConfig
 from tidings.tx.durable import TxStorage
@@ -58,7 +66,7 @@ from tidings.tx.records import Abort, Begin, Commit, Prune, Release, Reserve, en
 from tidings.tx.state import Result, TxStateMachine
 from tidings.tx.stored import StoreLog, StoreTxStorage
 
-__all__ = ["OpenTransaction", "TransactionDetails", "TransactionManager"]
+__all__ = ["OneWriteCommit", "OpenTransaction", "TransactionDetails", "TransactionManager"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +79,9 @@ _NOT_VISIBLE = frozenset({Begin, Reserve, Release})
 #: How long ``snapshot(wait=False)`` may wait for the lock (seconds): longer than any
 #: decision takes, shorter than a log flush.
 _NOWAIT_LOCK_TIMEOUT = 0.0005
+#: How often a one-write commit, waiting for the lock on the store's writer, looks
+#: whether a log rotation holds it (seconds).
+_ROTATION_POLL = 0.0005
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +127,20 @@ class TransactionManager:
         clock: Clock | None = None,
         *,
         store: Store | None = None,
+        message_store: Store | None = None,
     ) -> None:
         if data_dir is not None and store is not None:
             raise ValueError("keep the transaction state in data_dir or in store, not both")
+        if message_store is not None and data_dir is None:
+            raise ValueError("message_store carries the tail of a log in data_dir")
         self.data_dir = None if data_dir is None else Path(data_dir)
         self.store = store
+        #: The messaging service's store in this process: its writes may carry the log's
+        #: tail (commit_in_write), so recovery reads it too.
+        self.message_store = message_store
+        #: True while take_snapshot rotates the log (it waits for held records under
+        #: the lock, so a one-write commit on the store's writer must not wait for it).
+        self._rotating = False
         self.config = config
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._lock = threading.Lock()
@@ -163,7 +183,10 @@ class TransactionManager:
                 return
             if self.data_dir is not None:
                 storage = TxStorage(
-                    self.data_dir, sync=self.config.sync, history_size=self.config.history_size
+                    self.data_dir,
+                    sync=self.config.sync,
+                    history_size=self.config.history_size,
+                    store=self.message_store,
                 )
                 self._state = storage.open()
                 self._storage, self._wal = storage, storage.wal
@@ -284,6 +307,34 @@ class TransactionManager:
             lambda now: self._state.commit(now, write_pointer, keys, transactional_id, epoch),
             _none,
         )
+
+    def commit_in_write(
+        self,
+        write_pointer: int,
+        *,
+        transactional_id: str | None = None,
+        epoch: int | None = None,
+    ) -> OneWriteCommit | None:
+        """The commit of a transaction without change keys as the last step of a store
+        write (the write that publishes its messages), made durable by that write's
+        commit: one fsync for messages and commit. None where this manager cannot (no
+        ``message_store`` for a file log, or no log): commit with :meth:`commit_future`
+        after the publish. With the log in the store (``store``), the publish must be a
+        write of that same store.
+
+        Run the returned step last inside the write function (``step(view)``) and pass
+        that write's future to :meth:`OneWriteCommit.watch`. See :class:`OneWriteCommit`.
+        """
+        wal = self._wal
+        # A file log needs the messages' store to carry its tail; a log in the store
+        # (PostgreSQL) is written by store writes anyway.
+        if not (
+            (self.message_store is not None and isinstance(wal, WriteAheadLog))
+            or isinstance(wal, StoreLog)
+        ):
+            return None
+        _check_pointer(write_pointer)
+        return OneWriteCommit(self, write_pointer, transactional_id, epoch)
 
     def abort(
         self,
@@ -462,15 +513,21 @@ class TransactionManager:
                 generation, target = storage.new_log()
             else:
                 generation, path = storage.new_log()
-            with self._lock:
-                self._check_running()
-                image = self._state.export()
-                if isinstance(storage, StoreTxStorage):
-                    storage.wal.rotate(target)
-                else:
-                    storage.wal.rotate(path)
-                storage.rotated(generation)
-                self._since_snapshot = 0
+            # Rotating waits for held records under the lock; one-write commits that
+            # would wait for the lock meanwhile take the two-write path instead.
+            self._rotating = True
+            try:
+                with self._lock:
+                    self._check_running()
+                    image = self._state.export()
+                    if isinstance(storage, StoreTxStorage):
+                        storage.wal.rotate(target)
+                    else:
+                        storage.wal.rotate(path)
+                    storage.rotated(generation)
+                    self._since_snapshot = 0
+            finally:
+                self._rotating = False
             storage.finish_snapshot(generation, image)
 
     # -- the one way every call runs -----------------------------------------------------
@@ -603,12 +660,16 @@ class TransactionManager:
         if not result.records:
             return wal.tail
         seq = wal.append([encode_record(r) for r in result.records])
-        self._since_snapshot += len(result.records)
+        self._count_appended(len(result.records))
+        return seq
+
+    def _count_appended(self, count: int) -> None:
+        # Under the lock: a snapshot is due every ``snapshot_every`` records.
+        self._since_snapshot += count
         if self._since_snapshot >= self.config.snapshot_every and not self._snapshot_due:
             with self._wake:
                 self._snapshot_due = True
                 self._wake.notify_all()
-        return seq
 
     def _check_running(self) -> None:
         if self._closed:
@@ -656,6 +717,129 @@ class TransactionManager:
                 with self._wake:  # back off, also from a snapshot that keeps failing
                     if not self._stopping:
                         self._wake.wait(interval)
+
+
+class _Deferred(Exception):
+    """A one-write commit found the log rotating: nothing was decided or written."""
+
+
+class OneWriteCommit:
+    """A commit made durable by the store write of the transaction's messages.
+
+    ``step(view)`` runs last in that write function, on the store's writer. Under the
+    manager's lock it decides the commit as :meth:`TransactionManager.commit` would
+    (timeouts, fencing, ended transactions; in place of the publish guard, which would
+    refuse the transaction once it is committed) and appends the record to the log
+    without a write of its own: a file log holds it (no flush writes it until the
+    store write has committed), a log in the store only numbers it. Every record not
+    yet durable up to it goes into the write (``tx`` table), so that write's commit
+    makes the commit durable with the messages, in log order. If the decision refuses,
+    the step raises and the store drops the messages with it: nothing of the
+    transaction was written (:attr:`refused`). If the log is rotating the step raises
+    without deciding (:attr:`deferred`): publish and commit the usual way.
+
+    Once decided, a failed store write (or a later run of the function that does not
+    reach the step) stops the log: memory has the commit, the disk may never.
+    The store may run a write function twice (a group is retried when a function in it
+    raises); the decision is taken once and the second run puts the same records.
+    """
+
+    def __init__(
+        self,
+        manager: TransactionManager,
+        write_pointer: int,
+        transactional_id: str | None,
+        epoch: int | None,
+    ) -> None:
+        self._manager = manager
+        self.write_pointer = write_pointer
+        self._transactional_id = transactional_id
+        self._epoch = epoch
+        #: The decision refused the commit (its error was raised in the write).
+        self.refused = False
+        #: The log was rotating; nothing was decided.
+        self.deferred = False
+        self._decided: tuple[Result, WriteAheadLog | StoreLog, int, int, bool] | None = None
+        self._items: list[tuple[bytes, bytes]] = []
+
+    @property
+    def decided(self) -> bool:
+        """The commit was decided in memory (the write must now commit, or the log stops)."""
+        return self._decided is not None
+
+    def __call__(self, view: WriteView) -> None:
+        if self._decided is None:
+            self._decide()
+        view.put_many("tx", self._items)
+
+    def _decide(self) -> None:
+        m = self._manager
+        lock = m._lock
+        # Not a plain acquire: a rotation holds the lock while it waits for held records,
+        # which this very store write may have to commit first.
+        while not lock.acquire(timeout=_ROTATION_POLL):
+            if m._rotating:
+                self.deferred = True
+                raise _Deferred("the transaction log is rotating")
+        try:
+            try:
+                m._check_running()
+            except TidingsError:
+                self.refused = True
+                raise
+            wal = m._wal
+            assert wal is not None
+            wp = self.write_pointer
+            try:
+                result = m._state.commit(
+                    m._clock.now_ms(), wp, (), self._transactional_id, self._epoch
+                )
+            except TidingsError as exc:
+                result = Result(error=exc)
+            visible = any(type(r) not in _NOT_VISIBLE for r in result.records)
+            if result.error is not None:
+                # Refused (a timeout appends its invalidation): nothing is committed, so
+                # the records take the file's usual flush.
+                seq = m._append(wal, result)
+            else:
+                payloads = [encode_record(r) for r in result.records]
+                seq, self._items = wal.append_carried(payloads)
+                m._count_appended(len(payloads))
+                self._decided = (result, wal, seq - len(payloads) + 1, seq, visible)
+            if visible:
+                m._visible_seq = seq
+            m._track(result, seq, wal.durable)
+        finally:
+            lock.release()
+        if result.error is not None:
+            self.refused = True
+            raise result.error
+
+    def watch(self, write: Future[Any]) -> Future[None]:
+        """A future of the commit: resolves once ``write`` (the store write running this
+        step) has committed and the listeners were told, or carries the error of the
+        write, of the refusal, or of the stopped log."""
+        out: Future[None] = Future()
+        out.set_running_or_notify_cancel()
+
+        def settled(done: Future[Any]) -> None:
+            error = done.exception()
+            decided = self._decided
+            if decided is None:  # refused, deferred, or the publish failed: nothing decided
+                out.set_exception(error if error is not None else ServerError("no commit"))
+                return
+            result, wal, first, seq, visible = decided
+            if error is not None:
+                wal.fail(error)
+                out.set_exception(error)
+                return
+            wal.carried(first, seq)
+            m = self._manager
+            m._note_synced(seq)
+            _settle(out, lambda: _none(m._finish(result, visible)))
+
+        write.add_done_callback(settled)
+        return out
 
 
 def _failed(exc: BaseException) -> Future[Any]:

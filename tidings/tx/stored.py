@@ -13,9 +13,16 @@ merges those of concurrent callers, so a burst of transaction calls costs one da
 commit, as a burst of publishes does. Store writes commit in the order they were
 submitted and records are submitted under the manager's lock, so a record is durable
 once any later one is. A failed write makes the log *failed* (fail-stop), as a failed
-``fdatasync`` does for the file log. Recovery, rotation and snapshots follow
-:mod:`tidings.tx.durable`: replay from the newest snapshot, then write a fresh snapshot
-under a new generation and drop everything older in the same write.
+``fdatasync`` does for the file log.
+
+A one-request transaction's commit record goes into the store write of its messages
+instead (:meth:`StoreLog.append_carried`): that write puts every record not yet
+committed up to the commit, so it commits them in log order, and the write functions
+already queued for some of them put the same keys again later, which changes nothing.
+
+Recovery, rotation and snapshots follow :mod:`tidings.tx.durable`: replay from the
+newest snapshot, then write a fresh snapshot under a new generation and drop
+everything older in the same write.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import itertools
 import logging
 import struct
 import threading
+from collections import deque
 from concurrent.futures import Future
 from functools import partial
 
@@ -67,6 +75,8 @@ class StoreLog:
         self._cond = threading.Condition(threading.Lock())
         self._appended = 0
         self._durable = 0
+        #: Keys and payloads of the records after ``_durable``: what a write may carry.
+        self._unsynced: deque[tuple[bytes, bytes]] = deque()
         self._failed: BaseException | None = None
         self._closed = False
         self._waiters: list[tuple[int, int, Future[None]]] = []
@@ -82,6 +92,11 @@ class StoreLog:
         """Sequence number of the last appended record."""
         return self._appended
 
+    @property
+    def failed(self) -> bool:
+        """The log stopped after a failed write."""
+        return self._failed is not None
+
     def append(self, payloads: list[bytes]) -> int:
         """Submit ``payloads`` (in order) to the store; returns the sequence to sync on."""
         with self._cond:
@@ -90,12 +105,34 @@ class StoreLog:
             self._appended += len(payloads)
             seq = self._appended
             items = [(_log_key(self.generation, first + i), p) for i, p in enumerate(payloads)]
+            self._unsynced.extend(items)
             # Submitted under the lock: the store commits in submission order, so the
             # order of sequence numbers is the order of commits.
             future = self._store.submit(partial(_put_records, items))
         # Outside the lock: a store that commits at once runs the callback right here.
         future.add_done_callback(partial(self._committed, seq))
         return seq
+
+    def append_carried(self, payloads: list[bytes]) -> tuple[int, list[tuple[bytes, bytes]]]:
+        """Append ``payloads`` without a write of their own: returns their last sequence
+        number and the ``tx`` table items of every record not yet committed up to it,
+        for the caller's store write to put; then :meth:`carried` or :meth:`fail`."""
+        with self._cond:
+            self._check()
+            first = self._appended + 1
+            self._appended += len(payloads)
+            self._unsynced.extend(
+                (_log_key(self.generation, first + i), p) for i, p in enumerate(payloads)
+            )
+            return self._appended, list(self._unsynced)
+
+    def carried(self, first: int, seq: int) -> None:
+        """The store write carrying the records up to ``seq`` has committed."""
+        self._advance(seq, None)
+
+    def fail(self, error: BaseException) -> None:
+        """Stop the log: a write carrying records failed after memory moved on."""
+        self._advance(0, error)
 
     def sync(self, seq: int) -> None:
         """Return once every record up to ``seq`` is committed (or raise LogFailed)."""
@@ -153,7 +190,10 @@ class StoreLog:
             raise LogFailed("transaction log is closed")
 
     def _committed(self, seq: int, future: Future[None]) -> None:
-        exc = future.exception()
+        self._advance(seq, future.exception())
+
+    def _advance(self, seq: int, exc: BaseException | None) -> None:
+        # A write holding the records up to ``seq`` committed (or failed: ``exc``).
         ready: list[tuple[int, Future[None]]] = []
         with self._cond:
             if exc is not None:
@@ -163,7 +203,10 @@ class StoreLog:
                 ready = [(s, f) for s, _, f in self._waiters]
                 self._waiters.clear()
             else:
-                self._durable = max(self._durable, seq)
+                if seq > self._durable:
+                    for _ in range(min(seq - self._durable, len(self._unsynced))):
+                        self._unsynced.popleft()
+                    self._durable = seq
                 while self._waiters and self._waiters[0][0] <= self._durable:
                     s, _, f = heapq.heappop(self._waiters)
                     ready.append((s, f))
