@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Iterable
 from tidings.client._async.concurrency import sleep
 from tidings.client._async.session import AsyncSession
 from tidings.client._async.transactions import AsyncTransactionContext
-from tidings.codec.admin import START_ALIASES
+from tidings.codec.admin import START_ALIASES, TransactionGroupCommit
 from tidings.codec.groups import partition_of
 from tidings.errors import GroupNotFound, MemberNotFound, TidingsError
 from tidings.structs import GroupAssignment, Message, MessageId, Transaction
@@ -224,6 +224,11 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
                 if self._returned.get(p) == position:
                     del self._returned[p]
             return
+        held = TransactionGroupCommit(self.topic, self.group, member_id, positions)
+        if transaction.defer_group_commit(held, self):
+            # They go with the transaction's one request; an abort rewinds this member.
+            self._returned.clear()
+            return
         participant = _GroupCommit(self, [])
         tx = await transaction.enlist(participant)
         participant._changes = await self._client._send(
@@ -231,13 +236,15 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         )
         self._returned.clear()
 
-    async def _rolled_back(self, write_pointer: int) -> None:
+    async def _rolled_back(self, write_pointer: int | None) -> None:
         """The transaction holding our positions is being aborted: drop them, and have
-        the server deliver again from the committed positions."""
+        the server deliver again from the committed positions (``write_pointer`` None:
+        they were never sent, a rewind is all)."""
         member_id = self.member_id
-        await self._client._send(
-            self._client._api.group_rollback(self.topic, self.group, write_pointer, member_id)
-        )
+        if write_pointer is not None or member_id is not None:
+            await self._client._send(
+                self._client._api.group_rollback(self.topic, self.group, write_pointer, member_id)
+            )
         self._buffer.clear()
         self._returned.clear()
 

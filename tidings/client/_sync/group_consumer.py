@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from tidings.client._sync.concurrency import sleep
 from tidings.client._sync.session import Session
 from tidings.client._sync.transactions import TransactionContext
-from tidings.codec.admin import START_ALIASES
+from tidings.codec.admin import START_ALIASES, TransactionGroupCommit
 from tidings.codec.groups import partition_of
 from tidings.errors import GroupNotFound, MemberNotFound, TidingsError
 from tidings.structs import GroupAssignment, Message, MessageId, Transaction
@@ -224,6 +224,11 @@ class GroupConsumer(Iterator[Message]):
                 if self._returned.get(p) == position:
                     del self._returned[p]
             return
+        held = TransactionGroupCommit(self.topic, self.group, member_id, positions)
+        if transaction.defer_group_commit(held, self):
+            # They go with the transaction's one request; an abort rewinds this member.
+            self._returned.clear()
+            return
         participant = _GroupCommit(self, [])
         tx = transaction.enlist(participant)
         participant._changes = self._client._send(
@@ -231,13 +236,15 @@ class GroupConsumer(Iterator[Message]):
         )
         self._returned.clear()
 
-    def _rolled_back(self, write_pointer: int) -> None:
+    def _rolled_back(self, write_pointer: int | None) -> None:
         """The transaction holding our positions is being aborted: drop them, and have
-        the server deliver again from the committed positions."""
+        the server deliver again from the committed positions (``write_pointer`` None:
+        they were never sent, a rewind is all)."""
         member_id = self.member_id
-        self._client._send(
-            self._client._api.group_rollback(self.topic, self.group, write_pointer, member_id)
-        )
+        if write_pointer is not None or member_id is not None:
+            self._client._send(
+                self._client._api.group_rollback(self.topic, self.group, write_pointer, member_id)
+            )
         self._buffer.clear()
         self._returned.clear()
 
