@@ -212,12 +212,11 @@ def routes(api: Api) -> list[Route]:
                     await api.blocking(queues.rollback, ns, a.topic, a.queue, wp)
             for g in group_commits:
                 assert groups is not None
-                # The member is rewound too: it gets the batch again from its committed
-                # positions (as the rollback of a transaction under way does).
+                # The positions only: a refused request changes nothing of the member.
+                # Rewinding it (to get the batch again) is its own call, as the client
+                # makes it when it learns of the failure (group rollback, memberId).
                 with contextlib.suppress(TidingsError):
-                    await api.blocking(
-                        groups.rollback, ns, g.topic, g.group, wp, member_id=g.member_id
-                    )
+                    await api.blocking(groups.rollback, ns, g.topic, g.group, wp)
 
         async def run() -> Transaction:
             ended: list[str] = []
