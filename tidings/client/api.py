@@ -274,9 +274,17 @@ def _json_batch(topic: str, records: Sequence[Record | bytes]) -> dict[str, Any]
     """One topic's part of a transactional publish: a JSON PublishRequest plus ``topic``."""
     check_name(topic)
     payloads = [r for r in records if type(r) is bytes]
+    b64 = wire.b64encode
     if len(payloads) == len(records):  # the common case: no keys, headers or ttl
-        b64 = wire.b64encode
         return {"topic": topic, "messages": [b64(p) for p in payloads]}
+    keyed = [r for r in records if isinstance(r, Record) and not r.headers and r.ttl is None]
+    if len(keyed) == len(records):
+        # Keys at most (a copier's records): the extras written directly.
+        return {
+            "topic": topic,
+            "messages": [b64(r.payload) for r in keyed],
+            "extras": [None if r.key is None else {"key": b64(r.key)} for r in keyed],
+        }
     part: dict[str, Any] = orjson.loads(wire.encode_publish_request(None, records, JSON))
     part.pop("transactionWritePointer", None)
     part["topic"] = topic
