@@ -103,7 +103,9 @@ def test_commit_in_a_transaction_moves_the_position_only_if_it_commits(
 
 
 @pytest.mark.parametrize("one_request", [True, False])
-def test_a_zombie_member_cannot_commit(server: ServerProcess, topic: str, one_request: bool) -> None:
+def test_a_zombie_member_cannot_commit(
+    server: ServerProcess, topic: str, one_request: bool
+) -> None:
     # In one request the positions go with the commit, after the partition moved: the
     # member is fenced there. Begun first, the transaction holds the positions when
     # the partition moves, and the rebalance invalidates it.
@@ -115,7 +117,7 @@ def test_a_zombie_member_cannot_commit(server: ServerProcess, topic: str, one_re
         batch = zombie.poll()
         with pytest.raises(expected), client.transaction() as tx:
             if not one_request:
-                tx.transaction  # begins it now
+                assert tx.transaction.write_pointer > 0  # asked for: it begins now
             tx.publish(topic + "-out", [b"zombie output"])
             zombie.commit(transaction=tx)
             time.sleep(0.6)  # stalls past its session timeout...
