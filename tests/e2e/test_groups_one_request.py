@@ -269,3 +269,29 @@ def test_group_commits_need_consume_on_their_topic(
     assert len(admin.poll("t-out")) == 1
     copier.close()
     admin.close()
+
+
+def test_held_positions_go_under_the_write_pointer_when_the_transaction_begins_early(
+    server: ServerProcess, topic: str
+) -> None:
+    # Held for the one request, then the publish passes the payload threshold: the
+    # transaction begins, and the positions go under its write pointer (with their
+    # change keys), moving iff it commits.
+    with Client(server.url) as client:
+        fill(client, topic, 20, keys=1)
+        client.create_topic(topic + "-out")
+        consumer = client.consume(topic, group="g", follow=False, partitions=1, batch_size=5)
+        page = consumer.poll()
+        with pytest.raises(ValueError), client.transaction(payload_threshold=10) as tx:
+            consumer.commit(transaction=tx)
+            tx.publish(topic + "-out", [b"x" * 100])  # past the threshold: begins now
+            assert tx.state == "active" and tx.transaction.write_pointer > 0
+            raise ValueError
+        assert positions(client, topic, "g") == [None]
+        assert [m.id for m in consumer.poll()] == [m.id for m in page]
+        with client.transaction(payload_threshold=10) as tx:
+            consumer.commit(transaction=tx)
+            tx.publish(topic + "-out", [b"x" * 100])
+        assert positions(client, topic, "g") == [page[-1].id]
+        assert len(client.poll(topic + "-out", transaction=client.snapshot())) == 1
+        consumer.close()
