@@ -266,3 +266,28 @@ def test_publish_without_ranges_keeps_the_clients_media() -> None:
     call = api(AVRO_EXT).publish_transactional("t", [], 7)
     assert call.request.content_type == AVRO_EXT.value
     assert wire.decode_publish_request(call.request.body, AVRO_EXT).payload_ranges is None
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        [Record(b"a", b"k1"), Record(b"b"), Record(b"", b"")],
+        [Record(b"a", b"k1"), b"plain", Record(b"c", None, {"h": b"v"}, 5)],
+        [Record(b"a", None, {}, 9)],
+    ],
+)
+def test_one_request_batches_decode_to_what_was_sent(records: list[Record | bytes]) -> None:
+    from tidings.client.api import _json_batch
+
+    part = _json_batch("t", records)
+    decoded = wire.publish_request_from_json(part).records
+    want = [r if isinstance(r, Record) else Record(r) for r in records]
+    assert [(r.payload, r.key, dict(r.headers), r.ttl) for r in decoded] == [  # type: ignore[union-attr]
+        (r.payload, r.key, dict(r.headers), r.ttl) for r in want
+    ]
+
+
+def test_a_bad_key_in_extras_is_named() -> None:
+    part = {"topic": "t", "messages": ["eA==", "eA=="], "extras": [{"key": "eA=="}, {"key": "!"}]}
+    with pytest.raises(BadRequest, match=r"extras\[1\]\.key"):
+        wire.publish_request_from_json(part)

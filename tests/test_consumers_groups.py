@@ -193,3 +193,30 @@ def test_describe_shows_positions_and_lag(parts: Parts) -> None:
     groups.leave("ns", "t", "g", m.member_id)
     groups.reset("ns", "t", "g", "earliest")
     assert groups.describe("ns", "t", "g").partitions[0].lag == 30
+
+
+def test_kept_pages_are_bounded_by_count_and_bytes() -> None:
+    from tidings.consumers import pages as pages_module
+    from tidings.consumers.pages import Page, Pages
+    from tidings.structs import Message as Msg
+    from tidings.structs import MessageId as Id
+
+    def page(n: int, payload: int) -> Page:
+        first = Id(1000 * n, 0, 0, 0)
+        messages = [Msg(Id(1000 * n + i + 1, 0, 0, 0), b"x" * payload) for i in range(10)]
+        return Page(first, messages, [0] * 10, True)
+
+    small = Pages()
+    for n in range(100):
+        small.add(page(n, 10))
+    assert len(small._pages) == pages_module._PAGES_KEPT
+    assert small.find(Id(99_000, 0, 0, 0)) is not None  # the newest stay
+    assert small.find(Id(0, 0, 0, 0)) is None
+
+    big = Pages()
+    per_page = page(0, 1 << 20).size
+    for n in range(20):
+        big.add(page(n, 1 << 20))
+    assert sum(p.size for p in big._pages) <= pages_module._BYTES_KEPT
+    assert len(big._pages) == pages_module._BYTES_KEPT // per_page
+    assert big.find(Id(19_000, 0, 0, 0)) is not None

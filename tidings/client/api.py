@@ -274,9 +274,17 @@ def _json_batch(topic: str, records: Sequence[Record | bytes]) -> dict[str, Any]
     """One topic's part of a transactional publish: a JSON PublishRequest plus ``topic``."""
     check_name(topic)
     payloads = [r for r in records if type(r) is bytes]
+    b64 = wire.b64encode
     if len(payloads) == len(records):  # the common case: no keys, headers or ttl
-        b64 = wire.b64encode
         return {"topic": topic, "messages": [b64(p) for p in payloads]}
+    keyed = [r for r in records if isinstance(r, Record) and not r.headers and r.ttl is None]
+    if len(keyed) == len(records):
+        # Keys at most (a copier's records): the extras written directly.
+        return {
+            "topic": topic,
+            "messages": [b64(r.payload) for r in keyed],
+            "extras": [None if r.key is None else {"key": b64(r.key)} for r in keyed],
+        }
     part: dict[str, Any] = orjson.loads(wire.encode_publish_request(None, records, JSON))
     part.pop("transactionWritePointer", None)
     part["topic"] = topic
@@ -574,12 +582,16 @@ class RestApi:
         transactional_id: str | None,
         epoch: int | None,
         acks: Sequence[queue_bodies.TransactionAck] = (),
+        group_commits: Sequence[admin.TransactionGroupCommit] = (),
     ) -> Call[Transaction]:
-        """Begin, (ack,) publish every ``(topic, records)`` batch, commit: one request."""
+        """Begin, (ack, commit group positions,) publish every ``(topic, records)``
+        batch, commit: one request."""
         body = admin.begin_request(timeout, transactional_id, epoch)
         body["topics"] = [_json_batch(topic, records) for topic, records in batches]
         if acks:
             body["acks"] = queue_bodies.transaction_acks_json(acks)
+        if group_commits:
+            body["groupCommits"] = admin.transaction_group_commits_json(group_commits)
         return self._json_call(
             "POST", f"{self._ns_url}/transactions/publish", _begun, body, idempotent=False
         )
@@ -686,9 +698,11 @@ class RestApi:
         return self._json_call("POST", url, _changes, body)
 
     def group_rollback(
-        self, topic: str, group: str, write_pointer: int, member_id: str | None = None
+        self, topic: str, group: str, write_pointer: int | None, member_id: str | None = None
     ) -> Call[None]:
-        body: dict[str, Any] = {"transactionWritePointer": int(write_pointer)}
+        body: dict[str, Any] = {}
+        if write_pointer is not None:
+            body["transactionWritePointer"] = int(write_pointer)
         if member_id is not None:
             body["memberId"] = member_id
         url = self._group_url(topic, group, "/rollback")

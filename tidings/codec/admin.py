@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from tidings.codec.json_bodies import b64decode, b64encode, integer, whole
 from tidings.errors import BadRequest, ServerError
-from tidings.names import INT64_MAX, INT64_MIN
+from tidings.names import INT64_MAX, INT64_MIN, NAME_PATTERN
 from tidings.structs import (
     GroupAssignment,
     GroupInfo,
@@ -32,6 +32,7 @@ from tidings.structs import (
 __all__ = [
     "JoinRequest",
     "ProducerFields",
+    "TransactionGroupCommit",
     "abort_request",
     "assignment_json",
     "begin_request",
@@ -68,6 +69,7 @@ __all__ = [
     "read_stats",
     "read_topic",
     "read_topic_list",
+    "read_transaction_group_commits",
     "reset_request",
     "rolled_back_json",
     "snapshot_json",
@@ -75,6 +77,7 @@ __all__ = [
     "stats_json",
     "topic_json",
     "topic_request",
+    "transaction_group_commits_json",
 ]
 
 
@@ -565,6 +568,61 @@ def read_group_commit_request(
     return _member(obj), positions, _opt_int(obj, "transactionWritePointer", 1)
 
 
+class TransactionGroupCommit(NamedTuple):
+    """A group member's positions that ride in a one-request transaction."""
+
+    topic: str
+    group: str
+    member_id: str
+    positions: dict[int, MessageId]
+
+
+def transaction_group_commits_json(commits: Iterable[TransactionGroupCommit]) -> list[Any]:
+    """The ``groupCommits`` of a one-request transaction body."""
+    return [
+        {"topic": c.topic, "group": c.group, **group_commit_request(c.member_id, c.positions, None)}
+        for c in commits
+    ]
+
+
+def read_transaction_group_commits(obj: Mapping[str, Any]) -> list[TransactionGroupCommit]:
+    """The ``groupCommits`` of a one-request transaction body (none if absent); each a
+    group commit body plus its topic and group, without a write pointer."""
+    raw = obj.get("groupCommits")
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise BadRequest(
+            "groupCommits must be a list of {topic, group, memberId, positions} objects"
+        )
+    out: list[TransactionGroupCommit] = []
+    seen: set[tuple[str, str, str]] = set()
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise BadRequest(f"groupCommits[{i}] must be an object")
+        if item.get("transactionWritePointer") is not None:
+            raise BadRequest("the server assigns the write pointer; do not send one")
+        names = []
+        for name in ("topic", "group"):
+            value = item.get(name)
+            if not isinstance(value, str) or NAME_PATTERN.fullmatch(value) is None:
+                raise BadRequest(
+                    f"groupCommits[{i}].{name} must be a name of [A-Za-z0-9_-]{{1,128}}"
+                )
+            names.append(value)
+        member_id, positions, _ = read_group_commit_request(item)
+        # One entry per member: two would commit one partition twice in one
+        # transaction, and the positions could not tell which is the later.
+        key = (names[0], names[1], member_id)
+        if key in seen:
+            raise BadRequest(
+                f"member {member_id} of group {names[1]} of topic {names[0]} appears more than once"
+            )
+        seen.add(key)
+        out.append(TransactionGroupCommit(names[0], names[1], member_id, positions))
+    return out
+
+
 def changes_json(changes: Iterable[bytes]) -> dict[str, Any]:
     """The change keys a transactional group commit adds to its transaction."""
     return {"changes": [b64encode(c) for c in changes]}
@@ -579,13 +637,16 @@ def read_changes(obj: Any) -> list[bytes]:
         raise ServerError(f"unexpected change keys from the server: {exc}") from None
 
 
-def read_group_rollback_request(obj: Mapping[str, Any]) -> tuple[int, str | None]:
+def read_group_rollback_request(obj: Mapping[str, Any]) -> tuple[int | None, str | None]:
     """The write pointer whose positions a rollback removes, and the member (if given)
-    to rewind to its committed positions."""
+    to rewind to its committed positions. One of them is required: a member alone is
+    rewound only (its transaction never wrote a position, e.g. a one-request
+    transaction that was not sent)."""
     wp = _opt_int(obj, "transactionWritePointer", 1)
-    if wp is None:
-        raise BadRequest("transactionWritePointer is required")
-    return wp, _opt_member(obj)
+    member_id = _opt_member(obj)
+    if wp is None and member_id is None:
+        raise BadRequest("a rollback names transactionWritePointer, memberId, or both")
+    return wp, member_id
 
 
 def reset_request(to: str | MessageId | int) -> dict[str, Any]:

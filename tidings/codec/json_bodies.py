@@ -117,6 +117,13 @@ def _extras(raw: object, n: int) -> list[dict[str, Any]] | None:
         if item is None:
             out.append({})
             continue
+        if type(item) is dict and len(item) == 1 and type(key := item.get("key")) is str:
+            # The common case, a key alone: one C call (a bad one is named below).
+            try:
+                out.append({"key": _a2b(key, strict_mode=True)})
+                continue
+            except (binascii.Error, ValueError):
+                pass
         if not isinstance(item, dict):
             raise BadRequest(f"extras[{i}] must be an object or null")
         key = item.get("key")

@@ -57,6 +57,7 @@ from tidings.errors import (
     MemberNotFound,
     PartitionFenced,
     TidingsError,
+    TransactionConflict,
 )
 from tidings.messaging import MessagingService
 from tidings.names import check_name
@@ -313,10 +314,16 @@ class GroupCoordinator:
         positions: Mapping[int, MessageId],
         *,
         write_pointer: int | None = None,
+        alone: bool = False,
     ) -> list[bytes]:
         """Commit the member's positions (each: the id of the last message it consumed
         in that partition). With ``write_pointer`` they are part of that transaction and
         the change keys to commit it with are returned; without, they commit now.
+
+        ``alone`` is for a transaction that commits without the change keys (the
+        one-request transaction): it cannot lose a conflict at its commit, so it loses
+        it here instead, with :class:`TransactionConflict`, if another open transaction
+        holds a position of one of the partitions.
 
         :class:`PartitionFenced` for a partition the member does not own;
         :class:`BadRequest` for a position past what was delivered to the member."""
@@ -347,7 +354,7 @@ class GroupCoordinator:
                     )
             changes = [change_key(*gid[:2], group, p) for p in sorted(positions)]
             if write_pointer is not None:
-                self._write_positions(gid, positions, write_pointer)
+                self._write_positions(gid, positions, write_pointer, alone=alone)
                 return changes
             own = self._tx.begin()
             try:
@@ -363,17 +370,22 @@ class GroupCoordinator:
         namespace: str,
         topic: str,
         group: str,
-        write_pointer: int,
+        write_pointer: int | None,
         *,
         member_id: str | None = None,
     ) -> int:
         """Remove the positions written under ``write_pointer`` (its transaction is being
         aborted); how many were removed. With ``member_id``, that member is rewound to
-        its partitions' committed positions, so it gets the aborted batch again."""
+        its partitions' committed positions, so it gets the aborted batch again (without
+        ``write_pointer`` that is all: the transaction wrote no position)."""
         gid = self._gid(namespace, topic, group)
         if member_id is not None:
             _check_member_id(member_id)
         start, stop = gkeys.positions_range(*gid)
+        if write_pointer is None:
+            if member_id is not None:
+                self._rewind(namespace, topic, gid, member_id)
+            return 0
 
         def remove(view: WriteView) -> int:
             doomed = [
@@ -404,10 +416,17 @@ class GroupCoordinator:
                 session.cursors[p] = committed.get(p, begin)
 
     def _write_positions(
-        self, gid: _GroupId, positions: Mapping[int, MessageId], write_pointer: int
+        self,
+        gid: _GroupId,
+        positions: Mapping[int, MessageId],
+        write_pointer: int,
+        *,
+        alone: bool = False,
     ) -> None:
         snapshot = self._tx.snapshot()
         assert snapshot is not None
+        # Open as of the snapshot, this transaction aside (it is among them).
+        others = frozenset(snapshot.in_progress) - {write_pointer} if alone else frozenset()
 
         def write(view: WriteView) -> None:
             # Checked in the write itself, as publishes are: nothing lands under a
@@ -416,7 +435,12 @@ class GroupCoordinator:
             if view.get(_META, gkeys.group_key(*gid)) is None:
                 raise GroupNotFound(f"group {gid[2]} does not exist")
             for p, position in positions.items():
-                _compact(view, gid, p, snapshot)
+                if _compact(view, gid, p, snapshot) & others:
+                    # Raised inside the write: none of its writes are applied.
+                    raise TransactionConflict(
+                        f"another open transaction commits partition {p} of group "
+                        f"{gid[2]}: this one fails"
+                    )
                 key = gkeys.position_key(*gid, p, write_pointer)
                 view.put(_META, key, position.to_bytes())
 
@@ -771,19 +795,24 @@ class GroupCoordinator:
         return GroupAssignment(member_id, record.generation, member.partitions, record.partitions)
 
 
-def _compact(view: WriteView, gid: _GroupId, partition: int, snapshot: Transaction) -> None:
+def _compact(view: WriteView, gid: _GroupId, partition: int, snapshot: Transaction) -> set[int]:
     """Drop a partition's records that can never count again: those of invalid
-    transactions, and visible ones older than the newest visible one."""
+    transactions, and visible ones older than the newest visible one. Answers the
+    write pointers of the records left that are not visible (open transactions)."""
     start, stop = gkeys.partition_range(*gid, partition)
     visible: list[bytes] = []
+    hidden: set[int] = set()
     for key, _ in view.scan(_META, start, stop):
         wp = gkeys.write_pointer_of(key)[1]
         if wp in snapshot.invalid:
             view.delete(_META, key)
         elif wp == 0 or is_visible(snapshot, wp):
             visible.append(key)
+        else:
+            hidden.add(wp)
     for key in visible[:-1]:
         view.delete(_META, key)
+    return hidden
 
 
 def _later(a: MessageId | None, b: MessageId | None) -> MessageId | None:

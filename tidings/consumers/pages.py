@@ -16,8 +16,14 @@ from tidings.structs import Message, MessageId
 
 __all__ = ["Page", "Pages"]
 
-#: Full pages kept per topic for the members' scans.
-_PAGES_KEPT = 8
+#: Most pages kept per topic for the members' scans, and most bytes they may hold
+#: (payloads and keys, plus an allowance per message for its objects). Members of a
+#: group drift apart while they read (each reads every page, at its own pace), so
+#: pages are kept for the spread between the first and the last: 8 were too few for 4
+#: members over 20 pages (each page was fetched and decoded about 3 times).
+_PAGES_KEPT = 64
+_BYTES_KEPT = 64 << 20
+_MESSAGE_OVERHEAD = 200
 #: Seconds a page serves: it may hold messages whose TTL passes meanwhile, which a fresh
 #: fetch would skip, so it is not kept much longer than members take to pass through.
 PAGE_LIFETIME = 10.0
@@ -40,6 +46,14 @@ class Page:
     indexes: dict[int, dict[int, list[int]]] = field(default_factory=dict)
     #: When it was fetched (monotonic seconds).
     fetched: float = field(default_factory=time.monotonic)
+    #: Roughly what it holds in memory (bytes), for the bound on the kept pages.
+    size: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.size:
+            self.size = sum(
+                len(m.payload) + len(m.key or b"") + _MESSAGE_OVERHEAD for m in self.messages
+            )
 
     @property
     def last(self) -> MessageId | None:
@@ -102,3 +116,7 @@ class Pages:
         with self._lock:
             self._pages.append(page)
             del self._pages[:-_PAGES_KEPT]
+            # The least recently used go first, down to the newest one.
+            total = sum(p.size for p in self._pages)
+            while total > _BYTES_KEPT and len(self._pages) > 1:
+                total -= self._pages.pop(0).size

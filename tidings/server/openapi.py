@@ -349,13 +349,51 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
         },
         "TransactionalPublishRequest": {
             "type": "object",
-            "description": "a whole transaction: begin, ack queue messages, publish each "
-            "topic, commit (addition); topics may be left out where there are acks",
+            "description": "a whole transaction: begin, ack queue messages, commit group "
+            "positions, publish each topic, commit (addition); topics may be left out "
+            "where there are acks or group commits",
             "anyOf": [
                 {"required": ["topics"]},
                 {"required": ["acks"], "properties": {"acks": {"minItems": 1}}},
+                {
+                    "required": ["groupCommits"],
+                    "properties": {"groupCommits": {"type": "array", "minItems": 1}},
+                },
             ],
             "properties": {
+                "groupCommits": _nullable(
+                    {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "description": "a group commit (GroupCommitRequest, without a "
+                            "write pointer) plus its topic and group, one per member: the "
+                            "positions move if and only if the transaction commits",
+                            "required": ["topic", "group", "memberId", "positions"],
+                            "properties": {
+                                "topic": _NAME,
+                                "group": _NAME,
+                                "memberId": {"type": "string", "pattern": "^[A-Za-z0-9]{1,64}$"},
+                                "positions": {
+                                    "type": "array",
+                                    "minItems": 1,
+                                    "items": {
+                                        "type": "object",
+                                        "required": ["partition", "id"],
+                                        "properties": {
+                                            "partition": {
+                                                "type": "integer",
+                                                "minimum": 0,
+                                                "maximum": 1023,
+                                            },
+                                            "id": _MESSAGE_ID,
+                                        },
+                                    },
+                                },
+                            },
+                        },
+                    }
+                ),
                 "acks": _nullable(
                     {
                         "type": "array",
@@ -544,7 +582,12 @@ def _group_schemas() -> dict[str, Any]:
         },
         "GroupRollbackRequest": {
             "type": "object",
-            "required": ["transactionWritePointer"],
+            "description": "at least one of transactionWritePointer (remove its positions) "
+            "and memberId (rewind the member to its committed positions)",
+            "anyOf": [
+                {"required": ["transactionWritePointer"]},
+                {"required": ["memberId"], "properties": {"memberId": member_id}},
+            ],
             "properties": {
                 "transactionWritePointer": _POSITIVE_INT64,
                 "memberId": _nullable(member_id),
@@ -1252,10 +1295,18 @@ def _transaction_paths() -> dict[str, Any]:
                 {
                     "200": _json("committed: its snapshot", _ref("CommittedTransaction")),
                     "404": _error(
-                        "unknown topic (nothing published, the transaction aborted), or "
-                        "transactionalId never registered (ProducerNotFound)"
+                        "unknown topic (nothing published, the transaction aborted), "
+                        "transactionalId never registered (ProducerNotFound), unknown "
+                        "queue or group"
                     ),
-                    **fenced,
+                    "403": _error(
+                        "fenced: a newer epoch of the transactional id exists, or a group "
+                        "member does not own a partition it commits (PartitionFenced)"
+                    ),
+                    "409": _error(
+                        "an epoch never handed out (UnknownProducerEpoch), an ack conflict, "
+                        "or another open transaction holds a group position it commits"
+                    ),
                     **ended,
                 },
                 body={JSON: {"schema": _ref("TransactionalPublishRequest")}},

@@ -34,6 +34,7 @@ from tidings.client.batching import ErrorCallback
 from tidings.client.cursor import DEFAULT_BATCH_SIZE, DEFAULT_COMMITTED_WAIT, DEFAULT_WAIT
 from tidings.client.transports import AsyncTransport
 from tidings.client.txbuffer import DEFAULT_PAYLOAD_THRESHOLD
+from tidings.codec.admin import TransactionGroupCommit
 from tidings.codec.queue_bodies import TransactionAck
 from tidings.codec.wire import Media
 from tidings.errors import BadRequest
@@ -600,10 +601,12 @@ class AsyncClient(BaseClient):
         transactional_id: str | None = None,
         epoch: int | None = None,
         acks: Sequence[TransactionAck] = (),
+        group_commits: Sequence[TransactionGroupCommit] = (),
     ) -> Transaction:
         """A whole transaction in one request: begin, publish each topic's messages
         under its write pointer, commit; all of them become visible together, or none.
-        ``acks`` (queue acks) count if and only if it commits.
+        ``acks`` (queue acks) and ``group_commits`` (consumer group positions) count if
+        and only if it commits.
 
         Returns the transaction's snapshot (its ``write_pointer`` is the transaction).
         Needs a server that runs both services (:class:`ServiceUnavailable` otherwise,
@@ -612,7 +615,9 @@ class AsyncClient(BaseClient):
         """
         parts = [(topic, to_records(messages)) for topic, messages in batches.items()]
         return await self._send(
-            self._api.publish_transaction(parts, timeout, transactional_id, epoch, acks)
+            self._api.publish_transaction(
+                parts, timeout, transactional_id, epoch, acks, group_commits
+            )
         )
 
     async def begin(

@@ -12,23 +12,46 @@ There is no background thread: a member stays in its group by polling, or by
 ``heartbeat()`` while it works on a long batch; one silent for ``session_timeout`` is
 dropped and its partitions go to the others. A dropped member that polls again
 rejoins as a new member.
+
+Reading ahead: when a poll answers a full page, the member sends its next poll at once
+(waiting for nothing on the server; a task, or a worker thread in the sync client), so
+the server reads the next page while the application works on this one. At most one
+such poll is in flight, and its answer is what the next ``poll()`` returns (an empty
+one while following is dropped for a long poll). Commits are unaffected: positions are
+those of messages *returned* to the application, never of a page read ahead. Before a
+rollback rewinds the member, the poll in flight is waited for and its answer dropped,
+so the rewind comes after it on the server and delivery restarts from the committed
+positions.
+
+A page read ahead may come from a server that restarted since (which delivers again from
+the committed positions). Within one assignment generation, the server's pages of a
+member come in id order, every cursor past the previous page; so a page that starts at
+or before the last message delivered means the server started over, and what it sends
+again up to that message is dropped here (it was delivered, and positions past it
+commit it).
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 
-from tidings.client._async.concurrency import sleep
+from tidings.client._async.concurrency import AsyncPending, AsyncWorker, sleep, yield_turns
 from tidings.client._async.session import AsyncSession
 from tidings.client._async.transactions import AsyncTransactionContext
-from tidings.codec.admin import START_ALIASES
+from tidings.client.api import GroupPage
+from tidings.codec.admin import START_ALIASES, TransactionGroupCommit
 from tidings.codec.groups import partition_of
 from tidings.errors import GroupNotFound, MemberNotFound, TidingsError
 from tidings.structs import GroupAssignment, Message, MessageId, Transaction
 
 __all__ = ["AsyncGroupConsumer"]
+
+#: Loop turns a read-ahead gets to write its request before the page is decoded (as
+#: the plain consumer's; a thread needs none).
+_SEND_TURNS = 2
 
 
 class _GroupCommit:
@@ -101,6 +124,14 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         #: The last message returned to the application, per partition, not committed.
         self._returned: dict[int, MessageId] = {}
         self._closed = False
+        self._worker = AsyncWorker("tidings-group-read-ahead")
+        #: The poll sent ahead: the epoch and member it was sent for, and the call.
+        self._ahead: tuple[int, str, AsyncPending[GroupPage]] | None = None
+        #: Bumped whenever what the server delivered so far stops counting (dropped from
+        #: the group, rewound): a poll sent ahead before then is not used.
+        self._epoch = 0
+        #: The last message delivered in this generation and epoch (see the module doc).
+        self._delivered: MessageId | None = None
 
     @property
     def member_id(self) -> str | None:
@@ -134,6 +165,9 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
             self._returned = {p: i for p, i in self._returned.items() if p in owned}
             count = assignment.partition_count
             self._buffer = deque(m for m in self._buffer if partition_of(m, count) in owned)
+            # Newly assigned partitions start at their committed positions, which may
+            # lie before it: no longer a sign of a server that started over.
+            self._delivered = None
         self._assignment = assignment
 
     async def heartbeat(self) -> GroupAssignment:
@@ -156,6 +190,11 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         self._assignment = None
         self._returned.clear()
         self._buffer.clear()
+        self._epoch += 1
+        self._delivered = None
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[2].cancel()  # the member it polled for is gone
 
     async def poll(self) -> list[Message]:
         """The next messages of this member's partitions (waiting as configured)."""
@@ -171,30 +210,82 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
             await self._join()
         if self._auto_commit and self._returned:
             await self.commit()
+        while True:
+            messages = await self._fetch_page()
+            delivered = self._delivered
+            if messages and delivered is not None and messages[0].id <= delivered:
+                # The server started over: drop what it already delivered (ids sorted).
+                fresh = messages[bisect.bisect_right(messages, delivered, key=_id) :]
+                if not fresh:
+                    continue  # all of it again: the next page has what is new
+                messages = fresh
+            if messages:
+                self._delivered = messages[-1].id
+            return messages
+
+    async def _fetch_page(self) -> list[Message]:
         assert self._assignment is not None
-        api = self._client._api
         wait = self._wait if self._follow else 0.0
+        answer = await self._taken_ahead()
         for attempt in (1, 2):
-            try:
-                answer = await self._client._send(
-                    api.group_poll(
-                        self.topic, self.group, self._assignment.member_id, self._batch_size, wait
-                    )
-                )
+            if answer is not None:
                 break
+            try:
+                answer = await self._send_poll(self._assignment.member_id, wait)
             except (MemberNotFound, GroupNotFound):
                 if attempt == 2:
                     raise
                 self._lost()
                 await self._join()
+        assert answer is not None and self._assignment is not None
+        member_id = self._assignment.member_id
         if answer.generation is not None and answer.partitions is not None:
             count = answer.partition_count or self._assignment.partition_count
-            self._adopt(
-                GroupAssignment(
-                    self._assignment.member_id, answer.generation, answer.partitions, count
-                )
+            self._adopt(GroupAssignment(member_id, answer.generation, answer.partitions, count))
+        if answer.page.count is not None and answer.page.count >= self._batch_size:
+            # A full page: more is likely there. Ask now, before decoding this one.
+            self._ahead = (
+                self._epoch,
+                member_id,
+                self._worker.start(self._send_poll, member_id, 0),
             )
+            await yield_turns(_SEND_TURNS)
         return answer.page.messages()
+
+    async def _send_poll(self, member_id: str, wait: float) -> GroupPage:
+        api = self._client._api
+        return await self._client._send(
+            api.group_poll(self.topic, self.group, member_id, self._batch_size, wait)
+        )
+
+    async def _taken_ahead(self) -> GroupPage | None:
+        """The answer of the poll sent ahead, if it is still this member's next page.
+        Its failure is the poll's: raised, except that a member the server forgot
+        rejoins and polls again (as after a poll of its own)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        epoch, member_id, pending = ahead
+        try:
+            answer = await pending.result()
+        except (MemberNotFound, GroupNotFound):
+            self._lost()
+            await self._join()
+            return None
+        assignment = self._assignment
+        if epoch != self._epoch or assignment is None or assignment.member_id != member_id:
+            return None  # rewound or dropped since: what it delivered does not count
+        if self._follow and not answer.page.count:
+            return None  # nothing yet: a long poll instead (the empty one moved nothing)
+        return answer
+
+    async def _settle_ahead(self) -> None:
+        """Wait for the poll in flight, if any, and drop its answer: a rewind after it
+        on the server then covers what it delivered."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            with contextlib.suppress(Exception):
+                await ahead[2].result()
 
     def _note_returned(self, messages: list[Message]) -> None:
         assert self._assignment is not None or not messages
@@ -224,6 +315,11 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
                 if self._returned.get(p) == position:
                     del self._returned[p]
             return
+        held = TransactionGroupCommit(self.topic, self.group, member_id, positions)
+        if transaction.defer_group_commit(held, self):
+            # They go with the transaction's one request; an abort rewinds this member.
+            self._returned.clear()
+            return
         participant = _GroupCommit(self, [])
         tx = await transaction.enlist(participant)
         participant._changes = await self._client._send(
@@ -231,13 +327,18 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         )
         self._returned.clear()
 
-    async def _rolled_back(self, write_pointer: int) -> None:
+    async def _rolled_back(self, write_pointer: int | None) -> None:
         """The transaction holding our positions is being aborted: drop them, and have
-        the server deliver again from the committed positions."""
+        the server deliver again from the committed positions (``write_pointer`` None:
+        they were never sent, a rewind is all)."""
+        await self._settle_ahead()
+        self._epoch += 1
+        self._delivered = None  # delivered again from the committed positions: wanted
         member_id = self.member_id
-        await self._client._send(
-            self._client._api.group_rollback(self.topic, self.group, write_pointer, member_id)
-        )
+        if write_pointer is not None or member_id is not None:
+            await self._client._send(
+                self._client._api.group_rollback(self.topic, self.group, write_pointer, member_id)
+            )
         self._buffer.clear()
         self._returned.clear()
 
@@ -246,6 +347,10 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         if self._closed:
             return
         self._closed = True
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[2].cancel()  # the member leaves: what it read ahead goes to the next
+        self._worker.close()
         if self._assignment is None:
             return
         try:
@@ -275,6 +380,7 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         # commits past them, so what was returned but not committed is given up here
         # (it comes again). If the server did not restart, a later commit covers it.
         self._returned.clear()
+        self._delivered = None  # ...and comes again, not dropped as delivered
         await sleep(min(5.0, 0.1 * 2**outage))
         return outage + 1
 
@@ -296,3 +402,7 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         message = self._buffer.popleft()
         self._note_returned([message])
         return message
+
+
+def _id(message: Message) -> MessageId:
+    return message.id

@@ -14,23 +14,46 @@ There is no background thread: a member stays in its group by polling, or by
 ``heartbeat()`` while it works on a long batch; one silent for ``session_timeout`` is
 dropped and its partitions go to the others. A dropped member that polls again
 rejoins as a new member.
+
+Reading ahead: when a poll answers a full page, the member sends its next poll at once
+(waiting for nothing on the server; a task, or a worker thread in the sync client), so
+the server reads the next page while the application works on this one. At most one
+such poll is in flight, and its answer is what the next ``poll()`` returns (an empty
+one while following is dropped for a long poll). Commits are unaffected: positions are
+those of messages *returned* to the application, never of a page read ahead. Before a
+rollback rewinds the member, the poll in flight is waited for and its answer dropped,
+so the rewind comes after it on the server and delivery restarts from the committed
+positions.
+
+A page read ahead may come from a server that restarted since (which delivers again from
+the committed positions). Within one assignment generation, the server's pages of a
+member come in id order, every cursor past the previous page; so a page that starts at
+or before the last message delivered means the server started over, and what it sends
+again up to that message is dropped here (it was delivered, and positions past it
+commit it).
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 from collections import deque
 from collections.abc import Iterable, Iterator
 
-from tidings.client._sync.concurrency import sleep
+from tidings.client._sync.concurrency import Pending, Worker, sleep, yield_turns
 from tidings.client._sync.session import Session
 from tidings.client._sync.transactions import TransactionContext
-from tidings.codec.admin import START_ALIASES
+from tidings.client.api import GroupPage
+from tidings.codec.admin import START_ALIASES, TransactionGroupCommit
 from tidings.codec.groups import partition_of
 from tidings.errors import GroupNotFound, MemberNotFound, TidingsError
 from tidings.structs import GroupAssignment, Message, MessageId, Transaction
 
 __all__ = ["GroupConsumer"]
+
+#: Loop turns a read-ahead gets to write its request before the page is decoded (as
+#: the plain consumer's; a thread needs none).
+_SEND_TURNS = 2
 
 
 class _GroupCommit:
@@ -103,6 +126,14 @@ class GroupConsumer(Iterator[Message]):
         #: The last message returned to the application, per partition, not committed.
         self._returned: dict[int, MessageId] = {}
         self._closed = False
+        self._worker = Worker("tidings-group-read-ahead")
+        #: The poll sent ahead: the epoch and member it was sent for, and the call.
+        self._ahead: tuple[int, str, Pending[GroupPage]] | None = None
+        #: Bumped whenever what the server delivered so far stops counting (dropped from
+        #: the group, rewound): a poll sent ahead before then is not used.
+        self._epoch = 0
+        #: The last message delivered in this generation and epoch (see the module doc).
+        self._delivered: MessageId | None = None
 
     @property
     def member_id(self) -> str | None:
@@ -136,6 +167,9 @@ class GroupConsumer(Iterator[Message]):
             self._returned = {p: i for p, i in self._returned.items() if p in owned}
             count = assignment.partition_count
             self._buffer = deque(m for m in self._buffer if partition_of(m, count) in owned)
+            # Newly assigned partitions start at their committed positions, which may
+            # lie before it: no longer a sign of a server that started over.
+            self._delivered = None
         self._assignment = assignment
 
     def heartbeat(self) -> GroupAssignment:
@@ -158,6 +192,11 @@ class GroupConsumer(Iterator[Message]):
         self._assignment = None
         self._returned.clear()
         self._buffer.clear()
+        self._epoch += 1
+        self._delivered = None
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[2].cancel()  # the member it polled for is gone
 
     def poll(self) -> list[Message]:
         """The next messages of this member's partitions (waiting as configured)."""
@@ -173,30 +212,82 @@ class GroupConsumer(Iterator[Message]):
             self._join()
         if self._auto_commit and self._returned:
             self.commit()
+        while True:
+            messages = self._fetch_page()
+            delivered = self._delivered
+            if messages and delivered is not None and messages[0].id <= delivered:
+                # The server started over: drop what it already delivered (ids sorted).
+                fresh = messages[bisect.bisect_right(messages, delivered, key=_id) :]
+                if not fresh:
+                    continue  # all of it again: the next page has what is new
+                messages = fresh
+            if messages:
+                self._delivered = messages[-1].id
+            return messages
+
+    def _fetch_page(self) -> list[Message]:
         assert self._assignment is not None
-        api = self._client._api
         wait = self._wait if self._follow else 0.0
+        answer = self._taken_ahead()
         for attempt in (1, 2):
-            try:
-                answer = self._client._send(
-                    api.group_poll(
-                        self.topic, self.group, self._assignment.member_id, self._batch_size, wait
-                    )
-                )
+            if answer is not None:
                 break
+            try:
+                answer = self._send_poll(self._assignment.member_id, wait)
             except (MemberNotFound, GroupNotFound):
                 if attempt == 2:
                     raise
                 self._lost()
                 self._join()
+        assert answer is not None and self._assignment is not None
+        member_id = self._assignment.member_id
         if answer.generation is not None and answer.partitions is not None:
             count = answer.partition_count or self._assignment.partition_count
-            self._adopt(
-                GroupAssignment(
-                    self._assignment.member_id, answer.generation, answer.partitions, count
-                )
+            self._adopt(GroupAssignment(member_id, answer.generation, answer.partitions, count))
+        if answer.page.count is not None and answer.page.count >= self._batch_size:
+            # A full page: more is likely there. Ask now, before decoding this one.
+            self._ahead = (
+                self._epoch,
+                member_id,
+                self._worker.start(self._send_poll, member_id, 0),
             )
+            yield_turns(_SEND_TURNS)
         return answer.page.messages()
+
+    def _send_poll(self, member_id: str, wait: float) -> GroupPage:
+        api = self._client._api
+        return self._client._send(
+            api.group_poll(self.topic, self.group, member_id, self._batch_size, wait)
+        )
+
+    def _taken_ahead(self) -> GroupPage | None:
+        """The answer of the poll sent ahead, if it is still this member's next page.
+        Its failure is the poll's: raised, except that a member the server forgot
+        rejoins and polls again (as after a poll of its own)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        epoch, member_id, pending = ahead
+        try:
+            answer = pending.result()
+        except (MemberNotFound, GroupNotFound):
+            self._lost()
+            self._join()
+            return None
+        assignment = self._assignment
+        if epoch != self._epoch or assignment is None or assignment.member_id != member_id:
+            return None  # rewound or dropped since: what it delivered does not count
+        if self._follow and not answer.page.count:
+            return None  # nothing yet: a long poll instead (the empty one moved nothing)
+        return answer
+
+    def _settle_ahead(self) -> None:
+        """Wait for the poll in flight, if any, and drop its answer: a rewind after it
+        on the server then covers what it delivered."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            with contextlib.suppress(Exception):
+                ahead[2].result()
 
     def _note_returned(self, messages: list[Message]) -> None:
         assert self._assignment is not None or not messages
@@ -224,6 +315,11 @@ class GroupConsumer(Iterator[Message]):
                 if self._returned.get(p) == position:
                     del self._returned[p]
             return
+        held = TransactionGroupCommit(self.topic, self.group, member_id, positions)
+        if transaction.defer_group_commit(held, self):
+            # They go with the transaction's one request; an abort rewinds this member.
+            self._returned.clear()
+            return
         participant = _GroupCommit(self, [])
         tx = transaction.enlist(participant)
         participant._changes = self._client._send(
@@ -231,13 +327,18 @@ class GroupConsumer(Iterator[Message]):
         )
         self._returned.clear()
 
-    def _rolled_back(self, write_pointer: int) -> None:
+    def _rolled_back(self, write_pointer: int | None) -> None:
         """The transaction holding our positions is being aborted: drop them, and have
-        the server deliver again from the committed positions."""
+        the server deliver again from the committed positions (``write_pointer`` None:
+        they were never sent, a rewind is all)."""
+        self._settle_ahead()
+        self._epoch += 1
+        self._delivered = None  # delivered again from the committed positions: wanted
         member_id = self.member_id
-        self._client._send(
-            self._client._api.group_rollback(self.topic, self.group, write_pointer, member_id)
-        )
+        if write_pointer is not None or member_id is not None:
+            self._client._send(
+                self._client._api.group_rollback(self.topic, self.group, write_pointer, member_id)
+            )
         self._buffer.clear()
         self._returned.clear()
 
@@ -246,6 +347,10 @@ class GroupConsumer(Iterator[Message]):
         if self._closed:
             return
         self._closed = True
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[2].cancel()  # the member leaves: what it read ahead goes to the next
+        self._worker.close()
         if self._assignment is None:
             return
         try:
@@ -273,6 +378,7 @@ class GroupConsumer(Iterator[Message]):
         # commits past them, so what was returned but not committed is given up here
         # (it comes again). If the server did not restart, a later commit covers it.
         self._returned.clear()
+        self._delivered = None  # ...and comes again, not dropped as delivered
         sleep(min(5.0, 0.1 * 2**outage))
         return outage + 1
 
@@ -294,3 +400,7 @@ class GroupConsumer(Iterator[Message]):
         message = self._buffer.popleft()
         self._note_returned([message])
         return message
+
+
+def _id(message: Message) -> MessageId:
+    return message.id

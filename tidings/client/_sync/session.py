@@ -19,6 +19,7 @@ from typing import Protocol, TypeVar, overload
 
 from tidings.client.api import Call, PollPage, RestApi
 from tidings.client.base import MessageLike
+from tidings.codec.admin import TransactionGroupCommit
 from tidings.codec.queue_bodies import TransactionAck
 from tidings.structs import (
     MessageId,
@@ -107,6 +108,7 @@ class Session(Protocol):
         transactional_id: str | None = None,
         epoch: int | None = None,
         acks: Sequence[TransactionAck] = (),
+        group_commits: Sequence[TransactionGroupCommit] = (),
     ) -> Transaction: ...
 
     @property

@@ -51,6 +51,7 @@ from tidings.client._sync.txpublisher import TransactionalPublisher
 from tidings.client.base import MessageLike, to_records
 from tidings.client.txbuffer import DEFAULT_PAYLOAD_THRESHOLD, ambiguous
 from tidings.client.txcontext import ContextState, State, attach, failure_of, name_of
+from tidings.codec.admin import TransactionGroupCommit
 from tidings.codec.queue_bodies import TransactionAck
 from tidings.errors import (
     PayloadTooLarge,
@@ -62,7 +63,7 @@ from tidings.errors import (
 )
 from tidings.structs import MessageId, ProducerInfo, Transaction
 
-__all__ = ["TransactionAware", "TransactionContext"]
+__all__ = ["GroupMember", "TransactionAware", "TransactionContext"]
 
 
 @runtime_checkable
@@ -92,6 +93,61 @@ class TransactionAware(Protocol):
     def rollback(self) -> bool | None:
         """Undo what was persisted; failing here makes the context invalidate."""
         ...
+
+
+class GroupMember(Protocol):
+    """A consumer group member whose positions a transaction holds (what
+    :meth:`TransactionContext.defer_group_commit` needs of it)."""
+
+    def _rolled_back(self, write_pointer: int | None) -> None:
+        """The transaction holding its positions aborted (``write_pointer``: the one
+        they were written under; None: they were never sent): drop what it holds and
+        have the server deliver again from the committed positions."""
+        ...
+
+
+class _GroupCommits:
+    """Group positions sent under the write pointer (a transaction that did not go in
+    one request): their change keys go into the commit; a rollback removes them and
+    rewinds each member to its committed positions."""
+
+    name = "consumer group"
+
+    def __init__(
+        self,
+        client: Session,
+        commits: list[tuple[TransactionGroupCommit, GroupMember]],
+    ) -> None:
+        self._client = client
+        self._commits = commits
+        self._changes: list[bytes] = []
+        self._write_pointer: int | None = None
+
+    def start(self, transaction: Transaction) -> None:
+        self._write_pointer = transaction.write_pointer
+        api = self._client._api
+        for c, _ in self._commits:
+            changes: list[bytes] = self._client._send(
+                api.group_commit(
+                    c.topic, c.group, c.member_id, c.positions, transaction.write_pointer
+                )
+            )
+            self._changes.extend(changes)
+
+    def changes(self) -> Iterable[bytes]:
+        return self._changes
+
+    def commit(self) -> None:
+        pass
+
+    def post_commit(self) -> None:
+        pass
+
+    def rollback(self) -> None:
+        if self._write_pointer is None:
+            return
+        for _, member in self._commits:
+            member._rolled_back(self._write_pointer)
 
 
 class _QueueAcks:
@@ -161,6 +217,8 @@ class TransactionContext(ContextState):
         self._client = client
         #: Queue acks of a deferred transaction, sent with its one request.
         self._acks: list[TransactionAck] = []
+        #: Group positions of a deferred transaction, likewise, with their members.
+        self._group_commits: list[tuple[TransactionGroupCommit, GroupMember]] = []
 
     @property
     def transaction(self) -> Transaction:
@@ -191,6 +249,23 @@ class TransactionContext(ContextState):
         self._acks.append(TransactionAck(topic, queue, consumer, list(ids)))
         return True
 
+    def defer_group_commit(self, commit: TransactionGroupCommit, member: GroupMember) -> bool:
+        """Hold a group member's positions for the one request of a deferred transaction
+        (they go in it with the publishes: poll, then one request that commits the
+        positions and publishes). False if the transaction has begun: commit them
+        under its write pointer. ``member`` is told if the transaction aborts."""
+        self._require_open()
+        if self._state is not State.PENDING:
+            return False
+        for i, (held, owner) in enumerate(self._group_commits):
+            if held[:3] == commit[:3]:
+                # The same member again: its later positions replace the earlier ones.
+                positions = {**held.positions, **commit.positions}
+                self._group_commits[i] = (held._replace(positions=positions), owner)
+                return True
+        self._group_commits.append((commit, member))
+        return True
+
     def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None:
         """Publish in this transaction: visible to read-committed consumers on commit."""
         self._require_open()
@@ -214,6 +289,9 @@ class TransactionContext(ContextState):
             # Held for a one request that is not coming: sent now, under the pointer.
             acks, self._acks = self._acks, []
             self._all = (*self._all[:-1], _QueueAcks(self._client, acks), self._all[-1])
+        if self._group_commits:
+            commits, self._group_commits = self._group_commits, []
+            self._all = (*self._all[:-1], _GroupCommits(self._client, commits), self._all[-1])
         for participant in self._all:
             try:
                 participant.start(self._tx)
@@ -269,6 +347,7 @@ class TransactionContext(ContextState):
         if self._state is State.PENDING:
             self._drop()
             self._give_back_acks()
+            self._rewind_members()
         elif self._state is State.ACTIVE:
             self._rollback_and_end(None)
 
@@ -299,6 +378,10 @@ class TransactionContext(ContextState):
                 self._give_back_acks()
             except BaseException as exc:
                 attach(cause, [f"could not give back the messages it acked: {exc}"])
+            try:
+                self._rewind_members()
+            except BaseException as exc:
+                attach(cause, [f"could not rewind the group members it committed: {exc}"])
         elif self._state is State.ACTIVE:
             self._rollback_and_end(cause)
 
@@ -311,6 +394,14 @@ class TransactionContext(ContextState):
         for a in acks:
             self._client._send(api.queue_nack(a.topic, a.queue, a.consumer, a.ids))
 
+    def _rewind_members(self) -> None:
+        """A deferred transaction that aborted (or was never sent) held group
+        positions: each member gets its batch again from its committed positions, as
+        after the rollback of a transaction under way."""
+        commits, self._group_commits = self._group_commits, []
+        for _, member in commits:
+            member._rolled_back(None)
+
     def _commit_in_one_request(self) -> bool:
         """Begin, publish and commit as one request; False if the server cannot (503,
         or 413: nothing done)."""
@@ -321,6 +412,7 @@ class TransactionContext(ContextState):
                 transactional_id=self._producer_id,
                 epoch=self._epoch,
                 acks=self._acks,
+                group_commits=[c for c, _ in self._group_commits],
             )
         except ServiceUnavailable:
             self._client._no_one_request_transactions()
@@ -330,6 +422,14 @@ class TransactionContext(ContextState):
         except TidingsError as exc:
             self._one_request_failed(exc)
             self.publisher.end_deferred()
+            if self._state is State.ABORTED:
+                # The server rolled back; the members learn of it here. (Unknown: it
+                # may have committed, so nothing is rewound.)
+                try:
+                    self._rewind_members()
+                except BaseException as other:
+                    attach(exc, [f"could not rewind the group members it committed: {other}"])
+            self._group_commits = []
             raise
         except BaseException:
             self._state = State.UNKNOWN

@@ -162,7 +162,8 @@ def routes(api: Api) -> list[Route]:
         ns = check_name(request.path_params["ns"], "namespace")
         obj = await body(request, "transactional publish")
         acks = queue_bodies.read_transaction_acks(obj)
-        batches = _batches(obj, empty_ok=bool(acks))
+        group_commits = admin.read_transaction_group_commits(obj)
+        batches = _batches(obj, empty_ok=bool(acks or group_commits))
         timeout, (transactional_id, epoch) = admin.read_begin_request(obj)
         principal = principal_of(request)
         if principal is not None:
@@ -171,22 +172,51 @@ def routes(api: Api) -> list[Route]:
                 principal.require_publish(topic)
             for a in acks:
                 principal.require_consume(a.topic)
+            for g in group_commits:
+                principal.require_consume(g.topic)
         queues = api.queues if acks else None  # 503 where queues do not run
+        groups = api.groups if group_commits else None  # likewise groups
 
         async def settle(wp: int) -> None:
-            # The acks first: a conflict then costs no publish, and the transaction
-            # fails before anything of it is written to a topic.
-            assert queues is not None
-            for a in acks:
-                await api.blocking(
-                    queues.ack, ns, a.topic, a.queue, a.consumer, a.ids, write_pointer=wp
-                )
+            # The acks and positions first: a conflict or a fenced member then costs no
+            # publish, and the transaction fails before anything of it is written to a
+            # topic. A position is written under the write pointer, so it counts if
+            # and only if the transaction commits; a rebalance that moves its partition
+            # meanwhile invalidates the transaction (the commit then fails).
+            if acks:
+                assert queues is not None
+                for a in acks:
+                    await api.blocking(
+                        queues.ack, ns, a.topic, a.queue, a.consumer, a.ids, write_pointer=wp
+                    )
+            if group_commits:
+                assert groups is not None
+                for g in group_commits:
+                    # Without change keys at the commit: ``alone`` fails it here if
+                    # another open transaction holds one of the partitions.
+                    await api.blocking(
+                        groups.commit,
+                        ns,
+                        g.topic,
+                        g.group,
+                        g.member_id,
+                        g.positions,
+                        write_pointer=wp,
+                        alone=True,
+                    )
 
         async def unsettle(wp: int) -> None:
-            assert queues is not None
             for a in acks:
+                assert queues is not None
                 with contextlib.suppress(TidingsError):
                     await api.blocking(queues.rollback, ns, a.topic, a.queue, wp)
+            for g in group_commits:
+                assert groups is not None
+                # The positions only: a refused request changes nothing of the member.
+                # Rewinding it (to get the batch again) is its own call, as the client
+                # makes it when it learns of the failure (group rollback, memberId).
+                with contextlib.suppress(TidingsError):
+                    await api.blocking(groups.rollback, ns, g.topic, g.group, wp)
 
         async def run() -> Transaction:
             ended: list[str] = []
@@ -201,7 +231,7 @@ def routes(api: Api) -> list[Route]:
                     transactional_id,
                     epoch,
                     ended,
-                    (settle, unsettle) if acks else None,
+                    (settle, unsettle) if acks or group_commits else None,
                 )
             finally:
                 for outcome in ended:

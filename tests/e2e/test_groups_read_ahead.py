@@ -1,0 +1,127 @@
+"""A group member reads ahead (the next poll in flight while the application works on a
+page): commits, rollbacks and rebalances must not see the page read ahead. Through the
+real server and the real clients (issue: consumer groups)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from tests.e2e.serverproc import ServerProcess
+from tests.e2e.test_groups import drain, fill
+from tidings import AsyncClient, Client
+from tidings.errors import PartitionFenced, TopicNotFound, TransactionNotInProgress
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_commit_covers_what_was_returned_not_what_was_read_ahead(
+    server: ServerProcess, topic: str
+) -> None:
+    with Client(server.url) as client:
+        fill(client, topic, 50, keys=1)
+        consumer = client.consume(topic, group="g", follow=False, partitions=1, batch_size=10)
+        page = consumer.poll()
+        assert len(page) == 10
+        assert consumer._ahead is not None  # the next page is on its way
+        consumer.commit()
+        info = client.describe_group(topic, "g")
+        assert info.partitions[0].position == page[-1].id
+        assert info.partitions[0].lag == 40
+        # The page read ahead is the next one, in order, and nothing is lost or repeated.
+        rest = drain(consumer)
+        assert [m.id for m in page + rest] == [m.id for m in client.poll(topic, limit=100)]
+        consumer.close()
+
+
+@pytest.mark.parametrize("defer_begin", [True, False])
+def test_a_rolled_back_page_comes_again_not_the_one_read_ahead(
+    server: ServerProcess, topic: str, defer_begin: bool
+) -> None:
+    with Client(server.url) as client:
+        fill(client, topic, 40, keys=1)
+        client.create_topic(topic + "-out")
+        consumer = client.consume(topic, group="g", follow=False, partitions=1, batch_size=10)
+        page = consumer.poll()
+        assert consumer._ahead is not None
+        with pytest.raises(KeyError), client.transaction(defer_begin=defer_begin) as tx:
+            tx.publish(topic + "-out", [m.payload for m in page])
+            consumer.commit(transaction=tx)
+            raise KeyError("abort")
+        assert [m.id for m in consumer.poll()] == [m.id for m in page]
+        # The server refuses a transaction: the page comes again as well.
+        again = page
+        with pytest.raises(TopicNotFound), client.transaction(defer_begin=defer_begin) as tx:
+            tx.publish(topic + "-missing", [m.payload for m in again])
+            consumer.commit(transaction=tx)
+        assert [m.id for m in consumer.poll()] == [m.id for m in page]
+        with client.transaction(defer_begin=defer_begin) as tx:
+            tx.publish(topic + "-out", [m.payload for m in page])
+            consumer.commit(transaction=tx)
+        rest = drain(consumer)
+        assert [m.id for m in page + rest] == [m.id for m in client.poll(topic, limit=100)]
+        assert client.describe_group(topic, "g").partitions[0].position == page[-1].id
+        consumer.close()
+
+
+async def test_async_rollback_with_a_poll_in_flight(server: ServerProcess, topic: str) -> None:
+    with Client(server.url) as sync_client:
+        fill(sync_client, topic, 30, keys=1)
+        sync_client.create_topic(topic + "-out")
+    async with AsyncClient(server.url) as client:
+        consumer = client.consume(topic, group="g", follow=False, partitions=1, batch_size=10)
+        page = await consumer.poll()
+        assert consumer._ahead is not None
+        with pytest.raises(KeyError):
+            async with client.transaction() as tx:
+                await consumer.commit(transaction=tx)
+                raise KeyError("abort")
+        assert [m.id for m in await consumer.poll()] == [m.id for m in page]
+        got = list(page)
+        while more := await consumer.poll():
+            got.extend(more)
+        assert len(got) == 30 and len({m.id for m in got}) == 30
+        await consumer.close()
+
+
+def test_a_copier_through_a_rebalance_copies_each_message_once(
+    server: ServerProcess, topic: str
+) -> None:
+    # Two copiers, the second joining while the first has a page read ahead: the
+    # partitions that move are fenced for the first, which gets its batch again.
+    with Client(server.url) as client:
+        records = fill(client, topic, 400, keys=40)
+        client.create_topic(topic + "-out")
+        a = client.consume(topic, group="copy", follow=False, partitions=8, batch_size=20)
+        b = client.consume(topic, group="copy", follow=False, batch_size=20)
+        members = [a]
+        fenced = 0
+
+        def copy_one(member: object) -> int:
+            nonlocal fenced
+            page = member.poll()  # type: ignore[attr-defined]
+            if not page:
+                return 0
+            try:
+                with client.transaction() as tx:
+                    tx.publish(topic + "-out", [m.payload for m in page])
+                    member.commit(transaction=tx)  # type: ignore[attr-defined]
+            except (PartitionFenced, TransactionNotInProgress):
+                fenced += 1
+            return len(page)
+
+        copy_one(a)
+        assert a._ahead is not None
+        b.heartbeat()  # joins: a rebalance while a's next page is in flight
+        members.append(b)
+        idle = 0
+        while idle < 4:
+            moved = sum(copy_one(m) for m in members)
+            idle = idle + 1 if moved == 0 else 0
+        out = Counter(m.payload for m in client.poll(topic + "-out", limit=1000))
+        assert out == Counter(r.payload for r in records)
+        info = client.describe_group(topic, "copy")
+        assert sum(p.lag for p in info.partitions) == 0
+        a.close()
+        b.close()
