@@ -162,6 +162,38 @@ def test_a_member_that_lost_its_partition_is_fenced(parts: Parts) -> None:
     assert [m.id for m in again] == [m.id for m in messaging.fetch("ns", "t", limit=100)]
 
 
+def test_positions_prepared_before_a_rebalance_are_fenced_when_written_after_it(
+    parts: Parts,
+) -> None:
+    """The one-request transaction checks its positions, then writes them with its
+    messages: a rebalance between the two must fence it although no record of it was
+    stored yet."""
+    groups, messaging, tx, clock = parts
+    publish(messaging, 40, keys=1)
+    a = groups.join("ns", "t", "g", partitions=1, session_timeout_ms=1000)
+    out, _ = groups.poll("ns", "t", "g", a.member_id, limit=10, snapshot=snapshot(tx))
+    pending = tx.begin()
+    wp = pending.write_pointer
+    write = groups.prepare_commit("ns", "t", "g", a.member_id, {0: out[-1].id}, wp)
+    clock.now += 5  # a stalls past its session timeout; b takes the partition
+    b = groups.join("ns", "t", "g")
+    assert b.partitions == (0,)
+    with pytest.raises(TransactionInvalid):  # fenced before its write lands
+        write.submit().result()
+    gid = groups._gid("ns", "t", "g")
+    assert groups.positions(gid, snapshot(tx)) == {}
+    # Prepared and written without a rebalance: the positions count once it commits.
+    c = groups.join("ns", "t", "g2", partitions=1)
+    got, _ = groups.poll("ns", "t", "g2", c.member_id, limit=5, snapshot=snapshot(tx))
+    t2 = tx.begin()
+    groups.prepare_commit("ns", "t", "g2", c.member_id, {0: got[-1].id}, t2.write_pointer)
+    clock.now += 0.1
+    write2 = groups.prepare_commit("ns", "t", "g2", c.member_id, {0: got[-1].id}, t2.write_pointer)
+    write2.submit().result()
+    tx.commit(t2.write_pointer, [])
+    assert groups.positions(groups._gid("ns", "t", "g2"), snapshot(tx)) == {0: got[-1].id}
+
+
 def test_commit_checks_ownership_and_delivery(parts: Parts) -> None:
     groups, messaging, tx, _ = parts
     publish(messaging, 20, keys=20)

@@ -295,3 +295,42 @@ def test_held_positions_go_under_the_write_pointer_when_the_transaction_begins_e
         assert positions(client, topic, "g") == [page[-1].id]
         assert len(client.poll(topic + "-out", transaction=client.snapshot())) == 1
         consumer.close()
+
+
+def _store_commits(url: str) -> int:
+    text = httpx.get(url + "/metrics", timeout=5).text
+    lines = [ln for ln in text.splitlines() if ln.startswith("tidings_store_commits")]
+    assert lines, "the server reports its store commits"
+    return int(float(lines[0].split()[-1]))
+
+
+def test_positions_messages_and_commit_are_one_store_write(tmp_path: Path) -> None:
+    """The copier's transaction (publish + positions in one request) is one durable
+    write on the server: the positions ride in the store write of the messages, which
+    also carries the commit."""
+    own = ServerProcess(tmp_path / "data").start()
+    try:
+        with Client(own.url) as client:
+            fill(client, "in", 60, keys=6)
+            client.create_topic("out")
+            consumer = client.consume("in", group="g", follow=False, partitions=4, batch_size=10)
+            batches = []
+            written = 0
+            for _ in range(5):
+                batch = consumer.poll()
+                assert batch
+                batches.append(batch)
+                before = _store_commits(own.url)
+                with client.transaction() as tx:
+                    tx.publish("out", [m.payload for m in batch])
+                    consumer.commit(transaction=tx)
+                assert tx.state == "committed"
+                written += _store_commits(own.url) - before
+            # One store commit per transaction (two if the positions went alone); a
+            # background write of the server's own may add one.
+            assert len(batches) <= written <= len(batches) + 1, written
+            assert positions(client, "in", "g") != [None] * 4
+            copied = [m.payload for m in client.poll("out", limit=100)]
+            assert copied == [m.payload for batch in batches for m in batch]
+    finally:
+        own.stop()

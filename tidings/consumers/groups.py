@@ -44,6 +44,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
 from tidings.codec import groups as gkeys
@@ -77,6 +78,7 @@ __all__ = [
     "DEFAULT_PARTITIONS",
     "DEFAULT_SESSION_TIMEOUT_MS",
     "GroupCoordinator",
+    "PositionsWrite",
     "change_key",
     "partition_of",
 ]
@@ -129,6 +131,10 @@ class GroupCoordinator:
         self._started = clock()
         self._lock = threading.RLock()
         self._sessions: dict[tuple[_GroupId, str], _Session] = {}
+        #: Positions checked by prepare_commit whose write may not have landed yet: per
+        #: group and partition, the write pointers. A rebalance fences these as it
+        #: fences the records it finds (the write may come after it).
+        self._prepared: dict[_GroupId, dict[int, set[int]]] = {}
         self._pages: dict[tuple[int, int], Pages] = {}
 
     # --- membership ------------------------------------------------------------------
@@ -327,43 +333,88 @@ class GroupCoordinator:
 
         :class:`PartitionFenced` for a partition the member does not own;
         :class:`BadRequest` for a position past what was delivered to the member."""
-        if not positions:
-            raise BadRequest("a commit names at least one partition")
         gid = self._gid(namespace, topic, group)
         with self._lock:
-            try:
-                record = self._require_member(namespace, topic, gid, member_id)
-            except MemberNotFound as exc:
-                # Dropped (its session timed out) or gone: whatever it owned moved.
-                raise PartitionFenced(f"{exc.message}; its partitions moved") from None
-            session = self._touch(gid, member_id)
-            owned = set(record.members[member_id].partitions)
-            for p, position in positions.items():
-                if not 0 <= p < record.partitions:
-                    raise BadRequest(f"partition {p} is not in [0, {record.partitions})")
-                if p not in owned:
-                    raise PartitionFenced(
-                        f"member {member_id} does not own partition {p} of group {group} "
-                        f"(generation {record.generation}): it cannot commit it"
-                    )
-                delivered = session.cursors.get(p)
-                if delivered is None or position > delivered:
-                    raise BadRequest(
-                        f"position {position.hex} of partition {p} is past what was "
-                        "delivered to this member"
-                    )
+            self._check_commit(namespace, topic, gid, member_id, positions)
             changes = [change_key(*gid[:2], group, p) for p in sorted(positions)]
             if write_pointer is not None:
-                self._write_positions(gid, positions, write_pointer, alone=alone)
+                self._store.apply(self._positions_fn(gid, positions, write_pointer, alone=alone))
                 return changes
             own = self._tx.begin()
             try:
-                self._write_positions(gid, positions, own.write_pointer)
+                self._store.apply(self._positions_fn(gid, positions, own.write_pointer))
                 self._tx.commit(own.write_pointer, changes)
             except BaseException:
                 _quietly(self._tx.invalidate, own.write_pointer)
                 raise
             return []
+
+    def prepare_commit(
+        self,
+        namespace: str,
+        topic: str,
+        group: str,
+        member_id: str,
+        positions: Mapping[int, MessageId],
+        write_pointer: int,
+    ) -> PositionsWrite:
+        """Check a commit of the member's positions under ``write_pointer`` as
+        :meth:`commit` does (same errors), and return its write, to carry in the store
+        write of the transaction's messages (the one-request transaction: positions,
+        messages and commit made durable by one fsync) or to apply alone. As with
+        ``commit(..., alone=True)``, the write fails with :class:`TransactionConflict`
+        if another open transaction holds a position of one of the partitions."""
+        gid = self._gid(namespace, topic, group)
+        with self._lock:
+            self._check_commit(namespace, topic, gid, member_id, positions)
+            # Until the write lands, a rebalance would not find its record: it finds
+            # the pointer here instead (and invalidates it, fencing the commit).
+            snapshot = self._tx.snapshot()
+            assert snapshot is not None
+            still_open = set(snapshot.in_progress)
+            prepared = self._prepared.setdefault(gid, {})
+            for p in list(prepared):
+                prepared[p] &= still_open
+                if not prepared[p]:
+                    del prepared[p]
+            for p in positions:
+                prepared.setdefault(p, set()).add(write_pointer)
+        fn = self._positions_fn(gid, positions, write_pointer, alone=True, guarded=False)
+        return PositionsWrite(self._store, self._tx, write_pointer, fn)
+
+    def _check_commit(
+        self,
+        namespace: str,
+        topic: str,
+        gid: _GroupId,
+        member_id: str,
+        positions: Mapping[int, MessageId],
+    ) -> None:
+        # Under the lock: the member owns each partition, and each position was delivered.
+        if not positions:
+            raise BadRequest("a commit names at least one partition")
+        group = gid[2]
+        try:
+            record = self._require_member(namespace, topic, gid, member_id)
+        except MemberNotFound as exc:
+            # Dropped (its session timed out) or gone: whatever it owned moved.
+            raise PartitionFenced(f"{exc.message}; its partitions moved") from None
+        session = self._touch(gid, member_id)
+        owned = set(record.members[member_id].partitions)
+        for p, position in positions.items():
+            if not 0 <= p < record.partitions:
+                raise BadRequest(f"partition {p} is not in [0, {record.partitions})")
+            if p not in owned:
+                raise PartitionFenced(
+                    f"member {member_id} does not own partition {p} of group {group} "
+                    f"(generation {record.generation}): it cannot commit it"
+                )
+            delivered = session.cursors.get(p)
+            if delivered is None or position > delivered:
+                raise BadRequest(
+                    f"position {position.hex} of partition {p} is past what was "
+                    "delivered to this member"
+                )
 
     def rollback(
         self,
@@ -415,23 +466,27 @@ class GroupCoordinator:
             for p in record.members[member_id].partitions:
                 session.cursors[p] = committed.get(p, begin)
 
-    def _write_positions(
+    def _positions_fn(
         self,
         gid: _GroupId,
         positions: Mapping[int, MessageId],
         write_pointer: int,
         *,
         alone: bool = False,
-    ) -> None:
+        guarded: bool = True,
+    ) -> Callable[[WriteView], None]:
         snapshot = self._tx.snapshot()
         assert snapshot is not None
         # Open as of the snapshot, this transaction aside (it is among them).
         others = frozenset(snapshot.in_progress) - {write_pointer} if alone else frozenset()
+        tx = self._tx
 
         def write(view: WriteView) -> None:
-            # Checked in the write itself, as publishes are: nothing lands under a
-            # pointer that ended, so pruning the invalid list stays safe.
-            self._tx.check_writable(write_pointer)
+            if guarded:
+                # Checked in the write itself, as publishes are: nothing lands under a
+                # pointer that ended, so pruning the invalid list stays safe. (Carried
+                # by a one-write commit, its commit step decides that instead.)
+                tx.check_writable(write_pointer)
             if view.get(_META, gkeys.group_key(*gid)) is None:
                 raise GroupNotFound(f"group {gid[2]} does not exist")
             for p, position in positions.items():
@@ -444,7 +499,7 @@ class GroupCoordinator:
                 key = gkeys.position_key(*gid, p, write_pointer)
                 view.put(_META, key, position.to_bytes())
 
-        self._store.apply(write)
+        return write
 
     def positions(self, gid: _GroupId, snapshot: Transaction) -> dict[int, MessageId]:
         """The committed position of each partition that has one."""
@@ -766,8 +821,10 @@ class GroupCoordinator:
         state = self._tx.state()
         open_ = set(state.in_progress)
         found: set[int] = set()
+        prepared = self._prepared.get(gid, {})
         with self._store.read() as view:
             for p in partitions:
+                found |= prepared.get(p, set()) & open_
                 start, stop = gkeys.partition_range(*gid, p)
                 for key, _ in view.scan(_META, start, stop):
                     wp = gkeys.write_pointer_of(key)[1]
@@ -793,6 +850,30 @@ class GroupCoordinator:
     def _assignment(self, record: GroupRecord, member_id: str) -> GroupAssignment:
         member = record.members[member_id]
         return GroupAssignment(member_id, record.generation, member.partitions, record.partitions)
+
+
+@dataclass(frozen=True, slots=True)
+class PositionsWrite:
+    """A member's positions under a write pointer, checked and ready to write
+    (:meth:`GroupCoordinator.prepare_commit`): ``carry(view)`` inside the store write
+    that holds the transaction's messages and decides its commit (the commit step
+    stands in for the write pointer's guard there), or alone (:meth:`submit`)."""
+
+    store: Store
+    tx: TransactionManager
+    write_pointer: int
+    carry: Callable[[WriteView], None]
+
+    def submit(self) -> Future[None]:
+        """Write the positions in a store write of their own, guarded as publishes are
+        (nothing lands under a write pointer that ended); resolves once durable."""
+        carry, tx, wp = self.carry, self.tx, self.write_pointer
+
+        def write(view: WriteView) -> None:
+            tx.check_writable(wp)
+            carry(view)
+
+        return self.store.submit(write)
 
 
 def _compact(view: WriteView, gid: _GroupId, partition: int, snapshot: Transaction) -> set[int]:

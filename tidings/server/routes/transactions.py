@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from tidings.codec import admin, queue_bodies, wire
 from tidings.codec.transaction import encode_transaction
+from tidings.consumers.groups import PositionsWrite
 from tidings.errors import (
     BadRequest,
     EmptyPublish,
@@ -39,8 +40,10 @@ from tidings.names import INT64_MAX, check_name
 from tidings.server.bodies import json_object, read_body, require_json
 from tidings.server.handlers import Api, json_response, principal_of
 from tidings.server.inbox import LoopInbox
+from tidings.store.backend import WriteView
 from tidings.structs import Record, Transaction
 from tidings.tx import TransactionManager
+from tidings.tx.manager import OneWriteCommit
 
 __all__ = ["PREFIX", "PUBLISH", "routes"]
 
@@ -177,33 +180,36 @@ def routes(api: Api) -> list[Route]:
         queues = api.queues if acks else None  # 503 where queues do not run
         groups = api.groups if group_commits else None  # likewise groups
 
-        async def settle(wp: int) -> None:
-            # The acks and positions first: a conflict or a fenced member then costs no
-            # publish, and the transaction fails before anything of it is written to a
-            # topic. A position is written under the write pointer, so it counts if
-            # and only if the transaction commits; a rebalance that moves its partition
-            # meanwhile invalidates the transaction (the commit then fails).
+        async def settle(wp: int) -> list[PositionsWrite]:
+            # The acks and the positions' checks first: a conflict or a fenced member
+            # then costs no publish, and the transaction fails before anything of it is
+            # written to a topic. The positions are written under the write pointer, so
+            # they count if and only if the transaction commits; where the commit rides
+            # in the publish's store write, they ride there too (one fsync for all).
             if acks:
                 assert queues is not None
                 for a in acks:
                     await api.blocking(
                         queues.ack, ns, a.topic, a.queue, a.consumer, a.ids, write_pointer=wp
                     )
+            carried: list[PositionsWrite] = []
             if group_commits:
                 assert groups is not None
                 for g in group_commits:
-                    # Without change keys at the commit: ``alone`` fails it here if
-                    # another open transaction holds one of the partitions.
-                    await api.blocking(
-                        groups.commit,
-                        ns,
-                        g.topic,
-                        g.group,
-                        g.member_id,
-                        g.positions,
-                        write_pointer=wp,
-                        alone=True,
+                    # Without change keys at the commit: the write fails the transaction
+                    # if another open transaction holds one of the partitions.
+                    carried.append(
+                        await api.blocking(
+                            groups.prepare_commit,
+                            ns,
+                            g.topic,
+                            g.group,
+                            g.member_id,
+                            g.positions,
+                            wp,
+                        )
                     )
+            return carried
 
         async def unsettle(wp: int) -> None:
             for a in acks:
@@ -279,13 +285,17 @@ async def _transact(
     transactional_id: str | None,
     epoch: int | None,
     ended: list[str],
-    acks: tuple[Callable[[int], Awaitable[None]], Callable[[int], Awaitable[None]]] | None = None,
+    acks: tuple[Callable[[int], Awaitable[list[PositionsWrite]]], Callable[[int], Awaitable[None]]]
+    | None = None,
 ) -> Transaction:
     """Begin, (ack), publish every batch, commit; on the event loop, awaiting each
     step's group commit through a future (no worker thread is held).
 
     With ``acks`` (``(settle, unsettle)``), ``settle(wp)`` acks queue messages under the
-    write pointer first, and ``unsettle(wp)`` gives them back if anything after fails.
+    write pointer first and answers the group positions to write under it, and
+    ``unsettle(wp)`` gives the acks back and removes the positions if anything after
+    fails. The positions ride in the publish's store write where the commit does, else
+    they are a write of their own before it.
     The batches are published in one store write: all of them, or none. Where the
     manager can (``commit_in_write``), the commit is decided last in that same write and
     made durable by it (one fsync instead of two); otherwise it follows the publish. If
@@ -302,21 +312,29 @@ async def _transact(
     # The commit in the publish's own store write where the manager can: one fsync.
     step = None
     try:
+        carried: list[PositionsWrite] = []
         if acks is not None:
-            await acks[0](wp)
+            carried = await acks[0](wp)
         if batches:
             step = tx.commit_in_write(wp, transactional_id=transactional_id, epoch=epoch)
             # Bad input is refused here, at once, before anything is written.
             if step is not None:
                 try:
                     await inbox.wait(
-                        step.watch(messaging.publish_all_future(ns, batches, wp, then=step))
+                        step.watch(
+                            messaging.publish_all_future(
+                                ns, batches, wp, then=_carrying(carried, step)
+                            )
+                        )
                     )
                 except Exception:
                     if not step.deferred:
                         raise
                     step = None  # the log was rotating; nothing was written
-            if step is None:
+        if step is None:
+            for write in carried:
+                await inbox.wait(write.submit())
+            if batches:
                 await inbox.wait(messaging.publish_all_future(ns, batches, wp))
     except Exception as exc:
         if step is not None and (step.refused or step.decided):
@@ -339,6 +357,19 @@ async def _transact(
             raise
     ended.append("committed")
     return snapshot
+
+
+def _carrying(carried: list[PositionsWrite], step: OneWriteCommit) -> Callable[[WriteView], None]:
+    """The end of a one-write commit's store write: the positions, then the commit."""
+    if not carried:
+        return step
+
+    def then(view: WriteView) -> None:
+        for write in carried:
+            write.carry(view)
+        step(view)
+
+    return then
 
 
 async def _result(inbox: LoopInbox, future: Future[_T]) -> _T:
