@@ -320,16 +320,11 @@ class GroupCoordinator:
         positions: Mapping[int, MessageId],
         *,
         write_pointer: int | None = None,
-        alone: bool = False,
     ) -> list[bytes]:
         """Commit the member's positions (each: the id of the last message it consumed
         in that partition). With ``write_pointer`` they are part of that transaction and
-        the change keys to commit it with are returned; without, they commit now.
-
-        ``alone`` is for a transaction that commits without the change keys (the
-        one-request transaction): it cannot lose a conflict at its commit, so it loses
-        it here instead, with :class:`TransactionConflict`, if another open transaction
-        holds a position of one of the partitions.
+        the change keys to commit it with are returned; without, they commit now. (The
+        one-request transaction uses :meth:`prepare_commit` instead.)
 
         :class:`PartitionFenced` for a partition the member does not own;
         :class:`BadRequest` for a position past what was delivered to the member."""
@@ -338,7 +333,7 @@ class GroupCoordinator:
             self._check_commit(namespace, topic, gid, member_id, positions)
             changes = [change_key(*gid[:2], group, p) for p in sorted(positions)]
             if write_pointer is not None:
-                self._store.apply(self._positions_fn(gid, positions, write_pointer, alone=alone))
+                self._store.apply(self._positions_fn(gid, positions, write_pointer))
                 return changes
             own = self._tx.begin()
             try:
@@ -361,9 +356,10 @@ class GroupCoordinator:
         """Check a commit of the member's positions under ``write_pointer`` as
         :meth:`commit` does (same errors), and return its write, to carry in the store
         write of the transaction's messages (the one-request transaction: positions,
-        messages and commit made durable by one fsync) or to apply alone. As with
-        ``commit(..., alone=True)``, the write fails with :class:`TransactionConflict`
-        if another open transaction holds a position of one of the partitions."""
+        messages and commit made durable by one fsync) or to apply alone. That
+        transaction commits without change keys, so it cannot lose a conflict at its
+        commit: the write fails with :class:`TransactionConflict` instead if another
+        open transaction holds a position of one of the partitions."""
         gid = self._gid(namespace, topic, group)
         with self._lock:
             self._check_commit(namespace, topic, gid, member_id, positions)
@@ -379,7 +375,7 @@ class GroupCoordinator:
                     del prepared[p]
             for p in positions:
                 prepared.setdefault(p, set()).add(write_pointer)
-        fn = self._positions_fn(gid, positions, write_pointer, alone=True, guarded=False)
+        fn = self._positions_fn(gid, positions, write_pointer, one_request=True)
         return PositionsWrite(self._store, self._tx, write_pointer, fn)
 
     def _check_commit(
@@ -472,20 +468,21 @@ class GroupCoordinator:
         positions: Mapping[int, MessageId],
         write_pointer: int,
         *,
-        alone: bool = False,
-        guarded: bool = True,
+        one_request: bool = False,
     ) -> Callable[[WriteView], None]:
+        """The write of positions under ``write_pointer``. For a one-request
+        transaction (:meth:`prepare_commit`) it loses the partition conflict here, and
+        leaves the pointer's guard to whoever runs it (:class:`PositionsWrite`)."""
         snapshot = self._tx.snapshot()
         assert snapshot is not None
         # Open as of the snapshot, this transaction aside (it is among them).
-        others = frozenset(snapshot.in_progress) - {write_pointer} if alone else frozenset()
+        others = frozenset(snapshot.in_progress) - {write_pointer} if one_request else frozenset()
         tx = self._tx
 
         def write(view: WriteView) -> None:
-            if guarded:
+            if not one_request:
                 # Checked in the write itself, as publishes are: nothing lands under a
-                # pointer that ended, so pruning the invalid list stays safe. (Carried
-                # by a one-write commit, its commit step decides that instead.)
+                # pointer that ended, so pruning the invalid list stays safe.
                 tx.check_writable(write_pointer)
             if view.get(_META, gkeys.group_key(*gid)) is None:
                 raise GroupNotFound(f"group {gid[2]} does not exist")

@@ -39,6 +39,22 @@ _MESSAGE_ID = {
     "pattern": "^[A-Za-z0-9+/]{26}[AEIMQUYcgkosw048]=$",
     "description": "a 20-byte message id, standard base64",
 }
+#: A group member's id, as join answers it.
+_MEMBER_ID = {"type": "string", "pattern": "^[A-Za-z0-9]{1,64}$"}
+#: The positions of a group commit: the last message consumed, per partition.
+_GROUP_POSITIONS = {
+    "type": "array",
+    "minItems": 1,
+    "description": "the id of the last message consumed, per partition (each partition once)",
+    "items": {
+        "type": "object",
+        "required": ["partition", "id"],
+        "properties": {
+            "partition": {"type": "integer", "minimum": 0, "maximum": 1023},
+            "id": _MESSAGE_ID,
+        },
+    },
+}
 #: What tidings.tx.producers accepts: 1-255 characters, none of them a control character.
 _TRANSACTIONAL_ID = {
     "type": "string",
@@ -373,23 +389,8 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
                             "properties": {
                                 "topic": _NAME,
                                 "group": _NAME,
-                                "memberId": {"type": "string", "pattern": "^[A-Za-z0-9]{1,64}$"},
-                                "positions": {
-                                    "type": "array",
-                                    "minItems": 1,
-                                    "items": {
-                                        "type": "object",
-                                        "required": ["partition", "id"],
-                                        "properties": {
-                                            "partition": {
-                                                "type": "integer",
-                                                "minimum": 0,
-                                                "maximum": 1023,
-                                            },
-                                            "id": _MESSAGE_ID,
-                                        },
-                                    },
-                                },
+                                "memberId": _MEMBER_ID,
+                                "positions": _GROUP_POSITIONS,
                             },
                         },
                     }
@@ -506,7 +507,7 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
 
 
 def _group_schemas() -> dict[str, Any]:
-    member_id = {"type": "string", "pattern": "^[A-Za-z0-9]{1,64}$"}
+    member_id = _MEMBER_ID
     partitions = {"type": "array", "items": {"type": "integer", "minimum": 0}}
     null = {"type": "null"}
     return {
@@ -558,20 +559,7 @@ def _group_schemas() -> dict[str, Any]:
             "required": ["memberId", "positions"],
             "properties": {
                 "memberId": member_id,
-                "positions": {
-                    "type": "array",
-                    "minItems": 1,
-                    "description": "the id of the last message consumed, per partition "
-                    "(each partition once)",
-                    "items": {
-                        "type": "object",
-                        "required": ["partition", "id"],
-                        "properties": {
-                            "partition": {"type": "integer", "minimum": 0, "maximum": 1023},
-                            "id": _MESSAGE_ID,
-                        },
-                    },
-                },
+                "positions": _GROUP_POSITIONS,
                 "transactionWritePointer": _nullable(_POSITIVE_INT64),
             },
         },

@@ -57,17 +57,32 @@ _SEND_TURNS = 2
 class _GroupCommit:
     """A group's positions as a participant of a transaction: their change keys go into
     the commit; a rollback removes them and rewinds the member to its committed
-    positions."""
+    positions. With ``held`` (positions a deferred transaction held for its one
+    request, which did not come) they are sent under the write pointer at the start."""
 
     name = "consumer group"
 
-    def __init__(self, consumer: AsyncGroupConsumer, changes: list[bytes]) -> None:
+    def __init__(
+        self,
+        consumer: AsyncGroupConsumer,
+        changes: list[bytes],
+        held: TransactionGroupCommit | None = None,
+    ) -> None:
         self._consumer = consumer
         self._changes = changes
+        self._held = held
         self._write_pointer: int | None = None
 
     async def start(self, transaction: Transaction) -> None:
         self._write_pointer = transaction.write_pointer
+        held = self._held
+        if held is not None:
+            client = self._consumer._client
+            self._changes = await client._send(
+                client._api.group_commit(
+                    held.topic, held.group, held.member_id, held.positions, self._write_pointer
+                )
+            )
 
     async def changes(self) -> Iterable[bytes]:
         return self._changes
@@ -326,6 +341,11 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
             api.group_commit(self.topic, self.group, member_id, positions, tx.write_pointer)
         )
         self._returned.clear()
+
+    def _participant(self, held: TransactionGroupCommit) -> _GroupCommit:
+        """The participant that sends ``held`` under the write pointer of a transaction
+        that began after all (see :meth:`AsyncTransactionContext.defer_group_commit`)."""
+        return _GroupCommit(self, [], held)
 
     async def _rolled_back(self, write_pointer: int | None) -> None:
         """The transaction holding our positions is being aborted: drop them, and have

@@ -99,55 +99,16 @@ class GroupMember(Protocol):
     """A consumer group member whose positions a transaction holds (what
     :meth:`TransactionContext.defer_group_commit` needs of it)."""
 
+    def _participant(self, held: TransactionGroupCommit) -> TransactionAware:
+        """The participant that sends ``held`` under the write pointer, should the
+        transaction begin after all (its rollback rewinds the member)."""
+        ...
+
     def _rolled_back(self, write_pointer: int | None) -> None:
         """The transaction holding its positions aborted (``write_pointer``: the one
         they were written under; None: they were never sent): drop what it holds and
         have the server deliver again from the committed positions."""
         ...
-
-
-class _GroupCommits:
-    """Group positions sent under the write pointer (a transaction that did not go in
-    one request): their change keys go into the commit; a rollback removes them and
-    rewinds each member to its committed positions."""
-
-    name = "consumer group"
-
-    def __init__(
-        self,
-        client: Session,
-        commits: list[tuple[TransactionGroupCommit, GroupMember]],
-    ) -> None:
-        self._client = client
-        self._commits = commits
-        self._changes: list[bytes] = []
-        self._write_pointer: int | None = None
-
-    def start(self, transaction: Transaction) -> None:
-        self._write_pointer = transaction.write_pointer
-        api = self._client._api
-        for c, _ in self._commits:
-            changes: list[bytes] = self._client._send(
-                api.group_commit(
-                    c.topic, c.group, c.member_id, c.positions, transaction.write_pointer
-                )
-            )
-            self._changes.extend(changes)
-
-    def changes(self) -> Iterable[bytes]:
-        return self._changes
-
-    def commit(self) -> None:
-        pass
-
-    def post_commit(self) -> None:
-        pass
-
-    def rollback(self) -> None:
-        if self._write_pointer is None:
-            return
-        for _, member in self._commits:
-            member._rolled_back(self._write_pointer)
 
 
 class _QueueAcks:
@@ -291,7 +252,8 @@ class TransactionContext(ContextState):
             self._all = (*self._all[:-1], _QueueAcks(self._client, acks), self._all[-1])
         if self._group_commits:
             commits, self._group_commits = self._group_commits, []
-            self._all = (*self._all[:-1], _GroupCommits(self._client, commits), self._all[-1])
+            held = tuple(member._participant(commit) for commit, member in commits)
+            self._all = (*self._all[:-1], *held, self._all[-1])
         for participant in self._all:
             try:
                 participant.start(self._tx)

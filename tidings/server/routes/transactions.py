@@ -285,13 +285,15 @@ async def _transact(
     transactional_id: str | None,
     epoch: int | None,
     ended: list[str],
-    acks: tuple[Callable[[int], Awaitable[list[PositionsWrite]]], Callable[[int], Awaitable[None]]]
+    consumed: tuple[
+        Callable[[int], Awaitable[list[PositionsWrite]]], Callable[[int], Awaitable[None]]
+    ]
     | None = None,
 ) -> Transaction:
     """Begin, (ack), publish every batch, commit; on the event loop, awaiting each
     step's group commit through a future (no worker thread is held).
 
-    With ``acks`` (``(settle, unsettle)``), ``settle(wp)`` acks queue messages under the
+    With ``consumed`` (``(settle, unsettle)``), ``settle(wp)`` acks queue messages under the
     write pointer first and answers the group positions to write under it, and
     ``unsettle(wp)`` gives the acks back and removes the positions if anything after
     fails. The positions ride in the publish's store write where the commit does, else
@@ -313,8 +315,8 @@ async def _transact(
     step = None
     try:
         carried: list[PositionsWrite] = []
-        if acks is not None:
-            carried = await acks[0](wp)
+        if consumed is not None:
+            carried = await consumed[0](wp)
         if batches:
             step = tx.commit_in_write(wp, transactional_id=transactional_id, epoch=epoch)
             # Bad input is refused here, at once, before anything is written.
@@ -341,8 +343,8 @@ async def _transact(
             # The commit failed, not the publish: as a failed commit below.
             await _invalidate(inbox, tx, wp, exc, ended)
             raise
-        if acks is not None:
-            await acks[1](wp)
+        if consumed is not None:
+            await consumed[1](wp)
         await _end_failed(inbox, tx, wp, exc, transactional_id, epoch, ended)
         raise
     if step is None:
