@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tidings.clock import FakeClock
 from tidings.codec import keys, values
 from tidings.errors import BadRequest, EmptyPublish, PayloadsAlreadyPublished, TopicNotFound
-from tidings.messaging import MessagingService
+from tidings.messaging import MessagingService, publishing
 from tidings.messaging.sequencing import assign
 from tidings.store import Store
 from tidings.structs import MessageId, PayloadRange, Record, RollbackInfo, Transaction
@@ -537,3 +537,31 @@ def test_ranged_pointer_value_round_trip(
     plain = values.encode_pointer(write_pointer)
     assert values.decode_value(plain) == (write_pointer, None, None, {}, None)
     assert values.read_payload_range(plain) is None
+
+
+@PROPERTY
+@given(
+    st.lists(
+        st.tuples(
+            st.binary(max_size=30),
+            st.none() | st.binary(max_size=300),
+            st.dictionaries(st.text(min_size=1, max_size=4), st.binary(max_size=4), max_size=2),
+            st.none() | st.integers(1, 1000),
+        ),
+        min_size=1,
+        max_size=10,
+    ),
+    st.none() | st.integers(1, 2**40),
+)
+def test_encoded_batch_values_are_the_canonical_encoding(
+    fields: list[tuple[bytes, bytes | None, dict[str, bytes], int | None]], wp: int | None
+) -> None:
+    # The batch encoder's shortcuts (plain payloads, a key alone) write exactly what the
+    # general encoder writes, so every reader decodes them alike.
+    records = [Record(p, k, h, ttl) for p, k, h, ttl in fields]
+    batch = publishing.encode_batch(records, wp, NOW)
+    assert batch.values == [
+        values.encode_value(p, wp, k, h, None if ttl is None else NOW + ttl * 1000)
+        for p, k, h, ttl in fields
+    ]
+    assert batch.size == sum(len(p) for p, *_ in fields)

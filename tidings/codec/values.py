@@ -39,9 +39,11 @@ __all__ = [
     "FLAG_KEY",
     "FLAG_P",
     "FLAG_T",
+    "KEYED",
     "PLAIN",
     "POINTER",
     "RANGE_SIZE",
+    "TX_KEYED",
     "TX_PLAIN",
     "UNKNOWN",
     "VERSION",
@@ -62,6 +64,7 @@ __all__ = [
     "encode_topic_record",
     "encode_pointer",
     "encode_value",
+    "keyed_header",
     "payload_header",
     "read_payload_range",
     "read_write_pointer",
@@ -82,12 +85,16 @@ _VERSION_BITS = VERSION << 5
 PLAIN = _VERSION_BITS | FLAG_P
 #: Flags byte of a transactional message without extras.
 TX_PLAIN = _VERSION_BITS | FLAG_T | FLAG_P
+#: Flags bytes of a message with a key and nothing else (a keyed publish's common case).
+KEYED = PLAIN | FLAG_KEY
+TX_KEYED = TX_PLAIN | FLAG_KEY
 #: Flags byte of a Payload Table pointer entry (``t`` only).
 POINTER = _VERSION_BITS | FLAG_T
 
 _I64 = struct.Struct(">q")
 _U64 = struct.Struct(">Q")
 _PLAIN_BYTE = bytes([PLAIN])
+_KEYED_BYTE = bytes([KEYED])
 _RANGE = struct.Struct(">QHQH")
 #: Bytes of the optional range at the end of a pointer value.
 RANGE_SIZE = _RANGE.size
@@ -112,6 +119,17 @@ def payload_header(write_pointer: int | None = None) -> bytes:
     if write_pointer is None:
         return _PLAIN_BYTE
     return bytes([TX_PLAIN]) + _I64.pack(write_pointer)
+
+
+def keyed_header(write_pointer: int | None = None) -> bytes:
+    """The bytes before the key's length byte of a message with a key and nothing else.
+
+    For a key shorter than 128 bytes, ``keyed_header(wp) + bytes([len(key)]) + key +
+    payload`` equals ``encode_value(payload, wp, key)``.
+    """
+    if write_pointer is None:
+        return _KEYED_BYTE
+    return bytes([TX_KEYED]) + _I64.pack(write_pointer)
 
 
 def encode_value(

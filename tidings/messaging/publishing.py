@@ -100,6 +100,10 @@ def check_payload_ranges(ranges: object) -> list[PayloadRange]:
     return checked
 
 
+#: The one-byte varint of each key length below 128.
+_KEY_LENGTHS = [bytes([n]) for n in range(0x80)]
+
+
 def encode_batch(
     messages: Sequence[Record | bytes], write_pointer: int | None, now: int
 ) -> EncodedBatch:
@@ -119,12 +123,24 @@ def encode_batch(
     expiries: list[tuple[int, int]] = []
     size = 0
     encode = values.encode_value
+    keyed, lengths = values.keyed_header(write_pointer), _KEY_LENGTHS
     for i, message in enumerate(messages):
         if isinstance(message, bytes | bytearray | memoryview):
             payload = bytes(message)
             encoded.append(header + payload)
         elif isinstance(message, Record):
             payload, key, headers, ttl = message
+            if (
+                ttl is None
+                and not headers
+                and type(key) is bytes
+                and len(key) < 0x80
+                and type(payload) is bytes
+            ):
+                # A key alone (the common keyed shape): one concatenation.
+                encoded.append(keyed + lengths[len(key)] + key + payload)
+                size += len(payload)
+                continue
             payload = _bytes(payload, "payload")
             expires_at = None
             if ttl is not None:
