@@ -308,3 +308,11 @@ def test_every_shape_of_record_reads_back_as_published(
         (p, k, h) for p, k, h, _ in records
     ]
     assert [m.write_pointer for m in got] == [7 if t else None for *_, t in records]
+    # The ids-only reads walk the same entries.
+    ids = [m.id for m in got]
+    assert service.fetch_ids("ns", "t", limit=100, transaction=tx) == ids
+    for i in range(len(ids)):
+        assert service.fetch_ids("ns", "t", start=ids[i], limit=100, transaction=tx) == ids[i:]
+        suffix = service.fetch("ns", "t", start=ids[i], limit=100, transaction=tx)
+        assert suffix == got[i:]
+    assert service.stats("ns", "t").newest_id == ids[-1]

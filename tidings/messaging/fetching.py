@@ -244,7 +244,7 @@ class _Reader:
                     Message(MessageId(ts, seq), value[1 if wp is None else 9 :], write_pointer=wp)
                 )
                 return True
-            if flags in (KEYED, TX_KEYED):
+            if flags in (KEYED, TX_KEYED) and not self.ids:
                 at = 1 if wp is None else 9
                 if value[at] < 0x80:  # a key shorter than 128 bytes, as most are
                     end = at + 1 + value[at]
