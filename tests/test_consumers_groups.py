@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from tidings.errors import (
     PartitionFenced,
     TransactionInvalid,
 )
-from tidings.messaging import MessagingService
+from tidings.messaging import MessagingConfig, MessagingService
 from tidings.store.backends.memory import MemoryStore
 from tidings.structs import Message, MessageId, Record, Transaction
 from tidings.tx import TransactionManager, TxConfig
@@ -252,3 +253,50 @@ def test_kept_pages_are_bounded_by_count_and_bytes() -> None:
     assert sum(p.size for p in big._pages) <= pages_module._BYTES_KEPT
     assert len(big._pages) == pages_module._BYTES_KEPT // per_page
     assert big.find(Id(19_000, 0, 0, 0)) is not None
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.integers(1, 60),  # messages
+    st.integers(1, 6),  # partitions
+    st.integers(1, 9),  # page size (several pages per scan)
+    st.integers(1, 25),  # poll limit
+    st.data(),
+)
+def test_a_scan_returns_the_owned_messages_after_each_cursor_in_order(
+    n: int, partitions: int, page: int, limit: int, data: st.DataObject
+) -> None:
+    store = MemoryStore()
+    messaging = MessagingService(
+        store, MessagingConfig(fetch_default_limit=page, fetch_max_limit=page)
+    )
+    messaging.create_topic("ns", "t")
+    publish(messaging, n, keys=data.draw(st.integers(1, 12)))
+    everything = messaging.fetch("ns", "t", limit=page)
+    while len(everything) < n:
+        everything += messaging.fetch("ns", "t", start=everything[-1].id, inclusive=False)
+    owned = data.draw(
+        st.lists(st.integers(0, partitions - 1), min_size=1, max_size=partitions, unique=True)
+    )
+    # Each owned partition's cursor: none yet, or the id of some message (a member
+    # alone moves all cursors together; members after a rebalance do not).
+    together = data.draw(st.booleans())
+    shared = data.draw(st.none() | st.sampled_from(everything))
+    picks = {
+        p: (shared if together else data.draw(st.none() | st.sampled_from(everything)))
+        for p in owned
+    }
+    cursors = {p: (None if m is None else m.id) for p, m in picks.items()}
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        TransactionManager(Path(tmp), TxConfig(sweep_interval=3600)) as tx,
+    ):
+        groups = GroupCoordinator(store, messaging, tx, clock=Clock())
+        out, _ = groups._scan("ns", "t", (1, 1), partitions, cursors, limit, snapshot(tx))
+    expected = [
+        m
+        for m in everything
+        if (p := partition_of(m, partitions)) in cursors
+        and (cursors[p] is None or m.id > cursors[p])
+    ][:limit]
+    assert out == expected

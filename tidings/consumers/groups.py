@@ -43,7 +43,7 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
@@ -267,18 +267,31 @@ class GroupCoordinator:
                         pages.add(page)
             first = page.after(start)
             messages = page.messages
-            index = page.by_partition(partitions)
-            chosen: list[int] = []
-            for p, cursor in cursors.items():
-                indices = index.get(p)
-                if not indices:
-                    continue
-                lo = bisect.bisect_left(indices, first)
-                if cursor is not None:
-                    lo = max(lo, bisect.bisect_right(indices, cursor, key=page.id_at))
-                chosen.extend(indices[lo:])
-            chosen.sort()
             room = limit - len(out)
+            chosen: Sequence[int]
+            if (
+                len(cursors) == partitions
+                and first < len(messages)
+                and all(c is None or c < messages[first].id for c in cursors.values())
+            ):
+                # Every partition, none ahead of this place (a member alone, mostly):
+                # the page's messages in order, without the partition index.
+                chosen = range(first, min(len(messages), first + room))
+            else:
+                index = page.by_partition(partitions)
+                picked: list[int] = []
+                for p, cursor in cursors.items():
+                    indices = index.get(p)
+                    if not indices:
+                        continue
+                    lo = bisect.bisect_left(indices, first)
+                    if cursor is not None:
+                        lo = max(lo, bisect.bisect_right(indices, cursor, key=page.id_at))
+                    # The first ``room`` of each partition hold the first ``room`` of
+                    # them all; fewer than ``room`` in all means none was cut short.
+                    picked.extend(indices[lo : lo + room])
+                picked.sort()
+                chosen = picked
             examined += len(messages) - first
             if len(chosen) >= room:
                 chosen = chosen[:room]
