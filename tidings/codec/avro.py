@@ -307,7 +307,7 @@ def write_messages(messages: Sequence[Message | bytes], *, extended: bool) -> by
     """A poll response from messages and pre-encoded items (see :class:`AvroItems`)."""
     if not messages:
         return b"\x00"
-    small, long_ = _SMALL, varint
+    small, long_, pack_id = _SMALL, varint, _ID_ITEM.pack
     parts: list[bytes] = [long_(len(messages))]
     add = parts.append
     for m in messages:
@@ -316,8 +316,7 @@ def write_messages(messages: Sequence[Message | bytes], *, extended: bool) -> by
             continue
         assert isinstance(m, Message)
         payload = m.payload
-        add(b"\x28")  # the id: always 20 bytes
-        add(m.id.to_bytes())
+        add(pack_id(0x28, *m.id))  # the id's length (always 20), then the id
         add(small[len(payload)] if len(payload) < 16384 else _zigzag(len(payload)))
         add(payload)
         if extended:
@@ -326,7 +325,7 @@ def write_messages(messages: Sequence[Message | bytes], *, extended: bool) -> by
                 add(b"\x00")
             else:
                 add(b"\x02")
-                add(long_(len(key)))
+                add(small[len(key)] if len(key) < 16384 else _zigzag(len(key)))
                 add(key)
             headers = m.headers
             if headers:
