@@ -82,7 +82,9 @@ def to_records(messages: MessageLike | Iterable[MessageLike]) -> list[Outgoing]:
     """What to send for one message or an iterable of them."""
     if isinstance(messages, bytes | bytearray | memoryview | str | Record):
         return [to_record(messages)]
-    if type(messages) is list and all(type(m) is bytes for m in messages):
+    if type(messages) is list and all(type(m) is bytes or type(m) is Record for m in messages):
+        # Already in the form they are sent in (a copier's records, a transaction's
+        # buffer passed on): one pass of type checks, no call per message.
         return messages.copy()
     return [to_record(m) for m in messages]
 

@@ -403,6 +403,16 @@ def read_messages(body: bytes, *, extended: bool) -> list[Message]:
                 pos += 2
                 append(new(Message, (message_id, payload, None, NO_HEADERS, None, 0)))
                 continue
+            size = body[pos + 1]
+            if body[pos] == 2 and size < 0x80 and not size & 1:
+                # A key under 64 bytes (its length one zig-zag byte), then maybe no
+                # headers: a keyed topic's usual case, without three read_long calls.
+                key_end = pos + 2 + (size >> 1)
+                if key_end < end and body[key_end] == 0:
+                    short_key = body[pos + 2 : key_end]
+                    pos = key_end + 1
+                    append(new(Message, (message_id, payload, short_key, NO_HEADERS, None, 0)))
+                    continue
             branch = body[pos]
             pos += 1
             key = None
