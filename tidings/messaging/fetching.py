@@ -144,6 +144,9 @@ def _append_avro(
     # payload, and for the extended schema a null key and empty headers.
     append, join, suffix = out.append, b"".join, avro.suffix
     small, zigzag, id_len, zero = avro.small, avro.zigzag, b"\x28", bytes(10)
+    # A key alone (under 128 bytes) is written as it is stored: the extended schema's
+    # key branch, its length and bytes, and no headers; the plain schema drops it.
+    keyed, extended = KEYED, bool(suffix)
     for key, value in view.scan(_MESSAGES, scan_from, stop):
         flags = value[0]
         if flags == plain:
@@ -152,6 +155,15 @@ def _append_avro(
         elif flags == tx_plain:
             n = len(value) - 9
             payload = memoryview(value)[9:]
+        elif flags == keyed and value[1] < 0x80:
+            end = 2 + value[1]
+            n = len(value) - end
+            length = small[n] if n < 16384 else zigzag(n)
+            tail = b"\x02" + small[value[1]] + value[2:end] + b"\x00" if extended else b""
+            append(join((id_len, key[8:18], zero, length, memoryview(value)[end:], tail)))
+            if len(out) >= limit:
+                return
+            continue
         elif reader.entry(key, value, None, True):
             if len(out) >= limit:
                 return
