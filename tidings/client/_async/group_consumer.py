@@ -307,8 +307,18 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         if not messages or self._assignment is None:
             return
         count = self._assignment.partition_count
-        for message in messages:
-            self._returned[partition_of(message, count)] = message.id
+        # The last message of each partition is all a commit needs: from the end, until
+        # every owned partition has one (a page of many keys meets them all early).
+        remaining = set(self._assignment.partitions)
+        latest: dict[int, MessageId] = {}
+        for message in reversed(messages):
+            p = partition_of(message, count)
+            if p not in latest:
+                latest[p] = message.id
+                remaining.discard(p)
+                if not remaining:
+                    break
+        self._returned.update(latest)
 
     async def commit(self, *, transaction: AsyncTransactionContext | None = None) -> None:
         """Commit the position after the last message returned, per partition. With
