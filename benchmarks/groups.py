@@ -22,12 +22,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
-import os
 import statistics
 import time
 import uuid
 
-from benchmarks.workloads import Server
+from benchmarks.workloads import Server, cpu_seconds
 from tidings import AsyncClient, Client, Record
 
 #: How long the server keeps a group's pages (tidings.consumers.pages.PAGE_LIFETIME),
@@ -101,13 +100,6 @@ def consume_rate(url: str, topic: str, members: int, grouped: bool) -> float:
     return total / (end - begin)
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (from /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def copier_rate(url: str, source: str, messages: int) -> float:
     run = uuid.uuid4().hex[:6]  # a fresh output topic and group on each call
     target = f"{source}-copy-{run}"
@@ -162,9 +154,9 @@ def main() -> None:
         for _ in range(args.rounds if args.copier_only else 1):
             if not args.warm:
                 time.sleep(_PAGES_EXPIRE)
-            cpu = _cpu_seconds(server.proc.pid)
+            cpu = cpu_seconds(server.proc.pid)
             rate = copier_rate(server.url, topic, args.messages)
-            per_tx = (_cpu_seconds(server.proc.pid) - cpu) / (args.messages / 500) * 1000
+            per_tx = (cpu_seconds(server.proc.pid) - cpu) / (args.messages / 500) * 1000
             print(f"exactly-once copier, 500 per transaction: {rate:,.0f} msg/s "
                   f"(server CPU {per_tx:.1f} ms per transaction)")  # fmt: skip
     finally:

@@ -37,7 +37,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from benchmarks.workloads import Server, _free_port, _pct
+from benchmarks.workloads import Server, _free_port, _pct, cpu_seconds
 from tidings import AsyncClient
 
 _PAUSE = 0.0005
@@ -114,12 +114,6 @@ async def _probe(port: int) -> None:
     writer.close()
 
 
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class _Conn:
     """One kept-alive HTTP/1.1 connection that sends a request and reads its answer."""
 
@@ -158,13 +152,13 @@ async def _timed(
         await fn()
         await asyncio.sleep(_PAUSE)
     times: list[float] = []
-    cpu0 = _cpu_seconds(pid)
+    cpu0 = cpu_seconds(pid)
     for _ in range(count):
         began = time.perf_counter()
         await fn()
         times.append((time.perf_counter() - began) * 1e3)
         await asyncio.sleep(_PAUSE)
-    return times, (_cpu_seconds(pid) - cpu0) / count * 1e6
+    return times, (cpu_seconds(pid) - cpu0) / count * 1e6
 
 
 async def _tidings_cases(server: Server, durable: bool, count: int) -> dict[str, Any]:

@@ -388,9 +388,7 @@ def run_system(kind: str, address: str, args: argparse.Namespace) -> dict[str, f
         modes = ["notify", "poll"] if kind == "postgres" else ["consume"]
         best: list[float] | None = None
         for mode in modes:
-            lat = w3(
-                system, kind, address, args.w3_rate, args.w3_seconds, mode, args.w3_publishers
-            )
+            lat = w3(system, kind, address, args.w3_rate, args.w3_seconds, mode, args.w3_publishers)
             if best is None or _pct(lat, 0.99) < _pct(best, 0.99):
                 best = lat
         assert best is not None

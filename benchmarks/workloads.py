@@ -37,6 +37,25 @@ from tidings import AsyncClient
 BATCH = 500
 
 
+def wait_healthy(url: str, timeout: float) -> bool:
+    """Poll ``url``'s ``/healthz`` until it answers 200 (True) or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/healthz", timeout=0.5).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    return False
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used so far (from /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -57,15 +76,9 @@ class Server:
         cmd = [sys.executable, "-m", "tidings", "serve", "--port", str(self.port),
                "--data-dir", str(data), *extra]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + start_timeout
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/healthz", timeout=0.5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("server did not start")
+        if not wait_healthy(self.url, start_timeout):
+            self.stop()
+            raise RuntimeError("server did not start")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

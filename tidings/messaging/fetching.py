@@ -35,8 +35,8 @@ _TAIL = struct.Struct(">QH")
 _I64 = struct.Struct(">q")
 _NO_PAYLOAD_ROW = bytes(10)
 _SKIP = Visibility.SKIP
-_new = tuple.__new__
 _BLOCK = Visibility.BLOCK
+_new = tuple.__new__
 
 
 def retention_cutoff(state: TopicState, now: int) -> int:
