@@ -10,10 +10,12 @@ measures, after a small warm-up run (JVM and Python workers started):
 - a batch read of the source topic (``spark.read ... .count()``);
 - a batch write (``df.write``) of the source's rows to another topic;
 - in the same session, the ceiling Spark itself reaches on this machine with the same
-  rows: the ``rate-micro-batch`` source making 1 KiB rows (from the row number, so
-  nothing is constant-folded) -> ``upper()`` -> the ``noop`` sink, streaming; a Parquet
-  file of such rows -> ``upper()`` -> ``noop``, batch; and the same through a
-  row-at-a-time Python UDF. Tidings is reported as a fraction of those.
+  rows: the same pipeline between a Python data source and sink that cost nothing
+  (``benchmarks/spark_null_source.py``: rows made in memory, batches dropped), which is
+  the part of the pipeline's time that is Spark's own; the ``rate-micro-batch`` source
+  making 1 KiB rows (from the row number, so nothing is constant-folded) -> ``upper()``
+  -> the ``noop`` sink, streaming; a Parquet file of such rows -> ``upper()`` -> ``noop``,
+  batch; and the same through a row-at-a-time Python UDF. Tidings is reported as a fraction of those.
 
     python benchmarks/spark_pipeline.py                     # 20,000 x 1 KiB
     python benchmarks/spark_pipeline.py --messages 200000 --max-per-trigger 50000
@@ -33,6 +35,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from benchmarks.workloads import cpu_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -179,6 +183,31 @@ def _ceilings(spark: Any, work: Path, count: int, size: int, per_trigger: int) -
     return out
 
 
+def _null_pipeline(spark: Any, example: Any, work: Path, args: Any, per_trigger: Any) -> Any:
+    """The pipeline's transform between the costless Python source and sink."""
+    reader = spark.readStream.format("tidings-null").option("rows", args.messages)
+    reader = reader.option("size", args.size)
+    if per_trigger:
+        reader = reader.option("maxMessagesPerTrigger", per_trigger)
+    query = (
+        example.transform(reader.load())
+        .writeStream.format("tidings-null")
+        .option("checkpointLocation", str(work / f"ckpt-null-{time.monotonic_ns()}"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(query.exception())
+    return query
+
+
+def _server_cpu(label: str, server: subprocess.Popen[bytes], count: int, since: float) -> float:
+    used = cpu_seconds(server.pid) - since
+    print(f"  server CPU during {label}: {used * 1e6 / count:.1f} us per message", flush=True)
+    return cpu_seconds(server.pid)
+
+
 def _count(client: Any, topic: str) -> int:
     total, start, tx = 0, None, client.snapshot()
     while True:
@@ -245,8 +274,13 @@ def main() -> int:
                     raise RuntimeError(query.exception())
                 return query
 
+            from benchmarks.spark_null_source import NullSource
+
+            spark.dataSource.register(NullSource)
             # Starts the JVM's and Python's workers and lets the JVM compile its hot code.
             pipeline("warmup", "warmup-out")
+            if not args.no_ceilings:
+                _null_pipeline(spark, example, work, args, per_trigger)
             print(
                 f"local[2], {args.size} B messages, maxMessagesPerTrigger={per_trigger}, "
                 f"arrow batches of {args.arrow_batch or 'Spark default'}",
@@ -254,12 +288,14 @@ def main() -> int:
             )
             queries: list[Any] = []
             rates: dict[str, float] = {}
+            cpu = cpu_seconds(server.pid)
             rates["start-to-end"] = _timed(
                 "pipeline, query start to end",
                 args.messages,
                 args.size,
                 lambda: queries.append(pipeline("source", "sink")),
             )
+            cpu = _server_cpu("the pipeline", server, args.messages, cpu)
             assert _count(client, "sink") == args.messages
             if args.verbose:
                 for p in queries[0].recentProgress:
@@ -270,10 +306,26 @@ def main() -> int:
                 rates["steady"] = _line(
                     "pipeline, steady state (after 1st batch)", rows, seconds, args.size
                 )
+            ceiling: dict[str, float] = {}
+            if not args.no_ceilings:
+                nulls: list[Any] = []
+                ceiling["null-start-to-end"] = _timed(
+                    "ceiling: same pipeline, costless Python source and sink",
+                    args.messages,
+                    args.size,
+                    lambda: nulls.append(_null_pipeline(spark, example, work, args, per_trigger)),
+                )
+                rows, seconds = _steady(nulls[0])
+                if rows:
+                    ceiling["null-steady"] = _line(
+                        "ceiling: the same, steady state", rows, seconds, args.size
+                    )
+                cpu = cpu_seconds(server.pid)
             source = spark.read.format("tidings").option("url", url).option("topic", "source")
             rates["read"] = _timed(
                 "batch read (count)", args.messages, args.size, lambda: source.load().count()
             )
+            cpu = _server_cpu("the batch read", server, args.messages, cpu)
             rates["write"] = _timed(
                 "batch write (df.write of the source's rows)",
                 args.messages,
@@ -288,10 +340,15 @@ def main() -> int:
                     .save()
                 ),
             )
+            _server_cpu("the batch write", server, args.messages, cpu)
             assert _count(client, "copy") == args.messages
             if not args.no_ceilings:
-                ceiling = _ceilings(spark, work, args.messages, args.size, per_trigger or 50_000)
+                ceiling.update(
+                    _ceilings(spark, work, args.messages, args.size, per_trigger or 50_000)
+                )
                 for what, against in (
+                    ("steady", "null-steady"),
+                    ("start-to-end", "null-start-to-end"),
                     ("steady", "stream"),
                     ("start-to-end", "stream"),
                     ("read", "batch"),
