@@ -17,6 +17,7 @@ from itertools import pairwise
 
 from tidings.clock import Clock
 from tidings.codec import keys, values
+from tidings.codec.stored_publish import StoredBatch
 from tidings.codec.values import TopicState
 from tidings.errors import BadRequest, OutOfOrderSequence, PayloadsAlreadyPublished
 from tidings.messaging import accounting
@@ -105,13 +106,20 @@ _KEY_LENGTHS = [bytes([n]) for n in range(0x80)]
 
 
 def encode_batch(
-    messages: Sequence[Record | bytes], write_pointer: int | None, now: int
+    messages: Sequence[Record | bytes] | StoredBatch, write_pointer: int | None, now: int
 ) -> EncodedBatch:
     """Encode every message's stored value; BadRequest for anything malformed.
 
     ``now`` (ms) anchors per-message TTLs: an expiry is absolute, measured on the wall
-    clock from when the message was accepted.
+    clock from when the message was accepted. A :class:`StoredBatch` (a body read
+    straight into stored values) is taken as it is.
     """
+    if isinstance(messages, StoredBatch):
+        if messages.stored_pointer != write_pointer:
+            raise ValueError(
+                f"values stored under {messages.stored_pointer}, written under {write_pointer}"
+            )
+        return EncodedBatch(messages.values, [], messages.size)
     header = values.payload_header(write_pointer)
     try:
         # The common case, plain payloads: one concatenation per message, no branches.

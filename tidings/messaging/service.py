@@ -21,6 +21,7 @@ from typing import TypeVar, cast
 
 from tidings.clock import Clock, SystemClock
 from tidings.codec import keys, values, wire
+from tidings.codec.stored_publish import StoredBatch
 from tidings.codec.values import TopicState
 from tidings.codec.wire import AvroItems, Media
 from tidings.errors import BadRequest, EmptyPublish, InvalidMessageId
@@ -204,7 +205,7 @@ class MessagingService:
         self,
         namespace: str,
         topic: str,
-        messages: Sequence[Record | bytes],
+        messages: Sequence[Record | bytes] | StoredBatch,
         write_pointer: int | None = None,
         payload_ranges: Sequence[PayloadRange] | None = None,
         producer: tuple[bytes, int] | None = None,
@@ -226,7 +227,7 @@ class MessagingService:
         self,
         namespace: str,
         topic: str,
-        messages: Sequence[Record | bytes],
+        messages: Sequence[Record | bytes] | StoredBatch,
         write_pointer: int | None = None,
         payload_ranges: Sequence[PayloadRange] | None = None,
         producer: tuple[bytes, int] | None = None,
@@ -364,7 +365,7 @@ class MessagingService:
         namespace: str,
         topic: str,
         write_pointer: int,
-        messages: Sequence[Record | bytes],
+        messages: Sequence[Record | bytes] | StoredBatch,
     ) -> PayloadRange:
         """Store payloads under ``write_pointer`` in the Payload Table; returns once
         durable. They become visible when that pointer is published. Returns the range
@@ -376,7 +377,7 @@ class MessagingService:
         namespace: str,
         topic: str,
         write_pointer: int,
-        messages: Sequence[Record | bytes],
+        messages: Sequence[Record | bytes] | StoredBatch,
     ) -> Future[PayloadRange]:
         """:meth:`store_payloads` without waiting (bad input raises at once)."""
         began = time.perf_counter()
@@ -733,7 +734,7 @@ class MessagingService:
 def _ranges(
     payload_ranges: Sequence[PayloadRange] | None,
     write_pointer: int | None,
-    messages: Sequence[Record | bytes],
+    messages: Sequence[Record | bytes] | StoredBatch,
 ) -> list[PayloadRange] | None:
     # Ranges only narrow a pointer publish; with messages they would mean nothing.
     if payload_ranges is None:

@@ -148,7 +148,9 @@ def routes(api: Api) -> list[Route]:
         messaging = api.messaging
         ns, topic = _names(request)
         media = request_media(request)
-        req = wire.decode_publish_request(await read_body(request, max_body), media)
+        req = wire.decode_publish_request(
+            await read_body(request, max_body), media, stored_for="publish"
+        )
         producer = _producer(request)
         info = await inbox.wait(
             messaging.publish_future(
@@ -228,7 +230,9 @@ def routes(api: Api) -> list[Route]:
         messaging = api.messaging
         ns, topic = _names(request)
         media = request_media(request)
-        req = wire.decode_publish_request(await read_body(request, max_body), media)
+        req = wire.decode_publish_request(
+            await read_body(request, max_body), media, stored_for="store"
+        )
         if req.write_pointer is None:
             raise BadRequest("store requires a transactionWritePointer")
         if req.payload_ranges is not None:

@@ -27,6 +27,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tidings.codec import admin, queue_bodies, wire
+from tidings.codec.stored_publish import StoredBatch
 from tidings.codec.transaction import encode_transaction
 from tidings.consumers.groups import PositionsWrite
 from tidings.errors import (
@@ -91,6 +92,7 @@ def _batches(obj: dict[str, Any], *, empty_ok: bool = False) -> list[_Batch]:
             raise BadRequest("the server assigns the write pointer; do not send one")
         # Each item is a JSON PublishRequest plus its topic: decode it as one.
         records = wire.publish_request_from_json(item).records
+        assert not isinstance(records, StoredBatch)  # only Avro bodies are read that way
         if not records:
             raise EmptyPublish(f"topics[{i}] ({topic}) has no messages")
         batches.append((topic, list(records)))

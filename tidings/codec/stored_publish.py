@@ -1,0 +1,175 @@
+"""An Avro publish or store body read straight into the values the topic stores.
+
+The general path decodes a ``PublishRequestExt`` with fastavro into a dict per message's
+extras, builds a :class:`~tidings.structs.Record` from each, and encodes each into its
+stored value (:func:`tidings.codec.values.encode_value`): 13 us per message with a
+header, most of a Spark sink's store on the server (BENCHMARKS.md, "The Spark sink's
+stores"). This reads the body once and writes each stored value as it goes.
+
+It covers the bodies producers send: messages with or without extras, keys, headers,
+no per-message TTL, each value in one block. Anything else -- a TTL, a map naming a
+header twice, a block with its byte size, a malformed body -- answers None, and the
+caller takes the general path, which stores the same values or raises the same error.
+``tests/test_codec_stored_publish.py`` checks that both paths agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tidings.codec.avro import read_long
+from tidings.codec.values import FLAG_HEADERS, FLAG_KEY, payload_header
+
+__all__ = ["StoredBatch", "read_stored_batch"]
+
+_INT64_MAX = (1 << 63) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBatch:
+    """A publish body's messages as stored values.
+
+    ``write_pointer`` is the body's; ``stored_pointer`` the one written into each value
+    (a publish's, or None for a store: Payload Table rows carry theirs in the key)."""
+
+    write_pointer: int | None
+    stored_pointer: int | None
+    values: list[bytes]
+    size: int  # payload bytes, as the general path counts them
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+# The stored layout's unsigned varints of short lengths (keys, header names and values).
+_LENGTHS = tuple(_uvarint(n) for n in range(4096))
+
+
+def _length(n: int) -> bytes:
+    return _LENGTHS[n] if n < 4096 else _uvarint(n)
+
+
+def read_stored_batch(body: bytes, extended: bool, *, store: bool) -> StoredBatch | None:
+    """The stored values of a ``PublishRequest`` (``extended``: ``PublishRequestExt``)
+    body -- for the Payload Table if ``store`` --, or None when the general path must
+    read it (see the module docstring)."""
+    try:
+        return _read(body, extended, store)
+    except (IndexError, ValueError):
+        return None  # malformed: the general path names what is wrong
+
+
+def _read(body: bytes, extended: bool, store: bool) -> StoredBatch | None:
+    read = read_long
+    end = len(body)
+    branch = body[0]
+    if branch == 0:
+        write_pointer: int | None
+        write_pointer, pos = read(body, 1)
+        if not -_INT64_MAX <= write_pointer <= _INT64_MAX:
+            return None
+    elif branch == 2:
+        write_pointer, pos = None, 1
+    else:
+        return None
+    # Views, not slices: each payload is copied once, into its stored value.
+    view = memoryview(body)
+    payloads: list[memoryview] = []
+    count, pos = read(body, pos)
+    if count < 0:
+        return None
+    if count:
+        add = payloads.append
+        for _ in range(count):
+            size, pos = read(body, pos)
+            stop = pos + size
+            if size < 0 or stop > end:
+                return None
+            add(view[pos:stop])
+            pos = stop
+        if body[pos] != 0:  # a second block
+            return None
+        pos += 1
+    total = sum(map(len, payloads))
+    stored_pointer = None if store else write_pointer
+    plain = payload_header(stored_pointer)
+    if not extended or body[pos] == 0:  # no extras: the union's null branch
+        if extended:
+            pos += 1
+        if pos != end:
+            return None
+        return StoredBatch(write_pointer, stored_pointer, [plain + p for p in payloads], total)
+    if body[pos] != 2:
+        return None
+    count, pos = read(body, pos + 1)
+    if count != len(payloads):
+        return None
+    flags, after_flags = plain[0], plain[1:]
+    values: list[bytes] = []
+    add_value = values.append
+    length = _length
+    for payload in payloads:
+        parts: list[bytes | memoryview] = [b"", after_flags]
+        which = flags
+        branch = body[pos]
+        pos += 1
+        if branch == 2:
+            size, pos = read(body, pos)
+            stop = pos + size
+            if size < 0 or stop > end:
+                return None
+            parts.append(length(size))
+            parts.append(body[pos:stop])
+            pos = stop
+            which |= FLAG_KEY
+        elif branch != 0:
+            return None
+        pairs, pos = read(body, pos)
+        if pairs:
+            if pairs < 0:
+                return None
+            parts.append(length(pairs))
+            names: list[bytes] = []
+            for _ in range(pairs):
+                size, pos = read(body, pos)
+                stop = pos + size
+                if size < 0 or stop > end:
+                    return None
+                name = body[pos:stop]
+                name.decode()  # a header name is a string: UTF-8, as fastavro checks
+                names.append(name)
+                parts.append(length(size))
+                parts.append(name)
+                size, pos = read(body, stop)
+                stop = pos + size
+                if size < 0 or stop > end:
+                    return None
+                parts.append(length(size))
+                parts.append(body[pos:stop])
+                pos = stop
+            if body[pos] != 0 or (pairs > 1 and len(set(names)) != pairs):
+                return None  # a second block, or a name twice (the last one wins there)
+            pos += 1
+            which |= FLAG_HEADERS
+        if body[pos] != 0:  # a TTL: its expiry depends on the clock
+            return None
+        pos += 1
+        parts[0] = bytes((which,))
+        parts.append(payload)
+        add_value(b"".join(parts))
+    if count and body[pos] != 0:
+        return None
+    if count:
+        pos += 1
+    if pos != end:
+        return None
+    return StoredBatch(write_pointer, stored_pointer, values, total)
