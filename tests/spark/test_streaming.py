@@ -9,11 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from tests.e2e.serverproc import ServerProcess
 from tidings.client import Client
 from tidings.errors import ProducerFenced, TransactionNotInProgress
+from tidings.spark.offsets import decode_offset
+from tidings.spark.options import parse_read_options
 from tidings.spark.sink import begin_write, control_topic, publish_and_commit
+from tidings.spark.stream_reader import TidingsStreamReader
 from tidings.structs import Record
 
 pytestmark = pytest.mark.spark
@@ -115,6 +119,66 @@ def test_admission_control_and_available_now(
     by_topic = {t: [bytes(r.value) for r in rows if r.topic == t] for t in (a, b)}
     assert by_topic[a] == [f"a{i}".encode() for i in range(7)]
     assert by_topic[b] == [f"b{i}".encode() for i in range(3)]
+
+
+def test_available_now_reads_to_the_stable_end_found_at_start_and_stops(
+    spark: Any, server: ServerProcess, client: Client, new_topic: Callable[[], str]
+) -> None:
+    ended, waiting = new_topic(), new_topic()
+    # The newest entry of `ended` is a rolled-back transaction's: nothing to read there.
+    client.publish(ended, [b"e1", b"e2", b"e3"])
+    aborted = client.begin(60)
+    info = client.publish(ended, b"aborted", write_pointer=aborted.write_pointer)
+    client.rollback(ended, info)
+    client.abort(aborted.write_pointer)
+    # In `waiting`, w2 comes after a transaction still open: not stable yet.
+    client.publish(waiting, b"w1")
+    pending = client.begin(60)
+    client.publish(waiting, b"open", write_pointer=pending.write_pointer)
+    client.publish(waiting, b"w2")
+    try:
+        name = "now_" + uuid.uuid4().hex[:8]
+        query = (
+            _stream(spark, server, f"{ended},{waiting}", maxMessagesPerTrigger="1")
+            .writeStream.format("memory")
+            .queryName(name)
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(120)
+        assert query.exception() is None
+        rows = spark.table(name).collect()
+        by_topic = {t: [bytes(r.value) for r in rows if r.topic == t] for t in (ended, waiting)}
+        assert by_topic == {ended: [b"e1", b"e2", b"e3"], waiting: [b"w1"]}
+    finally:
+        client.abort(pending.write_pointer)
+
+
+def test_a_short_batch_end_found_ahead_is_looked_for_again(
+    server: ServerProcess, client: Client, new_topic: Callable[[], str]
+) -> None:
+    # Each batch's end is looked for ahead, while the batch before runs. One found when
+    # the topic had fewer messages than the limit must not hide what came since; a
+    # full one is taken as it is.
+    topic = new_topic()
+    options = {"url": server.url, "topic": topic, "maxMessagesPerTrigger": "3"}
+    reader = TidingsStreamReader(parse_read_options(options, streaming=True))
+    limit = ReadMaxRows(3)
+    try:
+        client.publish(topic, [b"a", b"b", b"c", b"d"])
+        ids = [m.id.hex for m in client.poll(topic)]
+        first = reader.latestOffset(reader.initialOffset(), limit)
+        assert decode_offset(first) == {topic: ids[2]}
+        second = reader.latestOffset(first, limit)  # found ahead: one message, short
+        assert decode_offset(second) == {topic: ids[3]}
+        client.publish(topic, [b"e", b"f", b"g", b"h"])
+        ids = [m.id.hex for m in client.poll(topic)]
+        third = reader.latestOffset(second, limit)  # the short scan ahead is not reused
+        assert decode_offset(third) == {topic: ids[6]}
+        fourth = reader.latestOffset(third, limit)
+        assert decode_offset(fourth) == {topic: ids[7]}
+    finally:
+        reader.stop()
 
 
 def test_read_committed_stream_skips_aborted_and_never_skips_ahead(

@@ -15,7 +15,8 @@ end found when the query starts, in batches of that limit, then stops.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -61,10 +62,13 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._client: Client | None = None
         self._available_now = False
         self._target: dict[str, str] | None = None
+        # The next batch's end, looked for while Spark runs this one (see _next_scans).
+        self._ahead: _Ahead | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_client"] = None
+        state["_ahead"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -110,11 +114,33 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now = True
         self._target = None
 
-    def _scan_all(self, positions: dict[str, str], max_rows: int | None) -> dict[str, Scan]:
+    def _stable_ends(self, positions: dict[str, str]) -> dict[str, str]:
+        """Per topic, the position after its last stable message now: the
+        Trigger.AvailableNow target. The server seeks each topic's end; only when it
+        cannot tell the last stable position (no transaction service in its process)
+        is a read-committed topic scanned to its end."""
+        ends: dict[str, str] = {}
+        for topic, position in positions.items():
+            end = self.client.end(topic)
+            if self.options.committed and not end.stable_known:
+                found = self._scan_all({topic: position}, None)[topic]
+                ends[topic] = position if found.last is None else position_after(found.last)
+            elif self.options.committed and end.last_stable_id is not None:
+                # Up to the first entry of the oldest open transaction, as a
+                # read-committed poll stops there.
+                ends[topic] = position_after(end.last_stable_id.previous())
+            else:
+                ends[topic] = position if end.newest_id is None else position_after(end.newest_id)
+        return ends
+
+    def _scan_all(
+        self, positions: dict[str, str], max_rows: int | None, client: Client | None = None
+    ) -> dict[str, Scan]:
         """Per topic, what is stable after its position (at most ``max_rows``, never
         past the Trigger.AvailableNow target), with one fresh snapshot for all."""
         o = self.options
-        tx = snapshot(self.client, o.committed)
+        client = self.client if client is None else client
+        tx = snapshot(client, o.committed)
         found: dict[str, Scan] = {}
         for topic, position in positions.items():
             stop = None
@@ -125,7 +151,7 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     continue
                 stop = MessageId.from_hex(target)
             found[topic] = scan(
-                self.client,
+                client,
                 topic,
                 position,
                 tx,
@@ -143,17 +169,16 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # then planned from a checkpointed position, so it replays identically.
             return encode_offset({**positions, **added})
         if self._available_now and self._target is None:
-            self._target = {
-                t: positions[t] if s.last is None else position_after(s.last)
-                for t, s in self._scan_all(positions, None).items()
-            }
+            self._target = self._stable_ends(positions)
         if isinstance(limit, ReadMaxRows):
             budget: int | None = limit.max_rows
         elif isinstance(limit, ReadAllAvailable | ReadMinRows):
             budget = None
         else:
             raise ValueError(f"the tidings source does not support read limit {limit!r}")
-        found = self._scan_all(positions, budget)
+        found = self._scans_ahead(positions, budget)
+        if found is None:
+            found = self._scan_all(positions, budget)
         if isinstance(limit, ReadMinRows) and sum(s.count for s in found.values()) < limit.min_rows:
             return encode_offset(positions)
         new = dict(positions)
@@ -167,7 +192,32 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 ids = found[topic].ids
                 if n > 0 and ids:
                     new[topic] = position_after(ids[n - 1])
+            if new != positions:
+                self._look_ahead(new, budget)
         return encode_offset(new)
+
+    # --- the next batch's end, found while this one runs ---
+
+    def _look_ahead(self, positions: dict[str, str], budget: int) -> None:
+        """Start scanning for the batch after the one ending at ``positions``: Spark
+        asks for its end only once this batch is done, and the scan (a page of ids per
+        10,000 messages) would hold up every batch."""
+        if self._ahead is None:
+            self._ahead = _Ahead(connect(self.options))
+        self._ahead.start(positions, budget, self._scan_all)
+
+    def _scans_ahead(self, positions: dict[str, str], budget: int | None) -> dict[str, Scan] | None:
+        """The scans looked for ahead from ``positions``, if they still answer: with a
+        full budget (a short one may have missed what came since), or anything up to
+        the Trigger.AvailableNow target (fixed when the query started)."""
+        if self._ahead is None or budget is None:
+            return None
+        found = self._ahead.take(positions, budget)
+        if found is None:
+            return None
+        if self._target is None and sum(s.count for s in found.values()) < budget:
+            return None
+        return found
 
     def reportLatestOffset(self) -> dict[str, str] | None:
         return None
@@ -205,6 +255,53 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return None
 
     def stop(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+class _Ahead:
+    """One scan at a time on a thread of its own, with a client of its own."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tidings-ahead")
+        self._key: tuple[dict[str, str], int] | None = None
+        self._future: Future[dict[str, Scan]] | None = None
+
+    def start(
+        self,
+        positions: dict[str, str],
+        budget: int,
+        scan_all: Callable[[dict[str, str], int | None, Client], dict[str, Scan]],
+    ) -> None:
+        self.cancel()
+        self._key = (dict(positions), budget)
+        self._future = self._pool.submit(scan_all, dict(positions), budget, self._client)
+
+    def take(self, positions: dict[str, str], budget: int) -> dict[str, Scan] | None:
+        """The scans started from exactly ``positions`` with ``budget``, or None (none
+        started, or it failed: the caller scans again and meets the error itself)."""
+        future, key = self._future, self._key
+        self._future = self._key = None
+        if future is None or key != (positions, budget):
+            if future is not None:
+                future.cancel()
+            return None
+        try:
+            return future.result()
+        except Exception:
+            return None
+
+    def cancel(self) -> None:
+        if self._future is not None:
+            self._future.cancel()
+        self._future = self._key = None
+
+    def close(self) -> None:
+        self.cancel()
+        self._pool.shutdown(wait=True)
+        self._client.close()
