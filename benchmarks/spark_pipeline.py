@@ -320,8 +320,8 @@ def main() -> int:
                     ceiling["null-steady"] = _line(
                         "ceiling: the same, steady state", rows, seconds, args.size
                     )
-                cpu = cpu_seconds(server.pid)
             source = spark.read.format("tidings").option("url", url).option("topic", "source")
+            cpu = cpu_seconds(server.pid)
             rates["read"] = _timed(
                 "batch read (count)", args.messages, args.size, lambda: source.load().count()
             )
