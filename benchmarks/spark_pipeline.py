@@ -15,7 +15,8 @@ measures, after a small warm-up run (JVM and Python workers started):
   the part of the pipeline's time that is Spark's own; the ``rate-micro-batch`` source
   making 1 KiB rows (from the row number, so nothing is constant-folded) -> ``upper()``
   -> the ``noop`` sink, streaming; a Parquet file of such rows -> ``upper()`` -> ``noop``,
-  batch; and the same through a row-at-a-time Python UDF. Tidings is reported as a fraction of those.
+  batch; and the same through a row-at-a-time Python UDF. Tidings is reported as a
+  fraction of those.
 
     python benchmarks/spark_pipeline.py                     # 20,000 x 1 KiB
     python benchmarks/spark_pipeline.py --messages 200000 --max-per-trigger 50000
