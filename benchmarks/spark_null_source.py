@@ -2,11 +2,13 @@
 
 ``format("tidings-null")`` reads rows of the ``tidings`` schema made in memory (1 KiB
 values, 20-byte ids, no network, no server) and writes by dropping every Arrow batch it
-is handed. A streaming query through it, with the same transform as the pipeline,
-measures what Spark spends moving rows between the JVM and Python workers on this
-machine: the pipeline's figure as a fraction of this one is the part that is ours.
+is handed. A query through it -- the streaming pipeline with the same transform, a batch
+read in as many tasks as the tidings source plans, a batch write -- measures what Spark
+spends moving rows between the JVM and Python workers on this machine: Tidings' figure
+as a fraction of this one is the part that is ours.
 
-Options: ``rows`` (how many rows the source holds, default 200,000),
+Options: ``rows`` (how many rows the source holds, default 200,000), ``partitions``
+(tasks of a batch read, default 4, as the tidings source),
 ``maxMessagesPerTrigger`` (rows per micro-batch, default all), ``size`` (value bytes,
 default 1024). The executors import this module, so ``benchmarks`` must be on their
 ``PYTHONPATH`` (``benchmarks/spark_pipeline.py`` sets it).
@@ -16,10 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
     DataSourceStreamArrowWriter,
     DataSourceStreamReader,
     InputPartition,
@@ -95,6 +100,25 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ign
         return None
 
 
+class _BatchReader(DataSourceReader):  # type: ignore[misc]
+    def __init__(self, rows: int, partitions: int, size: int) -> None:
+        self.rows, self.tasks, self.size = rows, partitions, size
+
+    def partitions(self) -> list[InputPartition]:
+        cuts = [self.rows * i // self.tasks for i in range(self.tasks + 1)]
+        return [_Rows(first, end) for first, end in pairwise(cuts)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, _Rows)
+        for first in range(partition.first, partition.end, PAGE):
+            yield _page(first, min(partition.end, first + PAGE), self.size)
+
+
+class _BatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
+    def write(self, iterator: Iterator[Any]) -> _Dropped:
+        return _Dropped(sum(batch.num_rows for batch in iterator))
+
+
 class _Writer(DataSourceStreamArrowWriter):  # type: ignore[misc]
     def write(self, iterator: Iterator[Any]) -> _Dropped:
         return _Dropped(sum(batch.num_rows for batch in iterator))
@@ -117,6 +141,16 @@ class NullSource(DataSource):  # type: ignore[misc]
         from tidings.spark.schema import READ_SCHEMA
 
         return READ_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _BatchReader(
+            int(self.options.get("rows", 200_000)),
+            int(self.options.get("partitions", 4)),
+            int(self.options.get("size", 1024)),
+        )
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        return _BatchWriter()
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         per = self.options.get("maxMessagesPerTrigger")

@@ -344,12 +344,36 @@ def main() -> int:
             _server_cpu("the batch write", server, args.messages, cpu)
             assert _count(client, "copy") == args.messages
             if not args.no_ceilings:
+                null = spark.read.format("tidings-null").option("rows", args.messages)
+                null = null.option("size", args.size)
+                null.load().count()  # warm-up
+                ceiling["null-read"] = _timed(
+                    "ceiling: batch read, costless Python source",
+                    args.messages,
+                    args.size,
+                    lambda: null.load().count(),
+                )
+                ceiling["null-write"] = _timed(
+                    "ceiling: batch write, costless source and sink",
+                    args.messages,
+                    args.size,
+                    lambda: (
+                        null.load()
+                        .select("key", "value", "headers")
+                        .write.format("tidings-null")
+                        .mode("append")
+                        .save()
+                    ),
+                )
+            if not args.no_ceilings:
                 ceiling.update(
                     _ceilings(spark, work, args.messages, args.size, per_trigger or 50_000)
                 )
                 for what, against in (
                     ("steady", "null-steady"),
                     ("start-to-end", "null-start-to-end"),
+                    ("read", "null-read"),
+                    ("write", "null-write"),
                     ("steady", "stream"),
                     ("start-to-end", "stream"),
                     ("read", "batch"),
