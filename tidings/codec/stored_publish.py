@@ -2,9 +2,9 @@
 
 The general path decodes a ``PublishRequestExt`` with fastavro into a dict per message's
 extras, builds a :class:`~tidings.structs.Record` from each, and encodes each into its
-stored value (:func:`tidings.codec.values.encode_value`): 13 us per message with a
-header, most of a Spark sink's store on the server (BENCHMARKS.md, "The Spark sink's
-stores"). This reads the body once and writes each stored value as it goes.
+stored value (:func:`tidings.codec.values.encode_value`): 8-13 us per message with a
+header, most of a Spark sink's store on the server (BENCHMARKS.md, "Stores read straight
+into stored values"). This reads the body once and writes each stored value as it goes.
 
 It covers the bodies producers send: messages with or without extras, keys, headers,
 no per-message TTL, each value in one block. Anything else -- a TTL, a map naming a

@@ -62,7 +62,7 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._client: Client | None = None
         self._available_now = False
         self._target: dict[str, str] | None = None
-        # The next batch's end, looked for while Spark runs this one (see _next_scans).
+        # The next batch's end, looked for while Spark runs this one (_look_ahead).
         self._ahead: _Ahead | None = None
 
     def __getstate__(self) -> dict[str, Any]:
