@@ -19,7 +19,18 @@ from tidings.structs import Record, Transaction
 ops = st.lists(
     st.tuples(
         st.sampled_from(
-            ["plain", "big", "keyed", "key-only", "big-key-only", "tx", "stored", "rolled-back"]
+            [
+                "plain",
+                "big",
+                "keyed",
+                "key-only",
+                "big-key-only",
+                "tx",
+                "stored",
+                "stored-extras",
+                "stored-ranges",
+                "rolled-back",
+            ]
         ),
         st.integers(0, 40),
         st.integers(1, 4),
@@ -61,6 +72,25 @@ def _fill(service: MessagingService, topic: str, steps: list[tuple[str, int, int
         elif kind == "stored":
             service.store_payloads("ns", topic, next_wp, payloads)
             service.publish("ns", topic, [], write_pointer=next_wp)
+        elif kind == "stored-extras":
+            # What a Spark sink stores: keys (past one varint byte too), headers, and
+            # TTLs of one second, expired by the time of the reads (see _check).
+            records = [
+                Record(
+                    p,
+                    key=None if i % 3 == 0 else b"k" * (size * 5),
+                    headers={} if i % 2 else {"source-id": b"h" * size, "n": bytes([i])},
+                    ttl=1 if i == 2 else None,
+                )
+                for i, p in enumerate(payloads)
+            ]
+            service.store_payloads("ns", topic, next_wp, records)
+            service.publish("ns", topic, [], write_pointer=next_wp)
+        elif kind == "stored-ranges":
+            # A pointer publish naming ranges, as the Spark sink's commit makes.
+            first = service.store_payloads("ns", topic, next_wp, payloads)
+            second = service.store_payloads("ns", topic, next_wp, [Record(b"r", key=b"k")])
+            service.publish("ns", topic, [], write_pointer=next_wp, payload_ranges=[second, first])
         else:
             info = service.publish("ns", topic, payloads, write_pointer=next_wp)
             assert info is not None
@@ -89,6 +119,9 @@ def _check(
 ) -> None:
     topic = "t"
     _fill(service, topic, steps)
+    clock = service._clock
+    assert isinstance(clock, FakeClock)
+    clock.advance(1_500)  # past the one-second TTLs of "stored-extras"
     # Pointers 10.. are committed, except one that stays in progress when drawn.
     in_progress = data.draw(st.sampled_from([(), (12,)]))
     tx = Transaction(read_pointer=100, write_pointer=2**63 - 1, in_progress=in_progress)

@@ -21,7 +21,18 @@ from __future__ import annotations
 import struct
 
 from tidings.codec import keys, values
-from tidings.codec.values import FLAG_P, FLAG_T, KEYED, PLAIN, TX_KEYED, TX_PLAIN, TopicState
+from tidings.codec.values import (
+    FLAG_EXPIRY,
+    FLAG_HEADERS,
+    FLAG_KEY,
+    FLAG_P,
+    FLAG_T,
+    KEYED,
+    PLAIN,
+    TX_KEYED,
+    TX_PLAIN,
+    TopicState,
+)
 from tidings.codec.wire import AvroItems
 from tidings.store.backend import ReadView
 from tidings.structs import NO_HEADERS, Message, MessageId, PayloadRange, Transaction
@@ -33,6 +44,7 @@ _MESSAGES = "messages"
 _PAYLOADS = "payloads"
 _TAIL = struct.Struct(">QH")
 _I64 = struct.Struct(">q")
+_U64 = struct.Struct(">Q")
 _NO_PAYLOAD_ROW = bytes(10)
 _SKIP = Visibility.SKIP
 _BLOCK = Visibility.BLOCK
@@ -74,7 +86,7 @@ def fetch_messages(
     cutoff = retention_cutoff(state, now)
     prefix, stop = keys.generation_range(topic_id, generation)
     out: list[Message | bytes] = []
-    reader = _Reader(view, topic_id, generation, cutoff, now, transaction, out, limit, ids)
+    reader = _Reader(view, topic_id, generation, cutoff, now, transaction, out, limit, ids, avro)
     if isinstance(start, MessageId):
         if start.publish_ts >= cutoff:
             first = prefix + keys.ts_seq(start.publish_ts, start.seq)
@@ -202,7 +214,9 @@ def _append_ids(
 class _Reader:
     """Expands one Message Table entry at a time into the output list."""
 
-    __slots__ = ("cutoff", "generation", "ids", "limit", "now", "out", "topic_id", "tx", "view")
+    __slots__ = (
+        "avro", "cutoff", "generation", "ids", "limit", "now", "out", "topic_id", "tx", "view",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -215,9 +229,11 @@ class _Reader:
         out: list[Message | bytes],
         limit: int,
         ids: bool = False,
+        avro: AvroItems | None = None,
     ) -> None:
         self.view = view
         self.ids = ids  # append 20-byte ids instead of messages
+        self.avro = avro  # append Payload Table rows as poll-response items
         self.topic_id = topic_id
         self.generation = generation
         self.cutoff = cutoff
@@ -307,11 +323,21 @@ class _Reader:
             skip = None if inclusive else resume_key
         out, cutoff, now, limit, ids = self.out, self.cutoff, self.now, self.limit, self.ids
         entry_part = keys.ts_seq(ts, seq) if ids else b""
+        avro = None if ids else self.avro
+        item_id = b"\x28" + keys.ts_seq(ts, seq)  # an item's id: length 20, entry part
         for pkey, pvalue in self.view.scan(_PAYLOADS, start, stop):
             if pkey == skip:
                 continue
             write_ts, p_seq = _TAIL.unpack_from(pkey, 16)
             if write_ts < cutoff:
+                continue
+            if avro is not None:
+                # What a Spark sink or any store wrote: each row straight into its item.
+                item = _row_item(item_id + pkey[16:26], pvalue, avro, now)
+                if item is not None:
+                    out.append(item)
+                    if len(out) >= limit:
+                        return
                 continue
             if ids:
                 if pvalue[0] != PLAIN:
@@ -333,3 +359,57 @@ class _Reader:
                 out.append(Message(message_id, payload, stored.key, stored.headers, wp))
             if len(out) >= limit:
                 return
+
+
+def _row_item(item_id: bytes, value: bytes, avro: AvroItems, now: int) -> bytes | None:
+    """A Payload Table row as a poll-response item (None once it expired): the id
+    (``item_id``, 21 bytes with its length), the payload and, for the extended schema,
+    the key and headers, re-encoded from the stored varints to Avro's."""
+    small, zigzag = avro.small, avro.zigzag
+    flags = value[0]
+    if flags == PLAIN:
+        n = len(value) - 1
+        length = small[n] if n < 16384 else zigzag(n)
+        return b"".join((item_id, length, memoryview(value)[1:], avro.suffix))
+    pos = 9 if flags & FLAG_T else 1
+    if flags & FLAG_EXPIRY:
+        if _U64.unpack_from(value, pos)[0] <= now:
+            return None
+        pos += 8
+    extras: list[bytes] = []
+    if flags & FLAG_KEY:
+        n, pos = _uvarint(value, pos)
+        extras += (b"\x02", small[n] if n < 16384 else zigzag(n), value[pos : pos + n])
+        pos += n
+    else:
+        extras.append(b"\x00")
+    if flags & FLAG_HEADERS:
+        count, pos = _uvarint(value, pos)
+        if count:
+            extras.append(small[count] if count < 16384 else zigzag(count))
+        for _ in range(2 * count):  # a name, then its value
+            n, pos = _uvarint(value, pos)
+            extras += (small[n] if n < 16384 else zigzag(n), value[pos : pos + n])
+            pos += n
+    extras.append(b"\x00")  # end of the headers map
+    n = len(value) - pos if flags & FLAG_P else 0
+    length = small[n] if n < 16384 else zigzag(n)
+    parts = [item_id, length, memoryview(value)[pos:] if n else b""]
+    if avro.suffix:  # the extended schema; the plain one has no key or headers
+        parts += extras
+    return b"".join(parts)
+
+
+def _uvarint(value: bytes, pos: int) -> tuple[int, int]:
+    """The stored values' unsigned varint at ``pos``: (value, next position)."""
+    byte = value[pos]
+    if byte < 0x80:
+        return byte, pos + 1
+    result, shift = byte & 0x7F, 7
+    while True:
+        pos += 1
+        byte = value[pos]
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos + 1
+        shift += 7
