@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tidings.codec import avro, wire
 from tidings.codec.media import AVRO_EXT
@@ -38,6 +40,41 @@ def test_a_poll_body_reads_into_the_same_batch_as_messages() -> None:
     assert got.equals(messages_to_batch(messages[:40], "t", "ns", schema))
     assert page.cut(messages[10].id, None) == 11
     assert page.cut(messages[49].id, messages[30].id.publish_ts) == 30
+
+
+# Payload lengths of one, two and three varint bytes (63, 8,191 bytes are the edges).
+_payload_sizes = st.sampled_from([0, 1, 63, 64, 1024, 8191, 8192, 20_000])
+_poll_messages = st.lists(
+    st.builds(
+        Message,
+        st.builds(
+            MessageId,
+            st.integers(0, 2**63 - 1),
+            st.integers(0, 2**16 - 1),
+            st.integers(0, 2**63 - 1),
+            st.integers(0, 2**16 - 1),
+        ),
+        st.builds(lambda n, b: b * n, _payload_sizes, st.binary(min_size=1, max_size=1)),
+        st.none() | st.binary(max_size=70),
+        st.dictionaries(st.text(max_size=6), st.binary(max_size=70), max_size=3),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_poll_messages)
+def test_a_poll_body_reads_into_the_columns_of_its_messages(messages: list[Message]) -> None:
+    page = read_poll_body(avro.write_messages(messages, extended=True))
+    assert page.ids == [m.id.to_bytes() for m in messages]
+    assert page.payloads == [m.payload for m in messages]
+    assert page.keys == [m.key for m in messages]
+    offsets = [0]
+    for m in messages:
+        offsets.append(offsets[-1] + len(m.headers))
+    assert page.header_offsets == offsets
+    assert page.header_names == [name for m in messages for name in m.headers]
+    assert page.header_values == [value for m in messages for value in m.headers.values()]
 
 
 @pytest.mark.parametrize("as_map", [False, True])

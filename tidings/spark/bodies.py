@@ -259,16 +259,13 @@ def read_poll_body(body: bytes) -> PollColumns:
     malformed body."""
     ids: list[bytes] = []
     payloads: list[bytes] = []
-    keys: list[bytes | None] = []
-    offsets: list[int] = [0]
+    # Most pages have no keys or headers: these two columns are only kept row by row
+    # from the first row that has one (the rows before it filled in then).
+    keys: list[bytes | None] | None = None
+    offsets: list[int] = []
     names: list[str] = []
     values: list[bytes] = []
-    add_id, add_payload, add_key, add_offset = (
-        ids.append,
-        payloads.append,
-        keys.append,
-        offsets.append,
-    )
+    add_id, add_payload = ids.append, payloads.append
     read = read_long
     end = len(body)
     pos = 0
@@ -283,28 +280,39 @@ def read_poll_body(body: bytes) -> PollColumns:
         for _ in range(count):
             if body[pos] != 0x28:  # the id's length, always 20
                 raise ValueError("message id is not 20 bytes")
-            add_id(body[pos + 1 : pos + 21])
-            size, pos = read(body, pos + 21)
+            at = pos + 21
+            add_id(body[pos + 1 : at])
+            # The payload's length: one or two varint bytes for payloads under 8 KiB.
+            low = body[at]
+            if low < 0x80:
+                size, pos = (low >> 1) ^ -(low & 1), at + 1
+            elif body[at + 1] < 0x80:
+                zigzag = (low & 0x7F) | (body[at + 1] << 7)
+                size, pos = (zigzag >> 1) ^ -(zigzag & 1), at + 2
+            else:
+                size, pos = read(body, at)
             if size < 0 or pos + size > end:
                 raise ValueError("bad payload length")
             add_payload(body[pos : pos + size])
             pos += size
             if body[pos] == 0 and body[pos + 1] == 0:  # no key, no headers: the usual case
                 pos += 2
-                add_key(None)
-                add_offset(headers)
+                if keys is not None:
+                    keys.append(None)
+                    offsets.append(headers)
                 continue
+            if keys is None:
+                keys, offsets = [None] * (len(ids) - 1), [0] * len(ids)
             branch = body[pos]
             pos += 1
+            key = None
             if branch == 2:
                 size, pos = read(body, pos)
                 if size < 0 or pos + size > end:
                     raise ValueError("bad key length")
-                add_key(body[pos : pos + size])
+                key = body[pos : pos + size]
                 pos += size
-            elif branch == 0:
-                add_key(None)
-            else:
+            elif branch != 0:
                 raise ValueError("bad key union branch")
             pairs, pos = read(body, pos)
             while pairs:
@@ -324,9 +332,12 @@ def read_poll_body(body: bytes) -> PollColumns:
                     pos += size
                     headers += 1
                 pairs, pos = read(body, pos)
-            add_offset(headers)
+            keys.append(key)
+            offsets.append(headers)
     if pos != end:
         raise ValueError("trailing bytes")
+    if keys is None:
+        keys, offsets = [None] * len(ids), [0] * (len(ids) + 1)
     return PollColumns(ids, payloads, keys, offsets, names, values)
 
 
