@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tidings.codec.avro import read_long
-from tidings.codec.values import FLAG_HEADERS, FLAG_KEY, payload_header
+from tidings.codec.values import FLAG_HEADERS, FLAG_KEY, payload_header, write_varint
 
 __all__ = ["StoredBatch", "read_stored_batch"]
 
@@ -41,21 +41,14 @@ class StoredBatch:
         return len(self.values)
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-# The stored layout's unsigned varints of short lengths (keys, header names and values).
-_LENGTHS = tuple(_uvarint(n) for n in range(4096))
-
-
-def _length(n: int) -> bytes:
-    return _LENGTHS[n] if n < 4096 else _uvarint(n)
+def _field(body: bytes, pos: int, end: int) -> tuple[int, bytes, int]:
+    """The Avro ``bytes``/``string`` at ``pos``: (its length, its bytes, next position);
+    ValueError if it runs past ``end``."""
+    size, pos = read_long(body, pos)
+    stop = pos + size
+    if size < 0 or stop > end:
+        raise ValueError("field runs past the body")
+    return size, body[pos:stop], stop
 
 
 def read_stored_batch(body: bytes, extended: bool, *, store: bool) -> StoredBatch | None:
@@ -116,20 +109,15 @@ def _read(body: bytes, extended: bool, store: bool) -> StoredBatch | None:
     flags, after_flags = plain[0], plain[1:]
     values: list[bytes] = []
     add_value = values.append
-    length = _length
+    length = write_varint
     for payload in payloads:
         parts: list[bytes | memoryview] = [b"", after_flags]
         which = flags
         branch = body[pos]
         pos += 1
         if branch == 2:
-            size, pos = read(body, pos)
-            stop = pos + size
-            if size < 0 or stop > end:
-                return None
-            parts.append(length(size))
-            parts.append(body[pos:stop])
-            pos = stop
+            size, key, pos = _field(body, pos, end)
+            parts += (length(size), key)
             which |= FLAG_KEY
         elif branch != 0:
             return None
@@ -140,22 +128,12 @@ def _read(body: bytes, extended: bool, store: bool) -> StoredBatch | None:
             parts.append(length(pairs))
             names: list[bytes] = []
             for _ in range(pairs):
-                size, pos = read(body, pos)
-                stop = pos + size
-                if size < 0 or stop > end:
-                    return None
-                name = body[pos:stop]
+                size, name, pos = _field(body, pos, end)
                 name.decode()  # a header name is a string: UTF-8, as fastavro checks
                 names.append(name)
-                parts.append(length(size))
-                parts.append(name)
-                size, pos = read(body, stop)
-                stop = pos + size
-                if size < 0 or stop > end:
-                    return None
-                parts.append(length(size))
-                parts.append(body[pos:stop])
-                pos = stop
+                parts += (length(size), name)
+                size, value, pos = _field(body, pos, end)
+                parts += (length(size), value)
             if body[pos] != 0 or (pairs > 1 and len(set(names)) != pairs):
                 return None  # a second block, or a name twice (the last one wins there)
             pos += 1

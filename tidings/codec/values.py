@@ -67,9 +67,11 @@ __all__ = [
     "keyed_header",
     "payload_header",
     "read_payload_range",
+    "read_varint",
     "read_write_pointer",
     "seal_time",
     "with_write_pointer",
+    "write_varint",
 ]
 
 VERSION = 1
@@ -152,11 +154,11 @@ def encode_value(
         parts.append(_U64.pack(expires_at))
     if key is not None:
         flags |= FLAG_KEY
-        parts.append(_varint(len(key)))
+        parts.append(write_varint(len(key)))
         parts.append(key)
     if headers:
         flags |= FLAG_HEADERS
-        varint = _varint
+        varint = write_varint
         parts.append(varint(len(headers)))
         for name, value in headers.items():
             raw = name.encode("utf-8")
@@ -215,14 +217,14 @@ def _decode(value: bytes) -> tuple[StoredValue, PayloadRange | None]:
         (expires_at,) = _U64.unpack_from(value, pos)
         pos += 8
     if flags & FLAG_KEY:
-        size, pos = _read_varint(value, pos)
+        size, pos = read_varint(value, pos)
         key, pos = _take(value, pos, size)
     if flags & FLAG_HEADERS:
-        count, pos = _read_varint(value, pos)
+        count, pos = read_varint(value, pos)
         for _ in range(count):
-            size, pos = _read_varint(value, pos)
+            size, pos = read_varint(value, pos)
             raw, pos = _take(value, pos, size)
-            size, pos = _read_varint(value, pos)
+            size, pos = read_varint(value, pos)
             headers[raw.decode("utf-8")], pos = _take(value, pos, size)
     payload_range = None
     if flags & FLAG_P:
@@ -265,11 +267,16 @@ def _varint_slow(n: int) -> bytes:
 _SMALL_VARINTS = tuple(_varint_slow(n) for n in range(4096))
 
 
-def _varint(n: int) -> bytes:
+def write_varint(n: int) -> bytes:
+    """The unsigned varint stored values give lengths and counts in."""
     return _SMALL_VARINTS[n] if n < 4096 else _varint_slow(n)
 
 
-def _read_varint(value: bytes, pos: int) -> tuple[int, int]:
+def read_varint(value: bytes, pos: int) -> tuple[int, int]:
+    """The unsigned varint at ``pos``: (value, next position); ValueError if it is
+    truncated or overlong."""
+    if pos < len(value) and value[pos] < 0x80:  # one byte: lengths under 128
+        return value[pos], pos + 1
     result = shift = 0
     while True:
         if pos >= len(value) or shift > 63:

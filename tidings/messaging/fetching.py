@@ -32,6 +32,7 @@ from tidings.codec.values import (
     TX_KEYED,
     TX_PLAIN,
     TopicState,
+    read_varint,
 )
 from tidings.codec.wire import AvroItems
 from tidings.store.backend import ReadView
@@ -378,17 +379,17 @@ def _row_item(item_id: bytes, value: bytes, avro: AvroItems, now: int) -> bytes 
         pos += 8
     extras: list[bytes] = []
     if flags & FLAG_KEY:
-        n, pos = _uvarint(value, pos)
+        n, pos = read_varint(value, pos)
         extras += (b"\x02", small[n] if n < 16384 else zigzag(n), value[pos : pos + n])
         pos += n
     else:
         extras.append(b"\x00")
     if flags & FLAG_HEADERS:
-        count, pos = _uvarint(value, pos)
+        count, pos = read_varint(value, pos)
         if count:
             extras.append(small[count] if count < 16384 else zigzag(count))
         for _ in range(2 * count):  # a name, then its value
-            n, pos = _uvarint(value, pos)
+            n, pos = read_varint(value, pos)
             extras += (small[n] if n < 16384 else zigzag(n), value[pos : pos + n])
             pos += n
     extras.append(b"\x00")  # end of the headers map
@@ -398,18 +399,3 @@ def _row_item(item_id: bytes, value: bytes, avro: AvroItems, now: int) -> bytes 
     if avro.suffix:  # the extended schema; the plain one has no key or headers
         parts += extras
     return b"".join(parts)
-
-
-def _uvarint(value: bytes, pos: int) -> tuple[int, int]:
-    """The stored values' unsigned varint at ``pos``: (value, next position)."""
-    byte = value[pos]
-    if byte < 0x80:
-        return byte, pos + 1
-    result, shift = byte & 0x7F, 7
-    while True:
-        pos += 1
-        byte = value[pos]
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos + 1
-        shift += 7
