@@ -29,7 +29,9 @@ WORKERS = ("w1", "w2", "w3")
 steps = st.lists(
     st.one_of(
         st.tuples(st.just("pop"), st.sampled_from(WORKERS), st.integers(1, 5)),
+        st.tuples(st.just("popnow"), st.sampled_from(WORKERS), st.integers(1, 5)),
         st.tuples(st.just("ack"), st.sampled_from(WORKERS), st.integers(1, 5)),
+        st.tuples(st.just("acknow"), st.sampled_from(WORKERS), st.integers(1, 5)),
         st.tuples(st.just("nack"), st.sampled_from(WORKERS), st.integers(1, 5)),
         st.tuples(st.just("tx"), st.sampled_from(WORKERS), st.booleans()),
         st.tuples(st.just("publish"), st.just(""), st.integers(1, 4)),
@@ -67,10 +69,19 @@ def test_a_random_run_delivers_every_message_and_acks_each_once(
                 page = messaging.fetch("ns", "t", limit=10_000)
                 published[:] = [m.id for m in page]
 
-            def pop(worker: str, n: int) -> list[Message]:
+            def pop(worker: str, n: int, nowait: bool = False) -> list[Message]:
                 snap = tx.snapshot()
                 assert snap is not None
-                got = queues.pop(
+                found = None
+                if nowait:
+                    # The event loop's call: it declines only where the queue is not
+                    # in memory (no dead letters here), and then changes nothing.
+                    found = queues.pop_nowait(
+                        "ns", "t", "q", worker, max_messages=n, ack_timeout_ms=1000,
+                        snapshot=snap, max_deliveries=1000,
+                    )  # fmt: skip
+                    assert (found is None) == (not loaded())
+                got = found if found is not None else queues.pop(
                     "ns", "t", "q", worker, max_messages=n, ack_timeout_ms=1000, snapshot=snap,
                     max_deliveries=1000,
                 )  # fmt: skip
@@ -84,19 +95,36 @@ def test_a_random_run_delivers_every_message_and_acks_each_once(
                     deadline[(worker, m.id)] = clock.now + 1.0
                 return got
 
+            def loaded() -> bool:
+                return bool(queues._queues)
+
+            def ack(worker: str, ids: list[MessageId], nowait: bool) -> None:
+                snap = tx.snapshot()
+                assert snap is not None
+                done = (
+                    queues.ack_nowait("ns", "t", "q", worker, ids, snapshot=snap)
+                    if nowait
+                    else None
+                )
+                if done is None:
+                    queues.ack("ns", "t", "q", worker, ids)
+                else:
+                    done.result()
+
             publish(3)
             for op, worker, arg in run:
                 if op == "publish":
                     publish(int(arg))
-                elif op == "pop":
-                    held[worker].update((m.id, m) for m in pop(worker, int(arg)))
-                elif op in ("ack", "nack") and held[worker]:
+                elif op in ("pop", "popnow"):
+                    got = pop(worker, int(arg), nowait=op == "popnow")
+                    held[worker].update((m.id, m) for m in got)
+                elif op in ("ack", "acknow", "nack") and held[worker]:
                     batch = list(held[worker].values())[: int(arg)]
                     for m in batch:
                         del held[worker][m.id]
                     try:
-                        if op == "ack":
-                            queues.ack("ns", "t", "q", worker, [m.id for m in batch])
+                        if op != "nack":
+                            ack(worker, [m.id for m in batch], nowait=op == "acknow")
                             acked.extend(m.id for m in batch)
                         else:
                             queues.nack("ns", "t", "q", worker, [m.id for m in batch])

@@ -130,6 +130,10 @@ class _Lease:
 _QueueId = tuple[int, int, str]  # topic id, topic generation, queue
 
 
+class _WouldWait(Exception):
+    """A call for the event loop met something that waits for the store."""
+
+
 class _Queue:
     """One queue's memory: its record, entries, leases and counters."""
 
@@ -149,6 +153,9 @@ class _Queue:
         self.durable_read = record.read
         self.recent: OrderedDict[MessageId, str] = OrderedDict()
         self.broken = False
+        #: The last write queued for this queue's records: the store applies writes in
+        #: the order they are queued, so once it lands every earlier one has too.
+        self.last_write: Future[None] | None = None
         self.popped = self.acked = self.nacked = 0
         self.redelivered = self.dead_lettered = self.expired = 0
         self.pop_rate = RateMeter()
@@ -284,6 +291,39 @@ class QueueCoordinator:
         ``consumer`` for ``ack_timeout_ms``; the queue is created by its first pop (with
         ``max_deliveries``, ``dead_letter`` and ``start``; given later, the first two
         change it). Returns at once, maybe with nothing (the route long-polls)."""
+        self._check_pop(consumer, max_messages, ack_timeout_ms)
+        q = self._open(namespace, topic, queue, max_deliveries, dead_letter, start)
+        out, done = self._pop(q, consumer, max_messages, ack_timeout_ms, snapshot, True)
+        if done is not None:
+            self._await(q, done)
+        return out
+
+    def pop_nowait(
+        self,
+        namespace: str,
+        topic: str,
+        queue: str,
+        consumer: str,
+        *,
+        max_messages: int,
+        ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS,
+        snapshot: Transaction,
+        max_deliveries: int | None = None,
+        dead_letter: str | None = None,
+    ) -> list[Message] | None:
+        """:meth:`pop` for the event loop: None, having changed nothing, where it would
+        wait for the store (the queue is not in memory, its settings change, or a
+        message is due for its dead-letter topic); call :meth:`pop` on a worker then."""
+        self._check_pop(consumer, max_messages, ack_timeout_ms)
+        q = self._in_memory(namespace, topic, queue)
+        if q is None or not _same_settings(q.record, max_deliveries, dead_letter):
+            return None
+        try:
+            return self._pop(q, consumer, max_messages, ack_timeout_ms, snapshot, False)[0]
+        except _WouldWait:
+            return None
+
+    def _check_pop(self, consumer: str, max_messages: int, ack_timeout_ms: int) -> None:
         _check_consumer(consumer)
         fetch_max = self._messaging.config.fetch_max_limit
         if isinstance(max_messages, bool) or not 1 <= max_messages <= fetch_max:
@@ -292,7 +332,17 @@ class QueueCoordinator:
             raise BadRequest(
                 f"ackTimeoutMs must be in [1, {MAX_ACK_TIMEOUT_MS}], got {ack_timeout_ms}"
             )
-        q = self._open(namespace, topic, queue, max_deliveries, dead_letter, start)
+
+    def _pop(
+        self,
+        q: _Queue,
+        consumer: str,
+        max_messages: int,
+        ack_timeout_ms: int,
+        snapshot: Transaction,
+        may_wait: bool,
+    ) -> tuple[list[Message], Future[None] | None]:
+        namespace, topic = q.namespace, q.topic
         with q.lock:
             self._settle(q, snapshot)
             now = self._now()
@@ -308,6 +358,12 @@ class QueueCoordinator:
                     continue
                 taken.add(message_id)
                 if entry.count >= q.record.max_deliveries:
+                    if not may_wait:
+                        # Dead-lettering publishes (and may create a topic): put back
+                        # what was taken, for the caller to pop on a worker thread.
+                        for taken_id in taken:
+                            heapq.heappush(q.available, taken_id)
+                        raise _WouldWait
                     dead.append(entry)
                 else:
                     chosen.append(entry)
@@ -323,7 +379,7 @@ class QueueCoordinator:
                     transaction=snapshot,
                 )
             if not chosen and not dead and not fresh:
-                return []
+                return [], None
             touched = q.take(e.message.id for e in chosen + dead)
             for entry in dead:
                 del q.entries[entry.message.id]
@@ -349,10 +405,8 @@ class QueueCoordinator:
             q.dead_lettered += len(dead)
             q.pop_rate.add(len(out), time.monotonic())
             if not dead:
-                return out
-            done = self._dead_letter(q, dead, q.flush(()))
-        self._await(q, done)
-        return out
+                return out, None
+            return out, self._dead_letter(q, dead, q.flush(()))
 
     def ack(
         self,
@@ -371,8 +425,47 @@ class QueueCoordinator:
         _check_consumer(consumer)
         _check_ids(ids)
         q = self._require(namespace, topic, queue)
+        done = self._ack(q, consumer, ids, write_pointer, self._snapshot())
+        if done is not None:
+            self._await(q, done)
+
+    def ack_nowait(
+        self,
+        namespace: str,
+        topic: str,
+        queue: str,
+        consumer: str,
+        ids: Sequence[MessageId],
+        *,
+        snapshot: Transaction,
+    ) -> Future[None] | None:
+        """:meth:`ack` outside a transaction for the event loop: the future of the store
+        write that makes it durable (await it before answering), or None, having
+        changed nothing, where the queue is not in memory (call :meth:`ack` on a worker
+        then). Raises as :meth:`ack`."""
+        _check_consumer(consumer)
+        _check_ids(ids)
+        q = self._in_memory(namespace, topic, queue)
+        if q is None:
+            return None
+        done = self._ack(q, consumer, ids, None, snapshot)
+        if done is None:
+            done = Future()
+            done.set_result(None)
+        else:
+            done.add_done_callback(lambda f: _break_on_failure(q, f))
+        return done
+
+    def _ack(
+        self,
+        q: _Queue,
+        consumer: str,
+        ids: Sequence[MessageId],
+        write_pointer: int | None,
+        snapshot: Transaction,
+    ) -> Future[None] | None:
         with q.lock:
-            self._settle(q, self._snapshot())
+            self._settle(q, snapshot)
             try:
                 todo = self._claim(q, consumer, ids, write_pointer)
             except AckConflict:
@@ -397,9 +490,11 @@ class QueueCoordinator:
                 writes = q.flush([*touched, lease_no])
                 guard = write_pointer
             if not writes:
-                return
-            done = self._store.submit(_write_all(writes, self._tx, guard))
-        self._await(q, done)
+                # The store already says these are acked once the writes queued before
+                # land: wait for those.
+                last = q.last_write
+                return None if last is None or last.done() else last
+            return self._submit(q, _write_all(writes, self._tx, guard))
 
     def nack(
         self, namespace: str, topic: str, queue: str, consumer: str, ids: Sequence[MessageId]
@@ -422,7 +517,7 @@ class QueueCoordinator:
             for message_id in todo:
                 heapq.heappush(q.available, message_id)
             q.nacked += len(todo)
-            done = self._store.submit(_write_all(q.flush([*touched, lease_no])))
+            done = self._submit(q, _write_all(q.flush([*touched, lease_no])))
         self._await(q, done)
         self._notify(namespace, topic)
 
@@ -444,7 +539,7 @@ class QueueCoordinator:
                 count += len(lease.ids)
             if not mine:
                 return 0
-            done = self._store.submit(_write_all(q.flush(mine)))
+            done = self._submit(q, _write_all(q.flush(mine)))
         self._await(q, done)
         self._notify(namespace, topic)
         return count
@@ -465,7 +560,7 @@ class QueueCoordinator:
                 count += len(lease.ids)
             if not held:
                 return 0
-            done = self._store.submit(_write_all(q.flush(held)))
+            done = self._submit(q, _write_all(q.flush(held)))
         self._await(q, done)
         self._notify(namespace, topic)
         return count
@@ -569,7 +664,7 @@ class QueueCoordinator:
             q.leases.clear()
             q.dirty.clear()
             q.available.clear()
-            done = self._store.submit(_write_all(writes))
+            done = self._submit(q, _write_all(writes))
         self._await(q, done)
         return dropped
 
@@ -634,6 +729,18 @@ class QueueCoordinator:
         topic_id, generation = self._messaging.identity(namespace, topic)
         return topic_id, generation, queue
 
+    def _submit(self, q: _Queue, write: Callable[[WriteView], None]) -> Future[None]:
+        """Queue a write of ``q``'s records (under its lock, so the store applies them in
+        the order memory changed)."""
+        done = self._store.submit(write)
+        q.last_write = done
+        return done
+
+    def _in_memory(self, namespace: str, topic: str, queue: str) -> _Queue | None:
+        """The queue's memory if it is loaded and usable (None: :meth:`_load` it)."""
+        q = self._queues.get(self._qid(namespace, topic, queue))
+        return None if q is None or q.broken else q
+
     def _require(self, namespace: str, topic: str, queue: str) -> _Queue:
         q = self._load(namespace, topic, self._qid(namespace, topic, queue))
         if q is None:
@@ -689,8 +796,8 @@ class QueueCoordinator:
                 # The read position as the store has it: memory's may be past leases
                 # not written yet.
                 stored = QueueRecord(wanted_max, wanted_dlq, q.record.start, q.durable_read)
-                done = self._store.submit(
-                    _write_all([(qkeys.queue_key(*q.qid), qkeys.encode_queue(stored))])
+                done = self._submit(
+                    q, _write_all([(qkeys.queue_key(*q.qid), qkeys.encode_queue(stored))])
                 )
             self._await(q, done)
         return q
@@ -782,7 +889,7 @@ class QueueCoordinator:
         if writes:
             # Resolutions are facts of the transaction service already: memory may run
             # ahead of this write, a restart resolves the same way.
-            self._store.submit(_write_all(writes))
+            self._submit(q, _write_all(writes))
 
     def _claim(
         self, q: _Queue, consumer: str, ids: Sequence[MessageId], write_pointer: int | None
@@ -848,7 +955,9 @@ class QueueCoordinator:
             )
             for e in sorted(dead, key=_entry_id)
         ]
-        return self._messaging.publish_with_future(q.namespace, target, records, _write_all(writes))
+        done = self._messaging.publish_with_future(q.namespace, target, records, _write_all(writes))
+        q.last_write = done
+        return done
 
     def _await(self, q: _Queue, done: Future[None]) -> None:
         try:
@@ -882,6 +991,21 @@ class QueueCoordinator:
     def _notify(self, namespace: str, topic: str) -> None:
         for fn in self._listeners:
             fn(namespace, topic)
+
+
+def _same_settings(
+    record: QueueRecord, max_deliveries: int | None, dead_letter: str | None
+) -> bool:
+    """Whether a pop's settings leave the queue's as they are."""
+    return (max_deliveries is None or max_deliveries == record.max_deliveries) and (
+        dead_letter is None or dead_letter == record.dead_letter_topic
+    )
+
+
+def _break_on_failure(q: _Queue, done: Future[None]) -> None:
+    # Memory ran ahead of a write that failed: rebuild it from the records.
+    if not done.cancelled() and done.exception() is not None:
+        q.broken = True
 
 
 def _entry_id(entry: _Entry) -> MessageId:

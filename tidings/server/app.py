@@ -52,12 +52,13 @@ def create_app(api: Api) -> ASGIApp:
 
     messaging_routes = messaging.routes(api)
     transaction_routes = transactions.routes(api)
+    queue_routes = queues.routes(api)
     app = Starlette(
         routes=[
             *messaging_routes,
             *transaction_routes,
             *groups.routes(api),
-            *queues.routes(api),
+            *queue_routes,
             *ops.routes(api),
             *console.routes(api),
         ],
@@ -66,7 +67,7 @@ def create_app(api: Api) -> ASGIApp:
     _check_permissions(app)
     hot = {
         route.path: route.endpoint
-        for route in [*messaging_routes, *transaction_routes]
+        for route in [*messaging_routes, *transaction_routes, *queue_routes]
         if isinstance(route, Route) and route.path in _HOT_PATHS
     }
     return _HotPaths(app, hot)
@@ -88,13 +89,19 @@ def _check_permissions(app: Starlette) -> None:
 
 #: The requests producers and consumers send all the time.
 _HOT_PATHS = frozenset(
-    {messaging.TOPIC + "/publish", messaging.TOPIC + "/poll", transactions.PUBLISH}
+    {
+        messaging.TOPIC + "/publish",
+        messaging.TOPIC + "/poll",
+        transactions.PUBLISH,
+        queues.QUEUE + "/pop",
+        queues.QUEUE + "/ack",
+    }
 )
 
 
 class _HotPaths:
-    """Publish, poll and the one-request transaction straight to their endpoints;
-    everything else through Starlette.
+    """Publish, poll, the one-request transaction and a queue's pop and ack straight to
+    their endpoints; everything else through Starlette.
 
     Starlette's middleware, router and request wrapper cost ~10 us of the event loop per
     request (four layers of coroutines and ``send`` wrappers, then a regular expression
@@ -111,6 +118,9 @@ class _HotPaths:
             action: hot[messaging.TOPIC + "/" + action] for action in ("publish", "poll")
         }
         self._tx_publish = hot[transactions.PUBLISH]
+        self._queue_actions = {
+            action: hot[queues.QUEUE + "/" + action] for action in ("pop", "ack")
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
@@ -124,6 +134,16 @@ class _HotPaths:
                 elif len(parts) == 6 and parts[4] == "transactions" and parts[5] == "publish":
                     endpoint = self._tx_publish
                     params = {"ns": parts[3]}
+                elif (
+                    len(parts) == 9
+                    and parts[4] == "topics"
+                    and parts[5]
+                    and parts[6] == "queues"
+                    and parts[7]
+                ):
+                    # /v1/namespaces/{ns}/topics/{topic}/queues/{queue}/{pop|ack}
+                    endpoint = self._queue_actions.get(parts[8])
+                    params = {"ns": parts[3], "topic": parts[5], "queue": parts[7]}
             if endpoint is not None:
                 scope["path_params"] = params
                 response = await endpoint(Request(scope, receive, send))

@@ -4,7 +4,8 @@ Bodies are JSON. A pop answers messages in the medium its ``Accept`` header name
 (JSON without one), with each message's delivery count in a header, so the Avro fast
 path serves pops too. Everything here needs both services in the process (503
 otherwise); the coordinator's calls block on store writes, so they run on the worker
-threads.
+threads unless they can run without waiting (a pop that finds its queue in memory,
+an ack outside a transaction, whose store write is awaited on the loop).
 """
 
 from __future__ import annotations
@@ -70,6 +71,21 @@ def routes(api: Api) -> list[Route]:
 
         async def take() -> list[Message]:
             tx = await read_snapshot(api)
+            # On the loop where nothing waits for the store (the common case: a pop
+            # writes nothing); a worker thread otherwise.
+            found = coordinator.pop_nowait(
+                ns,
+                topic,
+                name,
+                req.consumer,
+                max_messages=req.max_messages,
+                ack_timeout_ms=req.ack_timeout_ms or DEFAULT_ACK_TIMEOUT_MS,
+                snapshot=tx,
+                max_deliveries=req.max_deliveries,
+                dead_letter=req.dead_letter_topic,
+            )
+            if found is not None:
+                return found
             return await api.blocking(
                 coordinator.pop,
                 ns,
@@ -123,6 +139,15 @@ def routes(api: Api) -> list[Route]:
         consumer, ids, write_pointer = queue_bodies.read_ack_request(
             await json_body(api, request, "ack request")
         )
+        if write_pointer is None:
+            # Outside a transaction an ack only queues a store write: await it here
+            # rather than hold a worker thread for it.
+            done = coordinator.ack_nowait(
+                ns, topic, name, consumer, ids, snapshot=await read_snapshot(api)
+            )
+            if done is not None:
+                await api.inbox.wait(done)
+                return json_response({})
         await api.blocking(
             coordinator.ack, ns, topic, name, consumer, ids, write_pointer=write_pointer
         )
