@@ -81,7 +81,7 @@ def test_a_random_run_delivers_every_message_and_acks_each_once(
                         snapshot=snap, max_deliveries=1000,
                     )  # fmt: skip
                     assert (found is None) == (not loaded())
-                got = found if found is not None else queues.pop(
+                got = found.messages() if found is not None else queues.pop(
                     "ns", "t", "q", worker, max_messages=n, ack_timeout_ms=1000, snapshot=snap,
                     max_deliveries=1000,
                 )  # fmt: skip

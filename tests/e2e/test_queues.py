@@ -12,6 +12,7 @@ import pytest
 
 from tests.e2e.serverproc import ServerProcess
 from tidings import AsyncClient, Client
+from tidings.codec.media import AVRO, AVRO_EXT, JSON, Media
 from tidings.errors import (
     AckConflict,
     InvalidName,
@@ -50,6 +51,41 @@ def test_pop_leases_oldest_first_and_ack_is_for_good(server: ServerProcess, topi
         assert (stats.pending, stats.waiting, stats.ack_state) == (0, 0, 0)
         assert stats.acked == 10 and stats.popped == 10
         assert stats.cursor == second[-1].id == stats.read
+
+
+@pytest.mark.parametrize("media", [AVRO_EXT, AVRO, JSON], ids=lambda m: m.name)
+def test_pop_answers_in_every_medium_first_and_again(
+    server: ServerProcess, topic: str, media: Media
+) -> None:
+    records = [
+        Record(b"plain"),
+        Record(b"keyed", b"k1"),
+        Record(b"with headers", b"k2", {"h": b"1", "g": b""}),
+        Record(b"x" * 300, None, {"big": b"y" * 200}),
+    ]
+    with Client(server.url) as publisher:
+        publisher.create_topic(topic)
+        publisher.publish(topic, records)
+        with publisher.transaction() as tx:
+            tx.publish(topic, [Record(b"in a transaction", b"k3")])
+    extended = media is not AVRO  # the CDAP schema carries payloads only
+
+    def expected(r: Record) -> tuple[bytes, bytes | None, dict[str, bytes]]:
+        return (r.payload, r.key, dict(r.headers)) if extended else (r.payload, None, {})
+
+    wanted = [expected(r) for r in [*records, Record(b"in a transaction", b"k3")]]
+    with Client(server.url, media=media) as client:
+        q = client.queue(topic, "work")
+        first = q.pop(10)
+        assert [(m.payload, m.key, dict(m.headers)) for m in first] == wanted
+        assert [m.delivery_count for m in first] == [1] * 5
+        q.nack(first[1:3])
+        again = q.pop(10)
+        assert [m.id for m in again] == [m.id for m in first[1:3]]
+        assert [(m.payload, m.key, dict(m.headers)) for m in again] == wanted[1:3]
+        assert [m.delivery_count for m in again] == [2, 2]
+        q.ack(first[:1] + again + first[3:])
+        assert client.describe_queue(topic, "work").acked == 5
 
 
 def test_every_group_gets_every_message(server: ServerProcess, topic: str) -> None:

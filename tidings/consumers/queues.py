@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import logging
+import struct
 import threading
 import time
 from collections import OrderedDict
@@ -48,7 +49,9 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from tidings.codec import avro, wire
 from tidings.codec import queues as qkeys
+from tidings.codec.media import AVRO_EXT, Media
 from tidings.codec.queues import LeaseRecord, QueueRecord
 from tidings.errors import (
     AckConflict,
@@ -62,7 +65,14 @@ from tidings.messaging import MessagingService
 from tidings.messaging.counters import RateMeter
 from tidings.names import check_name
 from tidings.store.backend import Store, WriteView
-from tidings.structs import Message, MessageId, QueueStats, Record, Transaction
+from tidings.structs import (
+    MESSAGE_ID_LAYOUT,
+    Message,
+    MessageId,
+    QueueStats,
+    Record,
+    Transaction,
+)
 from tidings.tx import TransactionManager
 from tidings.tx.visibility import is_visible
 
@@ -71,6 +81,7 @@ __all__ = [
     "DEFAULT_MAX_DELIVERIES",
     "MAX_ACK_TIMEOUT_MS",
     "MAX_DELIVERIES_LIMIT",
+    "Popped",
     "QueueCoordinator",
     "dead_letter_topic",
 ]
@@ -108,7 +119,9 @@ def dead_letter_topic(topic: str) -> str:
 class _Entry:
     """A message handed out and not acked."""
 
-    message: Message
+    #: The message, or (as a pop reads it) its item of an Avro poll answer in the
+    #: extended schema: a pop answers it as it is, without a Message each way.
+    item: Message | bytes
     count: int  # deliveries so far
     lease: int  # the lease record holding it
     owners: list[str] = field(default_factory=list)  # workers it was leased to
@@ -132,6 +145,29 @@ _QueueId = tuple[int, int, str]  # topic id, topic generation, queue
 
 class _WouldWait(Exception):
     """A call for the event loop met something that waits for the store."""
+
+
+@dataclass(frozen=True, slots=True)
+class Popped:
+    """What a pop leased, in order: each message's id, its delivery count, and the
+    message itself or its item of an Avro poll answer in the extended schema."""
+
+    ids: list[MessageId]
+    counts: list[int]
+    items: list[Message | bytes]
+
+    def messages(self) -> list[Message]:
+        """The messages, each with its delivery count."""
+        return [
+            _message(item)._replace(delivery_count=count)
+            for item, count in zip(self.items, self.counts, strict=True)
+        ]
+
+    def body(self, media: Media) -> bytes:
+        """The pop answer's body in ``media`` (the counts go in a header)."""
+        if media is AVRO_EXT:
+            return wire.avro_messages(self.items, media)
+        return wire.encode_messages(self.messages(), media)
 
 
 class _Queue:
@@ -291,6 +327,35 @@ class QueueCoordinator:
         ``consumer`` for ``ack_timeout_ms``; the queue is created by its first pop (with
         ``max_deliveries``, ``dead_letter`` and ``start``; given later, the first two
         change it). Returns at once, maybe with nothing (the route long-polls)."""
+        return self.pop_items(
+            namespace,
+            topic,
+            queue,
+            consumer,
+            max_messages=max_messages,
+            ack_timeout_ms=ack_timeout_ms,
+            snapshot=snapshot,
+            max_deliveries=max_deliveries,
+            dead_letter=dead_letter,
+            start=start,
+        ).messages()
+
+    def pop_items(
+        self,
+        namespace: str,
+        topic: str,
+        queue: str,
+        consumer: str,
+        *,
+        max_messages: int,
+        ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS,
+        snapshot: Transaction,
+        max_deliveries: int | None = None,
+        dead_letter: str | None = None,
+        start: str = "earliest",
+    ) -> Popped:
+        """:meth:`pop`, answered as :class:`Popped` (for the route: it writes the
+        answer from the items as they are)."""
         self._check_pop(consumer, max_messages, ack_timeout_ms)
         q = self._open(namespace, topic, queue, max_deliveries, dead_letter, start)
         out, done = self._pop(q, consumer, max_messages, ack_timeout_ms, snapshot, True)
@@ -310,10 +375,11 @@ class QueueCoordinator:
         snapshot: Transaction,
         max_deliveries: int | None = None,
         dead_letter: str | None = None,
-    ) -> list[Message] | None:
-        """:meth:`pop` for the event loop: None, having changed nothing, where it would
+    ) -> Popped | None:
+        """:meth:`pop_items` for the event loop: None, having changed nothing, where it would
         wait for the store (the queue is not in memory, its settings change, or a
-        message is due for its dead-letter topic); call :meth:`pop` on a worker then."""
+        message is due for its dead-letter topic); call :meth:`pop_items` on a worker
+        then."""
         self._check_pop(consumer, max_messages, ack_timeout_ms)
         q = self._in_memory(namespace, topic, queue)
         if q is None or not _same_settings(q.record, max_deliveries, dead_letter):
@@ -341,13 +407,13 @@ class QueueCoordinator:
         ack_timeout_ms: int,
         snapshot: Transaction,
         may_wait: bool,
-    ) -> tuple[list[Message], Future[None] | None]:
+    ) -> tuple[Popped, Future[None] | None]:
         namespace, topic = q.namespace, q.topic
         with q.lock:
             self._settle(q, snapshot)
             now = self._now()
-            chosen: list[_Entry] = []
-            dead: list[_Entry] = []
+            chosen: list[tuple[MessageId, _Entry]] = []
+            dead: list[tuple[MessageId, _Entry]] = []
             taken: set[MessageId] = set()
             while q.available and len(chosen) < max_messages:
                 message_id = heapq.heappop(q.available)
@@ -364,34 +430,43 @@ class QueueCoordinator:
                         for taken_id in taken:
                             heapq.heappush(q.available, taken_id)
                         raise _WouldWait
-                    dead.append(entry)
+                    dead.append((message_id, entry))
                 else:
-                    chosen.append(entry)
-            fresh: list[Message] = []
+                    chosen.append((message_id, entry))
+            fresh: list[Message | bytes] = []
             if len(chosen) < max_messages:
                 read = q.record.read
-                fresh = self._messaging.fetch(
+                fresh = self._messaging.fetch_items(
                     namespace,
                     topic,
+                    AVRO_EXT,
                     start=read,
                     inclusive=read is None,
                     limit=max_messages - len(chosen),
                     transaction=snapshot,
                 )
             if not chosen and not dead and not fresh:
-                return [], None
-            touched = q.take(e.message.id for e in chosen + dead)
-            for entry in dead:
-                del q.entries[entry.message.id]
+                return Popped([], [], []), None
+            touched = q.take(message_id for message_id, _ in chosen + dead)
+            for message_id, _ in dead:
+                del q.entries[message_id]
             lease_no = q.new_lease(consumer, now + ack_timeout_ms, 0)
-            for message in fresh:
-                q.entries[message.id] = _Entry(message, 0, lease_no)
-            out: list[Message] = []
-            for entry in sorted(chosen, key=_entry_id) + [q.entries[m.id] for m in fresh]:
+            chosen.sort(key=_first)
+            ids = [message_id for message_id, _ in chosen]
+            entries = q.entries
+            for item in fresh:
+                message_id = _item_id(item)
+                ids.append(message_id)
+                entries[message_id] = _Entry(item, 0, lease_no)
+            items: list[Message | bytes] = []
+            counts: list[int] = []
+            for message_id in ids:
+                entry = entries[message_id]
                 entry.count += 1
                 entry.owners.append(consumer)
-                out.append(entry.message._replace(delivery_count=entry.count))
-            q.put_in(lease_no, (m.id for m in out))
+                items.append(entry.item)
+                counts.append(entry.count)
+            q.put_in(lease_no, ids)
             # Nothing written for a pop (as Pulsar's dispatch): the next ack, nack or
             # close of any worker writes its lease. A server crash before that hands
             # these messages out again at once (at least once; an ack in a
@@ -399,11 +474,12 @@ class QueueCoordinator:
             # holds).
             q.dirty.update(touched)
             if fresh:
-                q.record = _replace_read(q.record, fresh[-1].id)
-            q.popped += len(out)
+                q.record = _replace_read(q.record, ids[-1])
+            q.popped += len(ids)
             q.redelivered += len(chosen)
             q.dead_lettered += len(dead)
-            q.pop_rate.add(len(out), time.monotonic())
+            q.pop_rate.add(len(ids), time.monotonic())
+            out = Popped(ids, counts, items)
             if not dead:
                 return out, None
             return out, self._dead_letter(q, dead, q.flush(()))
@@ -936,25 +1012,25 @@ class QueueCoordinator:
         return list(todo)
 
     def _dead_letter(
-        self, q: _Queue, dead: list[_Entry], writes: list[tuple[bytes, bytes | None]]
+        self,
+        q: _Queue,
+        dead: list[tuple[MessageId, _Entry]],
+        writes: list[tuple[bytes, bytes | None]],
     ) -> Future[None]:
         target = q.record.dead_letter_topic
         with contextlib.suppress(TopicAlreadyExists):
             self._messaging.create_topic(q.namespace, target)
-        records = [
-            Record(
-                e.message.payload,
-                e.message.key,
-                {
-                    **e.message.headers,
-                    "tidings-dead-letter-id": e.message.id.hex.encode("ascii"),
-                    "tidings-dead-letter-topic": q.topic.encode("ascii"),
-                    "tidings-dead-letter-queue": q.qid[2].encode("ascii"),
-                    "tidings-delivery-count": str(e.count).encode("ascii"),
-                },
-            )
-            for e in sorted(dead, key=_entry_id)
-        ]
+        records = []
+        for message_id, entry in sorted(dead, key=_first):
+            message = _message(entry.item)
+            headers = {
+                **message.headers,
+                "tidings-dead-letter-id": message_id.hex.encode("ascii"),
+                "tidings-dead-letter-topic": q.topic.encode("ascii"),
+                "tidings-dead-letter-queue": q.qid[2].encode("ascii"),
+                "tidings-delivery-count": str(entry.count).encode("ascii"),
+            }
+            records.append(Record(message.payload, message.key, headers))
         done = self._messaging.publish_with_future(q.namespace, target, records, _write_all(writes))
         q.last_write = done
         return done
@@ -1008,8 +1084,29 @@ def _break_on_failure(q: _Queue, done: Future[None]) -> None:
         q.broken = True
 
 
-def _entry_id(entry: _Entry) -> MessageId:
-    return entry.message.id
+def _first(pair: tuple[MessageId, _Entry]) -> MessageId:
+    return pair[0]
+
+
+#: A message id's 20 bytes, as an Avro poll item holds them after their length byte.
+_ITEM_ID = struct.Struct(MESSAGE_ID_LAYOUT)
+
+
+def _item_id(item: Message | bytes) -> MessageId:
+    """The id of a message or of its Avro poll item (the id's length byte, then it)."""
+    if type(item) is bytes:
+        return tuple.__new__(MessageId, _ITEM_ID.unpack_from(item, 1))
+    assert isinstance(item, Message)
+    return item.id
+
+
+def _message(item: Message | bytes) -> Message:
+    """The message of an entry's item."""
+    if type(item) is bytes:
+        # One item is an Avro array of one: the block's count (1), the item, the end.
+        return avro.read_messages(b"\x02" + item + b"\x00", extended=True)[0]
+    assert isinstance(item, Message)
+    return item
 
 
 def _replace_read(record: QueueRecord, read: MessageId) -> QueueRecord:

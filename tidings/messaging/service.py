@@ -497,6 +497,23 @@ class MessagingService:
         items = self._fetch(namespace, topic, start, inclusive, limit, transaction, None, True)
         return cast("list[bytes]", items)  # with ids=True every item is a 20-byte id
 
+    def fetch_items(
+        self,
+        namespace: str,
+        topic: str,
+        media: Media,
+        *,
+        start: MessageId | int | None = None,
+        inclusive: bool = True,
+        limit: int | None = None,
+        transaction: Transaction | None = None,
+    ) -> list[Message | bytes]:
+        """:meth:`fetch`, with plain messages as their items of an Avro poll response in
+        ``media`` (``bytes``, see :func:`tidings.codec.wire.avro_messages`) and the
+        others as :class:`Message`; all of them :class:`Message` for JSON."""
+        avro = AvroItems.for_media(media)
+        return self._fetch(namespace, topic, start, inclusive, limit, transaction, avro)
+
     def fetch_encoded(
         self,
         namespace: str,

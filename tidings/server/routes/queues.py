@@ -16,14 +16,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tidings.codec import queue_bodies, wire
-from tidings.consumers.queues import DEFAULT_ACK_TIMEOUT_MS
+from tidings.codec import queue_bodies
+from tidings.consumers.queues import DEFAULT_ACK_TIMEOUT_MS, Popped
 from tidings.errors import BadRequest
 from tidings.names import check_name
 from tidings.server.handlers import Api, json_response
 from tidings.server.routes.consumers import answer_media, json_body, path_names, read_snapshot
 from tidings.server.routes.messaging import COUNT_HEADER, LAST_ID_HEADER, TOPIC, _wait_ms
-from tidings.structs import Message
 
 __all__ = ["QUEUE", "QUEUES", "routes"]
 
@@ -69,7 +68,7 @@ def routes(api: Api) -> list[Route]:
         req = queue_bodies.read_pop_request(await json_body(api, request, "pop request"))
         media = answer_media(request)
 
-        async def take() -> list[Message]:
+        async def take() -> Popped:
             tx = await read_snapshot(api)
             # On the loop where nothing waits for the store (the common case: a pop
             # writes nothing); a worker thread otherwise.
@@ -87,7 +86,7 @@ def routes(api: Api) -> list[Route]:
             if found is not None:
                 return found
             return await api.blocking(
-                coordinator.pop,
+                coordinator.pop_items,
                 ns,
                 topic,
                 name,
@@ -101,7 +100,7 @@ def routes(api: Api) -> list[Route]:
             )
 
         if wait_ms <= 0:
-            messages = await take()
+            popped = await take()
         else:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait_ms / 1000
@@ -111,9 +110,9 @@ def routes(api: Api) -> list[Route]:
                 # nobody, so the wait stops at the next deadline.
                 woken = longpolls.park(ns, topic, transactions=True)
                 try:
-                    messages = await take()
+                    popped = await take()
                     remaining = deadline - loop.time()
-                    if messages or remaining <= 0 or longpolls.closed:
+                    if popped.ids or remaining <= 0 or longpolls.closed:
                         break
                     lease_end = coordinator.next_deadline(ns, topic, name)
                     pause = min(remaining, 1.0 if lease_end is None else lease_end + 0.001)
@@ -121,16 +120,12 @@ def routes(api: Api) -> list[Route]:
                 finally:
                     longpolls.unpark(woken, ns, topic)
         headers = {
-            COUNT_HEADER: str(len(messages)),
-            queue_bodies.DELIVERY_COUNTS_HEADER: queue_bodies.delivery_counts(
-                [m.delivery_count for m in messages]
-            ),
+            COUNT_HEADER: str(len(popped.ids)),
+            queue_bodies.DELIVERY_COUNTS_HEADER: queue_bodies.delivery_counts(popped.counts),
         }
-        if messages:
-            headers[LAST_ID_HEADER] = messages[-1].id.hex
-        return Response(
-            wire.encode_messages(messages, media), media_type=media.value, headers=headers
-        )
+        if popped.ids:
+            headers[LAST_ID_HEADER] = popped.ids[-1].hex
+        return Response(popped.body(media), media_type=media.value, headers=headers)
 
     @api.endpoint(QUEUE + "/ack")
     async def ack(request: Request) -> Response:
