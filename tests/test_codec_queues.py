@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -56,6 +58,38 @@ def test_lease_keys_sort_by_lease_inside_the_queue_range(
 def test_ack_bodies_round_trip(consumer: str, message_ids: list, wp: int | None) -> None:
     body = queue_bodies.ack_request(consumer, message_ids, wp)
     assert queue_bodies.read_ack_request(body) == (consumer, message_ids, wp)
+
+
+junk = st.one_of(
+    st.text(max_size=40),
+    st.binary(max_size=30).map(lambda b: base64.b64encode(b).decode()),
+    st.integers(),
+    st.none(),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+@given(
+    st.lists(st.one_of(ids.map(lambda i: ("id", i)), junk.map(lambda j: ("junk", j))), min_size=1)
+)
+def test_ack_bodies_with_malformed_ids_name_each_and_only_those(values: list) -> None:
+    # Junk that happens to be 20 bytes of base64 is an id like any other.
+    def as_id(value: object) -> MessageId | None:
+        try:
+            raw = base64.b64decode(value, validate=True) if isinstance(value, str) else b""
+        except ValueError:
+            return None
+        return MessageId.from_bytes(raw) if len(raw) == 20 else None
+
+    raw = [base64.b64encode(v.to_bytes()).decode() if kind == "id" else v for kind, v in values]
+    parsed = [v if kind == "id" else as_id(v) for kind, v in values]
+    bad = [v for v, p in zip(raw, parsed, strict=True) if p is None]
+    body = {"consumerId": "c1", "ids": raw}
+    if not bad:
+        assert queue_bodies.read_ack_request(body)[1] == parsed
+        return
+    with pytest.raises(BadRequest, match=rf"^{len(bad)} id\(s\) are not message ids"):
+        queue_bodies.read_ack_request(body)
 
 
 @given(st.lists(st.integers(1, 1000), max_size=30))

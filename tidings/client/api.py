@@ -147,7 +147,11 @@ def _popped(response: Response, sent: Media) -> list[Message]:
     counts = queue_bodies.read_delivery_counts(
         response.headers.get(queue_bodies.DELIVERY_COUNTS_HEADER.lower()), len(messages)
     )
-    return [m._replace(delivery_count=n) for m, n in zip(messages, counts, strict=True)]
+    # Built whole rather than with _replace (a Python-level call per message).
+    new, cls = tuple.__new__, Message
+    return [
+        new(cls, (m[0], m[1], m[2], m[3], m[4], n)) for m, n in zip(messages, counts, strict=True)
+    ]
 
 
 def error_from_response(response: Response) -> TidingsError:
