@@ -514,17 +514,20 @@ class QueueCoordinator:
         ids: Sequence[MessageId],
         *,
         snapshot: Transaction,
+        write_pointer: int | None = None,
     ) -> Future[None] | None:
-        """:meth:`ack` outside a transaction for the event loop: the future of the store
-        write that makes it durable (await it before answering), or None, having
-        changed nothing, where the queue is not in memory (call :meth:`ack` on a worker
-        then). Raises as :meth:`ack`."""
+        """:meth:`ack` for the event loop: the future of the store write that makes it
+        durable (await it before answering), or None, having changed nothing, where
+        the queue is not in memory (call :meth:`ack` on a worker then). Raises as
+        :meth:`ack`, except that an :class:`AckConflict` leaves the transaction of
+        ``write_pointer`` to its caller, who must then end it (it is not invalidated
+        here: that waits for the transaction log)."""
         _check_consumer(consumer)
         _check_ids(ids)
         q = self._in_memory(namespace, topic, queue)
         if q is None:
             return None
-        done = self._ack(q, consumer, ids, None, snapshot)
+        done = self._ack(q, consumer, ids, write_pointer, snapshot, invalidate=False)
         if done is None:
             done = Future()
             done.set_result(None)
@@ -539,13 +542,15 @@ class QueueCoordinator:
         ids: Sequence[MessageId],
         write_pointer: int | None,
         snapshot: Transaction,
+        *,
+        invalidate: bool = True,
     ) -> Future[None] | None:
         with q.lock:
             self._settle(q, snapshot)
             try:
                 todo = self._claim(q, consumer, ids, write_pointer)
             except AckConflict:
-                if write_pointer is not None:
+                if write_pointer is not None and invalidate:
                     with contextlib.suppress(TidingsError):
                         self._tx.invalidate(write_pointer)
                 raise
@@ -935,8 +940,10 @@ class QueueCoordinator:
     def _settle(self, q: _Queue, snapshot: Transaction) -> None:
         """Bring the queue up to now: transactions holding acks that ended resolve (acked
         if committed, back to the queue if not); leases past their deadline return
-        their messages. Writes only what a restart could not work out by itself."""
-        writes: list[tuple[bytes, bytes | None]] = []
+        their messages. Writes nothing: the leases it changes are written with the
+        queue's next write (a lease's record under a pointer that ended resolves the
+        same way after a restart, and keeps that pointer off the pruned invalid list
+        until then; a deadline that passed says the same)."""
         for lease_no, lease in list(q.leases.items()):
             wp = lease.write_pointer
             if not wp:
@@ -945,7 +952,7 @@ class QueueCoordinator:
                 lease.write_pointer, lease.owner, lease.deadline = 0, "", 0
                 q.available.extend(lease.ids)
                 heapq.heapify(q.available)
-                writes.extend(q.writes([lease_no]))
+                q.dirty.add(lease_no)
             elif is_visible(snapshot, wp):
                 for message_id in lease.ids:
                     del q.entries[message_id]
@@ -953,19 +960,15 @@ class QueueCoordinator:
                 q.acked += len(lease.ids)
                 q.ack_rate.add(len(lease.ids), time.monotonic())
                 lease.ids.clear()
-                writes.extend(q.writes([lease_no]))
+                lease.write_pointer, lease.owner, lease.deadline = 0, "", 0
+                q.dirty.add(lease_no)
         now = self._now()
         for lease in q.leases.values():
             if lease.active() and lease.deadline <= now:
-                # Nothing to write: the record's deadline says the same after a restart.
                 lease.expired = True
                 q.expired += len(lease.ids)
                 for message_id in lease.ids:
                     heapq.heappush(q.available, message_id)
-        if writes:
-            # Resolutions are facts of the transaction service already: memory may run
-            # ahead of this write, a restart resolves the same way.
-            self._submit(q, _write_all(writes))
 
     def _claim(
         self, q: _Queue, consumer: str, ids: Sequence[MessageId], write_pointer: int | None

@@ -41,6 +41,7 @@ from tidings.names import INT64_MAX, check_name
 from tidings.server.bodies import json_object, read_body, require_json
 from tidings.server.handlers import Api, json_response, principal_of
 from tidings.server.inbox import LoopInbox
+from tidings.server.routes.consumers import read_snapshot
 from tidings.store.backend import WriteView
 from tidings.structs import Record, Transaction
 from tidings.tx import TransactionManager
@@ -182,18 +183,31 @@ def routes(api: Api) -> list[Route]:
         queues = api.queues if acks else None  # 503 where queues do not run
         groups = api.groups if group_commits else None  # likewise groups
 
-        async def settle(wp: int) -> list[PositionsWrite]:
+        async def settle(wp: int) -> tuple[list[PositionsWrite], list[Future[None]]]:
             # The acks and the positions' checks first: a conflict or a fenced member
             # then costs no publish, and the transaction fails before anything of it is
             # written to a topic. The positions are written under the write pointer, so
             # they count if and only if the transaction commits; where the commit rides
             # in the publish's store write, they ride there too (one fsync for all).
+            # The acks' store writes are queued, not awaited: the store applies writes
+            # in order, so they land before the commit that follows them (usually in
+            # the same group commit).
+            queued: list[Future[None]] = []
             if acks:
                 assert queues is not None
+                snapshot = await read_snapshot(api)
                 for a in acks:
-                    await api.blocking(
-                        queues.ack, ns, a.topic, a.queue, a.consumer, a.ids, write_pointer=wp
-                    )
+                    done = queues.ack_nowait(
+                        ns, a.topic, a.queue, a.consumer, a.ids, snapshot=snapshot,
+                        write_pointer=wp,
+                    )  # fmt: skip
+                    if done is None:  # the queue is not in memory: load it on a worker
+                        await api.blocking(
+                            queues.ack, ns, a.topic, a.queue, a.consumer, a.ids,
+                            write_pointer=wp,
+                        )  # fmt: skip
+                    else:
+                        queued.append(done)
             carried: list[PositionsWrite] = []
             if group_commits:
                 assert groups is not None
@@ -211,7 +225,7 @@ def routes(api: Api) -> list[Route]:
                             wp,
                         )
                     )
-            return carried
+            return carried, queued
 
         async def unsettle(wp: int) -> None:
             for a in acks:
@@ -288,7 +302,8 @@ async def _transact(
     epoch: int | None,
     ended: list[str],
     consumed: tuple[
-        Callable[[int], Awaitable[list[PositionsWrite]]], Callable[[int], Awaitable[None]]
+        Callable[[int], Awaitable[tuple[list[PositionsWrite], list[Future[None]]]]],
+        Callable[[int], Awaitable[None]],
     ]
     | None = None,
 ) -> Transaction:
@@ -296,7 +311,8 @@ async def _transact(
     step's group commit through a future (no worker thread is held).
 
     With ``consumed`` (``(settle, unsettle)``), ``settle(wp)`` acks queue messages under the
-    write pointer first and answers the group positions to write under it, and
+    write pointer first and answers the group positions to write under it and the
+    futures of the acks' store writes (queued before the publish, awaited after it), and
     ``unsettle(wp)`` gives the acks back and removes the positions if anything after
     fails. The positions ride in the publish's store write where the commit does, else
     they are a write of their own before it.
@@ -317,8 +333,9 @@ async def _transact(
     step = None
     try:
         carried: list[PositionsWrite] = []
+        queued: list[Future[None]] = []
         if consumed is not None:
-            carried = await consumed[0](wp)
+            carried, queued = await consumed[0](wp)
         if batches:
             step = tx.commit_in_write(wp, transactional_id=transactional_id, epoch=epoch)
             # Bad input is refused here, at once, before anything is written.
@@ -335,6 +352,10 @@ async def _transact(
                     if not step.deferred:
                         raise
                     step = None  # the log was rotating; nothing was written
+        # Landed before the publish (the store's order): done by now where it rode
+        # with the commit; before the commit below otherwise.
+        for done in queued:
+            await _result(inbox, done)
         if step is None:
             for write in carried:
                 await inbox.wait(write.submit())
