@@ -40,6 +40,7 @@ import urllib3
 
 from tidings.client import AVRO_EXT, JSON, AsyncClient, Client, Media
 from tidings.client.asyncio_transport import AsyncioTransport
+from tidings.client.socket_transport import SocketTransport
 from tidings.client.transports import Request
 from tidings.codec import wire
 from tidings.structs import Message, MessageId, Record
@@ -129,6 +130,16 @@ def bench_urllib3(w: Workload, url: str, body: bytes, n: int) -> Timing:
         return time_sync(lambda: pool.request("POST", url, body=body, headers=w.headers).status, n)
     finally:
         pool.clear()
+
+
+def bench_tidings_socket(w: Workload, url: str, body: bytes, n: int) -> Timing:
+    """Client's own transport (``tidings.client.socket_transport``)."""
+    transport = SocketTransport(max_connections=4)
+    request = Request("POST", url, body, w.headers["Content-Type"], 30.0)
+    try:
+        return time_sync(lambda: transport.send(request).status, n)
+    finally:
+        transport.close()
 
 
 def bench_httpx(w: Workload, url: str, body: bytes, n: int) -> Timing:
@@ -247,7 +258,11 @@ def run(url: str, repeat: int, concurrency: int) -> None:
     for name, target, body, n in w.cases():
         results: dict[str, list[Timing]] = {}
         for _ in range(repeat):
-            for lib, fn in (("urllib3 (sync)", bench_urllib3), ("httpx (sync)", bench_httpx)):
+            for lib, fn in (
+                ("tidings socket (sync)", bench_tidings_socket),
+                ("urllib3 (sync)", bench_urllib3),
+                ("httpx (sync)", bench_httpx),
+            ):
                 results.setdefault(lib, []).append(fn(w, target, body, n))
             for lib, afn in (
                 ("tidings asyncio", bench_tidings_asyncio),

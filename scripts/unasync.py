@@ -29,9 +29,9 @@ RENAMES: list[tuple[str, str]] = [
     (r"tidings\.client\._async\b", "tidings.client._sync"),
     (
         r"^from tidings\.client\.asyncio_transport import AsyncioTransport$",
-        "from tidings.client.transports import Urllib3Transport",
+        "from tidings.client.socket_transport import SocketTransport",
     ),
-    (r"\bAsyncioTransport\b", "Urllib3Transport"),
+    (r"\bAsyncioTransport\b", "SocketTransport"),
     (r"\bAsyncTransport\b", "SyncTransport"),
     (r"\basync def\b", "def"),
     (r"\basync with\b", "with"),

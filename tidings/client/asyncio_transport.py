@@ -25,52 +25,33 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import cast
-from urllib.parse import urlsplit
 
-import httptools
-
+from tidings.client.http1 import (
+    AnswerParser,
+    ConnectionLost,
+    Origin,
+    extra_headers,
+    origin_of,
+    request_bytes,
+    split_url,
+)
 from tidings.client.transports import Request, Response, tls_context
 from tidings.errors import RequestTimeout, TidingsConnectionError
 
 __all__ = ["AsyncioTransport"]
 
-_USER_AGENT = "tidings-python"
-#: Methods that carry no body when they have none (the others send Content-Length: 0).
-_NO_BODY_METHODS = frozenset({"GET", "DELETE"})
 
-
-@dataclass(frozen=True, slots=True)
-class _Origin:
-    """Where requests of one base URL go, and the header lines common to all of them."""
-
-    host: str
-    port: int
-    tls: bool
-    headers: bytes  # Host and User-Agent, each ending in CRLF
-
-
-class _ConnectionLost(Exception):
-    """A connection failed under a request (closed, or an answer that is not HTTP)."""
-
-
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.Protocol, AnswerParser):
     """One keep-alive connection: at most one request in flight, its answer parsed by
     httptools into a :class:`Response`."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        AnswerParser.__init__(self)
         self._loop = loop
-        self._parser = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
         self._waiter: asyncio.Future[Response] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._body: list[bytes] = []
-        self._content_type: str | None = None
-        self._headers: dict[str, str] = {}
-        # A body with neither Content-Length nor chunked encoding ends with the stream.
-        self._framed = False
-        self._headers_done = False
         #: True once the connection cannot carry another request.
         self.closed = False
 
@@ -82,47 +63,19 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(_ConnectionLost(f"malformed HTTP answer: {exc}"))
+            self.feed(data)
+        except ConnectionLost as exc:
+            self._fail(exc)
             self.close()
 
     def eof_received(self) -> bool:
-        if self._headers_done and not self._framed:
-            self._finish(keep_alive=False)
+        self.ended()
         self.closed = True
         return False  # let the transport close
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._fail(_ConnectionLost(f"connection closed: {exc}" if exc else "connection closed"))
-
-    # --- httptools callbacks ---
-
-    def on_message_begin(self) -> None:
-        self._body = []
-        self._content_type = None
-        self._headers = {}
-        self._framed = False
-        self._headers_done = False
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        lower = name.lower()
-        if lower == b"content-type":
-            self._content_type = value.decode("latin-1")
-        elif lower.startswith(b"tidings-"):
-            self._headers[lower.decode("latin-1")] = value.decode("latin-1")
-        elif lower in (b"content-length", b"transfer-encoding"):
-            self._framed = True
-
-    def on_headers_complete(self) -> None:
-        self._headers_done = True
-
-    def on_body(self, body: bytes) -> None:
-        self._body.append(body)
-
-    def on_message_complete(self) -> None:
-        self._finish(keep_alive=self._parser.should_keep_alive())
+        self._fail(ConnectionLost(f"connection closed: {exc}" if exc else "connection closed"))
 
     # --- requests ---
 
@@ -147,11 +100,7 @@ class _Connection(asyncio.Protocol):
         self._fail(TimeoutError())
         self.close()
 
-    def _finish(self, *, keep_alive: bool) -> None:
-        self._headers_done = False
-        status = self._parser.get_status_code()
-        if 100 <= status < 200:
-            return  # an interim answer; the real one follows
+    def answered(self, response: Response, keep_alive: bool) -> None:
         self._stop_timer()
         waiter, self._waiter = self._waiter, None
         if not keep_alive:
@@ -160,9 +109,8 @@ class _Connection(asyncio.Protocol):
             # An answer nobody asked for: the connection is out of step.
             self.close()
             return
-        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         if not waiter.done():
-            waiter.set_result(Response(status, body, self._content_type, self._headers))
+            waiter.set_result(response)
 
     def _fail(self, exc: Exception) -> None:
         self._stop_timer()
@@ -195,34 +143,22 @@ class AsyncioTransport:
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
         #: Sent with every request (a bearer token's Authorization header).
-        self._extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode()
+        self._extra = extra_headers(headers)
         self._verify = verify
         self._max_connections = max_connections
         self._connect_timeout = connect_timeout
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slots = asyncio.Semaphore(max_connections)
-        self._idle: dict[_Origin, list[_Connection]] = {}
-        self._origins: dict[str, _Origin] = {}
+        self._idle: dict[Origin, list[_Connection]] = {}
+        self._origins: dict[str, Origin] = {}
         self._tls: ssl.SSLContext | None = None
         self._busy: set[_Connection] = set()
 
     async def send(self, request: Request) -> Response:
         url = request.url
-        # The target starts at the first "/" after "scheme://host[:port]".
-        split = url.find("/", url.find("//") + 2)
-        base, target = (url, "/") if split < 0 else (url[:split], url[split:])
+        base, target = split_url(url)
         origin = self._origins.get(base) or self._origin(base)
-        body = request.body
-        head = f"{request.method} {target} HTTP/1.1\r\n"
-        if body or request.method not in _NO_BODY_METHODS:
-            head += f"Content-Length: {len(body)}\r\n"
-        if request.content_type is not None:
-            head += f"Content-Type: {request.content_type}\r\n"
-        if request.accept is not None:
-            head += f"Accept: {request.accept}\r\n"
-        for name, value in request.headers:
-            head += f"{name}: {value}\r\n"
-        data = head.encode() + origin.headers + b"\r\n" + body
+        data = request_bytes(request, target, origin)
         loop = asyncio.get_running_loop()
         slots = self._slots_of(loop)
         deadline = None if request.timeout is None else loop.time() + request.timeout
@@ -252,7 +188,7 @@ class AsyncioTransport:
                 slots.release()
         except TimeoutError as exc:
             raise RequestTimeout(f"no answer from {url} in time") from exc
-        except _ConnectionLost as exc:
+        except ConnectionLost as exc:
             raise TidingsConnectionError(f"cannot reach {url}: {exc}") from None
         return response
 
@@ -276,17 +212,11 @@ class AsyncioTransport:
             self._slots = asyncio.Semaphore(self._max_connections)
         return self._slots
 
-    def _origin(self, base: str) -> _Origin:
-        parts = urlsplit(base)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise TidingsConnectionError(f"not an http(s) URL: {base!r}")
-        tls = parts.scheme == "https"
-        port = parts.port or (443 if tls else 80)
-        headers = f"Host: {parts.netloc}\r\nUser-Agent: {_USER_AGENT}\r\n".encode() + self._extra
-        origin = self._origins[base] = _Origin(parts.hostname, port, tls, headers)
+    def _origin(self, base: str) -> Origin:
+        origin = self._origins[base] = origin_of(base, self._extra)
         return origin
 
-    def _idle_connection(self, origin: _Origin) -> _Connection | None:
+    def _idle_connection(self, origin: Origin) -> _Connection | None:
         """The most recently used idle connection to ``origin`` (the least likely to
         have been closed by the server meanwhile) that is still open."""
         idle = self._idle.get(origin)
@@ -296,7 +226,7 @@ class AsyncioTransport:
                 return conn
         return None
 
-    async def _connect(self, origin: _Origin, url: str, deadline: float | None) -> _Connection:
+    async def _connect(self, origin: Origin, url: str, deadline: float | None) -> _Connection:
         loop = asyncio.get_running_loop()
         tls: ssl.SSLContext | None = None
         if origin.tls:

@@ -31,7 +31,8 @@ from tidings.client.base import (
 )
 from tidings.client.batching import ErrorCallback
 from tidings.client.cursor import DEFAULT_BATCH_SIZE, DEFAULT_COMMITTED_WAIT, DEFAULT_WAIT
-from tidings.client.transports import SyncTransport, Urllib3Transport
+from tidings.client.socket_transport import SocketTransport
+from tidings.client.transports import SyncTransport
 from tidings.client.txbuffer import DEFAULT_PAYLOAD_THRESHOLD
 from tidings.codec.admin import TransactionGroupCommit
 from tidings.codec.queue_bodies import TransactionAck
@@ -107,7 +108,7 @@ class Client(BaseClient):
         # The bearer token rides in every request's headers (docs/security.md);
         # ``verify`` is a CA file or directory, or a bool, as httpx takes it.
         headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-        self._transport = transport or Urllib3Transport(
+        self._transport = transport or SocketTransport(
             max_connections=max_connections, headers=headers, verify=verify
         )
         self._max_connections = max_connections

@@ -1,0 +1,150 @@
+"""HTTP/1.1 as both of the clients' own transports speak it: requests written in one
+piece, answers parsed by httptools (the C parser uvicorn uses, installed with it).
+
+:class:`~tidings.client.asyncio_transport.AsyncioTransport` (AsyncClient) and
+:class:`~tidings.client.socket_transport.SocketTransport` (Client) differ only in how
+they wait: on the event loop, or on a blocking socket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httptools
+
+from tidings.client.transports import Request, Response
+from tidings.errors import TidingsConnectionError
+
+__all__ = [
+    "AnswerParser",
+    "ConnectionLost",
+    "Origin",
+    "extra_headers",
+    "origin_of",
+    "request_bytes",
+]
+
+_USER_AGENT = "tidings-python"
+#: Methods that carry no body when they have none (the others send Content-Length: 0).
+_NO_BODY_METHODS = frozenset({"GET", "DELETE"})
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where requests of one base URL go, and the header lines common to all of them."""
+
+    host: str
+    port: int
+    tls: bool
+    headers: bytes  # Host, User-Agent and the transport's own, each ending in CRLF
+
+
+class ConnectionLost(Exception):
+    """A connection failed under a request (closed, or an answer that is not HTTP)."""
+
+
+def extra_headers(headers: Mapping[str, str] | None) -> bytes:
+    """Header lines sent with every request (a bearer token's Authorization header)."""
+    return "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode()
+
+
+def origin_of(base: str, extra: bytes) -> Origin:
+    """The origin of ``scheme://host[:port]``; TidingsConnectionError if not http(s)."""
+    parts = urlsplit(base)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise TidingsConnectionError(f"not an http(s) URL: {base!r}")
+    tls = parts.scheme == "https"
+    port = parts.port or (443 if tls else 80)
+    headers = f"Host: {parts.netloc}\r\nUser-Agent: {_USER_AGENT}\r\n".encode() + extra
+    return Origin(parts.hostname, port, tls, headers)
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``(scheme://host[:port], target)``: the target starts at the first "/" after the
+    host (``/`` where there is none)."""
+    split = url.find("/", url.find("//") + 2)
+    return (url, "/") if split < 0 else (url[:split], url[split:])
+
+
+def request_bytes(request: Request, target: str, origin: Origin) -> bytes:
+    """The whole request: request line, headers and body, in one piece."""
+    body = request.body
+    head = f"{request.method} {target} HTTP/1.1\r\n"
+    if body or request.method not in _NO_BODY_METHODS:
+        head += f"Content-Length: {len(body)}\r\n"
+    if request.content_type is not None:
+        head += f"Content-Type: {request.content_type}\r\n"
+    if request.accept is not None:
+        head += f"Accept: {request.accept}\r\n"
+    for name, value in request.headers:
+        head += f"{name}: {value}\r\n"
+    return head.encode() + origin.headers + b"\r\n" + body
+
+
+class AnswerParser:
+    """httptools' callbacks for one connection's answers: the status, the body, the
+    content type and the ``Tidings-*`` headers (names in lower case) of each. A
+    transport feeds it with :meth:`feed` and gets every whole answer through
+    :meth:`answered`."""
+
+    def __init__(self) -> None:
+        self._parser = httptools.HttpResponseParser(self)
+        self._body: list[bytes] = []
+        self._content_type: str | None = None
+        self._headers: dict[str, str] = {}
+        # A body with neither Content-Length nor chunked encoding ends with the stream.
+        self._framed = False
+        self._headers_done = False
+
+    def feed(self, data: bytes) -> None:
+        """Parse more of the stream; ConnectionLost if it is not HTTP."""
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            raise ConnectionLost(f"malformed HTTP answer: {exc}") from None
+
+    def ended(self) -> None:
+        """The stream ended: an answer that runs to the end of the stream is whole."""
+        if self._headers_done and not self._framed:
+            self._finish(keep_alive=False)
+
+    def answered(self, response: Response, keep_alive: bool) -> None:
+        """A whole answer (an interim 1xx is not passed on)."""
+        raise NotImplementedError
+
+    # --- httptools callbacks ---
+
+    def on_message_begin(self) -> None:
+        self._body = []
+        self._content_type = None
+        self._headers = {}
+        self._framed = False
+        self._headers_done = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lower = name.lower()
+        if lower == b"content-type":
+            self._content_type = value.decode("latin-1")
+        elif lower.startswith(b"tidings-"):
+            self._headers[lower.decode("latin-1")] = value.decode("latin-1")
+        elif lower in (b"content-length", b"transfer-encoding"):
+            self._framed = True
+
+    def on_headers_complete(self) -> None:
+        self._headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._finish(keep_alive=self._parser.should_keep_alive())
+
+    def _finish(self, *, keep_alive: bool) -> None:
+        self._headers_done = False
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:
+            return  # an interim answer; the real one follows
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self.answered(Response(status, body, self._content_type, self._headers), keep_alive)

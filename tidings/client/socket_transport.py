@@ -1,0 +1,232 @@
+""":class:`SocketTransport`, the default transport of :class:`~tidings.Client`.
+
+HTTP/1.1 with keep-alive on blocking sockets, spoken as
+:class:`~tidings.client.asyncio_transport.AsyncioTransport` speaks it for AsyncClient
+(:mod:`tidings.client.http1`): a request is one ``sendall`` of bytes built in one
+piece, its answer one parse by httptools. urllib3, the previous default, builds a
+URL, header and response object per request and parses the answer's headers with the
+standard library's email parser: measured on this project's 2-core machines against a
+server that answers at once, it spent several times more client CPU per request
+(figures in BENCHMARKS.md, "The sync client's own transport"). Where client and
+server share the cores, that CPU is latency.
+:class:`~tidings.client.transports.Urllib3Transport` remains available.
+
+Thread-safe: each request takes an idle connection of the pool (or opens one), at
+most ``max_connections`` at once. A pooled connection the server closed while it was
+idle is noticed before use (it reads as ready) and dropped; one closed while a
+request was on its way fails that request with :class:`TidingsConnectionError`, as
+with any client: the request is not resent here (the client's retry policy decides).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import ssl
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+
+from tidings.client.http1 import (
+    AnswerParser,
+    ConnectionLost,
+    Origin,
+    extra_headers,
+    origin_of,
+    request_bytes,
+    split_url,
+)
+from tidings.client.transports import Request, Response, tls_context
+from tidings.errors import RequestTimeout, TidingsConnectionError
+
+__all__ = ["SocketTransport"]
+
+_READ_SIZE = 256 * 1024
+
+
+class _Connection(AnswerParser):
+    """One keep-alive connection; one request at a time."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self.sock = sock
+        self._answer: Response | None = None
+        self._keep_alive = True
+        #: True once the connection cannot carry another request.
+        self.closed = False
+
+    def exchange(self, data: bytes, deadline: float | None) -> Response:
+        """Send one whole request and read its answer; TimeoutError past ``deadline``
+        (monotonic time), ConnectionLost if the connection fails. Either leaves the
+        connection closed."""
+        sock = self.sock
+        self._answer = None
+        try:
+            sock.settimeout(None if deadline is None else _left(deadline))
+            sock.sendall(data)
+            while self._answer is None:
+                if deadline is not None:
+                    sock.settimeout(_left(deadline))
+                chunk = sock.recv(_READ_SIZE)
+                if not chunk:
+                    self.ended()  # an answer that runs to the end of the stream
+                    self.closed = True
+                    if self._answer is None:
+                        raise ConnectionLost("connection closed")
+                    break
+                self.feed(chunk)
+        except (TimeoutError, ConnectionLost):
+            self.close()
+            raise
+        except OSError as exc:
+            self.close()
+            raise ConnectionLost(str(exc) or type(exc).__name__) from None
+        if not self._keep_alive:
+            self.close()
+        return self._answer
+
+    def answered(self, response: Response, keep_alive: bool) -> None:
+        self._answer = response
+        self._keep_alive = keep_alive
+
+    def stale(self) -> bool:
+        """Whether the server closed (or wrote to) this idle connection: it reads as
+        ready, where a healthy idle one has nothing to say."""
+        try:
+            poller = select.poll()  # not select(): it fails on descriptors past 1023
+            poller.register(self.sock, select.POLLIN)
+            return bool(poller.poll(0))
+        except (OSError, ValueError):
+            return True
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+def _close_all(idle: dict[Origin, list[_Connection]], busy: set[_Connection]) -> None:
+    conns = [c for pooled in idle.values() for c in pooled] + list(busy)
+    idle.clear()
+    for conn in conns:
+        conn.close()
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return left
+
+
+class SocketTransport:
+    """:class:`~tidings.client.transports.SyncTransport` over blocking sockets.
+
+    ``max_connections`` bounds the requests in flight at once (from several threads),
+    each on a connection of its own; finished connections are kept open for the next
+    requests.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_connections: int = 10,
+        connect_timeout: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        verify: bool | str = True,
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        #: Sent with every request (a bearer token's Authorization header).
+        self._extra = extra_headers(headers)
+        self._verify = verify
+        self._connect_timeout = connect_timeout
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._lock = threading.Lock()
+        self._idle: dict[Origin, list[_Connection]] = {}
+        self._busy: set[_Connection] = set()
+        self._origins: dict[str, Origin] = {}
+        self._tls: ssl.SSLContext | None = None
+        # A client dropped without close(): its sockets are closed quietly when the
+        # transport goes, as urllib3 closes its pools' (a ResourceWarning per socket
+        # would fail test suites that run with -W error). A finalizer, not __del__:
+        # it runs before the sockets' own finalizers even where a reference cycle
+        # holds the client.
+        weakref.finalize(self, _close_all, self._idle, self._busy)
+
+    def send(self, request: Request) -> Response:
+        url = request.url
+        base, target = split_url(url)
+        origin = self._origins.get(base) or self._origin(base)
+        data = request_bytes(request, target, origin)
+        deadline = None if request.timeout is None else time.monotonic() + request.timeout
+        # Waiting for a slot counts against the timeout.
+        if not self._slots.acquire(timeout=-1 if request.timeout is None else request.timeout):
+            raise RequestTimeout(f"no answer from {url} in time (all connections busy)")
+        try:
+            conn = self._idle_connection(origin) or self._connect(origin, url, deadline)
+            with self._lock:
+                self._busy.add(conn)
+            try:
+                response = conn.exchange(data, deadline)
+            finally:
+                with self._lock:
+                    self._busy.discard(conn)
+            if not conn.closed:
+                with self._lock:
+                    self._idle.setdefault(origin, []).append(conn)
+        except TimeoutError as exc:
+            raise RequestTimeout(f"no answer from {url} in time") from exc
+        except ConnectionLost as exc:
+            raise TidingsConnectionError(f"cannot reach {url}: {exc}") from None
+        finally:
+            self._slots.release()
+        return response
+
+    def close(self) -> None:
+        """Close every connection; requests still waiting for an answer fail with
+        TidingsConnectionError. The transport may be used again (new connections)."""
+        with self._lock:
+            _close_all(self._idle, self._busy)
+
+    def _origin(self, base: str) -> Origin:
+        origin = origin_of(base, self._extra)
+        with self._lock:
+            self._origins[base] = origin
+        return origin
+
+    def _idle_connection(self, origin: Origin) -> _Connection | None:
+        """The most recently used idle connection to ``origin`` (the least likely to
+        have been closed by the server meanwhile) that is still open."""
+        while True:
+            with self._lock:
+                idle = self._idle.get(origin)
+                if not idle:
+                    return None
+                conn = idle.pop()
+            if not conn.closed and not conn.stale():
+                return conn
+            conn.close()
+
+    def _connect(self, origin: Origin, url: str, deadline: float | None) -> _Connection:
+        timeout = self._connect_timeout
+        if deadline is not None:
+            timeout = min(timeout, max(0.0, deadline - time.monotonic()))
+        try:
+            sock = socket.create_connection((origin.host, origin.port), timeout=timeout)
+        except OSError as exc:  # TimeoutError included
+            reason = str(exc) or type(exc).__name__
+            raise TidingsConnectionError(f"cannot connect to {url}: {reason}") from None
+        try:
+            # A request is one write and its answer is awaited: no Nagle delay.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if origin.tls:
+                if self._tls is None:
+                    self._tls = tls_context(self._verify)
+                sock = self._tls.wrap_socket(sock, server_hostname=origin.host)
+        except OSError as exc:  # ssl.SSLError included
+            sock.close()
+            raise TidingsConnectionError(f"cannot connect to {url}: {exc}") from None
+        return _Connection(sock)
