@@ -5,7 +5,10 @@
 - ``copy``: pop, publish each payload upper-cased to OUTPUT and ack, in one transaction;
 - ``hold``: pop once, print the count, then sleep holding the leases (to be killed).
 
-It works until killed, or until nothing came for ``--idle`` seconds.
+It works until killed, or until nothing came for ``--idle`` seconds. With ``--go FILE``
+it starts popping only once FILE exists (so that workers started one after another
+compete from the same moment), and with ``--pace SECONDS`` it spends that long on each
+batch, as a worker doing real work would.
 """
 
 from __future__ import annotations
@@ -13,12 +16,21 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from tidings import Client
 from tidings.errors import TidingsError
 
 
-def work(url: str, source: str, queue: str, mode: str, target: str | None, idle: float) -> None:
+def work(
+    url: str,
+    source: str,
+    queue: str,
+    mode: str,
+    target: str | None,
+    idle: float,
+    pace: float = 0.0,
+) -> None:
     last_data = time.monotonic()
     while time.monotonic() - last_data < idle:
         try:
@@ -35,6 +47,7 @@ def work(url: str, source: str, queue: str, mode: str, target: str | None, idle:
                     elif mode == "ack":
                         sys.stdout.write("".join(m.payload.decode() + "\n" for m in batch))
                         sys.stdout.flush()
+                        time.sleep(pace)
                         q.ack(batch)
                     else:
                         assert target is not None
@@ -56,8 +69,14 @@ def main() -> int:
     parser.add_argument("mode", choices=["ack", "copy", "hold"])
     parser.add_argument("target", nargs="?")
     parser.add_argument("--idle", type=float, default=3600.0)
+    parser.add_argument("--go", type=Path)
+    parser.add_argument("--pace", type=float, default=0.0)
     args = parser.parse_args()
-    work(args.url, args.source, args.queue, args.mode, args.target, args.idle)
+    if args.go is not None:
+        waited = time.monotonic() + 60
+        while not args.go.exists() and time.monotonic() < waited:
+            time.sleep(0.01)
+    work(args.url, args.source, args.queue, args.mode, args.target, args.idle, args.pace)
     return 0
 
 

@@ -28,10 +28,21 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start_worker(url: str, out: Path, *args: str, idle: float = 3600.0) -> subprocess.Popen[bytes]:
+def start_worker(
+    url: str, out: Path, *args: str, idle: float = 3600.0, extra: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
     with open(out, "ab") as stdout, open(out.with_suffix(".err"), "ab") as stderr:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.e2e.queue_worker", url, *args, "--idle", str(idle)],
+            [
+                sys.executable,
+                "-m",
+                "tests.e2e.queue_worker",
+                url,
+                *args,
+                "--idle",
+                str(idle),
+                *extra,
+            ],
             cwd=ROOT,
             stdout=stdout,
             stderr=stderr,
@@ -66,7 +77,22 @@ def test_processes_compete_and_a_killed_workers_leases_come_back(
     os.kill(holder.pid, signal.SIGKILL)  # dies holding 20 leases of 2 s
     holder.wait()
     outs = [tmp_path / f"w{i}.out" for i in range(3)]
-    workers = [start_worker(server.url, out, topic, "work", "ack", idle=4.0) for out in outs]
+    # They start popping together, each spending a little on each batch: otherwise the
+    # first one started may finish the queue before the others are up.
+    go = tmp_path / "go"
+    workers = [
+        start_worker(
+            server.url,
+            out,
+            topic,
+            "work",
+            "ack",
+            idle=4.0,
+            extra=("--go", str(go), "--pace", "0.005"),
+        )
+        for out in outs
+    ]
+    go.touch()
     for worker in workers:
         worker.wait(timeout=120)
     seen = Counter(line for out in outs for line in out.read_text().splitlines())

@@ -266,10 +266,20 @@ class _Queue:
             lease.ids[message_id] = None
             self.entries[message_id].lease = lease_no
 
-    def remember_acked(self, ids: Iterable[MessageId], owner: str) -> None:
+    def drop(self, ids: Iterable[MessageId]) -> set[int]:
+        """Forget messages for good (acked): out of their leases and entries; the
+        leases touched."""
+        touched = set()
+        entries, leases = self.entries, self.leases
         for message_id in ids:
-            self.recent[message_id] = owner
-            self.recent.move_to_end(message_id)
+            lease_no = entries.pop(message_id).lease
+            del leases[lease_no].ids[message_id]
+            touched.add(lease_no)
+        return touched
+
+    def remember_acked(self, ids: Iterable[MessageId], owner: str) -> None:
+        # A message is acked once, so each id is new here: no reordering needed.
+        self.recent.update(dict.fromkeys(ids, owner))
         while len(self.recent) > _RECENT_ACKS:
             self.recent.popitem(last=False)
 
@@ -452,21 +462,30 @@ class QueueCoordinator:
                 del q.entries[message_id]
             lease_no = q.new_lease(consumer, now + ack_timeout_ms, 0)
             chosen.sort(key=_first)
-            ids = [message_id for message_id, _ in chosen]
-            entries = q.entries
-            for item in fresh:
-                message_id = _item_id(item)
-                ids.append(message_id)
-                entries[message_id] = _Entry(item, 0, lease_no)
+            ids: list[MessageId] = []
             items: list[Message | bytes] = []
             counts: list[int] = []
-            for message_id in ids:
-                entry = entries[message_id]
+            for message_id, entry in chosen:
                 entry.count += 1
                 entry.owners.append(consumer)
+                entry.lease = lease_no
+                ids.append(message_id)
                 items.append(entry.item)
                 counts.append(entry.count)
-            q.put_in(lease_no, ids)
+            # Fresh ones (most of a pop) in one pass each: the id out of the item, the
+            # entry made whole.
+            entries, new, id_cls, unpack = q.entries, tuple.__new__, MessageId, _ITEM_ID.unpack_from
+            for item in fresh:
+                if type(item) is bytes:
+                    message_id = new(id_cls, unpack(item, 1))
+                else:
+                    assert isinstance(item, Message)
+                    message_id = item.id
+                entries[message_id] = _Entry(item, 1, lease_no, [consumer])
+                ids.append(message_id)
+            items.extend(fresh)
+            counts.extend([1] * len(fresh))
+            q.leases[lease_no].ids = dict.fromkeys(ids)
             # Nothing written for a pop (as Pulsar's dispatch): the next ack, nack or
             # close of any worker writes its lease. A server crash before that hands
             # these messages out again at once (at least once; an ack in a
@@ -556,16 +575,15 @@ class QueueCoordinator:
                 raise
             if write_pointer is not None:
                 self._tx.check_writable(write_pointer)
-            touched = q.take(todo)
             if write_pointer is None:
-                for message_id in todo:
-                    del q.entries[message_id]
+                touched = q.drop(todo)
                 q.remember_acked(todo, consumer)
                 q.acked += len(todo)
                 q.ack_rate.add(len(todo), time.monotonic())
                 writes = q.flush(touched)
                 guard = None
             else:
+                touched = q.take(todo)
                 lease_no = q.new_lease(consumer, 0, write_pointer)
                 q.put_in(lease_no, todo)
                 writes = q.flush([*touched, lease_no])
@@ -1093,14 +1111,6 @@ def _first(pair: tuple[MessageId, _Entry]) -> MessageId:
 
 #: A message id's 20 bytes, as an Avro poll item holds them after their length byte.
 _ITEM_ID = struct.Struct(MESSAGE_ID_LAYOUT)
-
-
-def _item_id(item: Message | bytes) -> MessageId:
-    """The id of a message or of its Avro poll item (the id's length byte, then it)."""
-    if type(item) is bytes:
-        return tuple.__new__(MessageId, _ITEM_ID.unpack_from(item, 1))
-    assert isinstance(item, Message)
-    return item.id
 
 
 def _message(item: Message | bytes) -> Message:
