@@ -1,14 +1,14 @@
 """How the clients move bytes: one request in, one response out, errors mapped.
 
 The clients decide everything in :mod:`tidings.client.base` and hand a finished
-:class:`Request` to a transport, which only does I/O. The libraries were chosen by
-measurement (``benchmarks/http_clients.py``, figures in docs/client.md): urllib3 for
-:class:`~tidings.Client` and aiohttp for :class:`~tidings.AsyncClient` spend about 1.5x
-and 4x less client CPU per request than httpx's sync and async clients. AsyncClient has
-since moved on to :class:`~tidings.client.asyncio_transport.AsyncioTransport`, which
-spends less again (its module says how much); :class:`AiohttpTransport` remains for
-whoever passes it. A transport never retries; the retry policy lives in the client,
-where it knows which requests are idempotent.
+:class:`Request` to a transport, which only does I/O. The defaults are the project's
+own (:mod:`tidings.client.socket_transport` for :class:`~tidings.Client`,
+:mod:`tidings.client.asyncio_transport` for :class:`~tidings.AsyncClient`), chosen by
+measurement (``benchmarks/http_clients.py``, figures in docs/client.md): they spend
+several times less client CPU per request than urllib3, aiohttp or httpx.
+:class:`Urllib3Transport` and :class:`AiohttpTransport` remain for whoever passes
+them. A transport never retries; the retry policy lives in the client, where it knows
+which requests are idempotent.
 """
 
 from __future__ import annotations
