@@ -4,7 +4,10 @@ transactions and restarts keeps the queue's promises (property-tested)."""
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import TypeVar
 
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
@@ -12,9 +15,12 @@ from hypothesis import strategies as st
 from tidings.consumers.queues import QueueCoordinator
 from tidings.errors import AckConflict, NotDelivered
 from tidings.messaging import MessagingService
+from tidings.store.backend import WriteView
 from tidings.store.backends.memory import MemoryStore
 from tidings.structs import Message, MessageId
 from tidings.tx import TransactionManager, TxConfig
+
+T = TypeVar("T")
 
 
 class Clock:
@@ -227,3 +233,64 @@ def test_a_message_queued_twice_is_handed_out_once(tmp_path: Path) -> None:
         again = pop(5)
         assert [m.payload for m in again] == [b"a", b"b"]
         assert again[0].delivery_count == 2
+
+
+class _GatedStore(MemoryStore):
+    """A store whose writes wait until released (as a busy writer's queue would)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gated = False
+        self.held: list[tuple[Callable[[WriteView], object], Future[object]]] = []
+
+    def submit(self, fn: Callable[[WriteView], T]) -> Future[T]:
+        if not self.gated:
+            return super().submit(fn)
+        outer: Future[T] = Future()
+        self.held.append((fn, outer))  # type: ignore[arg-type]
+        return outer
+
+    def release(self) -> None:
+        self.gated = False
+        for fn, outer in self.held:
+            if not outer.set_running_or_notify_cancel():
+                continue  # cancelled while it waited: never applied
+            try:
+                outer.set_result(super().submit(fn).result())
+            except Exception as exc:  # handed on as it is
+                outer.set_exception(exc)
+        self.held = []
+
+
+def test_a_cancelled_wait_for_an_ack_does_not_cancel_its_write(tmp_path: Path) -> None:
+    # The event loop's ack hands back a future; a request cancelled while it waits
+    # cancels that future. The store write must land anyway: memory is ahead of it
+    # (here it names w2's lease as written, and a later write of the read position
+    # past that lease would otherwise make w2's messages count as acked).
+    store = _GatedStore()
+    messaging = MessagingService(store)
+    messaging.create_topic("ns", "t")
+    messaging.publish("ns", "t", [b"a", b"b", b"c", b"d", b"e", b"f"])
+    clock = Clock()
+    with TransactionManager(tmp_path / "tx", TxConfig(sweep_interval=3600)) as tx:
+        queues = QueueCoordinator(store, messaging, tx, clock=clock)
+
+        def pop(q: QueueCoordinator, worker: str, n: int) -> list[Message]:
+            snap = tx.snapshot()
+            assert snap is not None
+            return q.pop("ns", "t", "q", worker, max_messages=n, snapshot=snap)
+
+        first = pop(queues, "w1", 2)
+        second = pop(queues, "w2", 2)
+        store.gated = True
+        snap = tx.snapshot()
+        assert snap is not None
+        waiting = queues.ack_nowait("ns", "t", "q", "w1", [m.id for m in first], snapshot=snap)
+        assert waiting is not None and waiting.cancel()
+        store.release()
+        third = pop(queues, "w3", 2)
+        queues.ack("ns", "t", "q", "w3", [m.id for m in third])  # writes the read position
+        restarted = QueueCoordinator(store, messaging, tx, clock=clock)
+        clock.now += 31  # past w2's lease
+        again = pop(restarted, "w4", 10)
+        assert [m.payload for m in again] == [m.payload for m in second]

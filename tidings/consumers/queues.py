@@ -58,6 +58,7 @@ from tidings.errors import (
     BadRequest,
     NotDelivered,
     QueueNotFound,
+    ServerError,
     TidingsError,
     TopicAlreadyExists,
 )
@@ -546,12 +547,15 @@ class QueueCoordinator:
         q = self._in_memory(namespace, topic, queue)
         if q is None:
             return None
-        done = self._ack(q, consumer, ids, write_pointer, snapshot, invalidate=False)
-        if done is None:
-            done = Future()
+        written = self._ack(q, consumer, ids, write_pointer, snapshot, invalidate=False)
+        # The caller gets a future of its own: cancelling it (a request cancelled
+        # while it waits) must not cancel the store write, which memory is already
+        # ahead of.
+        done: Future[None] = Future()
+        if written is None:
             done.set_result(None)
         else:
-            done.add_done_callback(lambda f: _break_on_failure(q, f))
+            written.add_done_callback(lambda f: _settle_from(q, f, done))
         return done
 
     def _ack(
@@ -1099,10 +1103,20 @@ def _same_settings(
     )
 
 
-def _break_on_failure(q: _Queue, done: Future[None]) -> None:
-    # Memory ran ahead of a write that failed: rebuild it from the records.
-    if not done.cancelled() and done.exception() is not None:
-        q.broken = True
+def _settle_from(q: _Queue, written: Future[None], done: Future[None]) -> None:
+    """Pass a store write's outcome on to the future a caller waits on."""
+    exc: BaseException | None
+    if written.cancelled():
+        exc = ServerError("a queue's store write was cancelled")
+    else:
+        exc = written.exception()
+    if exc is not None:
+        q.broken = True  # memory ran ahead of a write that failed: rebuild it
+    if done.set_running_or_notify_cancel():
+        if exc is not None:
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
 
 
 def _first(pair: tuple[MessageId, _Entry]) -> MessageId:
