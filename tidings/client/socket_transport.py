@@ -83,6 +83,9 @@ class _Connection(AnswerParser):
         except OSError as exc:
             self.close()
             raise ConnectionLost(str(exc) or type(exc).__name__) from None
+        except BaseException:
+            self.close()  # interrupted mid-answer: the connection is out of step
+            raise
         if not self._keep_alive:
             self.close()
         return self._answer
