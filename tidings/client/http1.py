@@ -97,6 +97,8 @@ class AnswerParser:
         # A body with neither Content-Length nor chunked encoding ends with the stream.
         self._framed = False
         self._headers_done = False
+        #: The answer's Content-Length, where it has one (and is not chunked).
+        self.length: int | None = None
 
     def feed(self, data: bytes) -> None:
         """Parse more of the stream; ConnectionLost if it is not HTTP."""
@@ -110,6 +112,21 @@ class AnswerParser:
         if self._headers_done and not self._framed:
             self._finish(keep_alive=False)
 
+    def heading(self) -> bool:
+        """Whether the head of an answer (not an interim 1xx) was fed and its body
+        was not yet."""
+        return self._headers_done and self._parser.get_status_code() >= 200
+
+    def take_body(self, body: bytes) -> None:
+        """The body of the answer whose head was fed, read by the transport itself
+        (it knew the length): the answer is whole, and the parser starts afresh for
+        the next one."""
+        keep_alive = self._parser.should_keep_alive()
+        status = self._parser.get_status_code()
+        self._parser = httptools.HttpResponseParser(self)
+        self._headers_done = False
+        self.answered(Response(status, body, self._content_type, self._headers), keep_alive)
+
     def answered(self, response: Response, keep_alive: bool) -> None:
         """A whole answer (an interim 1xx is not passed on)."""
         raise NotImplementedError
@@ -122,6 +139,7 @@ class AnswerParser:
         self._headers = {}
         self._framed = False
         self._headers_done = False
+        self.length = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
         lower = name.lower()
@@ -129,8 +147,13 @@ class AnswerParser:
             self._content_type = value.decode("latin-1")
         elif lower.startswith(b"tidings-"):
             self._headers[lower.decode("latin-1")] = value.decode("latin-1")
-        elif lower in (b"content-length", b"transfer-encoding"):
+        elif lower == b"content-length":
             self._framed = True
+            if self.length is None and value.isdigit():
+                self.length = int(value)
+        elif lower == b"transfer-encoding":
+            self._framed = True
+            self.length = -1  # chunked: the parser takes the body
 
     def on_headers_complete(self) -> None:
         self._headers_done = True
