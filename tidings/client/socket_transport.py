@@ -69,6 +69,10 @@ class _Connection(AnswerParser):
         connection closed."""
         sock, reader = self.sock, self._reader
         self._answer = None
+        # Once part of an answer went to the parser piecemeal (a head split across
+        # reads), the rest goes the same way: a head end found later in the buffer
+        # could be bytes of the body.
+        piecemeal = False
         try:
             sock.settimeout(None if deadline is None else _left(deadline))
             sock.sendall(data)
@@ -77,8 +81,9 @@ class _Connection(AnswerParser):
                     sock.settimeout(_left(deadline))
                 buffered = reader.peek(_READ_SIZE)
                 end = buffered.find(b"\r\n\r\n")
-                if end < 0 or self.heading():
+                if piecemeal or end < 0 or self.heading():
                     # Inside a head, a chunked or a close-delimited body: as it comes.
+                    piecemeal = True
                     chunk = reader.read1(_READ_SIZE)
                     if not chunk:
                         self.ended()  # an answer that runs to the end of the stream
