@@ -23,7 +23,7 @@ from tidings.clock import Clock, SystemClock
 from tidings.codec import keys, values, wire
 from tidings.codec.stored_publish import StoredBatch
 from tidings.codec.values import TopicState
-from tidings.codec.wire import AvroItems, Media
+from tidings.codec.wire import JSON, AvroItems, Media
 from tidings.errors import BadRequest, EmptyPublish, InvalidMessageId
 from tidings.messaging import accounting, publishing
 from tidings.messaging.counters import Counters, TopicCounters
@@ -529,14 +529,16 @@ class MessagingService:
         body, the number of messages in it and the last one's id (None if empty, for
         the ``Tidings-Last-Id`` header). For Avro, plain messages go from the store into
         the body without a :class:`Message` each (the consumer's hot path)."""
-        avro = AvroItems.for_media(media)
-        items = self._fetch(namespace, topic, start, inclusive, limit, transaction, avro)
+        items = self.fetch_items(
+            namespace, topic, media, start=start, inclusive=inclusive, limit=limit,
+            transaction=transaction,
+        )  # fmt: skip
         last: MessageId | None = None
         if items:
             item = items[-1]
             # A pre-encoded Avro item starts with the id: length byte 0x28, 20 bytes.
             last = item.id if isinstance(item, Message) else MessageId.from_bytes(item[1:21])
-        if avro is None:
+        if media is JSON:
             body = wire.encode_messages(cast("list[Message]", items), media)
         else:
             body = wire.avro_messages(items, media)
