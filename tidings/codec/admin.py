@@ -77,6 +77,7 @@ __all__ = [
     "stats_json",
     "topic_json",
     "topic_request",
+    "transaction_group_commits_avro",
     "transaction_group_commits_json",
 ]
 
@@ -549,9 +550,10 @@ def group_commit_request(
 
 
 def read_group_commit_request(
-    obj: Mapping[str, Any],
+    obj: Mapping[str, Any], *, binary: bool = False
 ) -> tuple[str, dict[int, MessageId], int | None]:
-    """Member id, positions and write pointer (None: commit now) of a commit body."""
+    """Member id, positions and write pointer (None: commit now) of a commit body;
+    ``binary``: the ids are bytes (an Avro body's), not base64."""
     raw = obj.get("positions")
     if not isinstance(raw, list) or not raw:
         raise BadRequest("positions must be a non-empty list of {partition, id}")
@@ -564,7 +566,14 @@ def read_group_commit_request(
             raise BadRequest(f"positions[{i}].partition is required")
         if partition in positions:
             raise BadRequest(f"partition {partition} appears twice")
-        positions[partition] = _message_id(item.get("id"), f"positions[{i}].id")
+        what = f"positions[{i}].id"
+        value = item.get("id")
+        if binary:
+            if not isinstance(value, bytes) or len(value) != 20:
+                raise BadRequest(f"{what} must be a 20-byte message id")
+            positions[partition] = MessageId.from_bytes(value)
+        else:
+            positions[partition] = _message_id(value, what)
     return _member(obj), positions, _opt_int(obj, "transactionWritePointer", 1)
 
 
@@ -585,9 +594,30 @@ def transaction_group_commits_json(commits: Iterable[TransactionGroupCommit]) ->
     ]
 
 
-def read_transaction_group_commits(obj: Mapping[str, Any]) -> list[TransactionGroupCommit]:
+def transaction_group_commits_avro(
+    commits: Iterable[TransactionGroupCommit],
+) -> list[dict[str, Any]]:
+    """The ``groupCommits`` of a one-request transaction's Avro body (ids as bytes)."""
+    return [
+        {
+            "topic": c.topic,
+            "group": c.group,
+            "memberId": c.member_id,
+            "positions": [
+                {"partition": p, "id": position.to_bytes()}
+                for p, position in sorted(c.positions.items())
+            ],
+        }
+        for c in commits
+    ]
+
+
+def read_transaction_group_commits(
+    obj: Mapping[str, Any], *, binary: bool = False
+) -> list[TransactionGroupCommit]:
     """The ``groupCommits`` of a one-request transaction body (none if absent); each a
-    group commit body plus its topic and group, without a write pointer."""
+    group commit body plus its topic and group, without a write pointer; ``binary``: of
+    the Avro body, ids as bytes."""
     raw = obj.get("groupCommits")
     if raw is None:
         return []
@@ -610,7 +640,7 @@ def read_transaction_group_commits(obj: Mapping[str, Any]) -> list[TransactionGr
                     f"groupCommits[{i}].{name} must be a name of [A-Za-z0-9_-]{{1,128}}"
                 )
             names.append(value)
-        member_id, positions, _ = read_group_commit_request(item)
+        member_id, positions, _ = read_group_commit_request(item, binary=binary)
         # One entry per member: two would commit one partition twice in one
         # transaction, and the positions could not tell which is the later.
         key = (names[0], names[1], member_id)

@@ -30,6 +30,7 @@ __all__ = [
     "PUBLISH_REQUEST_EXT",
     "PUBLISH_RESPONSE",
     "SCHEMAS",
+    "TRANSACTION_PUBLISH_REQUEST",
     "AvroItems",
     "read",
     "read_ids",
@@ -139,6 +140,83 @@ MESSAGES_EXT = fastavro.parse_schema(
 #: The answer of a poll with ``fields=id``: the ids of the messages it would return.
 MESSAGE_IDS = fastavro.parse_schema({"type": "array", "items": "bytes"})
 
+#: A one-request transaction (``POST /v1/namespaces/{ns}/transactions/publish``) in the
+#: ``avro/binary; schema=tidings`` medium: the JSON body's fields, each topic's messages
+#: as a whole ``PublishRequestExt`` body (write pointer null), message ids as bytes.
+TRANSACTION_PUBLISH_REQUEST = fastavro.parse_schema(
+    {
+        "type": "record",
+        "name": "TransactionPublishRequest",
+        "fields": [
+            {"name": "timeout", "type": ["null", "double"], "default": None},
+            {"name": "transactionalId", "type": ["null", "string"], "default": None},
+            {"name": "epoch", "type": ["null", "long"], "default": None},
+            {
+                "name": "topics",
+                "type": {
+                    "type": "array",
+                    "items": {
+                        "type": "record",
+                        "name": "TopicPublish",
+                        "fields": [
+                            {"name": "topic", "type": "string"},
+                            {"name": "body", "type": "bytes"},
+                        ],
+                    },
+                },
+                "default": [],
+            },
+            {
+                "name": "acks",
+                "type": {
+                    "type": "array",
+                    "items": {
+                        "type": "record",
+                        "name": "TransactionAck",
+                        "fields": [
+                            {"name": "topic", "type": "string"},
+                            {"name": "queue", "type": "string"},
+                            {"name": "consumerId", "type": "string"},
+                            {"name": "ids", "type": {"type": "array", "items": "bytes"}},
+                        ],
+                    },
+                },
+                "default": [],
+            },
+            {
+                "name": "groupCommits",
+                "type": {
+                    "type": "array",
+                    "items": {
+                        "type": "record",
+                        "name": "TransactionGroupCommit",
+                        "fields": [
+                            {"name": "topic", "type": "string"},
+                            {"name": "group", "type": "string"},
+                            {"name": "memberId", "type": "string"},
+                            {
+                                "name": "positions",
+                                "type": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "record",
+                                        "name": "GroupPosition",
+                                        "fields": [
+                                            {"name": "partition", "type": "long"},
+                                            {"name": "id", "type": "bytes"},
+                                        ],
+                                    },
+                                },
+                            },
+                        ],
+                    },
+                },
+                "default": [],
+            },
+        ],
+    }
+)
+
 #: Every Avro schema of the API by name, for docs and the OpenAPI document.
 SCHEMAS: dict[str, Any] = {
     "PublishRequest": PUBLISH_REQUEST,
@@ -148,6 +226,7 @@ SCHEMAS: dict[str, Any] = {
     "Messages": MESSAGES,
     "MessagesExt": MESSAGES_EXT,
     "MessageIds": MESSAGE_IDS,
+    "TransactionPublishRequest": TRANSACTION_PUBLISH_REQUEST,
 }
 
 

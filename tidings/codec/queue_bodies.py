@@ -19,6 +19,7 @@ __all__ = [
     "PopRequest",
     "TransactionAck",
     "read_transaction_acks",
+    "transaction_acks_avro",
     "transaction_acks_json",
     "ack_request",
     "consumer_request",
@@ -135,9 +136,12 @@ def ack_request(
     return body
 
 
-def read_ack_request(obj: Mapping[str, Any]) -> tuple[str, list[MessageId], int | None]:
+def read_ack_request(
+    obj: Mapping[str, Any], *, binary: bool = False
+) -> tuple[str, list[MessageId], int | None]:
     """Consumer, ids and write pointer (None: not in a transaction) of an ack or nack
-    body; BadRequest naming every malformed id."""
+    body; BadRequest naming every malformed id. ``binary``: the ids are bytes (an Avro
+    body's), not base64."""
     consumer = _consumer(obj)
     raw = obj.get("ids")
     if not isinstance(raw, list) or not raw:
@@ -147,20 +151,25 @@ def read_ack_request(obj: Mapping[str, Any]) -> tuple[str, list[MessageId], int 
     # Inline for the usual case (an ack names ~100 ids): a malformed id of any kind
     # (not a string, not ASCII, not base64, not 20 bytes) raises, and is looked at
     # again one by one.
-    decode, unpack, new, cls = binascii.a2b_base64, _ID.unpack, tuple.__new__, MessageId
+    unpack, new, cls = _ID.unpack, tuple.__new__, MessageId
     try:
-        ids = [new(cls, unpack(decode(value, strict_mode=True))) for value in raw]
+        if binary:
+            ids = [new(cls, unpack(value)) for value in raw]
+        else:
+            decode = binascii.a2b_base64
+            ids = [new(cls, unpack(decode(value, strict_mode=True))) for value in raw]
     except (TypeError, ValueError, struct.error):
         ids = []
         for value in raw:
-            parsed = _message_id(value)
+            parsed = _binary_id(value) if binary else _message_id(value)
             if parsed is None:
                 bad.append(repr(value)[:60])
             else:
                 ids.append(parsed)
     if bad:
         shown = ", ".join(bad[:10]) + ("" if len(bad) <= 10 else f" and {len(bad) - 10} more")
-        raise BadRequest(f"{len(bad)} id(s) are not message ids (20 bytes in base64): {shown}")
+        form = "20 bytes" if binary else "20 bytes in base64"
+        raise BadRequest(f"{len(bad)} id(s) are not message ids ({form}): {shown}")
     write_pointer = integer(
         obj.get("transactionWritePointer"), "transactionWritePointer", 1, INT64_MAX, optional=True
     )
@@ -195,8 +204,22 @@ def transaction_acks_json(acks: Sequence[TransactionAck]) -> list[dict[str, Any]
     return [{"topic": a.topic, "queue": a.queue, **ack_request(a.consumer, a.ids)} for a in acks]
 
 
-def read_transaction_acks(obj: Mapping[str, Any]) -> list[TransactionAck]:
-    """The ``acks`` of a one-request transaction body (none if absent)."""
+def transaction_acks_avro(acks: Sequence[TransactionAck]) -> list[dict[str, Any]]:
+    """The ``acks`` of a one-request transaction's Avro body (ids as bytes)."""
+    return [
+        {
+            "topic": a.topic,
+            "queue": a.queue,
+            "consumerId": a.consumer,
+            "ids": [i.to_bytes() for i in a.ids],
+        }
+        for a in acks
+    ]
+
+
+def read_transaction_acks(obj: Mapping[str, Any], *, binary: bool = False) -> list[TransactionAck]:
+    """The ``acks`` of a one-request transaction body (none if absent); ``binary``: of
+    the Avro body, ids as bytes."""
     raw = obj.get("acks")
     if raw is None:
         return []
@@ -214,9 +237,15 @@ def read_transaction_acks(obj: Mapping[str, Any]) -> list[TransactionAck]:
             if not isinstance(value, str) or NAME_PATTERN.fullmatch(value) is None:
                 raise BadRequest(f"acks[{i}].{field} must be a name of [A-Za-z0-9_-]{{1,128}}")
             names.append(value)
-        consumer, ids, _ = read_ack_request(item)
+        consumer, ids, _ = read_ack_request(item, binary=binary)
         out.append(TransactionAck(names[0], names[1], consumer, ids))
     return out
+
+
+def _binary_id(value: object) -> MessageId | None:
+    if not isinstance(value, bytes) or len(value) != 20:
+        return None
+    return MessageId.from_bytes(value)
 
 
 def _message_id(value: object) -> MessageId | None:

@@ -15,14 +15,18 @@ caller takes the general path, which stores the same values or raises the same e
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 from tidings.codec.avro import read_long
-from tidings.codec.values import FLAG_HEADERS, FLAG_KEY, payload_header, write_varint
+from tidings.codec.values import FLAG_HEADERS, FLAG_KEY, FLAG_T, payload_header, write_varint
 
 __all__ = ["StoredBatch", "read_stored_batch"]
 
 _INT64_MAX = (1 << 63) - 1
+_I64 = struct.Struct(">q")
+#: A key's length as its stored varint, for keys under 128 bytes.
+_KEY_LENGTHS = [bytes((n,)) for n in range(0x80)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +43,25 @@ class StoredBatch:
 
     def __len__(self) -> int:
         return len(self.values)
+
+    def under(self, write_pointer: int) -> StoredBatch:
+        """These values, read from a body without a write pointer, as published under
+        ``write_pointer`` (a one-request transaction's, known only once it began)."""
+        if self.stored_pointer is not None:
+            raise ValueError(f"values already stored under {self.stored_pointer}")
+        # The pointer follows the flags byte (tidings.codec.values); a publish body read
+        # here carries no expiry, which would sit between them.
+        pointer = _I64.pack(write_pointer)
+        heads: dict[int, bytes] = {}
+        values: list[bytes] = []
+        add = values.append
+        for value in self.values:
+            flags = value[0]
+            head = heads.get(flags)
+            if head is None:
+                head = heads[flags] = bytes((flags | FLAG_T,)) + pointer
+            add(head + value[1:])
+        return StoredBatch(write_pointer, write_pointer, values, self.size)
 
 
 def _field(body: bytes, pos: int, end: int) -> tuple[int, bytes, int]:
@@ -83,9 +106,19 @@ def _read(body: bytes, extended: bool, store: bool) -> StoredBatch | None:
     if count:
         add = payloads.append
         for _ in range(count):
-            size, pos = read(body, pos)
-            stop = pos + size
-            if size < 0 or stop > end:
+            # Lengths under 8 KiB inline (one or two varint bytes), the rest by read().
+            first = body[pos]
+            if first < 0x80:
+                size, pos = first, pos + 1
+            elif body[pos + 1] < 0x80:
+                size, pos = (first & 0x7F) | (body[pos + 1] << 7), pos + 2
+            else:
+                size, pos = read(body, pos)
+                size = size << 1 if size >= 0 else 1  # zig-zag again, as the two above
+            if size & 1:  # negative
+                return None
+            stop = pos + (size >> 1)
+            if stop > end:
                 return None
             add(view[pos:stop])
             pos = stop
@@ -107,10 +140,24 @@ def _read(body: bytes, extended: bool, store: bool) -> StoredBatch | None:
     if count != len(payloads):
         return None
     flags, after_flags = plain[0], plain[1:]
+    keyed_head = bytes((flags | FLAG_KEY,)) + after_flags
+    key_lengths = _KEY_LENGTHS
     values: list[bytes] = []
     add_value = values.append
     length = write_varint
     for payload in payloads:
+        if body[pos] == 2:
+            size = body[pos + 1]
+            if size < 0x80 and not size & 1:
+                # A key under 64 bytes and nothing else (a keyed producer's usual
+                # message): its stored value in one concatenation.
+                key_end = pos + 2 + (size >> 1)
+                if key_end + 1 < end and body[key_end] == 0 and body[key_end + 1] == 0:
+                    add_value(
+                        keyed_head + key_lengths[size >> 1] + body[pos + 2 : key_end] + payload
+                    )
+                    pos = key_end + 2
+                    continue
         parts: list[bytes | memoryview] = [b"", after_flags]
         which = flags
         branch = body[pos]

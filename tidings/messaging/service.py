@@ -289,7 +289,7 @@ class MessagingService:
     def publish_all_future(
         self,
         namespace: str,
-        batches: Sequence[tuple[str, Sequence[Record | bytes]]],
+        batches: Sequence[tuple[str, Sequence[Record | bytes] | StoredBatch]],
         write_pointer: int | None = None,
         payload_ranges: Mapping[str, Sequence[PayloadRange]] | None = None,
         then: Callable[[WriteView], None] | None = None,

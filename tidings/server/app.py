@@ -53,11 +53,12 @@ def create_app(api: Api) -> ASGIApp:
     messaging_routes = messaging.routes(api)
     transaction_routes = transactions.routes(api)
     queue_routes = queues.routes(api)
+    group_routes = groups.routes(api)
     app = Starlette(
         routes=[
             *messaging_routes,
             *transaction_routes,
-            *groups.routes(api),
+            *group_routes,
             *queue_routes,
             *ops.routes(api),
             *console.routes(api),
@@ -67,7 +68,7 @@ def create_app(api: Api) -> ASGIApp:
     _check_permissions(app)
     hot = {
         route.path: route.endpoint
-        for route in [*messaging_routes, *transaction_routes, *queue_routes]
+        for route in [*messaging_routes, *transaction_routes, *queue_routes, *group_routes]
         if isinstance(route, Route) and route.path in _HOT_PATHS
     }
     return _HotPaths(app, hot)
@@ -95,13 +96,14 @@ _HOT_PATHS = frozenset(
         transactions.PUBLISH,
         queues.QUEUE + "/pop",
         queues.QUEUE + "/ack",
+        groups.GROUP + "/poll",
     }
 )
 
 
 class _HotPaths:
-    """Publish, poll, the one-request transaction and a queue's pop and ack straight to
-    their endpoints; everything else through Starlette.
+    """Publish, poll, the one-request transaction, a queue's pop and ack and a group
+    member's poll straight to their endpoints; everything else through Starlette.
 
     Starlette's middleware, router and request wrapper cost ~10 us of the event loop per
     request (four layers of coroutines and ``send`` wrappers, then a regular expression
@@ -121,6 +123,7 @@ class _HotPaths:
         self._queue_actions = {
             action: hot[queues.QUEUE + "/" + action] for action in ("pop", "ack")
         }
+        self._group_poll = hot[groups.GROUP + "/poll"]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
@@ -134,16 +137,15 @@ class _HotPaths:
                 elif len(parts) == 6 and parts[4] == "transactions" and parts[5] == "publish":
                     endpoint = self._tx_publish
                     params = {"ns": parts[3]}
-                elif (
-                    len(parts) == 9
-                    and parts[4] == "topics"
-                    and parts[5]
-                    and parts[6] == "queues"
-                    and parts[7]
-                ):
-                    # /v1/namespaces/{ns}/topics/{topic}/queues/{queue}/{pop|ack}
-                    endpoint = self._queue_actions.get(parts[8])
-                    params = {"ns": parts[3], "topic": parts[5], "queue": parts[7]}
+                elif len(parts) == 9 and parts[4] == "topics" and parts[5] and parts[7]:
+                    if parts[6] == "queues":
+                        # /v1/namespaces/{ns}/topics/{topic}/queues/{queue}/{pop|ack}
+                        endpoint = self._queue_actions.get(parts[8])
+                        params = {"ns": parts[3], "topic": parts[5], "queue": parts[7]}
+                    elif parts[6] == "groups" and parts[8] == "poll":
+                        # /v1/namespaces/{ns}/topics/{topic}/groups/{group}/poll
+                        endpoint = self._group_poll
+                        params = {"ns": parts[3], "topic": parts[5], "group": parts[7]}
             if endpoint is not None:
                 scope["path_params"] = params
                 response = await endpoint(Request(scope, receive, send))

@@ -1297,7 +1297,11 @@ def _transaction_paths() -> dict[str, Any]:
                     ),
                     **ended,
                 },
-                body={JSON: {"schema": _ref("TransactionalPublishRequest")}},
+                body={
+                    JSON: {"schema": _ref("TransactionalPublishRequest")},
+                    # Each topic's messages as a PublishRequestExt body (docs/api.md).
+                    AVRO_EXT: {"schema": _avro("TransactionPublishRequest")},
+                },
                 required=True,
                 tags=tags,
                 parameters=[_param("ns", _NAME)],

@@ -1,4 +1,5 @@
-"""The transaction service's API under ``/v1/transactions`` (docs/api.md), JSON only.
+"""The transaction service's API under ``/v1/transactions`` (docs/api.md), JSON only
+(but for the one-request transaction, which also takes an Avro body).
 
 Begin, commit, abort and invalidate await the manager's ``*_future`` calls on the event
 loop (through the server's :class:`~tidings.server.inbox.LoopInbox`): they decide at
@@ -11,7 +12,10 @@ worker threads.
 services) is a whole transaction of the direct path in one request: begin, publish
 every topic's messages with the write pointer in one store write (all of them or
 none), commit. If the publish fails, nothing was written and the transaction is
-aborted (invalidated if that fails); so it commits all of its messages or none.
+aborted (invalidated if that fails); so it commits all of its messages or none. Its
+Avro body (``avro/binary; schema=tidings``) carries each topic's messages as a publish
+body, read straight into stored values as a publish's are; the write pointer goes into
+them once the transaction began.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tidings.codec import admin, queue_bodies, wire
+from tidings.codec import admin, avro, queue_bodies, wire
+from tidings.codec.media import AVRO_EXT, JSON
 from tidings.codec.stored_publish import StoredBatch
 from tidings.codec.transaction import encode_transaction
 from tidings.consumers.groups import PositionsWrite
@@ -35,10 +40,11 @@ from tidings.errors import (
     EmptyPublish,
     TidingsError,
     TransactionConflict,
+    UnsupportedMediaType,
 )
 from tidings.messaging import MessagingService
 from tidings.names import INT64_MAX, check_name
-from tidings.server.bodies import json_object, read_body, require_json
+from tidings.server.bodies import json_object, read_body, request_media, require_json
 from tidings.server.handlers import Api, json_response, principal_of
 from tidings.server.inbox import LoopInbox
 from tidings.server.routes.consumers import read_snapshot
@@ -53,7 +59,7 @@ PREFIX = "/v1/transactions"
 PUBLISH = "/v1/namespaces/{ns}/transactions/publish"
 
 _T = TypeVar("_T")
-_Batch = tuple[str, list[Record | bytes]]
+_Batch = tuple[str, list[Record | bytes] | StoredBatch]
 
 
 def _may_use(request: Request, transactional_id: str | None) -> None:
@@ -70,10 +76,11 @@ def _write_pointer(request: Request) -> int:
     return int(raw)
 
 
-def _batches(obj: dict[str, Any], *, empty_ok: bool = False) -> list[_Batch]:
+def _batches(obj: dict[str, Any], *, empty_ok: bool = False, binary: bool = False) -> list[_Batch]:
     """The ``topics`` of a transactional publish: names checked, messages decoded
     (``empty_ok``: the field may be left out, as in a transaction that only acks; an
-    empty list is a transaction that publishes nothing)."""
+    empty list is a transaction that publishes nothing; ``binary``: of the Avro body,
+    each topic's messages a publish body of their own)."""
     items = obj.get("topics", [] if empty_ok else None)
     if not isinstance(items, list):
         raise BadRequest("topics must be a list of {topic, messages[, extras]} objects")
@@ -89,15 +96,28 @@ def _batches(obj: dict[str, Any], *, empty_ok: bool = False) -> list[_Batch]:
         if topic in seen:
             raise BadRequest(f"topic {topic!r} appears more than once")
         seen.add(topic)
-        if "transactionWritePointer" in item:
+        if binary:
+            request = wire.decode_publish_request(item["body"], AVRO_EXT, stored_for="publish")
+        else:
+            if "transactionWritePointer" in item:
+                raise BadRequest("the server assigns the write pointer; do not send one")
+            # Each item is a JSON PublishRequest plus its topic: decode it as one.
+            request = wire.publish_request_from_json(item)
+        if request.write_pointer is not None:
             raise BadRequest("the server assigns the write pointer; do not send one")
-        # Each item is a JSON PublishRequest plus its topic: decode it as one.
-        records = wire.publish_request_from_json(item).records
-        assert not isinstance(records, StoredBatch)  # only Avro bodies are read that way
+        records = request.records
         if not records:
             raise EmptyPublish(f"topics[{i}] ({topic}) has no messages")
-        batches.append((topic, list(records)))
+        batches.append((topic, records if isinstance(records, StoredBatch) else list(records)))
     return batches
+
+
+def _under(batches: list[_Batch], write_pointer: int) -> list[_Batch]:
+    """The batches with ``write_pointer`` in the values read straight from the body."""
+    return [
+        (topic, messages.under(write_pointer) if isinstance(messages, StoredBatch) else messages)
+        for topic, messages in batches
+    ]
 
 
 def routes(api: Api) -> list[Route]:
@@ -166,10 +186,20 @@ def routes(api: Api) -> list[Route]:
     async def publish(request: Request) -> Response:
         messaging, tx = api.messaging, api.tx  # 503 unless this process runs both
         ns = check_name(request.path_params["ns"], "namespace")
-        obj = await body(request, "transactional publish")
-        acks = queue_bodies.read_transaction_acks(obj)
-        group_commits = admin.read_transaction_group_commits(obj)
-        batches = _batches(obj, empty_ok=bool(acks or group_commits))
+        media = request_media(request)
+        if media is JSON:
+            obj = json_object(await read_body(request, max_body), "transactional publish")
+        elif media is AVRO_EXT:
+            raw = await read_body(request, max_body)
+            obj = avro.read(raw, avro.TRANSACTION_PUBLISH_REQUEST, "transactional publish")
+        else:
+            raise UnsupportedMediaType(
+                "a transaction in one request is application/json or avro/binary; schema=tidings"
+            )
+        binary = media is AVRO_EXT
+        acks = queue_bodies.read_transaction_acks(obj, binary=binary)
+        group_commits = admin.read_transaction_group_commits(obj, binary=binary)
+        batches = _batches(obj, empty_ok=bool(acks or group_commits), binary=binary)
         timeout, (transactional_id, epoch) = admin.read_begin_request(obj)
         principal = principal_of(request)
         if principal is not None:
@@ -329,6 +359,7 @@ async def _transact(
     )
     ended.append("begun")
     wp = snapshot.write_pointer
+    batches = _under(batches, wp)
     # The commit in the publish's own store write where the manager can: one fsync.
     step = None
     try:
