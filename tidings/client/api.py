@@ -17,7 +17,7 @@ from urllib.parse import quote, urlsplit
 import orjson
 
 from tidings.client.transports import Request, Response
-from tidings.codec import admin, avro, queue_bodies, wire
+from tidings.codec import admin, queue_bodies, tx_publish, wire
 from tidings.codec.wire import AVRO_EXT, JSON, ConsumeRequest, Media
 from tidings.errors import (
     EmptyPublish,
@@ -303,23 +303,19 @@ def _avro_transaction(
     acks: Sequence[queue_bodies.TransactionAck],
     group_commits: Sequence[admin.TransactionGroupCommit],
 ) -> bytes:
-    """A one-request transaction's Avro body: each topic's messages as a publish body
-    (the hand-written writers), the rest through fastavro (a few small fields)."""
-    topics = []
+    """A one-request transaction's Avro body: each topic's messages as a publish body."""
+    bodies = []
     for topic, records in batches:
         check_name(topic)
-        topics.append(
-            {"topic": topic, "body": wire.encode_publish_request(None, records, AVRO_EXT)}
-        )
-    envelope = {
-        "timeout": None if timeout is None else float(timeout),
-        "transactionalId": transactional_id,
-        "epoch": epoch,
-        "topics": topics,
-        "acks": queue_bodies.transaction_acks_avro(acks),
-        "groupCommits": admin.transaction_group_commits_avro(group_commits),
-    }
-    return avro.write(envelope, avro.TRANSACTION_PUBLISH_REQUEST)
+        bodies.append((topic, wire.encode_publish_request(None, records, AVRO_EXT)))
+    return tx_publish.write_transaction_publish(
+        bodies,
+        None if timeout is None else float(timeout),
+        transactional_id,
+        epoch,
+        acks,
+        group_commits,
+    )
 
 
 class RestApi:

@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tidings.codec import admin, avro, queue_bodies, wire
+from tidings.codec import admin, queue_bodies, tx_publish, wire
 from tidings.codec.media import AVRO_EXT, JSON
 from tidings.codec.stored_publish import StoredBatch
 from tidings.codec.transaction import encode_transaction
@@ -190,8 +190,7 @@ def routes(api: Api) -> list[Route]:
         if media is JSON:
             obj = json_object(await read_body(request, max_body), "transactional publish")
         elif media is AVRO_EXT:
-            raw = await read_body(request, max_body)
-            obj = avro.read(raw, avro.TRANSACTION_PUBLISH_REQUEST, "transactional publish")
+            obj = tx_publish.read_transaction_publish(await read_body(request, max_body))
         else:
             raise UnsupportedMediaType(
                 "a transaction in one request is application/json or avro/binary; schema=tidings"
