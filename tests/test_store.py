@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
@@ -255,7 +256,7 @@ def test_closed_store_refuses_work(store: Store) -> None:
 _keys = st.lists(st.sampled_from(b"ab\x00\xff"), min_size=1, max_size=3).map(bytes)
 _bounds = st.lists(st.sampled_from(b"ab\x00\xff"), max_size=3).map(bytes)
 _limits = st.none() | st.integers(0, 4)
-_ops = st.one_of(
+_writes = st.one_of(
     st.tuples(st.just("put"), st.sampled_from(TABLES[:2]), _keys, st.binary(max_size=3)),
     st.tuples(st.just("delete"), st.sampled_from(TABLES[:2]), _keys),
     st.tuples(st.just("delete_range"), st.just(M), _bounds, _bounds, _limits),
@@ -264,11 +265,15 @@ _ops = st.one_of(
     st.tuples(
         st.just("put_many_append"), st.just(M), st.lists(st.tuples(_keys, st.binary(max_size=2)))
     ),
-    st.tuples(st.just("fail"), st.just(M), _keys),
     # A write function's own reads (a store may answer them from what it wrote or
-    # read before: they must still be what is committed), and a function that raises
-    # after its writes went out under a savepoint (a scan flushes them).
+    # read before: they must still be what is committed).
     st.tuples(st.just("get"), st.sampled_from(TABLES[:2]), _keys),
+)
+_ops = st.one_of(
+    _writes,
+    st.tuples(st.just("fail"), st.just(M), _keys),
+    # A function that raises after its writes went out under a savepoint (a scan
+    # flushes them).
     st.tuples(st.just("fail_flushed"), st.sampled_from(TABLES[:2]), _keys),
 )
 _reads = st.one_of(
@@ -354,3 +359,58 @@ def test_matches_a_dict_model(store: Store, steps: list[tuple[Any, Any]]) -> Non
             assert _read_view(view, read) == _read_model(model[M], read)
             for table in TABLES[:2]:
                 assert list(view.scan(table, b"", END)) == sorted(model[table].items())
+
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(rounds=st.lists(st.lists(st.lists(_writes, max_size=6), max_size=4), max_size=5))
+def test_functions_of_many_writes_submitted_together_match_a_dict_model(
+    store: Store, rounds: list[list[list[tuple[Any, ...]]]]
+) -> None:
+    # Several writes of one key in one function and across the functions of one group
+    # (a store that buffers a group's writes must keep only the last of each key).
+    store.apply(lambda v: [v.delete_range(t, b"", END) for t in TABLES])
+    model: dict[str, dict[bytes, bytes]] = {t: {} for t in TABLES}
+    for functions in rounds:
+        submitted = []
+        for ops in functions:
+            expected = [_apply_to_model(model, op) for op in ops]
+            future = store.submit(lambda v, ops=ops: [_apply_to_view(v, op) for op in ops])
+            submitted.append((future, expected))
+        for future, expected in submitted:
+            assert future.result() == expected
+        with store.read() as view:
+            for table in TABLES[:2]:
+                assert list(view.scan(table, b"", END)) == sorted(model[table].items())
+
+
+def test_the_last_write_of_a_key_in_one_group_wins_whatever_its_kind(store: Store) -> None:
+    # A slow function holds the writer, so that the functions after it queue up and
+    # go into one group commit together.
+    store.apply(lambda v: [v.delete_range(t, b"", END) for t in TABLES])
+    store.apply(lambda v: v.put(M, b"d", b"stored"))
+    first = store.submit(lambda v: time.sleep(0.3))
+    steps: list[Callable[[WriteView], Any]] = [
+        lambda v: v.put(M, b"a", b"plain"),
+        lambda v: v.put_many(M, [(b"a", b"appended")], append=True),
+        lambda v: v.put_many(M, [(b"b", b"appended")], append=True),
+        lambda v: v.put(M, b"b", b"plain"),
+        lambda v: v.put_many(M, [(b"c", b"appended")], append=True),
+        lambda v: v.delete(M, b"c"),
+        lambda v: v.put_many(M, [(b"d", b"appended")], append=True),
+        lambda v: (v.get(M, b"a"), v.get(M, b"b"), v.get(M, b"c"), v.get(M, b"d")),
+    ]
+    futures = [store.submit(step) for step in steps]
+    first.result()
+    answers = [f.result() for f in futures]
+    assert answers[-1] == (b"appended", b"plain", None, b"appended")
+    with store.read() as view:
+        assert list(view.scan(M, b"", END)) == [
+            (b"a", b"appended"),
+            (b"b", b"plain"),
+            (b"d", b"appended"),
+        ]
