@@ -218,6 +218,28 @@ def test_latest_read_committed_starts_at_the_last_stable_position(
         assert after.last_stable_id is None and after.newest_id == end.newest_id
 
 
+def test_an_invalidated_transaction_no_longer_holds_the_last_stable_position(
+    start_server: Callable[..., ServerProcess], topic: str
+) -> None:
+    # A server of its own: no commit after the transaction moves the read pointer past
+    # it, so only its place in the invalid list says that it ended.
+    with Client(start_server().url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"before"])
+        tx = client.begin()
+        client.publish(topic, [b"in the transaction"], write_pointer=tx.write_pointer)
+        client.publish(topic, [b"after"])
+        held = client.end(topic).last_stable_id
+        assert held is not None
+        client.invalidate(tx)
+        end = client.end(topic)
+        assert client.transactions().read_pointer < tx.write_pointer
+        assert end.stable_known and end.last_stable_id is None
+        assert client.stats(topic).last_stable_id is None
+        # Where a read-committed reader goes on: past the skipped message to the end.
+        assert [m.payload for m in client.consume(topic, follow=False)] == [b"before", b"after"]
+
+
 def test_a_follower_outlives_a_server_restart(
     start_server: Callable[..., ServerProcess], topic: str
 ) -> None:

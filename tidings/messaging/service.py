@@ -44,6 +44,7 @@ from tidings.structs import (
     TopicStats,
     Transaction,
 )
+from tidings.tx.visibility import Visibility, classify
 
 __all__ = ["MessagingConfig", "MessagingService"]
 
@@ -182,7 +183,10 @@ class MessagingService:
         ended: list[bytes] = []
         for key, value in view.scan(_META, start, stop):
             wp = keys.open_write_pointer(key)
-            if wp in snapshot.in_progress or wp > snapshot.read_pointer:
+            # Open exactly where a read-committed poll stops: in progress in the
+            # snapshot, or begun after it; an invalid transaction has ended (its
+            # entries are skipped), even where no commit moved the read pointer past it.
+            if classify(snapshot, wp) == Visibility.BLOCK:
                 if first_open is None or value < first_open:
                     first_open = value
             else:
