@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -129,6 +130,38 @@ def test_read_committed_stops_at_a_transaction_in_progress(
     assert committed == [b"before"]
     assert everything == [b"before", b"open", b"after"]
     assert [bytes(r.value) for r in _read(spark, server, topic)] == [b"before", b"open", b"after"]
+
+
+def test_slices_end_where_the_oldest_open_transaction_begins(
+    spark: Any, server: ServerProcess, client: Client, new_topic: Callable[[], str]
+) -> None:
+    # Messages over several milliseconds, so the read is cut into several time slices;
+    # none of them may read past the open transaction (not even its later slices,
+    # which start after it).
+    topic = new_topic()
+    before = []
+    for i in range(12):
+        before.append(f"before-{i}".encode())
+        client.publish(topic, before[-1])
+        time.sleep(0.003)
+    open_tx = client.begin(60)
+    client.publish(topic, b"open", write_pointer=open_tx.write_pointer)
+    after = []
+    for i in range(12):
+        time.sleep(0.003)
+        after.append(f"after-{i}".encode())
+        client.publish(topic, after[-1])
+    committed = [bytes(r.value) for r in _read(spark, server, topic, minPartitions="4")]
+    dirty = _read(spark, server, topic, isolation="read_uncommitted", minPartitions="4")
+    client.invalidate(open_tx.write_pointer)
+    assert committed == before
+    assert [bytes(r.value) for r in dirty] == [*before, b"open", *after]
+    # Once it ended (invalid: its message is skipped), the read goes on to the end.
+    assert [bytes(r.value) for r in _read(spark, server, topic, minPartitions="4")] == [
+        *before,
+        *after,
+    ]
+    assert [bytes(r.value) for r in _read(spark, server, new_topic())] == []
 
 
 def test_starting_and_ending_bounds(

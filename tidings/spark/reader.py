@@ -14,12 +14,21 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from tidings.client import Client
 from tidings.spark.bodies import poll_batch
-from tidings.spark.offsets import EARLIEST, slices
+from tidings.spark.offsets import EARLIEST, poll_start, slices
 from tidings.spark.options import Bound, ReadOptions, Start
-from tidings.spark.scan import TopicRange, connect, plan_ranges, read_range_columns, scan, snapshot
+from tidings.spark.scan import (
+    Scan,
+    TopicRange,
+    connect,
+    plan_ranges,
+    read_range_columns,
+    scan,
+    snapshot,
+)
 from tidings.spark.schema import arrow_read_schema
-from tidings.structs import MessageId
+from tidings.structs import MessageId, TopicEnd, Transaction
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
@@ -67,21 +76,15 @@ class TidingsBatchReader(DataSourceReader):
         pieces = slices_per_topic(o, DEFAULT_BATCH_SLICES)
         parts: list[InputPartition] = []
         with connect(o) as client:
+            # Where each topic ends, asked before the snapshot is taken: see _find.
+            ends = {t: client.end(t) for t in o.topics if o.ends[t].kind == "latest"}
             tx = snapshot(client, o.committed)
             for topic in o.topics:
                 start = o.starts[topic]
                 if start.kind == "latest":
                     continue  # a bounded read from the end reads nothing
                 position = start_position(start)
-                bound = o.ends[topic]
-                found = scan(
-                    client,
-                    topic,
-                    position,
-                    tx,
-                    fetch_size=o.fetch_size,
-                    **_bound_args(bound),
-                )
+                found = _find(client, o, topic, position, tx, ends.get(topic))
                 if found.last is None:
                     continue
                 cuts = slices(found.first_ts, found.last.publish_ts, pieces)
@@ -92,6 +95,40 @@ class TidingsBatchReader(DataSourceReader):
         if not isinstance(partition, TopicRange):
             return iter(())  # nothing planned: Spark reads one InputPartition(None) instead
         return read_partition(self.options, partition)
+
+
+def _find(
+    client: Client,
+    o: ReadOptions,
+    topic: str,
+    position: str,
+    tx: Transaction | None,
+    end: TopicEnd | None,
+) -> Scan:
+    """Where the read of ``topic`` from ``position`` starts (its first message's
+    publish time) and ends (an id at or after its last message).
+
+    Without a bound, from where the topic ends (``end``, which the server seeks) and
+    one poll of one id: a scan of every id took 0.8 s per 200,000 messages, a third of
+    the whole read (BENCHMARKS.md, "Batch reads planned without a scan"). That end was
+    asked for before the snapshot ``tx`` was taken, so it is not past what ``tx`` reads
+    as stable: every entry before the last stable position then belonged to a
+    transaction already ended, and every entry written later has a greater id. With a
+    bound, or where the server cannot tell the last stable position, the ids are
+    scanned as before."""
+    if end is None or (o.committed and not end.stable_known):
+        bound = o.ends[topic]
+        return scan(client, topic, position, tx, fetch_size=o.fetch_size, **_bound_args(bound))
+    last: MessageId | None = end.newest_id
+    if o.committed and end.last_stable_id is not None:
+        last = end.last_stable_id.previous()  # up to the oldest open transaction
+    if last is None:
+        return Scan()
+    start, inclusive = poll_start(position)
+    first = client.poll_ids(topic, start, inclusive=inclusive, limit=1, transaction=tx)
+    if not first or first[0] > last:
+        return Scan()
+    return Scan(count=1, first_ts=first[0].publish_ts, last=last)
 
 
 def _bound_args(bound: Bound) -> dict[str, Any]:
