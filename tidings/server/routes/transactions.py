@@ -358,10 +358,10 @@ async def _transact(
     )
     ended.append("begun")
     wp = snapshot.write_pointer
-    batches = _under(batches, wp)
     # The commit in the publish's own store write where the manager can: one fsync.
     step = None
     try:
+        batches = _under(batches, wp)
         carried: list[PositionsWrite] = []
         queued: list[Future[None]] = []
         if consumed is not None:
