@@ -9,9 +9,11 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from tidings.consumers import queues as queues_module
 from tidings.consumers.queues import QueueCoordinator
 from tidings.errors import AckConflict, NotDelivered
 from tidings.messaging import MessagingService
@@ -294,3 +296,33 @@ def test_a_cancelled_wait_for_an_ack_does_not_cancel_its_write(tmp_path: Path) -
         clock.now += 31  # past w2's lease
         again = pop(restarted, "w4", 10)
         assert [m.payload for m in again] == [m.payload for m in second]
+
+
+def test_acks_are_remembered_up_to_the_bound_and_the_oldest_forgotten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A retried ack of one of the last acks is answered as done, and an ack of a message
+    # another worker acked is a conflict; past the bound, the oldest are forgotten in
+    # bulk, so what is remembered stays between the bound and twice it.
+    monkeypatch.setattr(queues_module, "_RECENT_ACKS", 10)
+    store = MemoryStore()
+    messaging = MessagingService(store)
+    messaging.create_topic("ns", "t")
+    messaging.publish("ns", "t", [str(i).encode() for i in range(50)])
+    with TransactionManager(tmp_path / "tx", TxConfig(sweep_interval=3600)) as tx:
+        queues = QueueCoordinator(store, messaging, tx, clock=Clock())
+        acked: list[MessageId] = []
+        for _ in range(25):
+            snap = tx.snapshot()
+            assert snap is not None
+            popped = queues.pop("ns", "t", "q", "w1", max_messages=2, snapshot=snap)
+            queues.ack("ns", "t", "q", "w1", [m.id for m in popped])
+            acked += [m.id for m in popped]
+            remembered = len(queues._queues[queues._qid("ns", "t", "q")].recent)
+            assert remembered <= 20 and remembered >= min(10, len(acked))
+        queues.ack("ns", "t", "q", "w1", acked[-10:])  # a retry: done, nothing to do
+        with pytest.raises(AckConflict):
+            queues.ack("ns", "t", "q", "w2", acked[-1:])
+        with pytest.raises(NotDelivered):
+            # Forgotten: as far as the queue knows, never delivered.
+            queues.ack("ns", "t", "q", "w1", acked[:1])

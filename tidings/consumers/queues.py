@@ -40,11 +40,11 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import itertools
 import logging
 import struct
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -96,8 +96,9 @@ MAX_ACK_TIMEOUT_MS = 12 * 3600 * 1000
 DEFAULT_MAX_DELIVERIES = 20
 MAX_DELIVERIES_LIMIT = 1000
 STARTS = ("earliest", "latest")
-#: Acks remembered per queue, so a retried ack is answered as done (and an ack of a
-#: message another worker acked is told apart from one of a message never delivered).
+#: Acks remembered per queue (at least this many, at most twice), so a retried ack is
+#: answered as done (and an ack of a message another worker acked is told apart from
+#: one of a message never delivered).
 _RECENT_ACKS = 100_000
 #: Most unread messages a depth count examines (a lower bound past it).
 _DEPTH_BUDGET = 100_000
@@ -188,7 +189,7 @@ class _Queue:
         #: position as the store has it. Every record holds only ids up to that.
         self.dirty: set[int] = set()
         self.durable_read = record.read
-        self.recent: OrderedDict[MessageId, str] = OrderedDict()
+        self.recent: dict[MessageId, str] = {}
         self.broken = False
         #: The last write queued for this queue's records: the store applies writes in
         #: the order they are queued, so once it lands every earlier one has too.
@@ -279,10 +280,13 @@ class _Queue:
         return touched
 
     def remember_acked(self, ids: Iterable[MessageId], owner: str) -> None:
-        # A message is acked once, so each id is new here: no reordering needed.
-        self.recent.update(dict.fromkeys(ids, owner))
-        while len(self.recent) > _RECENT_ACKS:
-            self.recent.popitem(last=False)
+        # A message is acked once, so each id is new here and goes last (a dict keeps
+        # insertion order). The oldest go in bulk once there are twice the bound: an
+        # id at a time out of an OrderedDict cost 5 % of the server under 4 workers.
+        recent = self.recent
+        recent.update(dict.fromkeys(ids, owner))
+        if len(recent) > 2 * _RECENT_ACKS:
+            self.recent = dict(itertools.islice(recent.items(), len(recent) - _RECENT_ACKS, None))
 
     def cursor(self) -> MessageId | None:
         if not self.entries:
