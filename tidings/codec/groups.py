@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from tidings.codec.avro import read_long
 from tidings.structs import Message
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "encode_group",
     "group_key",
     "group_name_of",
+    "item_hash",
     "key_hash",
     "partition_of",
     "groups_range",
@@ -170,6 +172,23 @@ def key_hash(message: Message) -> int:
     """``crc32`` of the message's key, or of its id when it has none (so keyless
     messages spread evenly): its partition in a group of ``P`` is ``key_hash % P``."""
     return zlib.crc32(message.key if message.key is not None else message.id.to_bytes())
+
+
+def item_hash(item: Message | bytes) -> int:
+    """:func:`key_hash` of a message given as its item of an extended Avro poll
+    response (``avro/binary; schema=tidings``, as the messaging core writes them
+    straight from stored rows), or as a :class:`Message`."""
+    if type(item) is not bytes:
+        assert isinstance(item, Message)
+        return key_hash(item)
+    # The id (its length byte, then the 20 bytes to_bytes() gives), the payload (its
+    # zig-zag length, then its bytes), then the key's union: 0 null, 2 bytes.
+    size, pos = read_long(item, 21)
+    pos += size
+    if item[pos] == 0:
+        return zlib.crc32(item[1:21])
+    size, pos = read_long(item, pos + 1)
+    return zlib.crc32(item[pos : pos + size])
 
 
 def partition_of(message: Message, partitions: int) -> int:

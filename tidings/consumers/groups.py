@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import struct
 import threading
 import time
 import uuid
@@ -48,7 +49,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
 from tidings.codec import groups as gkeys
-from tidings.codec.groups import GroupRecord, Member, key_hash, partition_of
+from tidings.codec import wire
+from tidings.codec.groups import GroupRecord, Member, item_hash, partition_of
+from tidings.codec.media import AVRO_EXT
 from tidings.consumers.assignment import assign
 from tidings.consumers.pages import Page, Pages
 from tidings.errors import (
@@ -64,6 +67,7 @@ from tidings.messaging import MessagingService
 from tidings.names import check_name
 from tidings.store.backend import ReadView, Store, WriteView
 from tidings.structs import (
+    MESSAGE_ID_LAYOUT,
     GroupAssignment,
     GroupInfo,
     GroupPartition,
@@ -73,6 +77,9 @@ from tidings.structs import (
 )
 from tidings.tx import TransactionManager
 from tidings.tx.visibility import is_visible
+
+#: The id in a poll-response item, after its length byte (as MessageId.to_bytes()).
+_ITEM_ID = struct.Struct(MESSAGE_ID_LAYOUT)
 
 __all__ = [
     "DEFAULT_PARTITIONS",
@@ -208,7 +215,29 @@ class GroupCoordinator:
         snapshot: Transaction,
     ) -> tuple[list[Message], GroupAssignment]:
         """The member's next messages (at most ``limit``), read-committed in
-        ``snapshot``, and its current assignment. Polling counts as a heartbeat."""
+        ``snapshot``, and its current assignment, as a poll answer gives them (without
+        write pointers). Polling counts as a heartbeat."""
+        items, _, assignment = self.poll_items(
+            namespace, topic, group, member_id, limit=limit, snapshot=snapshot
+        )
+        if not items:
+            return [], assignment
+        messages = wire.decode_messages(wire.avro_messages(items, AVRO_EXT), AVRO_EXT)
+        return messages, assignment
+
+    def poll_items(
+        self,
+        namespace: str,
+        topic: str,
+        group: str,
+        member_id: str,
+        *,
+        limit: int,
+        snapshot: Transaction,
+    ) -> tuple[list[Message | bytes], MessageId | None, GroupAssignment]:
+        """:meth:`poll`, each message as its item of an extended Avro poll response
+        (``avro/binary; schema=tidings``: :func:`tidings.codec.wire.avro_messages`
+        joins them) or as a :class:`Message`, and the last one's id."""
         gid = self._gid(namespace, topic, group)
         with self._lock:
             record = self._require_member(namespace, topic, gid, member_id)
@@ -224,8 +253,8 @@ class GroupCoordinator:
             cursors = {p: session.cursors.get(p) for p in owned}
             assignment = self._assignment(record, member_id)
         if not owned:
-            return [], assignment
-        out, scanned = self._scan(
+            return [], None, assignment
+        out, last, scanned = self._scan(
             namespace, topic, gid[:2], record.partitions, cursors, limit, snapshot
         )
         with self._lock:
@@ -237,7 +266,7 @@ class GroupCoordinator:
                 for p, cursor in cursors.items():
                     if p in still and now_session.cursors.get(p) == cursor:
                         now_session.cursors[p] = _later(cursor, scanned.get(p))
-        return out, assignment
+        return out, last, assignment
 
     def _scan(
         self,
@@ -248,12 +277,13 @@ class GroupCoordinator:
         cursors: Mapping[int, MessageId | None],
         limit: int,
         snapshot: Transaction,
-    ) -> tuple[list[Message], dict[int, MessageId | None]]:
+    ) -> tuple[list[Message | bytes], MessageId | None, dict[int, MessageId | None]]:
         starts = list(cursors.values())
         start: MessageId | None = None if None in starts else min(s for s in starts if s)
-        out: list[Message] = []
+        out: list[Message | bytes] = []
         examined = 0
         last: MessageId | None = None
+        returned: MessageId | None = None  # the last message in ``out``
         pages = self._pages.setdefault(topic_key, Pages())
         while len(out) < limit and examined < _SCAN_BUDGET:
             page = pages.find(start)
@@ -266,17 +296,17 @@ class GroupCoordinator:
                         page = self._fetch_page(namespace, topic, start, snapshot)
                         pages.add(page)
             first = page.after(start)
-            messages = page.messages
+            items, ids = page.items, page.ids
             room = limit - len(out)
             chosen: Sequence[int]
             if (
                 len(cursors) == partitions
-                and first < len(messages)
-                and all(c is None or c < messages[first].id for c in cursors.values())
+                and first < len(ids)
+                and all(c is None or c < ids[first] for c in cursors.values())
             ):
                 # Every partition, none ahead of this place (a member alone, mostly):
                 # the page's messages in order, without the partition index.
-                chosen = range(first, min(len(messages), first + room))
+                chosen = range(first, min(len(ids), first + room))
             else:
                 index = page.by_partition(partitions)
                 picked: list[int] = []
@@ -292,17 +322,18 @@ class GroupCoordinator:
                     picked.extend(indices[lo : lo + room])
                 picked.sort()
                 chosen = picked
-            examined += len(messages) - first
+            examined += len(ids) - first
             if len(chosen) >= room:
                 chosen = chosen[:room]
-                out.extend(messages[i] for i in chosen)
-                if chosen:
-                    last = messages[chosen[-1]].id
+            out.extend(items[i] for i in chosen)
+            if chosen:
+                returned = ids[chosen[-1]]
+            if len(chosen) >= room:
+                last = returned
                 break
-            out.extend(messages[i] for i in chosen)
-            if messages:
-                last = messages[-1].id
-            if not page.full or len(out) >= limit or not messages:
+            if ids:
+                last = ids[-1]
+            if not page.full or len(out) >= limit or not ids:
                 break
             start = page.last
         # Everything up to ``last`` of every owned partition was examined.
@@ -310,17 +341,22 @@ class GroupCoordinator:
             p: (last if last is not None and (c is None or last > c) else c)
             for p, c in cursors.items()
         }
-        return out, scanned
+        return out, returned, scanned
 
     def _fetch_page(
         self, namespace: str, topic: str, start: MessageId | None, snapshot: Transaction
     ) -> Page:
         size = self._messaging.config.fetch_max_limit
-        messages = self._messaging.fetch(
-            namespace, topic, start=start, inclusive=start is None, limit=size,
+        items = self._messaging.fetch_items(
+            namespace, topic, AVRO_EXT, start=start, inclusive=start is None, limit=size,
             transaction=snapshot,
         )  # fmt: skip
-        return Page(start, messages, [key_hash(m) for m in messages], len(messages) == size)
+        new, id_cls, unpack = tuple.__new__, MessageId, _ITEM_ID.unpack_from
+        ids = [
+            new(id_cls, unpack(item, 1)) if type(item) is bytes else item.id  # type: ignore[union-attr]
+            for item in items
+        ]
+        return Page(start, items, ids, [item_hash(item) for item in items], len(items) == size)
 
     # --- positions -------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from tidings.structs import Message, MessageId
 __all__ = ["Page", "Pages"]
 
 #: Most pages kept per topic for the members' scans, and most bytes they may hold
-#: (payloads and keys, plus an allowance per message for its objects). Members of a
+#: (items, or payloads and keys, plus an allowance per message for its objects). Members of a
 #: group drift apart while they read (each reads every page, at its own pace), so
 #: pages are kept for the spread between the first and the last: 8 were too few for 4
 #: members over 20 pages (each page was fetched and decoded about 3 times).
@@ -29,17 +29,21 @@ _MESSAGE_OVERHEAD = 200
 PAGE_LIFETIME = 10.0
 
 
-def _message_id(message: Message) -> MessageId:
-    return message.id
-
-
 @dataclass(slots=True)
 class Page:
-    """Read-committed messages after ``start`` (exclusive; None: from the oldest), with
-    the hash their partition is taken from (``hash % P``)."""
+    """Read-committed messages after ``start`` (exclusive; None: from the oldest): each
+    as its item of an extended Avro poll response where the messaging core wrote one
+    straight from the stored row (else a :class:`Message`), with its id and the hash
+    its partition is taken from (``hash % P``).
+
+    Items, not messages: a member's answer is then the join of its share, where
+    decoding every stored row into a message and encoding each member's share again
+    took two thirds of the server's time under four members (BENCHMARKS.md, "Group
+    pages of poll items")."""
 
     start: MessageId | None
-    messages: list[Message]
+    items: list[Message | bytes]
+    ids: list[MessageId]
     hashes: list[int]
     full: bool
     #: Per partition count: the indices of each partition's messages.
@@ -52,12 +56,12 @@ class Page:
     def __post_init__(self) -> None:
         if not self.size:
             self.size = sum(
-                len(m.payload) + len(m.key or b"") + _MESSAGE_OVERHEAD for m in self.messages
-            )
+                len(item) if type(item) is bytes else _message_size(item) for item in self.items
+            ) + _MESSAGE_OVERHEAD * len(self.items)
 
     @property
     def last(self) -> MessageId | None:
-        return self.messages[-1].id if self.messages else self.start
+        return self.ids[-1] if self.ids else self.start
 
     def covers(self, position: MessageId | None) -> bool:
         """True if the messages after ``position`` start inside this page."""
@@ -67,7 +71,7 @@ class Page:
         return self.start <= position and last is not None and position < last
 
     def id_at(self, index: int) -> MessageId:
-        return self.messages[index].id
+        return self.ids[index]
 
     def by_partition(self, partitions: int) -> dict[int, list[int]]:
         """The indices of each partition's messages, in order, for ``partitions``."""
@@ -83,7 +87,12 @@ class Page:
         """The index of the first message after ``position``."""
         if position is None or position == self.start:
             return 0
-        return bisect.bisect_right(self.messages, position, key=_message_id)
+        return bisect.bisect_right(self.ids, position)
+
+
+def _message_size(message: Message | bytes) -> int:
+    assert isinstance(message, Message)
+    return len(message.payload) + len(message.key or b"")
 
 
 class Pages:

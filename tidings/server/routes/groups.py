@@ -16,12 +16,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tidings.codec import admin, wire
+from tidings.codec.media import AVRO_EXT
 from tidings.consumers.groups import DEFAULT_SESSION_TIMEOUT_MS
 from tidings.names import check_name
 from tidings.server.handlers import Api, json_response
 from tidings.server.routes.consumers import answer_media, json_body, path_names, read_snapshot
 from tidings.server.routes.messaging import COUNT_HEADER, LAST_ID_HEADER, TOPIC, _wait_ms
-from tidings.structs import GroupAssignment, Message
+from tidings.structs import GroupAssignment, Message, MessageId
 
 __all__ = ["GROUP", "GROUPS", "routes"]
 
@@ -98,23 +99,23 @@ def routes(api: Api) -> list[Route]:
         limit = min(limit or _DEFAULT_LIMIT, api.config.fetch_max_limit)
         media = answer_media(request)
 
-        async def fetch() -> tuple[list[Message], GroupAssignment]:
+        async def fetch() -> tuple[list[Message | bytes], MessageId | None, GroupAssignment]:
             tx = await read_snapshot(api)
             return await api.blocking(
-                coordinator.poll, ns, topic, name, member_id, limit=limit, snapshot=tx
+                coordinator.poll_items, ns, topic, name, member_id, limit=limit, snapshot=tx
             )
 
         if wait_ms <= 0:
-            messages, assignment = await fetch()
+            items, last, assignment = await fetch()
         else:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait_ms / 1000
             while True:
                 woken = longpolls.park(ns, topic, transactions=True)
                 try:
-                    messages, assignment = await fetch()
+                    items, last, assignment = await fetch()
                     remaining = deadline - loop.time()
-                    if messages or remaining <= 0 or longpolls.closed:
+                    if items or remaining <= 0 or longpolls.closed:
                         break
                     # Wake at least once per second: a rebalance changes nothing on
                     # the topic, and the member must learn of it (and stay alive).
@@ -122,14 +123,20 @@ def routes(api: Api) -> list[Route]:
                 finally:
                     longpolls.unpark(woken, ns, topic)
         headers = {
-            COUNT_HEADER: str(len(messages)),
+            COUNT_HEADER: str(len(items)),
             GENERATION_HEADER: str(assignment.generation),
             PARTITIONS_HEADER: ",".join(map(str, assignment.partitions)),
             PARTITION_COUNT_HEADER: str(assignment.partition_count),
         }
-        if messages:
-            headers[LAST_ID_HEADER] = messages[-1].id.hex
-        body_ = wire.encode_messages(messages, media)
+        if last is not None:
+            headers[LAST_ID_HEADER] = last.hex
+        if media is AVRO_EXT:
+            body_ = wire.avro_messages(items, media)  # the items joined, as they are
+        else:
+            # Another medium: the items as messages first (the pages hold the extended
+            # medium's items, whatever a member asks for).
+            messages = wire.decode_messages(wire.avro_messages(items, AVRO_EXT), AVRO_EXT)
+            body_ = wire.encode_messages(messages, media)
         return Response(body_, media_type=media.value, headers=headers)
 
     @api.endpoint(GROUP + "/commit")
