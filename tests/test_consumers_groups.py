@@ -241,7 +241,7 @@ def test_kept_pages_are_bounded_by_count_and_bytes() -> None:
         messages: list[Msg | bytes] = [
             Msg(Id(1000 * n + i + 1, 0, 0, 0), b"x" * payload) for i in range(10)
         ]
-        return Page(first, messages, [m.id for m in messages], [0] * 10, True)  # type: ignore[union-attr]
+        return Page(first, messages, True)
 
     small = Pages()
     for n in range(100):
@@ -347,9 +347,12 @@ def test_a_page_of_items_has_the_ids_and_hashes_of_the_messages(
     groups = GroupCoordinator.__new__(GroupCoordinator)
     groups._messaging = messaging
     page = groups._fetch_page("ns", "t", None, Transaction(2**62, 2**62, (), ()))
-    assert page.ids == [m.id for m in messages]
+    assert [page.id_at(i) for i in range(len(page.items))] == [m.id for m in messages]
     assert page.hashes == [key_hash(m) for m in messages]
     assert [item_hash(i) for i in page.items] == page.hashes
+    assert page.last == messages[-1].id
+    for m in messages:  # where a member resumes: just after each message
+        assert page.after(m.id) == messages.index(m) + 1
     # The answer carries what a poll answer carries (no write pointers).
     answer = wire.decode_messages(wire.avro_messages(page.items, AVRO_EXT), AVRO_EXT)
     assert [(m.id, m.payload, m.key, dict(m.headers)) for m in answer] == [

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import struct
 import threading
 import time
 import uuid
@@ -50,7 +49,7 @@ from dataclasses import dataclass, field, replace
 
 from tidings.codec import groups as gkeys
 from tidings.codec import wire
-from tidings.codec.groups import GroupRecord, Member, item_hash, partition_of
+from tidings.codec.groups import GroupRecord, Member, partition_of
 from tidings.codec.media import AVRO_EXT
 from tidings.consumers.assignment import assign
 from tidings.consumers.pages import Page, Pages
@@ -67,7 +66,6 @@ from tidings.messaging import MessagingService
 from tidings.names import check_name
 from tidings.store.backend import ReadView, Store, WriteView
 from tidings.structs import (
-    MESSAGE_ID_LAYOUT,
     GroupAssignment,
     GroupInfo,
     GroupPartition,
@@ -77,9 +75,6 @@ from tidings.structs import (
 )
 from tidings.tx import TransactionManager
 from tidings.tx.visibility import is_visible
-
-#: The id in a poll-response item, after its length byte (as MessageId.to_bytes()).
-_ITEM_ID = struct.Struct(MESSAGE_ID_LAYOUT)
 
 __all__ = [
     "DEFAULT_PARTITIONS",
@@ -296,17 +291,17 @@ class GroupCoordinator:
                         page = self._fetch_page(namespace, topic, start, snapshot)
                         pages.add(page)
             first = page.after(start)
-            items, ids = page.items, page.ids
+            items, id_at = page.items, page.id_at
             room = limit - len(out)
             chosen: Sequence[int]
             if (
                 len(cursors) == partitions
-                and first < len(ids)
-                and all(c is None or c < ids[first] for c in cursors.values())
+                and first < len(items)
+                and all(c is None or c < id_at(first) for c in cursors.values())
             ):
                 # Every partition, none ahead of this place (a member alone, mostly):
                 # the page's messages in order, without the partition index.
-                chosen = range(first, min(len(ids), first + room))
+                chosen = range(first, min(len(items), first + room))
             else:
                 index = page.by_partition(partitions)
                 picked: list[int] = []
@@ -322,18 +317,18 @@ class GroupCoordinator:
                     picked.extend(indices[lo : lo + room])
                 picked.sort()
                 chosen = picked
-            examined += len(ids) - first
+            examined += len(items) - first
             if len(chosen) >= room:
                 chosen = chosen[:room]
             out.extend(items[i] for i in chosen)
             if chosen:
-                returned = ids[chosen[-1]]
+                returned = id_at(chosen[-1])
             if len(chosen) >= room:
                 last = returned
                 break
-            if ids:
-                last = ids[-1]
-            if not page.full or len(out) >= limit or not ids:
+            if items:
+                last = id_at(-1)
+            if not page.full or len(out) >= limit or not items:
                 break
             start = page.last
         # Everything up to ``last`` of every owned partition was examined.
@@ -351,12 +346,7 @@ class GroupCoordinator:
             namespace, topic, AVRO_EXT, start=start, inclusive=start is None, limit=size,
             transaction=snapshot,
         )  # fmt: skip
-        new, id_cls, unpack = tuple.__new__, MessageId, _ITEM_ID.unpack_from
-        ids = [
-            new(id_cls, unpack(item, 1)) if type(item) is bytes else item.id  # type: ignore[union-attr]
-            for item in items
-        ]
-        return Page(start, items, ids, [item_hash(item) for item in items], len(items) == size)
+        return Page(start, items, len(items) == size)
 
     # --- positions -------------------------------------------------------------------
 

@@ -8,13 +8,19 @@ the indices of each partition's messages, serves every member that scans through
 from __future__ import annotations
 
 import bisect
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
 
-from tidings.structs import Message, MessageId
+from tidings.codec.groups import item_hash
+from tidings.structs import MESSAGE_ID_LAYOUT, Message, MessageId
 
-__all__ = ["Page", "Pages"]
+__all__ = ["Page", "Pages", "item_id"]
+
+#: The id in a poll-response item, after its length byte (as MessageId.to_bytes()).
+_ITEM_ID = struct.Struct(MESSAGE_ID_LAYOUT)
+_new = tuple.__new__
 
 #: Most pages kept per topic for the members' scans, and most bytes they may hold
 #: (items, or payloads and keys, plus an allowance per message for its objects). Members of a
@@ -33,18 +39,17 @@ PAGE_LIFETIME = 10.0
 class Page:
     """Read-committed messages after ``start`` (exclusive; None: from the oldest): each
     as its item of an extended Avro poll response where the messaging core wrote one
-    straight from the stored row (else a :class:`Message`), with its id and the hash
-    its partition is taken from (``hash % P``).
+    straight from the stored row (else a :class:`Message`). A message's id and the hash
+    its partition is taken from (``hash % P``) are read from its item when asked for.
 
     Items, not messages: a member's answer is then the join of its share, where
     decoding every stored row into a message and encoding each member's share again
     took two thirds of the server's time under four members (BENCHMARKS.md, "Group
-    pages of poll items")."""
+    pages of poll items"). Ids and hashes on demand: a member alone needs neither but
+    for a few bisections, and the hashes are taken once per page for all members."""
 
     start: MessageId | None
     items: list[Message | bytes]
-    ids: list[MessageId]
-    hashes: list[int]
     full: bool
     #: Per partition count: the indices of each partition's messages.
     indexes: dict[int, dict[int, list[int]]] = field(default_factory=dict)
@@ -52,6 +57,10 @@ class Page:
     fetched: float = field(default_factory=time.monotonic)
     #: Roughly what it holds in memory (bytes), for the bound on the kept pages.
     size: int = 0
+    _hashes: list[int] | None = None
+    #: Held while the hashes and an index are made: members reach a new page together,
+    #: and each making them at once cost four times the work under four members.
+    _making: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         if not self.size:
@@ -61,7 +70,7 @@ class Page:
 
     @property
     def last(self) -> MessageId | None:
-        return self.ids[-1] if self.ids else self.start
+        return self.id_at(-1) if self.items else self.start
 
     def covers(self, position: MessageId | None) -> bool:
         """True if the messages after ``position`` start inside this page."""
@@ -71,23 +80,47 @@ class Page:
         return self.start <= position and last is not None and position < last
 
     def id_at(self, index: int) -> MessageId:
-        return self.ids[index]
+        """The id of the message at ``index``."""
+        return item_id(self.items[index])
+
+    @property
+    def hashes(self) -> list[int]:
+        """Each message's partition hash (:func:`~tidings.codec.groups.key_hash`)."""
+        hashes = self._hashes
+        if hashes is None:
+            with self._making:
+                hashes = self._hashes
+                if hashes is None:
+                    hashes = self._hashes = [item_hash(item) for item in self.items]
+        return hashes
 
     def by_partition(self, partitions: int) -> dict[int, list[int]]:
         """The indices of each partition's messages, in order, for ``partitions``."""
         index = self.indexes.get(partitions)
         if index is None:
-            index = {}
-            for i, h in enumerate(self.hashes):
-                index.setdefault(h % partitions, []).append(i)
-            self.indexes[partitions] = index
+            hashes = self.hashes
+            with self._making:
+                index = self.indexes.get(partitions)
+                if index is None:
+                    index = {}
+                    for i, h in enumerate(hashes):
+                        index.setdefault(h % partitions, []).append(i)
+                    self.indexes[partitions] = index
         return index
 
     def after(self, position: MessageId | None) -> int:
         """The index of the first message after ``position``."""
         if position is None or position == self.start:
             return 0
-        return bisect.bisect_right(self.ids, position)
+        return bisect.bisect_right(self.items, position, key=item_id)
+
+
+def item_id(item: Message | bytes) -> MessageId:
+    """The id of a message given as its poll-response item (or as a message)."""
+    if type(item) is bytes:
+        return _new(MessageId, _ITEM_ID.unpack_from(item, 1))
+    assert isinstance(item, Message)
+    return item.id
 
 
 def _message_size(message: Message | bytes) -> int:
