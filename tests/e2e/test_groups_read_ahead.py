@@ -11,7 +11,14 @@ import pytest
 from tests.e2e.serverproc import ServerProcess
 from tests.e2e.test_groups import drain, fill
 from tidings import AsyncClient, Client
-from tidings.errors import PartitionFenced, TopicNotFound, TransactionNotInProgress
+from tidings.client.socket_transport import SocketTransport
+from tidings.client.transports import Request, Response
+from tidings.errors import (
+    PartitionFenced,
+    TidingsConnectionError,
+    TopicNotFound,
+    TransactionNotInProgress,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -125,3 +132,44 @@ def test_a_copier_through_a_rebalance_copies_each_message_once(
         assert sum(p.lag for p in info.partitions) == 0
         a.close()
         b.close()
+
+
+class LosesAGroupPollAnswer(SocketTransport):
+    """Sends every request; the answer of the group poll numbered ``which`` is "lost"
+    on its way back (the server answered it: the member's cursors moved)."""
+
+    def __init__(self, which: int) -> None:
+        super().__init__()
+        self.which = which
+        self.polls = 0
+
+    def send(self, request: Request) -> Response:
+        response = super().send(request)
+        if "/groups/" in request.url and request.url.split("?")[0].endswith("/poll"):
+            self.polls += 1
+            if self.polls == self.which:
+                raise TidingsConnectionError("connection reset while reading the answer")
+        return response
+
+
+@pytest.mark.parametrize("commit_first", [True, False])
+def test_a_lost_answer_to_a_poll_read_ahead_loses_no_message(
+    server: ServerProcess, topic: str, commit_first: bool
+) -> None:
+    # The second poll is the one sent ahead when the first page came full. Its answer
+    # never arrives, though the server moved the member past it: the member is rewound
+    # to its committed positions, and what it had already delivered is not repeated.
+    transport = LosesAGroupPollAnswer(2)
+    with Client(server.url) as admin, Client(server.url, transport=transport) as client:
+        fill(admin, topic, 50, keys=1)
+        consumer = client.consume(topic, group="g", follow=False, partitions=1, batch_size=10)
+        page = consumer.poll()
+        assert len(page) == 10 and consumer._ahead is not None
+        if commit_first:
+            consumer.commit()
+        rest = drain(consumer)
+        assert transport.polls >= 3
+        assert [m.id for m in page + rest] == [m.id for m in admin.poll(topic, limit=100)]
+        consumer.commit()
+        assert client.describe_group(topic, "g").partitions[0].lag == 0
+        consumer.close()

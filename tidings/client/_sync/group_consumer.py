@@ -149,6 +149,9 @@ class GroupConsumer(Iterator[Message]):
         self._epoch = 0
         #: The last message delivered in this generation and epoch (see the module doc).
         self._delivered: MessageId | None = None
+        #: A poll sent ahead failed on the way: the server may have moved this member
+        #: past messages that never arrived, so it is rewound before the next poll.
+        self._rewind_first = False
 
     @property
     def member_id(self) -> str | None:
@@ -244,6 +247,8 @@ class GroupConsumer(Iterator[Message]):
         assert self._assignment is not None
         wait = self._wait if self._follow else 0.0
         answer = self._taken_ahead()
+        if self._rewind_first:
+            self._rewind()
         for attempt in (1, 2):
             if answer is not None:
                 break
@@ -289,12 +294,37 @@ class GroupConsumer(Iterator[Message]):
             self._lost()
             self._join()
             return None
+        except TidingsError as exc:
+            if not exc.retriable:
+                raise
+            # Lost on the way (the connection dropped, the server restarted): what the
+            # server delivered with it never arrived. The member is rewound to its
+            # committed positions and polls again; what the application already got
+            # is dropped as delivered (``_delivered``).
+            self._rewind_first = True
+            return None
         assignment = self._assignment
         if epoch != self._epoch or assignment is None or assignment.member_id != member_id:
             return None  # rewound or dropped since: what it delivered does not count
         if self._follow and not answer.page.count:
             return None  # nothing yet: a long poll instead (the empty one moved nothing)
         return answer
+
+    def _rewind(self) -> None:
+        """Have the server deliver again from this member's committed positions (after
+        a poll sent ahead was lost); a member it forgot rejoins instead."""
+        assert self._assignment is not None
+        self._epoch += 1
+        try:
+            self._client._send(
+                self._client._api.group_rollback(
+                    self.topic, self.group, None, self._assignment.member_id
+                )
+            )
+        except (MemberNotFound, GroupNotFound):
+            self._lost()
+            self._join()
+        self._rewind_first = False
 
     def _settle_ahead(self) -> None:
         """Wait for the poll in flight, if any, and drop its answer: a rewind after it
