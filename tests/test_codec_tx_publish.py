@@ -140,7 +140,7 @@ def _write(envelope: dict[str, object]) -> bytes:
     )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(envelopes)
 def test_the_hand_written_body_is_fastavros(envelope: dict[str, object]) -> None:
     body = avro.write(envelope, avro.TRANSACTION_PUBLISH_REQUEST)
@@ -152,7 +152,7 @@ def test_the_hand_written_body_is_fastavros(envelope: dict[str, object]) -> None
     assert written == body
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(envelopes, st.integers(0, 10**6), st.integers(0, 255), st.booleans())
 def test_a_damaged_body_reads_as_fastavro_reads_it(
     envelope: dict[str, object], where: int, byte: int, cut: bool
