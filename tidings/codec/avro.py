@@ -31,8 +31,11 @@ __all__ = [
     "PUBLISH_RESPONSE",
     "SCHEMAS",
     "TRANSACTION_PUBLISH_REQUEST",
+    "ITEM_ID",
     "AvroItems",
     "read",
+    "item_id",
+    "item_message",
     "read_ids",
     "read_long",
     "read_messages",
@@ -528,3 +531,26 @@ def read_messages(body: bytes, *, extended: bool) -> list[Message]:
     if pos != end:
         raise ValueError("trailing bytes")
     return out
+
+
+#: An item's id after its length byte, as MessageId.to_bytes() writes it:
+#: ``ITEM_ID.unpack_from(item, 1)`` gives its fields (for loops that build many ids).
+ITEM_ID = struct.Struct(MESSAGE_ID_LAYOUT)
+
+
+def item_id(item: Message | bytes) -> MessageId:
+    """The id of a message given as its item of an extended poll response (see
+    :class:`AvroItems`), or as a :class:`Message`."""
+    if type(item) is bytes:
+        return tuple.__new__(MessageId, ITEM_ID.unpack_from(item, 1))
+    assert isinstance(item, Message)
+    return item.id
+
+
+def item_message(item: Message | bytes) -> Message:
+    """The message of an item of an extended poll response (or the message itself)."""
+    if type(item) is bytes:
+        # One item is an Avro array of one: the block's count (1), the item, the end.
+        return read_messages(b"\x02" + item + b"\x00", extended=True)[0]
+    assert isinstance(item, Message)
+    return item

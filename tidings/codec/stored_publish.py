@@ -15,7 +15,6 @@ caller takes the general path, which stores the same values or raises the same e
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 from tidings.codec.avro import read_long
@@ -24,7 +23,6 @@ from tidings.codec.values import FLAG_HEADERS, FLAG_KEY, FLAG_T, payload_header,
 __all__ = ["StoredBatch", "read_stored_batch"]
 
 _INT64_MAX = (1 << 63) - 1
-_I64 = struct.Struct(">q")
 #: A key's length as its stored varint, for keys under 128 bytes.
 _KEY_LENGTHS = [bytes((n,)) for n in range(0x80)]
 
@@ -49,9 +47,9 @@ class StoredBatch:
         ``write_pointer`` (a one-request transaction's, known only once it began)."""
         if self.stored_pointer is not None:
             raise ValueError(f"values already stored under {self.stored_pointer}")
-        # The pointer follows the flags byte (tidings.codec.values); a publish body read
+        # The pointer follows the flags byte, as in payload_header(); a publish body read
         # here carries no expiry, which would sit between them.
-        pointer = _I64.pack(write_pointer)
+        pointer = payload_header(write_pointer)[1:]
         heads: dict[int, bytes] = {}
         values: list[bytes] = []
         add = values.append

@@ -59,6 +59,7 @@ __all__ = [
     "parse_payload_range",
     "payload_ranges_json",
     "publish_request_from_json",
+    "item_messages",
 ]
 
 
@@ -287,6 +288,12 @@ def encode_messages(messages: Sequence[Message], media: Media) -> bytes:
 def avro_messages(items: Sequence[Message | bytes], media: Media) -> bytes:
     """A poll response from messages and items the core already encoded for ``media``."""
     return avro.write_messages(items, extended=media is AVRO_EXT)
+
+
+def item_messages(items: Sequence[Message | bytes]) -> list[Message]:
+    """The messages of items of an extended poll response, as a poll answer carries
+    them (without write pointers): the items joined into one answer and read back."""
+    return decode_messages(avro_messages(items, AVRO_EXT), AVRO_EXT) if items else []
 
 
 def encode_message_ids(ids: Sequence[MessageId], media: Media) -> bytes:

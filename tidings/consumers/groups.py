@@ -215,10 +215,7 @@ class GroupCoordinator:
         items, _, assignment = self.poll_items(
             namespace, topic, group, member_id, limit=limit, snapshot=snapshot
         )
-        if not items:
-            return [], assignment
-        messages = wire.decode_messages(wire.avro_messages(items, AVRO_EXT), AVRO_EXT)
-        return messages, assignment
+        return wire.item_messages(items), assignment
 
     def poll_items(
         self,

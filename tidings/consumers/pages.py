@@ -8,19 +8,15 @@ the indices of each partition's messages, serves every member that scans through
 from __future__ import annotations
 
 import bisect
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
 
+from tidings.codec.avro import item_id
 from tidings.codec.groups import item_hash
-from tidings.structs import MESSAGE_ID_LAYOUT, Message, MessageId
+from tidings.structs import Message, MessageId
 
-__all__ = ["Page", "Pages", "item_id"]
-
-#: The id in a poll-response item, after its length byte (as MessageId.to_bytes()).
-_ITEM_ID = struct.Struct(MESSAGE_ID_LAYOUT)
-_new = tuple.__new__
+__all__ = ["Page", "Pages"]
 
 #: Most pages kept per topic for the members' scans, and most bytes they may hold
 #: (items, or payloads and keys, plus an allowance per message for its objects). Members of a
@@ -113,14 +109,6 @@ class Page:
         if position is None or position == self.start:
             return 0
         return bisect.bisect_right(self.items, position, key=item_id)
-
-
-def item_id(item: Message | bytes) -> MessageId:
-    """The id of a message given as its poll-response item (or as a message)."""
-    if type(item) is bytes:
-        return _new(MessageId, _ITEM_ID.unpack_from(item, 1))
-    assert isinstance(item, Message)
-    return item.id
 
 
 def _message_size(message: Message | bytes) -> int:

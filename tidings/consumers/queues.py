@@ -42,15 +42,15 @@ import contextlib
 import heapq
 import itertools
 import logging
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from tidings.codec import avro, wire
 from tidings.codec import queues as qkeys
+from tidings.codec import wire
+from tidings.codec.avro import ITEM_ID, item_message
 from tidings.codec.media import AVRO_EXT, Media
 from tidings.codec.queues import LeaseRecord, QueueRecord
 from tidings.errors import (
@@ -67,7 +67,6 @@ from tidings.messaging.counters import RateMeter
 from tidings.names import check_name
 from tidings.store.backend import Store, WriteView
 from tidings.structs import (
-    MESSAGE_ID_LAYOUT,
     Message,
     MessageId,
     QueueStats,
@@ -161,7 +160,7 @@ class Popped:
     def messages(self) -> list[Message]:
         """The messages, each with its delivery count."""
         return [
-            _message(item)._replace(delivery_count=count)
+            item_message(item)._replace(delivery_count=count)
             for item, count in zip(self.items, self.counts, strict=True)
         ]
 
@@ -479,7 +478,7 @@ class QueueCoordinator:
                 counts.append(entry.count)
             # Fresh ones (most of a pop) in one pass each: the id out of the item, the
             # entry made whole.
-            entries, new, id_cls, unpack = q.entries, tuple.__new__, MessageId, _ITEM_ID.unpack_from
+            entries, new, id_cls, unpack = q.entries, tuple.__new__, MessageId, ITEM_ID.unpack_from
             for item in fresh:
                 if type(item) is bytes:
                     message_id = new(id_cls, unpack(item, 1))
@@ -1051,7 +1050,7 @@ class QueueCoordinator:
             self._messaging.create_topic(q.namespace, target)
         records = []
         for message_id, entry in sorted(dead, key=_first):
-            message = _message(entry.item)
+            message = item_message(entry.item)
             headers = {
                 **message.headers,
                 "tidings-dead-letter-id": message_id.hex.encode("ascii"),
@@ -1125,19 +1124,6 @@ def _settle_from(q: _Queue, written: Future[None], done: Future[None]) -> None:
 
 def _first(pair: tuple[MessageId, _Entry]) -> MessageId:
     return pair[0]
-
-
-#: A message id's 20 bytes, as an Avro poll item holds them after their length byte.
-_ITEM_ID = struct.Struct(MESSAGE_ID_LAYOUT)
-
-
-def _message(item: Message | bytes) -> Message:
-    """The message of an entry's item."""
-    if type(item) is bytes:
-        # One item is an Avro array of one: the block's count (1), the item, the end.
-        return avro.read_messages(b"\x02" + item + b"\x00", extended=True)[0]
-    assert isinstance(item, Message)
-    return item
 
 
 def _replace_read(record: QueueRecord, read: MessageId) -> QueueRecord:

@@ -77,7 +77,11 @@ class TidingsBatchReader(DataSourceReader):
         parts: list[InputPartition] = []
         with connect(o) as client:
             # Where each topic ends, asked before the snapshot is taken: see _find.
-            ends = {t: client.end(t) for t in o.topics if o.ends[t].kind == "latest"}
+            ends = {
+                t: client.end(t)
+                for t in o.topics
+                if o.ends[t].kind == "latest" and o.starts[t].kind != "latest"
+            }
             tx = snapshot(client, o.committed)
             for topic in o.topics:
                 start = o.starts[topic]

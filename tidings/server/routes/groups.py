@@ -135,8 +135,7 @@ def routes(api: Api) -> list[Route]:
         else:
             # Another medium: the items as messages first (the pages hold the extended
             # medium's items, whatever a member asks for).
-            messages = wire.decode_messages(wire.avro_messages(items, AVRO_EXT), AVRO_EXT)
-            body_ = wire.encode_messages(messages, media)
+            body_ = wire.encode_messages(wire.item_messages(items), media)
         return Response(body_, media_type=media.value, headers=headers)
 
     @api.endpoint(GROUP + "/commit")
