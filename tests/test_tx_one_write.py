@@ -353,6 +353,9 @@ def test_one_write_with_the_log_in_the_store(store: Store) -> None:
         other = tm.begin().write_pointer
         wp = tm.begin().write_pointer
         gate = threading.Event()
+        # The memory store runs a write in the caller's thread: a timer opens its gate
+        # (the other stores queue the write, and the gate opens below, before the timer).
+        threading.Timer(0.5, gate.set).start()
         store.submit(lambda view: gate.wait(10))
         step = tm.commit_in_write(wp)
         assert step is not None

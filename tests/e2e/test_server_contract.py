@@ -70,11 +70,20 @@ def test_schemathesis_finds_nothing_with_an_auth_file(
 ) -> None:
     """With a token every operation runs as with no auth file; without one every
     protected operation answers a documented 401, and none a 5xx."""
-    extra = [] if token is None else ["--header", f"Authorization: Bearer {token}"]
-    _run(secured_server, tmp_path, 10 if token else 5, extra)
+    if token is None:
+        # Every call answers 401, so the stateful phase has no links to follow.
+        _run(secured_server, tmp_path, 3, phases="examples,coverage,fuzzing")
+    else:
+        _run(secured_server, tmp_path, 5, ["--header", f"Authorization: Bearer {token}"])
 
 
-def _run(server: ServerProcess, tmp_path: Path, examples: int, extra: list[str] = []) -> None:  # noqa: B006
+def _run(
+    server: ServerProcess,
+    tmp_path: Path,
+    examples: int,
+    extra: list[str] = [],  # noqa: B006
+    phases: str = "examples,coverage,fuzzing,stateful",
+) -> None:
     done = subprocess.run(
         [
             *_schemathesis(),
@@ -86,7 +95,7 @@ def _run(server: ServerProcess, tmp_path: Path, examples: int, extra: list[str] 
             "--checks",
             "all",
             "--phases",
-            "examples,coverage,fuzzing,stateful",
+            phases,
             "--max-examples",
             str(examples),
             "--seed",
@@ -101,4 +110,5 @@ def _run(server: ServerProcess, tmp_path: Path, examples: int, extra: list[str] 
     )
     tail = done.stdout[-6000:] + done.stderr[-2000:]
     assert done.returncode == 0, tail
-    assert "Stateful" in done.stdout, tail  # the stateful phase ran
+    if "stateful" in phases:
+        assert "Stateful" in done.stdout, tail  # the stateful phase ran
