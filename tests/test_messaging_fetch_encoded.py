@@ -1,5 +1,5 @@
-"""The pre-encoded poll path answers byte for byte what encoding fetch()'s messages does,
-and the ids-only fetch answers exactly those messages' ids."""
+"""The pre-encoded poll paths (Avro items, columns) answer byte for byte what encoding
+fetch()'s messages does, and the ids-only fetch answers exactly those messages' ids."""
 
 from __future__ import annotations
 
@@ -146,3 +146,9 @@ def _check(
         assert count == len(messages)
         assert last == (messages[-1].id if messages else None)
         assert body == wire.encode_messages(messages, media)
+    # The columnar answer (write pointers are not in it, as in the Avro answers).
+    body, count, last = service.fetch_columns("ns", topic, **kwargs)  # type: ignore[arg-type]
+    assert (count, last) == (len(messages), messages[-1].id if messages else None)
+    assert body == wire.encode_messages(messages, wire.COLUMNS)
+    plain = [m._replace(write_pointer=None) for m in messages]
+    assert wire.decode_messages(body, wire.COLUMNS) == plain

@@ -1,4 +1,4 @@
-"""The Arrow <-> Avro body paths agree with the row-by-row ones they replace."""
+"""The Arrow <-> body paths (Avro and columnar) agree with the row-by-row ones they replace."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidings.codec import avro, wire
+from tidings.codec import avro, columns, wire
 from tidings.codec.media import AVRO_EXT
-from tidings.spark.bodies import poll_batch, read_poll_body, store_bodies
+from tidings.spark.bodies import poll_batch, read_column_body, read_poll_body, store_bodies
 from tidings.spark.schema import (
     arrow_read_schema,
     messages_to_batch,
@@ -75,6 +75,77 @@ def test_a_poll_body_reads_into_the_columns_of_its_messages(messages: list[Messa
     assert page.header_offsets == offsets
     assert page.header_names == [name for m in messages for name in m.headers]
     assert page.header_values == [value for m in messages for value in m.headers.values()]
+
+
+# Publish times up to the year 2248, so that they fit a timestamp in microseconds.
+_ids = st.lists(
+    st.builds(
+        MessageId,
+        st.integers(0, 2**43),
+        st.integers(0, 2**16 - 1),
+        st.integers(0, 2**43),
+        st.integers(0, 2**16 - 1),
+    ),
+    unique=True,
+    max_size=30,
+).map(sorted)
+
+
+@st.composite
+def _column_pages(draw: st.DrawFn) -> list[Message]:
+    """Messages in id order; a page may have no key or no header in any row, so that
+    bodies with and without those columns both come up."""
+    ids = draw(_ids)
+    with_keys, with_headers = draw(st.booleans()), draw(st.booleans())
+    keys = st.none() | st.just(b"") | st.binary(min_size=1, max_size=40)
+    headers = st.dictionaries(st.text(max_size=8), st.binary(max_size=40), max_size=4)
+    return [
+        Message(
+            mid,
+            draw(st.binary(max_size=200)),
+            draw(keys) if with_keys else None,
+            draw(headers) if with_headers else {},
+            None,
+            0,
+        )
+        for mid in ids
+    ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(_column_pages(), st.data())
+def test_a_columnar_body_makes_the_batch_its_avro_body_makes(
+    messages: list[Message], data: st.DataObject
+) -> None:
+    schema = arrow_read_schema()
+    columnar = read_column_body(columns.write_messages(messages))
+    page = read_poll_body(avro.write_messages(messages, extended=True))
+    n = len(messages)
+    assert len(columnar) == n
+    for rows in (n, data.draw(st.integers(0, n), label="rows")):
+        got = poll_batch(columnar, rows, "t", "ns", schema)
+        got.validate(full=True)
+        assert got.equals(poll_batch(page, rows, "t", "ns", schema))
+        assert got.equals(messages_to_batch(messages[:rows], "t", "ns", schema))
+    if messages:
+        assert columnar.ids[-1] == page.ids[-1]
+        end = data.draw(st.sampled_from(messages), label="end").id
+        before = data.draw(st.none() | st.integers(0, 2**43 + 1), label="before_ts")
+        assert columnar.cut(end, before) == page.cut(end, before)
+
+
+def test_an_empty_columnar_body_is_a_page_of_no_rows() -> None:
+    page = read_column_body(b"")
+    assert len(page) == 0
+    assert poll_batch(page, 0, "t", "ns", arrow_read_schema()).num_rows == 0
+
+
+def test_a_columnar_page_gives_no_more_rows_than_it_has() -> None:
+    page = read_column_body(columns.write_messages(_messages(3)))
+    with pytest.raises(ValueError, match="rows"):
+        poll_batch(page, 4, "t", "ns", arrow_read_schema())
+    with pytest.raises(IndexError):
+        page.ids[3]
 
 
 @pytest.mark.parametrize("as_map", [False, True])

@@ -18,7 +18,7 @@ import orjson
 
 from tidings.client.transports import Request, Response
 from tidings.codec import admin, queue_bodies, tx_publish, wire
-from tidings.codec.wire import AVRO_EXT, JSON, ConsumeRequest, Media
+from tidings.codec.wire import AVRO_EXT, COLUMNS, JSON, ConsumeRequest, Media
 from tidings.errors import (
     EmptyPublish,
     ServerError,
@@ -177,7 +177,7 @@ def _response_media(response: Response, sent: Media) -> Media:
     if response.content_type is None:
         return sent
     try:
-        return wire.media_for(response.content_type)
+        return wire.response_media_for(response.content_type)
     except TidingsError:
         return sent
 
@@ -598,7 +598,12 @@ class RestApi:
         final: tuple[type[BaseException], ...] = (
             (ServiceUnavailable,) if isolation == READ_COMMITTED else ()
         )
-        return Request("POST", url, body, media.value, timeout, idempotent=True), final
+        # Messages come back in the columnar medium, which decodes in bulk; a client
+        # that speaks JSON asked for JSON, and a server that does not know the medium
+        # answers in the request's own (the answer's Content-Type says which).
+        accept = None if ids_only or media is JSON else f"{COLUMNS.value}, {media.value}"
+        request = Request("POST", url, body, media.value, timeout, idempotent=True, accept=accept)
+        return request, final
 
     # --- transactions ---
 

@@ -6,6 +6,11 @@
 - ``avro/binary; schema=tidings``: those schemas extended with message keys,
   headers and per-message TTLs. Avro binary carries no field names, so the extension
   needs its own media type rather than optional fields.
+
+One more medium exists for answers only: ``application/vnd.tidings.columns``, the
+columnar poll response (:mod:`tidings.codec.columns`) a poll gets when its ``Accept``
+header names it. :func:`media_for` refuses it (no request is in it);
+:func:`response_media_for` reads it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import enum
 
 from tidings.errors import UnsupportedMediaType
 
-__all__ = ["AVRO", "AVRO_EXT", "JSON", "Media", "media_for"]
+__all__ = ["AVRO", "AVRO_EXT", "COLUMNS", "JSON", "Media", "media_for", "response_media_for"]
 
 
 class Media(enum.Enum):
@@ -23,9 +28,10 @@ class Media(enum.Enum):
     JSON = "application/json"
     AVRO = "avro/binary"
     AVRO_EXT = "avro/binary; schema=tidings"
+    COLUMNS = "application/vnd.tidings.columns"  # poll answers only
 
 
-JSON, AVRO, AVRO_EXT = Media.JSON, Media.AVRO, Media.AVRO_EXT
+JSON, AVRO, AVRO_EXT, COLUMNS = Media.JSON, Media.AVRO, Media.AVRO_EXT, Media.COLUMNS
 
 
 def media_for(content_type: str | None) -> Media:
@@ -48,3 +54,11 @@ def media_for(content_type: str | None) -> Media:
     raise UnsupportedMediaType(
         f"unsupported Content-Type {content_type!r}; use application/json or avro/binary"
     )
+
+
+def response_media_for(content_type: str) -> Media:
+    """The medium of an answer's Content-Type: any :func:`media_for` reads, or the
+    columnar poll response. Raises :class:`UnsupportedMediaType` for anything else."""
+    if content_type.partition(";")[0].strip().lower() == COLUMNS.value:
+        return COLUMNS
+    return media_for(content_type)

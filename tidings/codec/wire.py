@@ -21,11 +21,11 @@ from typing import Any, Literal, cast
 
 import orjson
 
-from tidings.codec import avro
+from tidings.codec import avro, columns
 from tidings.codec import json_bodies as jsonb
 from tidings.codec.avro import SCHEMAS, AvroItems
 from tidings.codec.json_bodies import b64decode, b64encode, payload_ranges_json
-from tidings.codec.media import AVRO, AVRO_EXT, JSON, Media, media_for
+from tidings.codec.media import AVRO, AVRO_EXT, COLUMNS, JSON, Media, media_for, response_media_for
 from tidings.codec.stored_publish import StoredBatch, read_stored_batch
 from tidings.errors import BadRequest
 from tidings.names import INT64_MAX
@@ -34,6 +34,7 @@ from tidings.structs import NO_HEADERS, Message, MessageId, PayloadRange, Record
 __all__ = [
     "AVRO",
     "AVRO_EXT",
+    "COLUMNS",
     "JSON",
     "SCHEMAS",
     "AvroItems",
@@ -58,6 +59,7 @@ __all__ = [
     "media_for",
     "parse_payload_range",
     "payload_ranges_json",
+    "response_media_for",
     "publish_request_from_json",
     "item_messages",
 ]
@@ -282,6 +284,8 @@ def encode_messages(messages: Sequence[Message], media: Media) -> bytes:
     """Encode a poll response (CDAP TMS's Message array, extended per ``media``)."""
     if media is JSON:
         return jsonb.dump_messages(messages)
+    if media is COLUMNS:
+        return columns.write_messages(messages)
     return avro.write_messages(messages, extended=media is AVRO_EXT)
 
 
@@ -334,6 +338,11 @@ def decode_messages(body: bytes, media: Media) -> list[Message]:
 def _decode_messages(body: bytes, media: Media) -> list[Message]:
     if media is JSON:
         return jsonb.messages(body)
+    if media is COLUMNS:
+        try:
+            return columns.read_columns(body).messages()
+        except (ValueError, struct.error) as exc:
+            raise BadRequest(f"malformed columnar poll response: {exc}") from None
     try:
         return avro.read_messages(body, extended=media is AVRO_EXT)
     except (IndexError, ValueError, struct.error, UnicodeDecodeError):

@@ -19,7 +19,9 @@ other I/O.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 
+from tidings.codec import columns as columns_codec
 from tidings.codec import keys, values
 from tidings.codec.values import (
     FLAG_EXPIRY,
@@ -39,7 +41,7 @@ from tidings.store.backend import ReadView
 from tidings.structs import NO_HEADERS, Message, MessageId, PayloadRange, Transaction
 from tidings.tx.visibility import Visibility, classify
 
-__all__ = ["fetch_messages", "retention_cutoff"]
+__all__ = ["PageColumns", "fetch_messages", "retention_cutoff"]
 
 _MESSAGES = "messages"
 _PAYLOADS = "payloads"
@@ -69,6 +71,7 @@ def fetch_messages(
     avro: AvroItems | None = None,
     *,
     ids: bool = False,
+    columns: PageColumns | None = None,
 ) -> list[Message | bytes]:
     """At most ``limit`` messages of one topic generation, in id order.
 
@@ -76,7 +79,9 @@ def fetch_messages(
     poll-response items (see :func:`tidings.codec.wire.avro_messages`) rather than as
     :class:`Message`: the server then skips building and re-reading a tuple per message.
     With ``ids``, every message comes back as its 20-byte id only (for ids-only polls),
-    taken from the keys without building a message.
+    taken from the keys without building a message. With ``columns``, the messages go
+    into its columns instead (for a columnar poll response) and the list comes back
+    empty.
 
     ``start`` is a message id, a timestamp (ms), or None for the oldest live message;
     ``inclusive`` says whether a message at exactly ``start`` is returned. A limit may
@@ -96,6 +101,8 @@ def fetch_messages(
             if value is not None and not reader.entry(
                 first, value, (start.write_ts, start.p_seq), inclusive
             ):
+                if columns is not None:
+                    columns.take(out)
                 return out
             scan_from = first + b"\0"
         else:
@@ -103,6 +110,12 @@ def fetch_messages(
     else:
         ts = cutoff if start is None else max(start if inclusive else start + 1, cutoff)
         scan_from = prefix + keys.ts_seq(ts, 0)
+    if columns is not None:
+        columns.take(out)
+        if len(columns.ids) < limit:
+            tx_plain = TX_PLAIN if transaction is None else -1
+            _append_columns(view, scan_from, stop, out, reader, columns, tx_plain, limit)
+        return out
     if len(out) >= limit:
         return out
 
@@ -186,6 +199,91 @@ def _append_avro(
         length = small[n] if n < 16384 else zigzag(n)
         append(join((id_len, key[8:18], zero, length, payload, suffix)))
         if len(out) >= limit:
+            return
+
+
+class PageColumns:
+    """The columns of a page being fetched (see :mod:`tidings.codec.columns`): ids,
+    payloads, keys from the first row that has one, and the rows that have headers."""
+
+    __slots__ = ("headers", "ids", "keys", "payloads")
+
+    def __init__(self) -> None:
+        self.ids: list[bytes] = []
+        self.payloads: list[bytes] = []
+        self.keys: list[bytes | None] | None = None
+        self.headers: dict[int, Mapping[str, bytes]] = {}
+
+    def take(self, messages: list[Message | bytes]) -> None:
+        """Move messages the general reader appended into the columns."""
+        for m in messages:
+            assert isinstance(m, Message)
+            if m.headers:
+                self.headers[len(self.ids)] = m.headers
+            if m.key is not None or self.keys is not None:
+                self.key_column().append(m.key)
+            self.ids.append(m.id.to_bytes())
+            self.payloads.append(m.payload)
+        messages.clear()
+
+    def key_column(self) -> list[bytes | None]:
+        """The keys, kept row by row from the first row that has one (the rows before
+        it filled in then), before that row's id is added."""
+        if self.keys is None:
+            self.keys = [None] * len(self.ids)
+        return self.keys
+
+    def encode(self) -> bytes:
+        """The columnar poll response of the page."""
+        headers: list[Mapping[str, bytes]] | None = None
+        if self.headers:
+            headers = [NO_HEADERS] * len(self.ids)
+            for row, entry in self.headers.items():
+                headers[row] = entry
+        return columns_codec.write_columns(self.ids, self.payloads, self.keys, headers)
+
+
+def _append_columns(
+    view: ReadView,
+    scan_from: bytes,
+    stop: bytes,
+    out: list[Message | bytes],
+    reader: _Reader,
+    columns: PageColumns,
+    tx_plain: int,
+    limit: int,
+) -> None:
+    # The Message loop's walk again, each plain or short-keyed entry straight into the
+    # columns; any other entry goes through the general reader, then into the columns.
+    # ``tx_plain`` is -1 (no entry's flags) for a transactional reader, whose
+    # transactional entries need the visibility check of the general reader.
+    ids, payloads = columns.ids, columns.payloads
+    add_id, add_payload, zero = ids.append, payloads.append, _NO_PAYLOAD_ROW
+    plain, keyed = PLAIN, KEYED
+    for key, value in view.scan(_MESSAGES, scan_from, stop):
+        flags = value[0]
+        if flags == plain:
+            add_id(key[8:18] + zero)
+            add_payload(value[1:])
+            if columns.keys is not None:
+                columns.keys.append(None)
+        elif flags == tx_plain:
+            add_id(key[8:18] + zero)
+            add_payload(value[9:])
+            if columns.keys is not None:
+                columns.keys.append(None)
+        elif flags == keyed and value[1] < 0x80:
+            end = 2 + value[1]
+            columns.key_column().append(value[2:end])
+            add_id(key[8:18] + zero)
+            add_payload(value[end:])
+        else:
+            reader.limit = limit - len(ids)
+            go_on = reader.entry(key, value, None, True)
+            columns.take(out)
+            if not go_on:
+                return
+        if len(ids) >= limit:
             return
 
 

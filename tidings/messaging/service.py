@@ -27,7 +27,7 @@ from tidings.codec.wire import JSON, AvroItems, Media
 from tidings.errors import BadRequest, EmptyPublish, InvalidMessageId
 from tidings.messaging import accounting, publishing
 from tidings.messaging.counters import Counters, TopicCounters
-from tidings.messaging.fetching import fetch_messages
+from tidings.messaging.fetching import PageColumns, fetch_messages
 from tidings.messaging.names import parse_ttl
 from tidings.messaging.retention import Cleaner, CleanupReport
 from tidings.messaging.topics import Topics
@@ -548,6 +548,25 @@ class MessagingService:
             body = wire.avro_messages(items, media)
         return body, len(items), last
 
+    def fetch_columns(
+        self,
+        namespace: str,
+        topic: str,
+        *,
+        start: MessageId | int | None = None,
+        inclusive: bool = True,
+        limit: int | None = None,
+        transaction: Transaction | None = None,
+    ) -> tuple[bytes, int, MessageId | None]:
+        """:meth:`fetch_encoded` as a columnar poll response
+        (:mod:`tidings.codec.columns`): plain and short-keyed messages go from the store
+        into the columns without a :class:`Message` each."""
+        columns = PageColumns()
+        self._fetch(namespace, topic, start, inclusive, limit, transaction, None, columns=columns)
+        ids = columns.ids
+        last = MessageId.from_bytes(ids[-1]) if ids else None
+        return columns.encode(), len(ids), last
+
     def _fetch(
         self,
         namespace: str,
@@ -558,6 +577,7 @@ class MessagingService:
         transaction: Transaction | None,
         avro: AvroItems | None,
         ids: bool = False,
+        columns: PageColumns | None = None,
     ) -> list[Message | bytes]:
         check_name(namespace, "namespace")
         check_name(topic, "topic")
@@ -578,8 +598,10 @@ class MessagingService:
                 transaction,
                 avro,
                 ids=ids,
+                columns=columns,
             )
-        self._counters.fetched((namespace, topic), len(out))
+        fetched = len(out) if columns is None else len(columns.ids)
+        self._counters.fetched((namespace, topic), fetched)
         return out
 
     def _limit(self, limit: object) -> int:

@@ -20,6 +20,7 @@ __all__ = ["openapi_document"]
 JSON = "application/json"
 AVRO = wire.AVRO.value
 AVRO_EXT = wire.AVRO_EXT.value
+COLUMNS = wire.COLUMNS.value
 
 _INT64 = {"type": "integer", "format": "int64"}
 _INT64_RANGE = {"type": "integer", "minimum": -(2**63), "maximum": INT64_MAX}
@@ -824,6 +825,17 @@ def _messaging_paths() -> dict[str, Any]:
                             AVRO: {"schema": {"anyOf": [_avro("Messages"), _avro("MessageIds")]}},
                             AVRO_EXT: {
                                 "schema": {"anyOf": [_avro("MessagesExt"), _avro("MessageIds")]}
+                            },
+                            # Only to a poll whose Accept names it (never with fields=id).
+                            COLUMNS: {
+                                "schema": {
+                                    "type": "string",
+                                    "format": "binary",
+                                    "description": (
+                                        "the columnar poll response (docs/api.md, "
+                                        "'The columnar poll response'); addition"
+                                    ),
+                                }
                             },
                         },
                     },

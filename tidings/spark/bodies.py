@@ -1,4 +1,4 @@
-"""Arrow record batches straight to and from the Avro bodies of ``store`` and ``poll``.
+"""Arrow record batches straight to and from the bodies of ``store`` and ``poll``.
 
 Spark hands a Python data source Arrow batches and takes Arrow batches back. Going
 through :class:`~tidings.structs.Record` and :class:`~tidings.structs.Message` objects
@@ -6,7 +6,9 @@ costs a Python object (and for headers a dict) per row on each side; these funct
 read the columns once, write the request body directly, and build the read columns from
 the response body, with the id-derived columns (hex id, publish time) computed over
 the whole page with numpy. The layouts are those of :mod:`tidings.codec.avro`
-(``avro/binary; schema=tidings``): ``PublishRequestExt`` and ``MessagesExt``.
+(``avro/binary; schema=tidings``): ``PublishRequestExt`` and ``MessagesExt``; and
+for poll answers the columnar medium (:mod:`tidings.codec.columns`), whose columns are
+Arrow layouts already, so its batches are views of the body with no per-row work.
 """
 
 from __future__ import annotations
@@ -14,18 +16,29 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
 from tidings.codec.avro import read_long, varint
+from tidings.codec.columns import ColumnPage, read_columns, write_columns
 from tidings.spark.schema import WriteColumns
 from tidings.structs import MessageId
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
 
-__all__ = ["PollColumns", "StoreBody", "poll_batch", "read_poll_body", "store_bodies"]
+__all__ = [
+    "ColumnIds",
+    "ColumnarPoll",
+    "PollColumns",
+    "PollRows",
+    "StoreBody",
+    "poll_batch",
+    "read_column_body",
+    "read_poll_body",
+    "store_bodies",
+]
 
 #: Per-row bytes counted against ``storeBatchBytes`` besides the payload (the old
 #: per-record estimate, kept so the option means what it meant).
@@ -247,11 +260,17 @@ class PollColumns:
 
     def cut(self, end: MessageId, before_ts: int | None) -> int:
         """How many leading rows have an id at most ``end`` and (if given) a publish
-        time before ``before_ts``: ids sort as their bytes do, so a bisection finds it."""
-        n = bisect.bisect_right(self.ids, end.to_bytes())
-        if before_ts is not None:
-            n = min(n, bisect.bisect_left(self.ids, before_ts.to_bytes(8, "big")))
-        return n
+        time before ``before_ts``."""
+        return _cut(self.ids, end, before_ts)
+
+
+def _cut(ids: list[bytes] | ColumnIds, end: MessageId, before_ts: int | None) -> int:
+    # Ids sort as their bytes do (the publish time comes first, big-endian), so a
+    # bisection finds the cut.
+    n = bisect.bisect_right(ids, end.to_bytes())
+    if before_ts is not None:
+        n = min(n, bisect.bisect_left(ids, before_ts.to_bytes(8, "big")))
+    return n
 
 
 def read_poll_body(body: bytes) -> PollColumns:
@@ -341,23 +360,108 @@ def read_poll_body(body: bytes) -> PollColumns:
     return PollColumns(ids, payloads, keys, offsets, names, values)
 
 
-def poll_batch(
-    page: PollColumns, rows: int, topic: str, namespace: str, schema: pa.Schema
-) -> pa.RecordBatch:
-    """The read rows (``schema``: :func:`tidings.spark.schema.arrow_read_schema`) of the
-    first ``rows`` messages of ``page``."""
+# --- reading: the columnar poll response -> Arrow ---
+
+
+class ColumnIds:
+    """The 20-byte ids of a columnar body, each sliced out only when asked for: enough
+    of a sequence for :mod:`bisect` and ``ids[-1]``, without a list per page."""
+
+    __slots__ = ("_body", "_count")
+
+    def __init__(self, body: bytes, count: int) -> None:
+        self._body = body
+        self._count = count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index: int) -> bytes:
+        if index < 0:
+            index += self._count
+        if not 0 <= index < self._count:
+            raise IndexError("id index out of range")
+        at = 16 + 20 * index
+        return self._body[at : at + 20]
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnarPoll:
+    """A columnar poll response, checked and located (:mod:`tidings.codec.columns`)."""
+
+    page: ColumnPage
+    ids: ColumnIds
+
+    def __len__(self) -> int:
+        return self.page.count
+
+    def cut(self, end: MessageId, before_ts: int | None) -> int:
+        """How many leading rows have an id at most ``end`` and (if given) a publish
+        time before ``before_ts``."""
+        return _cut(self.ids, end, before_ts)
+
+
+#: A poll response of no messages may come as an empty body, whatever its medium.
+_NO_COLUMNS = write_columns([], [])
+
+
+def read_column_body(body: bytes) -> ColumnarPoll:
+    """A columnar poll response (an empty body: no rows); ValueError on a malformed
+    body. The checks leave every offset inside the body and in order, which is what
+    makes the Arrow arrays :func:`poll_batch` lays over it safe to read."""
+    page = read_columns(body or _NO_COLUMNS)
+    return ColumnarPoll(page, ColumnIds(page.body, page.count))
+
+
+#: Either kind of read poll response; :func:`poll_batch` takes both.
+PollRows: TypeAlias = PollColumns | ColumnarPoll
+
+
+def _column_arrays(
+    page: ColumnPage, rows: int, headers_type: pa.DataType
+) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """Key, payload and headers arrays of the first ``rows`` rows: views of the body
+    (only the keys' validity bitmap is new), as its offsets are absolute positions in
+    it and int32 little-endian like Arrow's own."""
     import pyarrow as pa
 
-    raw = np.frombuffer(b"".join(page.ids[:rows]), dtype=np.uint8).reshape(rows, 20)
-    # messageId: 40 hex characters per id, as one string buffer with fixed offsets.
-    hex_ids = _HEX[raw].reshape(-1)
-    id_offsets = np.arange(0, 40 * rows + 1, 40, dtype=np.int32)
-    message_ids = pa.Array.from_buffers(
-        pa.string(), rows, [None, pa.py_buffer(id_offsets), pa.py_buffer(hex_ids)]
+    data = pa.py_buffer(page.body)
+
+    def offsets(at: int, count: int) -> pa.Buffer:
+        return data.slice(at, 4 * (count + 1))
+
+    payloads = pa.Array.from_buffers(
+        pa.binary(), rows, [None, offsets(page.payload_at, rows), data]
     )
-    # publishTime: the id's first 8 bytes, big-endian milliseconds.
-    millis = raw[:, :8].copy().view(">u8").reshape(rows).astype(np.int64)
-    publish = pa.array(millis * 1000, type=pa.int64()).cast(schema.field("publishTime").type)
+    if page.key_at is None or page.present_at is None:
+        keys = pa.nulls(rows, pa.binary())
+    else:
+        present = np.frombuffer(page.body, dtype=np.uint8, count=rows, offset=page.present_at)
+        missing = rows - int(np.count_nonzero(present))
+        validity = pa.py_buffer(np.packbits(present, bitorder="little")) if missing else None
+        keys = pa.Array.from_buffers(
+            pa.binary(), rows, [validity, offsets(page.key_at, rows), data], null_count=missing
+        )
+    entry_type = headers_type.value_type
+    if page.rows_at is None or page.name_at is None or page.value_at is None:
+        entries = pa.array([], type=entry_type)
+        starts = pa.py_buffer(np.zeros(rows + 1, dtype=np.int32))
+    else:
+        e = page.entries
+        names = pa.Array.from_buffers(pa.string(), e, [None, offsets(page.name_at, e), data])
+        values = pa.Array.from_buffers(pa.binary(), e, [None, offsets(page.value_at, e), data])
+        entries = pa.Array.from_buffers(entry_type, e, [None], children=[names, values])
+        starts = offsets(page.rows_at, rows)
+    headers = pa.Array.from_buffers(headers_type, rows, [None, starts], children=[entries])
+    return keys, payloads, headers
+
+
+def _avro_arrays(
+    page: PollColumns, rows: int, headers_type: pa.DataType
+) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """Key, payload and headers arrays of the first ``rows`` rows of a read Avro body."""
+    import pyarrow as pa
+
     heads = page.header_offsets[: rows + 1]
     used = heads[-1]
     entries = pa.StructArray.from_arrays(
@@ -367,11 +471,42 @@ def poll_batch(
         ],
         names=["key", "value"],
     )
-    headers_type = schema.field("headers").type
     headers = pa.ListArray.from_arrays(pa.array(heads, type=pa.int32()), entries).cast(headers_type)
+    keys = pa.array(page.keys[:rows], type=pa.binary())
+    return keys, pa.array(page.payloads[:rows], type=pa.binary()), headers
+
+
+def poll_batch(
+    page: PollRows, rows: int, topic: str, namespace: str, schema: pa.Schema
+) -> pa.RecordBatch:
+    """The read rows (``schema``: :func:`tidings.spark.schema.arrow_read_schema`) of the
+    first ``rows`` messages of ``page``."""
+    import pyarrow as pa
+
+    # Arrays over a columnar body read whatever ``rows`` says: past the page they
+    # would read past the checked offsets.
+    if not 0 <= rows <= len(page):
+        raise ValueError(f"{rows} rows asked of a page of {len(page)}")
+    headers_type = schema.field("headers").type
+    if isinstance(page, ColumnarPoll):
+        body = page.page.body
+        raw = np.frombuffer(body, dtype=np.uint8, count=20 * rows, offset=16).reshape(rows, 20)
+        keys, payloads, headers = _column_arrays(page.page, rows, headers_type)
+    else:
+        raw = np.frombuffer(b"".join(page.ids[:rows]), dtype=np.uint8).reshape(rows, 20)
+        keys, payloads, headers = _avro_arrays(page, rows, headers_type)
+    # messageId: 40 hex characters per id, as one string buffer with fixed offsets.
+    hex_ids = _HEX[raw].reshape(-1)
+    id_offsets = np.arange(0, 40 * rows + 1, 40, dtype=np.int32)
+    message_ids = pa.Array.from_buffers(
+        pa.string(), rows, [None, pa.py_buffer(id_offsets), pa.py_buffer(hex_ids)]
+    )
+    # publishTime: the id's first 8 bytes, big-endian milliseconds.
+    millis = raw[:, :8].copy().view(">u8").reshape(rows).astype(np.int64)
+    publish = pa.array(millis * 1000, type=pa.int64()).cast(schema.field("publishTime").type)
     columns: list[Any] = [
-        pa.array(page.keys[:rows], type=pa.binary()),
-        pa.array(page.payloads[:rows], type=pa.binary()),
+        keys,
+        payloads,
         pa.repeat(pa.scalar(topic, type=pa.string()), rows),
         pa.repeat(pa.scalar(namespace, type=pa.string()), rows),
         message_ids,

@@ -14,6 +14,7 @@ Executors then read their :class:`TopicRange` with the snapshot planned for them
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,8 +24,8 @@ from pyspark.sql.datasource import InputPartition
 
 from tidings.client import Client
 from tidings.client.api import PollPage
-from tidings.codec.media import AVRO_EXT
-from tidings.spark.bodies import PollColumns, read_poll_body
+from tidings.codec.media import AVRO_EXT, COLUMNS
+from tidings.spark.bodies import PollColumns, PollRows, read_column_body, read_poll_body
 from tidings.spark.offsets import Slice, poll_start
 from tidings.structs import Message, MessageId, Transaction
 
@@ -176,7 +177,11 @@ def read_range(client: Client, part: TopicRange, fetch_size: int) -> Iterator[li
         start, inclusive = page[-1].id, False
 
 
-def _columns(page: PollPage) -> PollColumns:
+def _columns(page: PollPage) -> PollRows:
+    # The columnar body's offsets become Arrow's as they are, which needs a
+    # little-endian process; a big-endian one takes the client's decoder below.
+    if page.media is COLUMNS and sys.byteorder == "little":
+        return read_column_body(page.body)
     if page.media is AVRO_EXT:
         return read_poll_body(page.body or b"\x00")
     # Any other answer (a server that chose another medium) through the client's decoder.
@@ -200,7 +205,7 @@ def _columns(page: PollPage) -> PollColumns:
 
 def read_range_columns(
     client: Client, part: TopicRange, fetch_size: int
-) -> Iterator[tuple[PollColumns, int]]:
+) -> Iterator[tuple[PollRows, int]]:
     """The messages of one range as pages of columns, with how many leading rows of
     each belong to the range. The next page is asked for (on a second thread) as soon
     as the answer's headers say where this one ends, so the server prepares it while

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tidings.codec import admin, wire
+from tidings.codec import admin, columns, wire
 from tidings.codec.transaction import decode_transaction
 from tidings.errors import BadRequest, ServiceUnavailable
 from tidings.names import check_name
@@ -76,6 +76,17 @@ ISOLATION_LEVELS = (READ_COMMITTED, READ_UNCOMMITTED)
 
 
 FIELDS = ("all", "id")
+
+
+def _wants_columns(request: Request) -> bool:
+    # Only an Accept that names the columnar medium picks it: every other poll answers
+    # in the medium of its request, as CDAP TMS's does.
+    accept = request.headers.get("accept")
+    if not accept or columns.CONTENT_TYPE not in accept.lower():
+        return False
+    return any(
+        part.split(";")[0].strip().lower() == columns.CONTENT_TYPE for part in accept.split(",")
+    )
 
 
 def _ids_only(request: Request) -> bool:
@@ -179,9 +190,15 @@ def routes(api: Api) -> list[Route]:
         elif read_committed:
             manager_ = manager()  # its snapshot is taken right before each fetch
 
+        columnar = not ids_only and _wants_columns(request)
         page = messaging.fetch_ids_encoded if ids_only else messaging.fetch_encoded
 
         def fetch() -> tuple[bytes, int, MessageId | None]:
+            if columnar:
+                return messaging.fetch_columns(
+                    ns, topic, start=req.start, inclusive=req.inclusive, limit=req.limit,
+                    transaction=tx,
+                )  # fmt: skip
             return page(
                 ns,
                 topic,
@@ -223,7 +240,8 @@ def routes(api: Api) -> list[Route]:
             stable = messaging.last_stable(ns, topic, tx)
             if stable is not None:
                 headers[LAST_STABLE_HEADER] = stable.hex
-        return Response(body, media_type=media.value, headers=headers)
+        answer = columns.CONTENT_TYPE if columnar else media.value
+        return Response(body, media_type=answer, headers=headers)
 
     @api.endpoint(TOPIC + "/store")
     async def store(request: Request) -> Response:

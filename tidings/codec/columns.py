@@ -1,0 +1,261 @@
+"""The columnar poll response (``application/vnd.tidings.columns``): a page of messages
+as a few fixed-width columns and one data region, for readers that decode pages in bulk.
+
+An Avro poll response has to be walked message by message (every length is a varint),
+which is most of what a Python consumer spends on a page (BENCHMARKS.md, "A columnar
+poll response"). This body is laid out so that a page decodes with loops that run in C
+(``struct.iter_unpack``, ``map`` over slices) and maps onto Arrow arrays without a copy:
+payloads, keys, header names and values are Arrow ``binary``/``string`` layouts (int32
+offsets into the body itself).
+
+All integers are little-endian; ``n`` messages, ``E`` header entries in all::
+
+    offset 0   b"TDC1"
+           4   u32 n
+           8   u32 flags: 1 = keys column present, 2 = headers column present
+          12   u32 E (0 without headers)
+          16   ids: n x 20 bytes (MessageId.to_bytes(), so they sort as bytes)
+               payload offsets: (n + 1) x i32, absolute positions in the body
+    if keys:   key offsets: (n + 1) x i32, absolute (a row without a key: length 0)
+               key presence: n bytes (1: the row has a key, 0: it has none), then
+               zero bytes up to a multiple of 4
+    if headers: header rows: (n + 1) x i32, row i's entries are [rows[i], rows[i+1])
+               name offsets: (E + 1) x i32, absolute; value offsets: (E + 1) x i32
+               data: payloads, then keys, then header names (UTF-8), then values
+
+Each offsets column starts where the previous region ended (the first at the end of
+the fixed part) and the last region ends at the end of the body. Write pointers are
+not carried, as in the Avro response. The server answers this medium only to a poll
+whose ``Accept`` header names it (docs/api.md); requests are never in it.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from itertools import accumulate, compress, pairwise, repeat
+from operator import le, lt, ne
+
+from tidings.structs import MESSAGE_ID_LAYOUT, NO_HEADERS, Message, MessageId
+
+__all__ = ["CONTENT_TYPE", "ColumnPage", "read_columns", "write_columns", "write_messages"]
+
+CONTENT_TYPE = "application/vnd.tidings.columns"
+MAGIC = b"TDC1"
+KEYS, HEADERS = 1, 2
+_HEAD = struct.Struct("<4sIII")
+_ID = struct.Struct(MESSAGE_ID_LAYOUT)
+_LITTLE = sys.byteorder == "little"
+_new_id = partial(tuple.__new__, MessageId)
+_new_message = partial(tuple.__new__, Message)
+_FLIP = bytes([1, 0]) + bytes(254)  # presence byte -> 1 where a row has no key
+_CONTINUATION = bytes(range(0x80, 0xC0))
+
+
+def _i32s(values: array[int]) -> bytes:
+    if not _LITTLE:  # pragma: no cover - the format is little-endian everywhere
+        values = array("i", values)
+        values.byteswap()
+    return values.tobytes()
+
+
+def write_columns(
+    ids: Sequence[bytes],
+    payloads: Sequence[bytes | memoryview],
+    keys: Sequence[bytes | None] | None = None,
+    headers: Sequence[Mapping[str, bytes]] | None = None,
+) -> bytes:
+    """A columnar body of ``len(ids)`` messages: 20-byte ids, payloads, and (if given)
+    each row's key (None: no key) and headers."""
+    n = len(ids)
+    if len(payloads) != n or (keys is not None and len(keys) != n):
+        raise ValueError("columns of different lengths")
+    if headers is not None and len(headers) != n:
+        raise ValueError("columns of different lengths")
+    flags = (KEYS if keys is not None else 0) | (HEADERS if headers is not None else 0)
+    names: list[bytes] = []
+    values: list[bytes] = []
+    rows: array[int] | None = None
+    if headers is not None:
+        rows = array("i", accumulate(map(len, headers), initial=0))
+        for entry in headers:
+            for name, value in entry.items():
+                names.append(name.encode())
+                values.append(value)
+    entries = len(names)
+    fixed = 16 + 20 * n + 4 * (n + 1)
+    if keys is not None:
+        fixed += 4 * (n + 1) + (n + 3) // 4 * 4
+    if headers is not None:
+        fixed += 4 * (n + 1) + 8 * (entries + 1)
+    payload_at = array("i", accumulate(map(len, payloads), initial=fixed))
+    parts: list[bytes | memoryview] = [
+        _HEAD.pack(MAGIC, n, flags, entries),
+        b"".join(ids),
+        _i32s(payload_at),
+    ]
+    data: list[bytes | memoryview] = list(payloads)
+    end = payload_at[-1]
+    if keys is not None:
+        present = bytes(key is not None for key in keys)
+        key_at = array("i", accumulate((len(k) if k is not None else 0 for k in keys), initial=end))
+        parts += (_i32s(key_at), present, bytes(-n % 4))
+        data += [k for k in keys if k]
+        end = key_at[-1]
+    if rows is not None:
+        name_at = array("i", accumulate(map(len, names), initial=end))
+        value_at = array("i", accumulate(map(len, values), initial=name_at[-1]))
+        parts += (_i32s(rows), _i32s(name_at), _i32s(value_at))
+        data += names
+        data += values
+    return b"".join(parts + data)
+
+
+def write_messages(messages: Sequence[Message]) -> bytes:
+    """:func:`write_columns` of messages (key and headers columns only if some need them)."""
+    keys = [m.key for m in messages] if any(m.key is not None for m in messages) else None
+    headers = [m.headers for m in messages] if any(m.headers for m in messages) else None
+    return write_columns(
+        [m.id.to_bytes() for m in messages], [m.payload for m in messages], keys, headers
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnPage:
+    """A columnar body checked and located: where each column lies in ``body``.
+
+    The ``*_at`` fields are byte positions in ``body`` of each offsets column (None
+    where the column is absent), so that a reader can hand those regions to Arrow as
+    they are. Use :meth:`messages` for :class:`Message` objects.
+    """
+
+    body: bytes
+    count: int
+    entries: int
+    payload_at: int
+    key_at: int | None
+    present_at: int | None
+    rows_at: int | None
+    name_at: int | None
+    value_at: int | None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def id_bytes(self, index: int) -> bytes:
+        """The 20-byte id of row ``index``."""
+        at = 16 + 20 * index
+        return self.body[at : at + 20]
+
+    def offsets(self, at: int, count: int) -> Sequence[int]:
+        """``count`` int32 values starting at byte ``at`` of the body."""
+        view = memoryview(self.body)[at : at + 4 * count]
+        if _LITTLE:
+            return view.cast("i")
+        values = array("i", view)  # pragma: no cover
+        values.byteswap()  # pragma: no cover
+        return values  # pragma: no cover
+
+    def messages(self) -> list[Message]:
+        """The page's messages, oldest first."""
+        n, body = self.count, self.body
+        if not n:
+            return []
+        ids = map(_new_id, _ID.iter_unpack(memoryview(body)[16 : 16 + 20 * n]))
+        at = self.offsets(self.payload_at, n + 1)
+        payloads = map(body.__getitem__, map(slice, at, at[1:]))
+        keys: Sequence[bytes | None] | repeat[None] = repeat(None)
+        if self.key_at is not None and self.present_at is not None:
+            at = self.offsets(self.key_at, n + 1)
+            present = body[self.present_at : self.present_at + n]
+            keys = [
+                body[a:b] if has else None for a, b, has in zip(at, at[1:], present, strict=False)
+            ]
+        headers: Sequence[Mapping[str, bytes]] | repeat[Mapping[str, bytes]] = repeat(NO_HEADERS)
+        if self.rows_at is not None:
+            headers = self._headers()
+        return list(map(_new_message, zip(ids, payloads, keys, headers, repeat(None), repeat(0))))
+
+    def _headers(self) -> list[Mapping[str, bytes]]:
+        assert self.rows_at is not None and self.name_at is not None
+        assert self.value_at is not None
+        n, e, body = self.count, self.entries, self.body
+        rows = self.offsets(self.rows_at, n + 1)
+        name_at = self.offsets(self.name_at, e + 1)
+        value_at = self.offsets(self.value_at, e + 1)
+        names = [body[a:b].decode() for a, b in pairwise(name_at)]
+        values = [body[a:b] for a, b in pairwise(value_at)]
+        out: list[Mapping[str, bytes]] = []
+        for a, b in pairwise(rows):
+            out.append(dict(zip(names[a:b], values[a:b], strict=True)) if b > a else NO_HEADERS)
+        return out
+
+
+def _monotone(at: Sequence[int], first: int, last: int) -> bool:
+    return at[0] == first and at[-1] <= last and all(map(le, at, at[1:]))
+
+
+def read_columns(body: bytes) -> ColumnPage:
+    """Check a columnar body and locate its columns; ValueError if it is malformed
+    (wrong magic, columns that do not fit, offsets out of order or out of the body,
+    a key on a row marked keyless, header names that are not UTF-8)."""
+    size = len(body)
+    if size < 16:
+        raise ValueError("columnar body too short")
+    magic, n, flags, entries = _HEAD.unpack_from(body)
+    if magic != MAGIC or flags & ~(KEYS | HEADERS) or (entries and not flags & HEADERS):
+        raise ValueError("not a columnar poll response")
+    pos = 16 + 20 * n
+    payload_at, pos = pos, pos + 4 * (n + 1)
+    key_at = present_at = rows_at = name_at = value_at = None
+    if flags & KEYS:
+        key_at, pos = pos, pos + 4 * (n + 1)
+        present_at, pos = pos, pos + (n + 3) // 4 * 4
+    if flags & HEADERS:
+        rows_at, pos = pos, pos + 4 * (n + 1)
+        name_at, pos = pos, pos + 4 * (entries + 1)
+        value_at, pos = pos, pos + 4 * (entries + 1)
+    if pos > size:
+        raise ValueError("columnar body too short for its columns")
+    page = ColumnPage(body, n, entries, payload_at, key_at, present_at, rows_at, name_at, value_at)
+    at = page.offsets(payload_at, n + 1)
+    if not _monotone(at, pos, size):
+        raise ValueError("bad payload offsets")
+    end = at[-1]
+    if key_at is not None and present_at is not None:
+        at = page.offsets(key_at, n + 1)
+        present = body[present_at : present_at + n]
+        if not _monotone(at, end, size) or present.translate(None, b"\x00\x01"):
+            raise ValueError("bad key column")
+        # A row marked keyless has a key of length 0 (its two offsets equal).
+        absent = present.translate(_FLIP)
+        if any(map(ne, compress(at, absent), compress(at[1:], absent))):
+            raise ValueError("a key on a row without one")
+        end = at[-1]
+    if rows_at is not None and name_at is not None and value_at is not None:
+        rows = page.offsets(rows_at, n + 1)
+        if not _monotone(rows, 0, entries) or rows[-1] != entries:
+            raise ValueError("bad header rows")
+        at = page.offsets(name_at, entries + 1)
+        if not _monotone(at, end, size):
+            raise ValueError("bad header names")
+        # The names region is UTF-8 as a whole, and no name starts inside a character
+        # (on a continuation byte): then each name is UTF-8 on its own.
+        try:
+            body[at[0] : at[-1]].decode()
+        except UnicodeDecodeError:
+            raise ValueError("a header name is not UTF-8") from None
+        firsts = bytes(map(body.__getitem__, compress(at[:-1], map(lt, at[:-1], at[1:]))))
+        if firsts.translate(None, _CONTINUATION) != firsts:
+            raise ValueError("a header name is not UTF-8")
+        at = page.offsets(value_at, entries + 1)
+        if not _monotone(at, at[0], size) or at[0] != page.offsets(name_at, entries + 1)[-1]:
+            raise ValueError("bad header values")
+        end = at[-1]
+    if end != size:
+        raise ValueError("trailing bytes")
+    return page
