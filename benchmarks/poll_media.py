@@ -1,0 +1,78 @@
+"""The CPU a page of a poll costs in each answer medium, on each side, without HTTP.
+
+Server side: ``MessagingService.fetch_encoded`` (Avro items straight from the store rows)
+against ``fetch_columns`` (the columnar answer), on an LMDB store in this process.
+Client side: decoding that answer into messages (``wire.decode_messages``). Pages of
+10,000 messages of 100 B and 1 KiB, as the consumers and the Spark readers fetch them.
+
+    python -m benchmarks.poll_media [--repeat 5]
+
+Prints the best of ``--repeat`` runs of each case in µs per message, and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tidings.codec import wire
+from tidings.messaging import MessagingService
+from tidings.store import LmdbStore
+
+PAGE = 10_000
+
+
+def _best(fn: Callable[[], Any], repeat: int, rounds: int = 5) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        for _ in range(rounds):
+            fn()
+        best = min(best, (time.perf_counter() - started) / rounds)
+    return best / PAGE * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as where:
+        service = MessagingService(LmdbStore(os.path.join(where, "data")))
+        print(f"{'case':40s} {'Avro ext':>10s} {'columns':>10s} {'ratio':>7s}")
+        for size in (100, 1024):
+            topic = f"t{size}"
+            service.create_topic("bench", topic)
+            batch = [os.urandom(size) for _ in range(500)]
+            for _ in range(PAGE // 500):
+                service.publish("bench", topic, batch)
+            avro_body, _, _ = service.fetch_encoded("bench", topic, wire.AVRO_EXT, limit=PAGE)
+            column_body, count, _ = service.fetch_columns("bench", topic, limit=PAGE)
+            assert count == PAGE
+            assert wire.decode_messages(avro_body, wire.AVRO_EXT) == wire.decode_messages(
+                column_body, wire.COLUMNS
+            )
+            cases = [
+                (
+                    f"server: fetch a page, {size} B (µs/msg)",
+                    lambda: service.fetch_encoded("bench", topic, wire.AVRO_EXT, limit=PAGE),
+                    lambda: service.fetch_columns("bench", topic, limit=PAGE),
+                ),
+                (
+                    f"client: decode the page, {size} B (µs/msg)",
+                    lambda: wire.decode_messages(avro_body, wire.AVRO_EXT),
+                    lambda: wire.decode_messages(column_body, wire.COLUMNS),
+                ),
+            ]
+            for name, avro_case, column_case in cases:
+                a = _best(avro_case, args.repeat)
+                c = _best(column_case, args.repeat)
+                print(f"{name:40s} {a:10.3f} {c:10.3f} {c / a:7.2f}")
+        service.close()
+
+
+if __name__ == "__main__":
+    main()
