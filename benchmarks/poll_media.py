@@ -58,13 +58,13 @@ def main() -> None:
             cases = [
                 (
                     f"server: fetch a page, {size} B (µs/msg)",
-                    lambda: service.fetch_encoded("bench", topic, wire.AVRO_EXT, limit=PAGE),
-                    lambda: service.fetch_columns("bench", topic, limit=PAGE),
+                    lambda t=topic: service.fetch_encoded("bench", t, wire.AVRO_EXT, limit=PAGE),
+                    lambda t=topic: service.fetch_columns("bench", t, limit=PAGE),
                 ),
                 (
                     f"client: decode the page, {size} B (µs/msg)",
-                    lambda: wire.decode_messages(avro_body, wire.AVRO_EXT),
-                    lambda: wire.decode_messages(column_body, wire.COLUMNS),
+                    lambda b=avro_body: wire.decode_messages(b, wire.AVRO_EXT),
+                    lambda b=column_body: wire.decode_messages(b, wire.COLUMNS),
                 ),
             ]
             for name, avro_case, column_case in cases:
