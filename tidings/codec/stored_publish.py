@@ -72,6 +72,63 @@ def _field(body: bytes, pos: int, end: int) -> tuple[int, bytes, int]:
     return size, body[pos:stop], stop
 
 
+def _small_extras(
+    body: bytes, pos: int, flags: int, after_flags: bytes, names_seen: set[bytes]
+) -> tuple[bytes, int] | None:
+    # A message's extras when its key (if any) and every header name and value are
+    # under 64 bytes, in one block, with no TTL -- what a Spark sink's rows carry (a
+    # ``source-id`` header): each Avro length is one zig-zag byte (2n) and its stored
+    # varint one byte (n), so the stored value's head is built without a call per
+    # field. Returns (the stored value without its payload, the next position), or
+    # None for the general loop.
+    lengths = _KEY_LENGTHS
+    parts: list[bytes] = [b"", after_flags]
+    which = flags
+    if body[pos] == 2:
+        size = body[pos + 1]
+        if size >= 0x80 or size & 1:
+            return None
+        stop = pos + 2 + (size >> 1)
+        parts += (lengths[size >> 1], body[pos + 2 : stop])
+        which |= FLAG_KEY
+        pos = stop
+    else:
+        pos += 1  # the null branch (the caller saw 0 or 2)
+    pairs = body[pos]
+    if pairs >= 0x80 or pairs & 1:
+        return None
+    pairs >>= 1
+    pos += 1
+    if pairs:
+        parts.append(lengths[pairs])
+        names = []
+        for _ in range(pairs):
+            size = body[pos]
+            if size >= 0x80 or size & 1:
+                return None
+            stop = pos + 1 + (size >> 1)
+            name = body[pos + 1 : stop]
+            if name not in names_seen:
+                name.decode()  # a header name is a string: UTF-8, as fastavro checks
+                names_seen.add(name)
+            names.append(name)
+            size = body[stop]
+            if size >= 0x80 or size & 1:
+                return None
+            pos = stop + 1 + (size >> 1)
+            parts += (lengths[len(name)], name, lengths[size >> 1], body[stop + 1 : pos])
+        if body[pos] != 0 or (pairs > 1 and len(set(names)) != pairs):
+            return None  # a second block, or a name twice (the last one wins there)
+        pos += 1
+        which |= FLAG_HEADERS
+    if body[pos] != 0:  # a TTL
+        return None
+    if pos >= len(body):
+        return None  # a field ran past the end (slices stop there silently)
+    parts[0] = bytes((which,))
+    return b"".join(parts), pos + 1
+
+
 def read_stored_batch(body: bytes, extended: bool, *, store: bool) -> StoredBatch | None:
     """The stored values of a ``PublishRequest`` (``extended``: ``PublishRequestExt``)
     body -- for the Payload Table if ``store`` --, or None when the general path must
@@ -140,11 +197,13 @@ def _read(body: bytes, extended: bool, store: bool) -> StoredBatch | None:
     flags, after_flags = plain[0], plain[1:]
     keyed_head = bytes((flags | FLAG_KEY,)) + after_flags
     key_lengths = _KEY_LENGTHS
+    names_seen: set[bytes] = set()  # header names already checked to be UTF-8
     values: list[bytes] = []
     add_value = values.append
     length = write_varint
     for payload in payloads:
-        if body[pos] == 2:
+        branch = body[pos]
+        if branch == 2:
             size = body[pos + 1]
             if size < 0x80 and not size & 1:
                 # A key under 64 bytes and nothing else (a keyed producer's usual
@@ -156,9 +215,14 @@ def _read(body: bytes, extended: bool, store: bool) -> StoredBatch | None:
                     )
                     pos = key_end + 2
                     continue
+        if branch == 2 or (branch == 0 and body[pos + 1] != 0):  # a key or headers
+            small = _small_extras(body, pos, flags, after_flags, names_seen)
+            if small is not None:
+                value_head, pos = small
+                add_value(value_head + payload)
+                continue
         parts: list[bytes | memoryview] = [b"", after_flags]
         which = flags
-        branch = body[pos]
         pos += 1
         if branch == 2:
             size, key, pos = _field(body, pos, end)
