@@ -341,7 +341,7 @@ def _decode_messages(body: bytes, media: Media) -> list[Message]:
     if media is COLUMNS:
         try:
             return columns.read_columns(body).messages()
-        except (ValueError, struct.error) as exc:
+        except (ValueError, IndexError, struct.error) as exc:
             raise BadRequest(f"malformed columnar poll response: {exc}") from None
     try:
         return avro.read_messages(body, extended=media is AVRO_EXT)

@@ -27,14 +27,13 @@ from tidings.client.api import PollPage
 from tidings.codec.media import AVRO_EXT, COLUMNS
 from tidings.spark.bodies import PollColumns, PollRows, read_column_body, read_poll_body
 from tidings.spark.offsets import Slice, poll_start
-from tidings.structs import Message, MessageId, Transaction
+from tidings.structs import MessageId, Transaction
 
 __all__ = [
     "Scan",
     "TopicRange",
     "connect",
     "plan_ranges",
-    "read_range",
     "read_range_columns",
     "scan",
     "snapshot",
@@ -157,24 +156,6 @@ def plan_ranges(
         )
         for piece in cuts
     ]
-
-
-def read_range(client: Client, part: TopicRange, fetch_size: int) -> Iterator[list[Message]]:
-    """The messages of one range, a page at a time, in id order."""
-    end = MessageId.from_hex(part.end)
-    start, inclusive = poll_start(part.start)
-    while True:
-        page = client.poll(
-            part.topic, start, inclusive=inclusive, limit=fetch_size, transaction=part.snapshot
-        )
-        if not page:
-            return  # the rest of the range expired (retention) before it was read
-        kept = [m for m in page if m.id <= end and (part.hi is None or m.id.publish_ts < part.hi)]
-        if kept:
-            yield kept
-        if len(kept) < len(page) or page[-1].id >= end:
-            return
-        start, inclusive = page[-1].id, False
 
 
 def _columns(page: PollPage) -> PollRows:
