@@ -8,17 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.test_codec_wire_avro import ids
 from tidings.codec import avro, columns, wire
 from tidings.errors import BadRequest
 from tidings.structs import NO_HEADERS, Message, MessageId
 
-ids = st.builds(
-    MessageId,
-    st.integers(0, 2**63 - 1),
-    st.integers(0, 2**16 - 1),
-    st.integers(0, 2**63 - 1),
-    st.integers(0, 2**16 - 1),
-)
 messages = st.lists(
     st.builds(
         Message,

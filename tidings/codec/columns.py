@@ -42,12 +42,21 @@ from operator import le, lt, ne
 
 from tidings.structs import MESSAGE_ID_LAYOUT, NO_HEADERS, Message, MessageId
 
-__all__ = ["CONTENT_TYPE", "ColumnPage", "read_columns", "write_columns", "write_messages"]
+__all__ = [
+    "CONTENT_TYPE",
+    "IDS_AT",
+    "ColumnPage",
+    "read_columns",
+    "write_columns",
+    "write_messages",
+]
 
 CONTENT_TYPE = "application/vnd.tidings.columns"
 MAGIC = b"TDC1"
 KEYS, HEADERS = 1, 2
 _HEAD = struct.Struct("<4sIII")
+#: Where the ids block starts: right after the fixed head.
+IDS_AT = _HEAD.size
 _ID = struct.Struct(MESSAGE_ID_LAYOUT)
 _LITTLE = sys.byteorder == "little"
 _new_id = partial(tuple.__new__, MessageId)
@@ -87,7 +96,7 @@ def write_columns(
                 names.append(name.encode())
                 values.append(value)
     entries = len(names)
-    fixed = 16 + 20 * n + 4 * (n + 1)
+    fixed = IDS_AT + 20 * n + 4 * (n + 1)
     if keys is not None:
         fixed += 4 * (n + 1) + (n + 3) // 4 * 4
     if headers is not None:
@@ -148,7 +157,7 @@ class ColumnPage:
 
     def id_bytes(self, index: int) -> bytes:
         """The 20-byte id of row ``index``."""
-        at = 16 + 20 * index
+        at = IDS_AT + 20 * index
         return self.body[at : at + 20]
 
     def offsets(self, at: int, count: int) -> Sequence[int]:
@@ -165,7 +174,7 @@ class ColumnPage:
         n, body = self.count, self.body
         if not n:
             return []
-        ids = map(_new_id, _ID.iter_unpack(memoryview(body)[16 : 16 + 20 * n]))
+        ids = map(_new_id, _ID.iter_unpack(memoryview(body)[IDS_AT : IDS_AT + 20 * n]))
         at = self.offsets(self.payload_at, n + 1)
         payloads = map(body.__getitem__, map(slice, at, at[1:]))
         keys: Sequence[bytes | None] | repeat[None] = repeat(None)
@@ -204,12 +213,12 @@ def read_columns(body: bytes) -> ColumnPage:
     (wrong magic, columns that do not fit, offsets out of order or out of the body,
     a key on a row marked keyless, header names that are not UTF-8)."""
     size = len(body)
-    if size < 16:
+    if size < IDS_AT:
         raise ValueError("columnar body too short")
     magic, n, flags, entries = _HEAD.unpack_from(body)
     if magic != MAGIC or flags & ~(KEYS | HEADERS) or (entries and not flags & HEADERS):
         raise ValueError("not a columnar poll response")
-    pos = 16 + 20 * n
+    pos = IDS_AT + 20 * n
     payload_at, pos = pos, pos + 4 * (n + 1)
     key_at = present_at = rows_at = name_at = value_at = None
     if flags & KEYS:

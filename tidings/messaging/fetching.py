@@ -262,14 +262,9 @@ def _append_columns(
     plain, keyed = PLAIN, KEYED
     for key, value in view.scan(_MESSAGES, scan_from, stop):
         flags = value[0]
-        if flags == plain:
+        if flags in (plain, tx_plain):
             add_id(key[8:18] + zero)
-            add_payload(value[1:])
-            if columns.keys is not None:
-                columns.keys.append(None)
-        elif flags == tx_plain:
-            add_id(key[8:18] + zero)
-            add_payload(value[9:])
+            add_payload(value[1:] if flags == plain else value[9:])
             if columns.keys is not None:
                 columns.keys.append(None)
         elif flags == keyed and value[1] < 0x80:

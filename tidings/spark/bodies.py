@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import numpy as np
 
 from tidings.codec.avro import read_long, varint
-from tidings.codec.columns import ColumnPage, read_columns, write_columns
+from tidings.codec.columns import IDS_AT, ColumnPage, read_columns, write_columns
 from tidings.spark.schema import WriteColumns
 from tidings.structs import MessageId
 
@@ -364,25 +364,24 @@ def read_poll_body(body: bytes) -> PollColumns:
 
 
 class ColumnIds:
-    """The 20-byte ids of a columnar body, each sliced out only when asked for: enough
+    """The 20-byte ids of a columnar page, each sliced out only when asked for: enough
     of a sequence for :mod:`bisect` and ``ids[-1]``, without a list per page."""
 
-    __slots__ = ("_body", "_count")
+    __slots__ = ("_page",)
 
-    def __init__(self, body: bytes, count: int) -> None:
-        self._body = body
-        self._count = count
+    def __init__(self, page: ColumnPage) -> None:
+        self._page = page
 
     def __len__(self) -> int:
-        return self._count
+        return self._page.count
 
     def __getitem__(self, index: int) -> bytes:
+        count = self._page.count
         if index < 0:
-            index += self._count
-        if not 0 <= index < self._count:
+            index += count
+        if not 0 <= index < count:
             raise IndexError("id index out of range")
-        at = 16 + 20 * index
-        return self._body[at : at + 20]
+        return self._page.id_bytes(index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,7 +409,7 @@ def read_column_body(body: bytes) -> ColumnarPoll:
     body. The checks leave every offset inside the body and in order, which is what
     makes the Arrow arrays :func:`poll_batch` lays over it safe to read."""
     page = read_columns(body or _NO_COLUMNS)
-    return ColumnarPoll(page, ColumnIds(page.body, page.count))
+    return ColumnarPoll(page, ColumnIds(page))
 
 
 #: Either kind of read poll response; :func:`poll_batch` takes both.
@@ -490,7 +489,7 @@ def poll_batch(
     headers_type = schema.field("headers").type
     if isinstance(page, ColumnarPoll):
         body = page.page.body
-        raw = np.frombuffer(body, dtype=np.uint8, count=20 * rows, offset=16).reshape(rows, 20)
+        raw = np.frombuffer(body, dtype=np.uint8, count=20 * rows, offset=IDS_AT).reshape(rows, 20)
         keys, payloads, headers = _column_arrays(page.page, rows, headers_type)
     else:
         raw = np.frombuffer(b"".join(page.ids[:rows]), dtype=np.uint8).reshape(rows, 20)
