@@ -263,3 +263,71 @@ def test_a_head_split_between_its_last_two_line_ends() -> None:
         transport.close()
         thread.join(5)
     assert (response.status, response.body) == (200, body)
+
+
+def test_a_started_exchange_is_read_later_on_the_same_connection(serve: Serve) -> None:
+    server = serve(lambda request: answer(request.split(b"\r\n\r\n", 1)[1]))
+    transport = SocketTransport(max_connections=2)
+    exchange = transport.start(post(server.url, b"first"))
+    # The request is out before its answer is asked for: the server has it.
+    deadline = time.monotonic() + 5
+    while not server.requests and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.requests and server.requests[0].endswith(b"first")
+    # Meanwhile another request takes the other connection.
+    assert transport.send(post(server.url, b"second")).body == b"second"
+    assert exchange.result().body == b"first"
+    # Both connections are back in the pool and carry the next requests.
+    assert transport.send(post(server.url, b"third")).body == b"third"
+    assert transport.start(post(server.url, b"fourth")).result().body == b"fourth"
+    transport.close()
+    assert server.connections == 2
+
+
+def test_a_started_exchange_holds_a_slot_until_read_cancelled_or_dropped(serve: Serve) -> None:
+    server = serve(lambda request: answer())
+    transport = SocketTransport(max_connections=1)
+    exchange = transport.start(post(server.url))
+    with pytest.raises(RequestTimeout, match="all connections busy"):
+        transport.send(post(server.url, timeout=0.1))
+    exchange.cancel()
+    # Cancelled: the slot is free; its connection, out of step, is not reused.
+    assert transport.send(post(server.url)).body == b"ok"
+    assert server.connections == 2
+    with pytest.raises(TidingsConnectionError, match="cancelled"):
+        exchange.result()
+    exchange = transport.start(post(server.url))
+    del exchange  # dropped unread, as by a consumer abandoned mid-page
+    gc.collect()
+    assert transport.send(post(server.url, timeout=1)).body == b"ok"
+    assert server.connections == 3
+    exchange = transport.start(post(server.url))
+    assert exchange.result().body == b"ok"
+    with pytest.raises(TidingsConnectionError, match="cancelled"):
+        exchange.result()  # read once only
+    exchange.cancel()  # nothing left to cancel
+    assert transport.send(post(server.url, timeout=1)).body == b"ok"
+    transport.close()
+
+
+def test_a_started_exchange_fails_as_send_does(serve: Serve) -> None:
+    server = serve(lambda request: None if b"hang" in request else answer())
+    transport = SocketTransport(max_connections=1)
+    exchange = transport.start(post(server.url, b"hang"))
+    with pytest.raises(TidingsConnectionError, match="cannot reach"):
+        exchange.result()
+    server.delay = 0.3
+    exchange = transport.start(post(server.url, timeout=0.2))
+    time.sleep(0.25)  # the timeout counts from the read, not from the send
+    assert exchange.result().body == b"ok"
+    exchange = transport.start(post(server.url, timeout=0.1))
+    with pytest.raises(RequestTimeout):
+        exchange.result()
+    server.delay = 0
+    assert transport.send(post(server.url)).body == b"ok"  # every slot came back
+    transport.close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(TidingsConnectionError, match="cannot connect"):
+        SocketTransport(max_connections=1).start(post(f"http://127.0.0.1:{port}"))

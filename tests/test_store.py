@@ -361,7 +361,6 @@ def test_matches_a_dict_model(store: Store, steps: list[tuple[Any, Any]]) -> Non
                 assert list(view.scan(table, b"", END)) == sorted(model[table].items())
 
 
-
 @settings(
     max_examples=40,
     deadline=None,

@@ -4,11 +4,15 @@ are exactly those of one poll after another."""
 
 from __future__ import annotations
 
+import gc
+import threading
+
 import pytest
 
 from tests.e2e.serverproc import ServerProcess
 from tidings import AsyncClient, Client
 from tidings.client import AsyncConsumer, Consumer
+from tidings.client.transports import Urllib3Transport
 from tidings.structs import Message
 
 pytestmark = pytest.mark.e2e
@@ -54,11 +58,20 @@ def test_poll_headers_give_count_and_last_id(server: ServerProcess, topic: str) 
         assert page.count == 0 and page.last_id is None and page.messages() == []
 
 
+def _read_ahead_threads() -> int:
+    return sum(t.name.startswith("tidings-read-ahead") for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["socket", "urllib3"])
 @pytest.mark.parametrize("total", [1000, 1037])
 def test_sync_read_ahead_keeps_order_and_count(
-    server: ServerProcess, topic: str, total: int
+    server: ServerProcess, topic: str, total: int, threaded: bool
 ) -> None:
-    with Client(server.url) as client:
+    # The default transport sends the poll ahead and the consumer reads its answer
+    # itself after decoding; a transport without that reads it in a worker thread.
+    threads_before = _read_ahead_threads()
+    transport = Urllib3Transport() if threaded else None
+    with Client(server.url, transport=transport) as client:
         client.create_topic(topic)
         for i in range(0, total, 250):
             client.publish(topic, [b"%d" % j for j in range(i, min(total, i + 250))])
@@ -72,6 +85,28 @@ def test_sync_read_ahead_keeps_order_and_count(
             assert len({m.id for m in got}) == total
             assert ahead[0] == total // 100  # every full page, the last one too
             assert consumer._ahead is None  # nothing left in flight at the end
+            assert (_read_ahead_threads() > threads_before) is threaded
+            consumer.close()
+
+
+def test_a_consumer_dropped_mid_page_gives_its_connection_back(
+    server: ServerProcess, topic: str
+) -> None:
+    # One connection in all: a poll sent ahead and never read must not keep it.
+    with Client(server.url, max_connections=1, timeout=5) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"%d" % j for j in range(500)])
+        for _ in range(3):
+            consumer = client.consume(topic, batch_size=100, follow=False)
+            assert next(consumer).payload == b"0"
+            assert consumer._ahead is not None  # the next page is on its way
+            del consumer
+            gc.collect()
+            assert len(client.poll(topic, None, limit=1000)) == 500
+        consumer = client.consume(topic, batch_size=100, follow=False)
+        next(consumer)
+        consumer.close()  # closed: the same
+        assert len(client.poll(topic, None, limit=1000)) == 500
 
 
 def test_sync_read_ahead_read_committed(server: ServerProcess, topic: str) -> None:

@@ -11,7 +11,7 @@ import pytest
 from tests.e2e.serverproc import ServerProcess
 from tests.e2e.test_groups import drain, fill
 from tidings import AsyncClient, Client
-from tidings.client.socket_transport import SocketTransport
+from tidings.client.socket_transport import Exchange, SocketTransport
 from tidings.client.transports import Request, Response
 from tidings.errors import (
     PartitionFenced,
@@ -143,13 +143,34 @@ class LosesAGroupPollAnswer(SocketTransport):
         self.which = which
         self.polls = 0
 
-    def send(self, request: Request) -> Response:
-        response = super().send(request)
+    def _loses(self, request: Request) -> bool:
         if "/groups/" in request.url and request.url.split("?")[0].endswith("/poll"):
             self.polls += 1
-            if self.polls == self.which:
-                raise TidingsConnectionError("connection reset while reading the answer")
+            return self.polls == self.which
+        return False
+
+    def send(self, request: Request) -> Response:
+        response = super().send(request)
+        if self._loses(request):
+            raise TidingsConnectionError("connection reset while reading the answer")
         return response
+
+    def start(self, request: Request) -> Exchange:
+        # A poll sent ahead: sent now, its answer read (and lost) later.
+        exchange = super().start(request)
+        return _Lost(exchange) if self._loses(request) else exchange
+
+
+class _Lost:
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+
+    def result(self) -> Response:
+        self.exchange.result()
+        raise TidingsConnectionError("connection reset while reading the answer")
+
+    def cancel(self) -> None:
+        self.exchange.cancel()
 
 
 @pytest.mark.parametrize("commit_first", [True, False])

@@ -43,7 +43,7 @@ from tidings.client.http1 import (
 from tidings.client.transports import Request, Response, tls_context
 from tidings.errors import RequestTimeout, TidingsConnectionError
 
-__all__ = ["SocketTransport"]
+__all__ = ["Exchange", "SocketTransport"]
 
 _READ_SIZE = 256 * 1024
 
@@ -67,15 +67,37 @@ class _Connection(AnswerParser):
         """Send one whole request and read its answer; TimeoutError past ``deadline``
         (monotonic time), ConnectionLost if the connection fails. Either leaves the
         connection closed."""
-        sock, reader = self.sock, self._reader
+        self.write(data, deadline)
+        return self.answer(deadline)
+
+    def write(self, data: bytes, deadline: float | None) -> None:
+        """Send one whole request (its answer is read by :meth:`answer`); fails as
+        :meth:`exchange` does."""
         self._answer = None
+        try:
+            self.sock.settimeout(None if deadline is None else _left(deadline))
+            self.sock.sendall(data)
+        except TimeoutError:
+            self.close()
+            raise
+        except OSError as exc:
+            self.close()
+            raise ConnectionLost(str(exc) or type(exc).__name__) from None
+        except BaseException:
+            self.close()
+            raise
+
+    def answer(self, deadline: float | None) -> Response:
+        """Read the answer to the request :meth:`write` sent; fails as :meth:`exchange`
+        does."""
+        sock, reader = self.sock, self._reader
         # Once part of an answer went to the parser piecemeal (a head split across
         # reads), the rest goes the same way: a head end found later in the buffer
         # could be bytes of the body.
         piecemeal = False
         try:
-            sock.settimeout(None if deadline is None else _left(deadline))
-            sock.sendall(data)
+            if deadline is None:
+                sock.settimeout(None)
             while self._answer is None:
                 if deadline is not None:
                     sock.settimeout(_left(deadline))
@@ -157,6 +179,61 @@ def _left(deadline: float) -> float:
     return left
 
 
+class Exchange:
+    """A request :meth:`SocketTransport.start` sent, its answer not read yet. It holds
+    a connection (and one of ``max_connections``) until :meth:`result` or
+    :meth:`cancel`, or until it is dropped."""
+
+    def __init__(
+        self,
+        transport: SocketTransport,
+        origin: Origin,
+        conn: _Connection,
+        url: str,
+        timeout: float | None,
+    ) -> None:
+        self._url = url
+        self._timeout = timeout
+        self._conn = conn
+        self._origin = origin
+        self._transport = transport
+        # Dropped unread (a consumer abandoned mid-page): the connection is out of
+        # step, so it is closed, and its slot given back.
+        self._release = weakref.finalize(self, _abandon, transport._slots, transport._busy, conn)
+
+    def result(self) -> Response:
+        """Read the answer (once); fails as :meth:`SocketTransport.send` does."""
+        if not self._release.detach():
+            raise TidingsConnectionError(f"cannot reach {self._url}: the exchange was cancelled")
+        conn, transport = self._conn, self._transport
+        timeout = self._timeout
+        try:
+            try:
+                return conn.answer(None if timeout is None else time.monotonic() + timeout)
+            finally:
+                transport._done(self._origin, conn)
+        except TimeoutError as exc:
+            raise RequestTimeout(f"no answer from {self._url} in time") from exc
+        except ConnectionLost as exc:
+            raise TidingsConnectionError(f"cannot reach {self._url}: {exc}") from None
+        finally:
+            transport._slots.release()
+
+    def cancel(self) -> None:
+        """Drop the answer: the connection is closed (it is out of step)."""
+        if self._release.detach():
+            _abandon(self._transport._slots, self._transport._busy, self._conn)
+
+
+def _abandon(slots: threading.BoundedSemaphore, busy: set[_Connection], conn: _Connection) -> None:
+    # Without the transport's lock: a finalizer may run inside any code of the thread
+    # that drops the last reference, that code holding the lock included (one set
+    # operation needs no lock of its own).
+    busy.discard(conn)
+    conn.close()
+    slots.release()
+
+
 class SocketTransport:
     """:class:`~tidings.client.transports.SyncTransport` over blocking sockets.
 
@@ -208,11 +285,7 @@ class SocketTransport:
             try:
                 response = conn.exchange(data, deadline)
             finally:
-                with self._lock:
-                    self._busy.discard(conn)
-            if not conn.closed:
-                with self._lock:
-                    self._idle.setdefault(origin, []).append(conn)
+                self._done(origin, conn)
         except TimeoutError as exc:
             raise RequestTimeout(f"no answer from {url} in time") from exc
         except ConnectionLost as exc:
@@ -220,6 +293,47 @@ class SocketTransport:
         finally:
             self._slots.release()
         return response
+
+    def start(self, request: Request) -> Exchange:
+        """Send ``request`` now; its answer is read when :meth:`Exchange.result` is
+        called, on the caller's thread. A consumer sends its next poll this way before
+        decoding a page: with a thread reading the answer instead, the request waited
+        for the decoding thread to let go of the GIL (up to the 5 ms switch interval)
+        before it left. Fails as :meth:`send` does; the answer's timeout counts from
+        the call to ``result()``."""
+        url = request.url
+        base, target = split_url(url)
+        origin = self._origins.get(base) or self._origin(base)
+        data = request_bytes(request, target, origin)
+        deadline = None if request.timeout is None else time.monotonic() + request.timeout
+        if not self._slots.acquire(timeout=-1 if request.timeout is None else request.timeout):
+            raise RequestTimeout(f"no answer from {url} in time (all connections busy)")
+        try:
+            conn = self._idle_connection(origin) or self._connect(origin, url, deadline)
+            with self._lock:
+                self._busy.add(conn)
+            try:
+                conn.write(data, deadline)
+            except BaseException:
+                self._done(origin, conn)
+                raise
+        except TimeoutError as exc:
+            self._slots.release()
+            raise RequestTimeout(f"no answer from {url} in time") from exc
+        except ConnectionLost as exc:
+            self._slots.release()
+            raise TidingsConnectionError(f"cannot reach {url}: {exc}") from None
+        except BaseException:
+            self._slots.release()
+            raise
+        return Exchange(self, origin, conn, url, request.timeout)
+
+    def _done(self, origin: Origin, conn: _Connection) -> None:
+        """``conn`` finished a request: back to the pool if it can carry another."""
+        with self._lock:
+            self._busy.discard(conn)
+            if not conn.closed:
+                self._idle.setdefault(origin, []).append(conn)
 
     def close(self) -> None:
         """Close every connection; requests still waiting for an answer fail with

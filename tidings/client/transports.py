@@ -17,7 +17,7 @@ import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import urllib3
 
@@ -29,8 +29,10 @@ if TYPE_CHECKING:
 __all__ = [
     "AiohttpTransport",
     "AsyncTransport",
+    "Exchange",
     "Request",
     "Response",
+    "StartingTransport",
     "SyncTransport",
     "Urllib3Transport",
     "tls_context",
@@ -81,6 +83,29 @@ class SyncTransport(Protocol):
 
     def close(self) -> None:
         """Close pooled connections."""
+        ...
+
+
+class Exchange(Protocol):
+    """A request sent whose answer is read later (see :class:`StartingTransport`)."""
+
+    def result(self) -> Response:
+        """Read the answer; raises as :meth:`SyncTransport.send` does."""
+        ...
+
+    def cancel(self) -> None:
+        """Drop the answer unread."""
+        ...
+
+
+@runtime_checkable
+class StartingTransport(SyncTransport, Protocol):
+    """A sync transport that can send a request now and read its answer later, on
+    the same thread: what a consumer's read-ahead uses instead of a thread when the
+    transport offers it (:class:`~tidings.client.socket_transport.SocketTransport`)."""
+
+    def start(self, request: Request) -> Exchange:
+        """Send ``request``; raises as :meth:`SyncTransport.send` does if it cannot."""
         ...
 
 

@@ -9,7 +9,7 @@ from typing import Any, Self, TypeVar, overload
 # import threading
 # from concurrent.futures import ThreadPoolExecutor
 # ---- end
-from tidings.client._async.concurrency import sleep
+from tidings.client._async.concurrency import AsyncPending, AsyncWorker, sleep
 from tidings.client._async.consumer import AsyncConsumer
 from tidings.client._async.group_consumer import AsyncGroupConsumer
 from tidings.client._async.publisher import AsyncPublisher
@@ -164,6 +164,11 @@ class AsyncClient(BaseClient):
                     raise
             await sleep(policy.backoff(attempt))
             attempt += 1
+
+    def _begin(self, worker: AsyncWorker, call: Call[T]) -> AsyncPending[T]:
+        """``call`` started in the background by ``worker`` and sent once (a consumer
+        whose read-ahead fails polls again)."""
+        return worker.begin(self._transport, self._send, call)
 
     async def close(self) -> None:
         """Close pooled connections (and the commit threads, if any were started)."""

@@ -9,6 +9,8 @@ import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Generic, ParamSpec, Self, TypeVar
 
+from tidings.client.api import Call
+
 __all__ = [
     "AsyncCondition",
     "AsyncFuture",
@@ -131,6 +133,13 @@ class AsyncWorker:
         task = asyncio.ensure_future(run())
         task.add_done_callback(_retrieve)
         return AsyncPending(task)
+
+    def begin(
+        self, transport: object, send: Callable[[Call[T]], Awaitable[T]], call: Call[T]
+    ) -> AsyncPending[T]:
+        """Send ``call`` with ``send`` in the background (a task; the sync twin reads
+        the answer on the caller's thread where its transport can)."""
+        return self.start(send, call)
 
     def close(self) -> None:
         """Release what the worker holds (tasks need nothing released)."""

@@ -267,7 +267,12 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
             self._ahead = (
                 self._epoch,
                 member_id,
-                self._worker.start(self._send_poll, member_id, 0),
+                self._client._begin(
+                    self._worker,
+                    self._client._api.group_poll(
+                        self.topic, self.group, member_id, self._batch_size, 0
+                    ),
+                ),
             )
             await yield_turns(_SEND_TURNS)
         return answer.page.messages()

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, TypeVar, overload
 
+from tidings.client._async.concurrency import AsyncPending, AsyncWorker
 from tidings.client.api import Call, PollPage, RestApi
 from tidings.client.base import MessageLike
 from tidings.codec.admin import TransactionGroupCommit
@@ -116,6 +117,8 @@ class AsyncSession(Protocol):
     def _api(self) -> RestApi: ...
 
     async def _send(self, call: Call[T]) -> T: ...
+
+    def _begin(self, worker: AsyncWorker, call: Call[T]) -> AsyncPending[T]: ...
 
     def _one_request_transactions(self) -> bool: ...
 

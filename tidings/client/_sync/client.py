@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self, TypeVar, overload
 
-from tidings.client._sync.concurrency import sleep
+from tidings.client._sync.concurrency import Pending, Worker, sleep
 from tidings.client._sync.consumer import Consumer
 from tidings.client._sync.group_consumer import GroupConsumer
 from tidings.client._sync.publisher import Publisher
@@ -140,6 +140,11 @@ class Client(BaseClient):
                     raise
             sleep(policy.backoff(attempt))
             attempt += 1
+
+    def _begin(self, worker: Worker, call: Call[T]) -> Pending[T]:
+        """``call`` started in the background by ``worker`` and sent once (a consumer
+        whose read-ahead fails polls again)."""
+        return worker.begin(self._transport, self._send, call)
 
     def close(self) -> None:
         """Close pooled connections (and the commit threads, if any were started)."""

@@ -7,7 +7,10 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Generic, ParamSpec, Self, TypeVar
+from typing import Generic, NoReturn, ParamSpec, Self, TypeVar
+
+from tidings.client.api import Call
+from tidings.client.transports import StartingTransport
 
 __all__ = [
     "Condition",
@@ -82,16 +85,17 @@ class Condition:
 class Pending(Generic[T]):
     """A call running in the background (see :class:`Worker`)."""
 
-    def __init__(self, future: Future[T]) -> None:
-        self._future = future
+    def __init__(self, result: Callable[[], T], cancel: Callable[[], object]) -> None:
+        self._result = result
+        self._cancel = cancel
 
     def result(self) -> T:
         """Its result, once it is done (its exception, if it failed)."""
-        return self._future.result()
+        return self._result()
 
     def cancel(self) -> None:
         """Stop it if it has not started; an answer on its way is dropped."""
-        self._future.cancel()
+        self._cancel()
 
 
 class Worker:
@@ -105,13 +109,38 @@ class Worker:
         """Start ``fn(*args, **kwargs)`` in the background."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix=self.name)
-        return Pending(self._executor.submit(fn, *args, **kwargs))
+        future = self._executor.submit(fn, *args, **kwargs)
+        return Pending(future.result, future.cancel)
+
+    def begin(self, transport: object, send: Callable[[Call[T]], T], call: Call[T]) -> Pending[T]:
+        """Send ``call`` in the background, at most once (no retries: its caller sends
+        again if it fails). A transport that can send now and read the answer later
+        does so on this thread, with no thread between; any other sends ``call`` with
+        ``send`` on the worker's thread."""
+        if not isinstance(transport, StartingTransport):
+            return self.start(send, call)
+        try:
+            exchange = transport.start(call.request)
+        except Exception as exc:
+            return Pending(_raiser(exc), _nothing)
+        return Pending(lambda: call.result(exchange.result()), exchange.cancel)
 
     def close(self) -> None:
         """Let the thread end once its call returns."""
         executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=False)
+
+
+def _raiser(error: Exception) -> Callable[[], NoReturn]:
+    def fail() -> NoReturn:
+        raise error
+
+    return fail
+
+
+def _nothing() -> None:
+    pass
 
 
 class Sender:

@@ -2,8 +2,10 @@
 
 """Consuming a topic as an iterator; every decision is :mod:`tidings.client.cursor`'s.
 
-At most one poll is sent ahead of the page being decoded (a task, or a worker thread
-for the sync consumer); see the cursor's module for when and why.
+At most one poll is sent ahead of the page being decoded (a task; for the sync
+consumer, a request whose answer it reads itself after decoding, or a worker thread
+with a transport that cannot split a request so); see the cursor's module for when
+and why.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Iterator
 from tidings.client._sync.concurrency import Pending, Worker, sleep, yield_turns
 from tidings.client._sync.session import Session
 from tidings.client.api import PollPage
-from tidings.client.base import StartPosition
+from tidings.client.base import StartPosition, encoded_transaction
 from tidings.client.cursor import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_COMMITTED_WAIT,
@@ -117,7 +119,17 @@ class Consumer(Iterator[Message]):
         return page if self._cursor.accepts(key, page) else None
 
     def _send_ahead(self, key: PollKey) -> None:
-        self._ahead = (key, self._worker.start(self._send_page, key, 0.0))
+        start, inclusive, snapshot, isolation = key
+        call = self._client._api.poll_page(
+            self.topic,
+            start,
+            inclusive=inclusive,
+            limit=self._cursor.batch_size,
+            transaction=encoded_transaction(snapshot),
+            wait=0.0,
+            isolation=isolation,
+        )
+        self._ahead = (key, self._client._begin(self._worker, call))
         # Let the request go out before decoding holds the loop.
         yield_turns(_SEND_TURNS)
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Protocol, TypeVar, overload
 
+from tidings.client._sync.concurrency import Pending, Worker
 from tidings.client.api import Call, PollPage, RestApi
 from tidings.client.base import MessageLike
 from tidings.codec.admin import TransactionGroupCommit
@@ -115,6 +116,8 @@ class Session(Protocol):
     def _api(self) -> RestApi: ...
 
     def _send(self, call: Call[T]) -> T: ...
+
+    def _begin(self, worker: Worker, call: Call[T]) -> Pending[T]: ...
 
     def _one_request_transactions(self) -> bool: ...
 
