@@ -12,7 +12,8 @@ offers 1,000 msg/s (10 every 10 ms) to one worker that pops with a long-poll and
 each batch at once: publish-to-pop and pop-to-ack, p50 and p99. The ack-state figure
 pops ``--large`` messages in batches of 1,000, acks 90 % at once and holds a random 10 %
 (the out-of-order acks), then acks those: the server's ack state (lease entries) and
-resident memory at the peak and after. Bounded in count and time.
+resident memory at the peak and after. Bounded in count and time. With ``--prefetch``
+the workers' queue handles fetch the next pop ahead (``client.queue(..., prefetch=True)``).
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ def _fill(url: str, topic: str, messages: int) -> None:
             client.publish(topic, [PAYLOAD] * min(500, messages - start))
 
 
-def _worker(url: str, topic: str, queue: str, out: mp.Queue) -> None:
+def _worker(url: str, topic: str, queue: str, out: mp.Queue, prefetch: bool) -> None:
     async def run() -> int:
         count = 0
         async with AsyncClient(url) as client:
-            q = client.queue(topic, queue)
+            q = client.queue(topic, queue, prefetch=prefetch)
             while batch := await q.pop(100):
                 await q.ack(batch)
                 count += len(batch)
@@ -55,11 +56,13 @@ def _worker(url: str, topic: str, queue: str, out: mp.Queue) -> None:
     out.put((started, time.monotonic(), count))
 
 
-def workers_rate(url: str, topic: str, workers: int) -> float:
+def workers_rate(url: str, topic: str, workers: int, prefetch: bool = False) -> float:
     queue = f"q-{uuid.uuid4().hex[:6]}"
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(url, topic, queue, out)) for _ in range(workers)]
+    procs = [
+        ctx.Process(target=_worker, args=(url, topic, queue, out, prefetch)) for _ in range(workers)
+    ]
     for p in procs:
         p.start()
     results = [out.get(timeout=600) for _ in procs]
@@ -69,11 +72,11 @@ def workers_rate(url: str, topic: str, workers: int) -> float:
     return total / (max(r[1] for r in results) - min(r[0] for r in results))
 
 
-def transactional_rate(url: str, topic: str, messages: int) -> float:
+def transactional_rate(url: str, topic: str, messages: int, prefetch: bool = False) -> float:
     target = topic + "-results"
     with Client(url) as client:
         client.create_topic(target)
-        q = client.queue(topic, "tx-worker")
+        q = client.queue(topic, "tx-worker", prefetch=prefetch)
         done = 0
         started = time.monotonic()
         while batch := q.pop(100):
@@ -182,16 +185,21 @@ def main() -> None:
     parser.add_argument("--large", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--prefetch", action="store_true", help="the workers' handles fetch the next pop ahead"
+    )
     args = parser.parse_args()
     server = Server([])
     try:
         topic = f"queues-{uuid.uuid4().hex[:6]}"
         _fill(server.url, topic, args.messages)
         for workers in (1, 4):
-            rates = [workers_rate(server.url, topic, workers) for _ in range(args.rounds)]
+            rates = [
+                workers_rate(server.url, topic, workers, args.prefetch) for _ in range(args.rounds)
+            ]
             print(f"{workers} worker(s), pop 100 + ack: {statistics.median(rates):>10,.0f} msg/s"
                   f"   ({', '.join(f'{r:,.0f}' for r in rates)})")  # fmt: skip
-        rate = transactional_rate(server.url, topic, args.messages)
+        rate = transactional_rate(server.url, topic, args.messages, args.prefetch)
         print(f"transactional worker, 100 per transaction: {rate:,.0f} msg/s")
         to_pop, to_ack = latency(server.url, args.latency_seconds)
         print(f"1,000 msg/s offered, {len(to_pop):,} messages: publish->pop p50 "

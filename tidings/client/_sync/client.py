@@ -500,6 +500,7 @@ class Client(BaseClient):
         max_deliveries: int | None = None,
         dead_letter_topic: str | None = None,
         start: str = "earliest",
+        prefetch: bool = False,
     ) -> Queue:
         """A worker's handle on queue ``group`` of ``topic``: ``pop`` leases messages
         to it for ``ack_timeout`` seconds, ``ack``/``nack`` settle them, ``close``
@@ -508,7 +509,10 @@ class Client(BaseClient):
         The queue is created by its first pop, starting at ``start`` (``"earliest"``
         or ``"latest"``). After ``max_deliveries`` deliveries (default 20, kept per
         queue) a message goes to ``dead_letter_topic`` (default ``<topic>-dlq``,
-        created when needed) instead of being delivered again."""
+        created when needed) instead of being delivered again.
+
+        ``prefetch``: a full pop sends the next one at once, so the next batch is
+        leased while this one is worked on (see :class:`~tidings.client.Queue`)."""
         return Queue(
             self,
             topic,
@@ -517,6 +521,7 @@ class Client(BaseClient):
             max_deliveries=max_deliveries,
             dead_letter_topic=dead_letter_topic,
             start=start,
+            prefetch=prefetch,
         )
 
     def queues(self, topic: str | None = None) -> list[tuple[str, str]]:

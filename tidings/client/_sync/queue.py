@@ -10,18 +10,25 @@ the rest. A lease not acked within ``ack_timeout`` returns its messages to the q
 each delivery carries its count in ``Message.delivery_count``.
 
 There is no background thread: nothing renews a lease behind the application's back.
+
+With ``prefetch``, a pop that came back full sends the next pop at once (Pulsar's
+receiver queue, one batch deep), so the server leases the next batch while the
+application works on this one; see :class:`Queue`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 
+from tidings.client._sync.concurrency import Pending, Worker, yield_turns
 from tidings.client._sync.session import Session
 from tidings.client._sync.transactions import TransactionContext
+from tidings.client.api import Call
 from tidings.codec.admin import START_ALIASES
-from tidings.errors import QueueNotFound
+from tidings.errors import QueueNotFound, TidingsError
 from tidings.structs import Message, MessageId, QueueStats, Transaction
 
 __all__ = ["Queue"]
@@ -67,7 +74,17 @@ def _ids(messages: Iterable[Message | MessageId]) -> list[MessageId]:
 
 class Queue:
     """Pops leased messages from group ``group`` of ``topic`` (see
-    :meth:`Client.queue`)."""
+    :meth:`Client.queue`).
+
+    With ``prefetch=True``, each pop that answers ``max_messages`` messages sends the
+    next pop (of as many, without waiting) before it returns; the next :meth:`pop`
+    takes its answer. Those messages are leased to this handle from the moment the
+    server answers, as Pulsar's receiver queue holds messages dispatched to a
+    consumer: their ``ack_timeout`` runs while the application still works on the
+    batch before. A batch fetched ahead that is not asked for within half the
+    ``ack_timeout`` is given back (a nack: the delivery counted) and the pop asks
+    afresh; :meth:`close` gives it back too.
+    """
 
     def __init__(
         self,
@@ -79,6 +96,7 @@ class Queue:
         max_deliveries: int | None = None,
         dead_letter_topic: str | None = None,
         start: str = "earliest",
+        prefetch: bool = False,
     ) -> None:
         if not ack_timeout > 0:
             raise ValueError("ack_timeout must be positive")
@@ -100,6 +118,12 @@ class Queue:
         #: This handle's id on the server: the owner of its leases.
         self.consumer_id = uuid.uuid4().hex
         self._closed = False
+        self.prefetch = prefetch
+        #: Messages fetched ahead and not handed out yet, and when their pop was sent.
+        self._fetched: list[Message] = []
+        self._fetched_at = 0.0
+        self._ahead: tuple[float, Pending[list[Message]]] | None = None
+        self._worker = Worker("tidings-queue-prefetch")
 
     def pop(self, max_messages: int = 1, wait: float = 0.0) -> list[Message]:
         """The oldest available messages, at most ``max_messages``, leased to this
@@ -109,19 +133,49 @@ class Queue:
             raise RuntimeError("the queue handle is closed")
         if max_messages < 1:
             raise ValueError("max_messages must be at least 1")
-        return self._client._send(
-            self._client._api.queue_pop(
-                self.topic,
-                self.group,
-                self.consumer_id,
-                max_messages,
-                wait,
-                ack_timeout_ms=max(1, round(self.ack_timeout * 1000)),
-                max_deliveries=self._max_deliveries,
-                dead_letter_topic=self._dead_letter,
-                start=self._start,
-            )
+        self._take_ahead()
+        fetched = self._fetched
+        if fetched and time.monotonic() - self._fetched_at > self.ack_timeout / 2:
+            # Too near the end of its lease to hand out: back to the queue.
+            self._fetched = []
+            self.nack(fetched)
+            fetched = []
+        if fetched:
+            popped, self._fetched = fetched[:max_messages], fetched[max_messages:]
+        else:
+            popped = self._client._send(self._pop_call(max_messages, wait))
+        if self.prefetch and len(popped) == max_messages and not self._fetched:
+            call = self._pop_call(max_messages, 0.0)
+            self._ahead = (time.monotonic(), self._client._begin(self._worker, call))
+            yield_turns(2)  # let the request go out (aiohttp takes two turns)
+        return popped
+
+    def _pop_call(self, max_messages: int, wait: float) -> Call[list[Message]]:
+        return self._client._api.queue_pop(
+            self.topic,
+            self.group,
+            self.consumer_id,
+            max_messages,
+            wait,
+            ack_timeout_ms=max(1, round(self.ack_timeout * 1000)),
+            max_deliveries=self._max_deliveries,
+            dead_letter_topic=self._dead_letter,
+            start=self._start,
         )
+
+    def _take_ahead(self) -> None:
+        """The answer of the pop sent ahead, if any, into the fetched messages. A
+        failed one is dropped: whatever it leased comes back after ``ack_timeout``."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return
+        sent, pending = ahead
+        try:
+            messages = pending.result()
+        except TidingsError:
+            return
+        if messages:
+            self._fetched, self._fetched_at = messages, sent
 
     def ack(
         self,
@@ -168,6 +222,10 @@ class Queue:
         if self._closed:
             return
         self._closed = True
+        # A pop sent ahead is answered first: released after it, its leases go too.
+        self._take_ahead()
+        self._fetched = []
+        self._worker.close()
         with contextlib.suppress(QueueNotFound):  # never popped, or deleted meanwhile
             self._client._send(
                 self._client._api.queue_release(self.topic, self.group, self.consumer_id)
