@@ -120,6 +120,13 @@ def _scan(
 ) -> Iterator[tuple[bytes, bytes]]:
     if (limit is not None and limit <= 0) or not cursor.set_range(start):
         return
+    if limit is None:
+        # The common case (a poll's walk stops itself): no count to keep.
+        for item in cursor.iternext():
+            if item[0] >= stop:
+                return
+            yield item
+        return
     for count, (key, value) in enumerate(cursor.iternext(), 1):
         if key >= stop:
             return
