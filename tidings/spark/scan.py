@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
 from pyspark.sql.datasource import InputPartition
 
 from tidings.client import Client
-from tidings.client.api import PollPage
+from tidings.client._sync.concurrency import Pending, Worker
+from tidings.client.api import Call, PollPage
+from tidings.client.base import encoded_transaction
 from tidings.codec.media import AVRO_EXT, COLUMNS
+from tidings.errors import TidingsError
 from tidings.spark.bodies import PollColumns, PollRows, read_column_body, read_poll_body
 from tidings.spark.offsets import Slice, poll_start
 from tidings.structs import MessageId, Transaction
@@ -188,19 +190,21 @@ def read_range_columns(
     client: Client, part: TopicRange, fetch_size: int
 ) -> Iterator[tuple[PollRows, int]]:
     """The messages of one range as pages of columns, with how many leading rows of
-    each belong to the range. The next page is asked for (on a second thread) as soon
-    as the answer's headers say where this one ends, so the server prepares it while
-    this one is decoded and handed to Spark."""
+    each belong to the range. The next page is asked for as soon as the answer's
+    headers say where this one ends, so the server prepares it while this one is
+    decoded and handed to Spark."""
     end = MessageId.from_hex(part.end)
     hi = part.hi
 
-    def fetch(start: MessageId | int | None, inclusive: bool) -> PollPage:
-        return client.poll_page(
+    snapshot = encoded_transaction(part.snapshot)
+
+    def fetch(start: MessageId | int | None, inclusive: bool) -> Call[PollPage]:
+        return client._api.poll_page(
             part.topic,
             start,
             inclusive=inclusive,
             limit=fetch_size,
-            transaction=part.snapshot,
+            transaction=snapshot,
             wait=None,
             isolation=None,
         )
@@ -209,14 +213,18 @@ def read_range_columns(
         last = page.last_id
         return last is not None and last < end and (hi is None or last.publish_ts < hi)
 
-    with ThreadPoolExecutor(1, thread_name_prefix="tidings-poll") as ahead:
+    # The poll sent ahead is read on this thread once Spark asks for the next page
+    # (the client's default transport; a thread with any other).
+    ahead = Worker("tidings-poll")
+    following: Pending[PollPage] | None = None
+    try:
         start, inclusive = poll_start(part.start)
-        page = fetch(start, inclusive)
+        page = client._send(fetch(start, inclusive))
         while True:
-            following: Future[PollPage] | None = None
             if more_after(page):
                 assert page.last_id is not None
-                following = ahead.submit(fetch, page.last_id, False)
+                resume = page.last_id
+                following = client._begin(ahead, fetch(resume, False))
             columns = _columns(page)
             if not len(columns):
                 return  # the rest of the range expired (retention) before it was read
@@ -226,5 +234,14 @@ def read_range_columns(
             if kept < len(columns) or columns.ids[-1] >= end.to_bytes():
                 return
             if following is None:  # the answer did not say where it ends
-                following = ahead.submit(fetch, MessageId.from_bytes(columns.ids[-1]), False)
-            page = following.result()
+                page = client._send(fetch(MessageId.from_bytes(columns.ids[-1]), False))
+            else:
+                try:
+                    page = following.result()
+                except TidingsError:  # sent once: asked again, with the client's retries
+                    page = client._send(fetch(resume, False))
+                following = None
+    finally:
+        if following is not None:
+            following.cancel()
+        ahead.close()
