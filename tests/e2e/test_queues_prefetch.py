@@ -121,3 +121,37 @@ async def test_async_prefetch(server: ServerProcess, topic: str) -> None:
         assert got == payloads
         assert (await client.describe_queue(topic, "work")).acked == 30
         await q.close()
+
+
+def test_a_batch_fetched_ahead_whose_lease_ran_out_is_not_handed_out(
+    server: ServerProcess, topic: str
+) -> None:
+    with Client(server.url) as client:
+        payloads = fill(client, topic, 20)
+        q = client.queue(topic, "work", prefetch=True, ack_timeout=0.3)
+        q.ack(q.pop(10))
+        time.sleep(0.5)  # the lease of the batch fetched ahead has run out
+        late = q.pop(10)
+        assert [m.payload for m in late] == payloads[10:]
+        assert all(m.delivery_count == 2 for m in late)
+        q.ack(late)
+        assert client.describe_queue(topic, "work").acked == 20
+        q.close()
+
+
+def test_a_batch_fetched_ahead_and_taken_by_another_worker_is_not_handed_out(
+    server: ServerProcess, topic: str
+) -> None:
+    with Client(server.url) as client:
+        payloads = fill(client, topic, 20)
+        q = client.queue(topic, "work", prefetch=True, ack_timeout=0.3)
+        q.ack(q.pop(10))
+        time.sleep(0.5)  # the lease of the batch fetched ahead has run out
+        other = client.queue(topic, "work", ack_timeout=30)
+        taken = other.pop(100)
+        assert [m.payload for m in taken] == payloads[10:]
+        assert q.pop(10) == []  # its nack refused (another worker holds them): no error
+        other.ack(taken)
+        assert client.describe_queue(topic, "work").acked == 20
+        q.close()
+        other.close()

@@ -270,26 +270,16 @@ class SocketTransport:
         weakref.finalize(self, _close_all, self._idle, self._busy)
 
     def send(self, request: Request) -> Response:
-        url = request.url
-        base, target = split_url(url)
-        origin = self._origins.get(base) or self._origin(base)
-        data = request_bytes(request, target, origin)
-        deadline = None if request.timeout is None else time.monotonic() + request.timeout
-        # Waiting for a slot counts against the timeout.
-        if not self._slots.acquire(timeout=-1 if request.timeout is None else request.timeout):
-            raise RequestTimeout(f"no answer from {url} in time (all connections busy)")
+        origin, conn, data, deadline = self._checkout(request)
         try:
-            conn = self._idle_connection(origin) or self._connect(origin, url, deadline)
-            with self._lock:
-                self._busy.add(conn)
             try:
                 response = conn.exchange(data, deadline)
             finally:
                 self._done(origin, conn)
         except TimeoutError as exc:
-            raise RequestTimeout(f"no answer from {url} in time") from exc
+            raise RequestTimeout(f"no answer from {request.url} in time") from exc
         except ConnectionLost as exc:
-            raise TidingsConnectionError(f"cannot reach {url}: {exc}") from None
+            raise TidingsConnectionError(f"cannot reach {request.url}: {exc}") from None
         finally:
             self._slots.release()
         return response
@@ -301,17 +291,8 @@ class SocketTransport:
         for the decoding thread to let go of the GIL (up to the 5 ms switch interval)
         before it left. Fails as :meth:`send` does; the answer's timeout counts from
         the call to ``result()``."""
-        url = request.url
-        base, target = split_url(url)
-        origin = self._origins.get(base) or self._origin(base)
-        data = request_bytes(request, target, origin)
-        deadline = None if request.timeout is None else time.monotonic() + request.timeout
-        if not self._slots.acquire(timeout=-1 if request.timeout is None else request.timeout):
-            raise RequestTimeout(f"no answer from {url} in time (all connections busy)")
+        origin, conn, data, deadline = self._checkout(request)
         try:
-            conn = self._idle_connection(origin) or self._connect(origin, url, deadline)
-            with self._lock:
-                self._busy.add(conn)
             try:
                 conn.write(data, deadline)
             except BaseException:
@@ -319,14 +300,34 @@ class SocketTransport:
                 raise
         except TimeoutError as exc:
             self._slots.release()
-            raise RequestTimeout(f"no answer from {url} in time") from exc
+            raise RequestTimeout(f"no answer from {request.url} in time") from exc
         except ConnectionLost as exc:
             self._slots.release()
-            raise TidingsConnectionError(f"cannot reach {url}: {exc}") from None
+            raise TidingsConnectionError(f"cannot reach {request.url}: {exc}") from None
         except BaseException:
             self._slots.release()
             raise
-        return Exchange(self, origin, conn, url, request.timeout)
+        return Exchange(self, origin, conn, request.url, request.timeout)
+
+    def _checkout(self, request: Request) -> tuple[Origin, _Connection, bytes, float | None]:
+        """A slot of ``max_connections`` and a connection for ``request`` (marked busy),
+        its bytes and its deadline; the caller gives the slot back."""
+        url = request.url
+        base, target = split_url(url)
+        origin = self._origins.get(base) or self._origin(base)
+        data = request_bytes(request, target, origin)
+        deadline = None if request.timeout is None else time.monotonic() + request.timeout
+        # Waiting for a slot counts against the timeout.
+        if not self._slots.acquire(timeout=-1 if request.timeout is None else request.timeout):
+            raise RequestTimeout(f"no answer from {url} in time (all connections busy)")
+        try:
+            conn = self._idle_connection(origin) or self._connect(origin, url, deadline)
+        except BaseException:
+            self._slots.release()
+            raise
+        with self._lock:
+            self._busy.add(conn)
+        return origin, conn, data, deadline
 
     def _done(self, origin: Origin, conn: _Connection) -> None:
         """``conn`` finished a request: back to the pool if it can carry another."""

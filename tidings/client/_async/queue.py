@@ -134,9 +134,11 @@ class AsyncQueue:
         await self._take_ahead()
         fetched = self._fetched
         if fetched and time.monotonic() - self._fetched_at > self.ack_timeout / 2:
-            # Too near the end of its lease to hand out: back to the queue.
+            # Too near the end of its lease to hand out: back to the queue (a lease
+            # that ran out already needs no nack, and gets a refusal).
             self._fetched = []
-            await self.nack(fetched)
+            with contextlib.suppress(TidingsError):
+                await self.nack(fetched)
             fetched = []
         if fetched:
             popped, self._fetched = fetched[:max_messages], fetched[max_messages:]
