@@ -259,6 +259,27 @@ def test_kept_pages_are_bounded_by_count_and_bytes() -> None:
     assert big.find(Id(19_000, 0, 0, 0)) is not None
 
 
+def test_a_page_of_items_counts_about_the_memory_it_holds() -> None:
+    # The bound is on memory: a page that counts far more than it holds evicts pages
+    # members still need (4 members then fetched each page about 3 times).
+    import sys
+
+    from tidings.consumers.pages import Page
+    from tidings.structs import Message as Msg
+    from tidings.structs import MessageId as Id
+
+    items: list[Msg | bytes] = [b"\x28" + bytes(20) + bytes([200]) + b"x" * 100 + b"\x00\x00"]
+    items = [bytes(items[0]) + bytes([i % 7]) for i in range(1000)]
+    held = sum(sys.getsizeof(item) + 8 for item in items)  # and its list slot
+    assert 0.9 * held <= Page(None, items, True).size <= 1.1 * held
+    messages: list[Msg | bytes] = [Msg(Id(i + 1, 0, 0, 0), b"x" * 100) for i in range(1000)]
+    counted = Page(None, messages, True).size
+    one = messages[0]
+    assert isinstance(one, Msg)
+    held = 1000 * (sys.getsizeof(one) + sys.getsizeof(one.id) + sys.getsizeof(one.payload) + 8)
+    assert 0.7 * held <= counted <= 1.5 * held
+
+
 @settings(max_examples=120, deadline=None)
 @given(
     st.integers(1, 60),  # messages
