@@ -379,3 +379,19 @@ def test_a_page_of_items_has_the_ids_and_hashes_of_the_messages(
     assert [(m.id, m.payload, m.key, dict(m.headers)) for m in answer] == [
         (m.id, m.payload, m.key, dict(m.headers)) for m in messages
     ]
+
+
+@pytest.mark.parametrize("payload", [0, 1, 63, 64, 8191, 8192, 70_000])
+@pytest.mark.parametrize("key", [None, 0, 1, 63, 64, 300])
+def test_an_items_hash_is_its_messages_for_every_length_of_payload_and_key(
+    payload: int, key: int | None
+) -> None:
+    # Lengths of one, two and three varint bytes (the short ones are read inline).
+    from tidings.codec.avro import write_messages
+    from tidings.codec.groups import item_hash, key_hash
+    from tidings.structs import MessageId as Id
+
+    message = Message(Id(123456789, 7, 0, 0), b"p" * payload, None if key is None else b"k" * key)
+    body = write_messages([message], extended=True)
+    item = body[1:-1]  # one item between the block's count (1) and its end
+    assert item_hash(item) == key_hash(message)

@@ -182,11 +182,23 @@ def item_hash(item: Message | bytes) -> int:
         assert isinstance(item, Message)
         return key_hash(item)
     # The id (its length byte, then the 20 bytes to_bytes() gives), the payload (its
-    # zig-zag length, then its bytes), then the key's union: 0 null, 2 bytes.
-    size, pos = read_long(item, 21)
-    pos += size
+    # zig-zag length, then its bytes), then the key's union: 0 null, 2 bytes. Lengths
+    # of one or two bytes (payloads under 8 KiB, keys under 64 bytes) are read here:
+    # through read_long each item took ~0.9 us, a fifth of the server under four
+    # members, who need every item's hash.
+    b = item[21]
+    if b < 0x80:
+        pos = 22 + (b >> 1)
+    elif item[22] < 0x80:
+        pos = 23 + (((b & 0x7F) | (item[22] << 7)) >> 1)
+    else:
+        size, pos = read_long(item, 21)
+        pos += size
     if item[pos] == 0:
         return zlib.crc32(item[1:21])
+    b = item[pos + 1]
+    if b < 0x80:
+        return zlib.crc32(item[pos + 2 : pos + 2 + (b >> 1)])
     size, pos = read_long(item, pos + 1)
     return zlib.crc32(item[pos : pos + size])
 

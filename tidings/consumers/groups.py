@@ -317,7 +317,7 @@ class GroupCoordinator:
             examined += len(items) - first
             if len(chosen) >= room:
                 chosen = chosen[:room]
-            out.extend(items[i] for i in chosen)
+            out.extend(map(items.__getitem__, chosen))
             if chosen:
                 returned = id_at(chosen[-1])
             if len(chosen) >= room:

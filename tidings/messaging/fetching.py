@@ -185,8 +185,12 @@ def _append_avro(
             end = 2 + value[1]
             n = len(value) - end
             length = small[n] if n < 16384 else zigzag(n)
-            tail = b"\x02" + small[value[1]] + value[2:end] + b"\x00" if extended else b""
-            append(join((id_len, key[8:18], zero, length, memoryview(value)[end:], tail)))
+            row = memoryview(value)
+            if extended:  # the key's branch, its length and bytes, no headers: one join
+                append(join((id_len, key[8:18], zero, length, row[end:], b"\x02",
+                             small[value[1]], row[2:end], b"\x00")))  # fmt: skip
+            else:
+                append(join((id_len, key[8:18], zero, length, row[end:])))
             if len(out) >= limit:
                 return
             continue
