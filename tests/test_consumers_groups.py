@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidings.codec import wire
+from tidings.codec.columns import read_columns
 from tidings.codec.groups import partition_of
-from tidings.codec.media import AVRO_EXT
 from tidings.consumers.assignment import assign
 from tidings.consumers.groups import GroupCoordinator
 from tidings.errors import (
@@ -23,6 +23,7 @@ from tidings.errors import (
     TransactionInvalid,
 )
 from tidings.messaging import MessagingConfig, MessagingService
+from tidings.messaging.fetching import PageColumns
 from tidings.store.backends.memory import MemoryStore
 from tidings.structs import Message, MessageId, Record, Transaction
 from tidings.tx import TransactionManager, TxConfig
@@ -233,15 +234,15 @@ def test_describe_shows_positions_and_lag(parts: Parts) -> None:
 def test_kept_pages_are_bounded_by_count_and_bytes() -> None:
     from tidings.consumers import pages as pages_module
     from tidings.consumers.pages import Page, Pages
-    from tidings.structs import Message as Msg
+    from tidings.messaging.fetching import PageColumns
     from tidings.structs import MessageId as Id
 
     def page(n: int, payload: int) -> Page:
         first = Id(1000 * n, 0, 0, 0)
-        messages: list[Msg | bytes] = [
-            Msg(Id(1000 * n + i + 1, 0, 0, 0), b"x" * payload) for i in range(10)
-        ]
-        return Page(first, messages, True)
+        columns = PageColumns()
+        columns.ids = [Id(1000 * n + i + 1, 0, 0, 0).to_bytes() for i in range(10)]
+        columns.payloads = [b"x" * payload] * 10
+        return Page(first, columns, True)
 
     small = Pages()
     for n in range(100):
@@ -259,25 +260,24 @@ def test_kept_pages_are_bounded_by_count_and_bytes() -> None:
     assert big.find(Id(19_000, 0, 0, 0)) is not None
 
 
-def test_a_page_of_items_counts_about_the_memory_it_holds() -> None:
+def test_a_page_counts_about_the_memory_it_holds() -> None:
     # The bound is on memory: a page that counts far more than it holds evicts pages
     # members still need (4 members then fetched each page about 3 times).
     import sys
 
     from tidings.consumers.pages import Page
-    from tidings.structs import Message as Msg
+    from tidings.messaging.fetching import PageColumns
     from tidings.structs import MessageId as Id
 
-    items: list[Msg | bytes] = [b"\x28" + bytes(20) + bytes([200]) + b"x" * 100 + b"\x00\x00"]
-    items = [bytes(items[0]) + bytes([i % 7]) for i in range(1000)]
-    held = sum(sys.getsizeof(item) + 8 for item in items)  # and its list slot
-    assert 0.9 * held <= Page(None, items, True).size <= 1.1 * held
-    messages: list[Msg | bytes] = [Msg(Id(i + 1, 0, 0, 0), b"x" * 100) for i in range(1000)]
-    counted = Page(None, messages, True).size
-    one = messages[0]
-    assert isinstance(one, Msg)
-    held = 1000 * (sys.getsizeof(one) + sys.getsizeof(one.id) + sys.getsizeof(one.payload) + 8)
-    assert 0.7 * held <= counted <= 1.5 * held
+    columns = PageColumns()
+    columns.ids = [Id(i + 1, 0, 0, 0).to_bytes() for i in range(1000)]
+    columns.payloads = [b"x" * 100 + bytes([i % 7]) for i in range(1000)]
+    columns.keys = [b"k%d" % (i % 50) for i in range(1000)]
+    held = sum(
+        sys.getsizeof(i) + sys.getsizeof(p) + 3 * 8 + len(k)
+        for i, p, k in zip(columns.ids, columns.payloads, columns.keys, strict=True)
+    )
+    assert 0.9 * held <= Page(None, columns, True).size <= 1.1 * held
 
 
 @settings(max_examples=120, deadline=None)
@@ -317,7 +317,7 @@ def test_a_scan_returns_the_owned_messages_after_each_cursor_in_order(
         TransactionManager(Path(tmp), TxConfig(sweep_interval=3600)) as tx,
     ):
         groups = GroupCoordinator(store, messaging, tx, clock=Clock())
-        items, returned, _ = groups._scan(
+        rows, returned, _ = groups._scan(
             "ns", "t", (1, 1), partitions, cursors, limit, snapshot(tx)
         )
     expected = [
@@ -326,9 +326,10 @@ def test_a_scan_returns_the_owned_messages_after_each_cursor_in_order(
         if (p := partition_of(m, partitions)) in cursors
         and (cursors[p] is None or m.id > cursors[p])
     ][:limit]
-    # The pages hold each message as its poll-response item: the answer is their join.
-    out = wire.decode_messages(wire.avro_messages(items, AVRO_EXT), AVRO_EXT) if items else []
+    # The pages hold columns: the answer is the member's rows of them, in columns.
+    out = wire.decode_messages(rows.encode(), wire.COLUMNS) if rows.ids else []
     assert out == expected
+    assert rows.messages() == expected
     assert returned == (expected[-1].id if expected else None)
 
 
@@ -343,13 +344,13 @@ _records = st.builds(
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(_records, min_size=1, max_size=20), st.lists(_records, max_size=5))
-def test_a_page_of_items_has_the_ids_and_hashes_of_the_messages(
+def test_a_page_has_the_ids_and_hashes_of_the_messages(
     published: list[Record], stored: list[Record]
 ) -> None:
-    # Plain and keyed rows come as items written from the stored row, others (headers,
-    # long keys, a sink's Payload Table rows) through the general path: each must give
-    # the id and the partition hash its message gives.
-    from tidings.codec.groups import item_hash, key_hash
+    # Plain and keyed rows go into the columns straight from the stored row, others
+    # (headers, long keys, a sink's Payload Table rows) through the general path: each
+    # must give the id and the partition hash its message gives.
+    from tidings.codec.groups import key_hash
 
     store = MemoryStore()
     messaging = MessagingService(store)
@@ -368,30 +369,21 @@ def test_a_page_of_items_has_the_ids_and_hashes_of_the_messages(
     groups = GroupCoordinator.__new__(GroupCoordinator)
     groups._messaging = messaging
     page = groups._fetch_page("ns", "t", None, Transaction(2**62, 2**62, (), ()))
-    assert [page.id_at(i) for i in range(len(page.items))] == [m.id for m in messages]
+    assert [page.id_at(i) for i in range(len(page))] == [m.id for m in messages]
     assert page.hashes == [key_hash(m) for m in messages]
-    assert [item_hash(i) for i in page.items] == page.hashes
     assert page.last == messages[-1].id
     for m in messages:  # where a member resumes: just after each message
         assert page.after(m.id) == messages.index(m) + 1
-    # The answer carries what a poll answer carries (no write pointers).
-    answer = wire.decode_messages(wire.avro_messages(page.items, AVRO_EXT), AVRO_EXT)
-    assert [(m.id, m.payload, m.key, dict(m.headers)) for m in answer] == [
-        (m.id, m.payload, m.key, dict(m.headers)) for m in messages
+    # The answer carries what a poll answer carries (no write pointers), in columns
+    # and as messages; a member's share of the rows likewise.
+    expected = [(m.id, m.payload, m.key, dict(m.headers)) for m in messages]
+    for answer in (page.columns.messages(), read_columns(page.columns.encode()).messages()):
+        assert [(m.id, m.payload, m.key, dict(m.headers)) for m in answer] == expected
+    share = PageColumns()
+    rows = list(range(0, len(page), 2))
+    share.extend_rows(page.columns, rows)
+    share.extend_rows(page.columns, [])
+    assert [(m.id, m.payload, m.key, dict(m.headers)) for m in share.messages()] == [
+        expected[i] for i in rows
     ]
-
-
-@pytest.mark.parametrize("payload", [0, 1, 63, 64, 8191, 8192, 70_000])
-@pytest.mark.parametrize("key", [None, 0, 1, 63, 64, 300])
-def test_an_items_hash_is_its_messages_for_every_length_of_payload_and_key(
-    payload: int, key: int | None
-) -> None:
-    # Lengths of one, two and three varint bytes (the short ones are read inline).
-    from tidings.codec.avro import write_messages
-    from tidings.codec.groups import item_hash, key_hash
-    from tidings.structs import MessageId as Id
-
-    message = Message(Id(123456789, 7, 0, 0), b"p" * payload, None if key is None else b"k" * key)
-    body = write_messages([message], extended=True)
-    item = body[1:-1]  # one item between the block's count (1) and its end
-    assert item_hash(item) == key_hash(message)
+    assert read_columns(share.encode()).messages() == share.messages()

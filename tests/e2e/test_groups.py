@@ -13,6 +13,8 @@ import pytest
 from tests.e2e.serverproc import ServerProcess
 from tidings import AsyncClient, Client
 from tidings.codec.groups import partition_of
+from tidings.codec.media import AVRO, AVRO_EXT, COLUMNS, JSON, response_media_for
+from tidings.codec.wire import decode_messages
 from tidings.errors import (
     BadRequest,
     Conflict,
@@ -257,3 +259,45 @@ def test_a_group_starting_at_latest_misses_no_open_transaction(
         client.publish(topic, [Record(b"after", b"k0")])
         assert [m.payload for m in member.poll()] == [b"open", b"after"]
         member.close()
+
+
+@pytest.mark.parametrize(
+    "accept",
+    [None, JSON.value, AVRO.value, AVRO_EXT.value, f"{COLUMNS.value}, {AVRO_EXT.value}"],
+    ids=["none", "json", "avro", "avro-ext", "columns"],
+)
+def test_a_group_poll_answers_in_the_medium_accept_names(
+    server: ServerProcess, topic: str, accept: str | None
+) -> None:
+    # The same messages (headers and Payload Table rows included) in every medium; the
+    # clients ask for columns first.
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        records = [
+            Record(
+                b"v%d" % i, None if i % 3 == 0 else b"k%d" % i, {"h": b"%d" % i} if i % 4 else {}
+            )
+            for i in range(30)
+        ]
+        client.publish(topic, records)
+        with client.transaction(payload_threshold=0) as tx:
+            tx.publish(topic, [Record(b"tx%d" % i, b"tk") for i in range(5)])
+        expected = [
+            (m.id, m.payload, m.key, dict(m.headers)) for m in client.poll(topic, limit=100)
+        ]
+        base = f"{server.url}/v1/namespaces/default/topics/{topic}/groups/g"
+        join = httpx.post(base + "/join", json={"start": "earliest"})
+        assert join.status_code == 200, join.text
+        member = join.json()["memberId"]
+        headers = {} if accept is None else {"Accept": accept}
+        r = httpx.post(base + "/poll", json={"memberId": member, "limit": 100}, headers=headers)
+        assert r.status_code == 200, r.text
+        medium = response_media_for(r.headers["content-type"])
+        wanted = JSON if accept is None else response_media_for(accept.split(",")[0])
+        assert medium is wanted
+        got = decode_messages(r.content, medium)
+        if medium is AVRO:  # CDAP's schema: no keys, no headers
+            expected = [(i, p, None, {}) for i, p, _, _ in expected]
+        assert [(m.id, m.payload, m.key, dict(m.headers)) for m in got] == expected
+        assert r.headers["tidings-count"] == str(len(expected))
+        httpx.post(base + "/leave", json={"memberId": member})

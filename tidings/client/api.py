@@ -716,7 +716,10 @@ class RestApi:
             url += f"?waitMs={wait_ms}"
         timeout = None if self.timeout is None else self.timeout + wait_ms / 1000
         body = orjson.dumps(admin.member_request(member_id, limit))
-        request = Request("POST", url, body, JSON.value, timeout, accept=media.value)
+        # The columnar medium first, as for a poll (and the client's own medium, which
+        # a server that does not know it answers in).
+        accept = media.value if media is JSON else f"{COLUMNS.value}, {media.value}"
+        request = Request("POST", url, body, JSON.value, timeout, accept=accept)
         # Not resent: the server moved the member's cursors when it answered.
         return Call(request, lambda response: _group_page(response, media))
 

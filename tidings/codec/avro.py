@@ -34,7 +34,6 @@ __all__ = [
     "ITEM_ID",
     "AvroItems",
     "read",
-    "item_id",
     "item_message",
     "read_ids",
     "read_long",
@@ -536,15 +535,6 @@ def read_messages(body: bytes, *, extended: bool) -> list[Message]:
 #: An item's id after its length byte, as MessageId.to_bytes() writes it:
 #: ``ITEM_ID.unpack_from(item, 1)`` gives its fields (for loops that build many ids).
 ITEM_ID = struct.Struct(MESSAGE_ID_LAYOUT)
-
-
-def item_id(item: Message | bytes) -> MessageId:
-    """The id of a message given as its item of an extended poll response (see
-    :class:`AvroItems`), or as a :class:`Message`."""
-    if type(item) is bytes:
-        return tuple.__new__(MessageId, ITEM_ID.unpack_from(item, 1))
-    assert isinstance(item, Message)
-    return item.id
 
 
 def item_message(item: Message | bytes) -> Message:

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from tidings.codec.avro import read_long
 from tidings.structs import Message
 
 __all__ = [
@@ -35,7 +34,6 @@ __all__ = [
     "encode_group",
     "group_key",
     "group_name_of",
-    "item_hash",
     "key_hash",
     "partition_of",
     "groups_range",
@@ -172,35 +170,6 @@ def key_hash(message: Message) -> int:
     """``crc32`` of the message's key, or of its id when it has none (so keyless
     messages spread evenly): its partition in a group of ``P`` is ``key_hash % P``."""
     return zlib.crc32(message.key if message.key is not None else message.id.to_bytes())
-
-
-def item_hash(item: Message | bytes) -> int:
-    """:func:`key_hash` of a message given as its item of an extended Avro poll
-    response (``avro/binary; schema=tidings``, as the messaging core writes them
-    straight from stored rows), or as a :class:`Message`."""
-    if type(item) is not bytes:
-        assert isinstance(item, Message)
-        return key_hash(item)
-    # The id (its length byte, then the 20 bytes to_bytes() gives), the payload (its
-    # zig-zag length, then its bytes), then the key's union: 0 null, 2 bytes. Lengths
-    # of one or two bytes (payloads under 8 KiB, keys under 64 bytes) are read here:
-    # through read_long each item took ~0.9 us, a fifth of the server under four
-    # members, who need every item's hash.
-    b = item[21]
-    if b < 0x80:
-        pos = 22 + (b >> 1)
-    elif item[22] < 0x80:
-        pos = 23 + (((b & 0x7F) | (item[22] << 7)) >> 1)
-    else:
-        size, pos = read_long(item, 21)
-        pos += size
-    if item[pos] == 0:
-        return zlib.crc32(item[1:21])
-    b = item[pos + 1]
-    if b < 0x80:
-        return zlib.crc32(item[pos + 2 : pos + 2 + (b >> 1)])
-    size, pos = read_long(item, pos + 1)
-    return zlib.crc32(item[pos : pos + size])
 
 
 def partition_of(message: Message, partitions: int) -> int:

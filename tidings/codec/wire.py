@@ -61,7 +61,6 @@ __all__ = [
     "payload_ranges_json",
     "response_media_for",
     "publish_request_from_json",
-    "item_messages",
 ]
 
 
@@ -292,12 +291,6 @@ def encode_messages(messages: Sequence[Message], media: Media) -> bytes:
 def avro_messages(items: Sequence[Message | bytes], media: Media) -> bytes:
     """A poll response from messages and items the core already encoded for ``media``."""
     return avro.write_messages(items, extended=media is AVRO_EXT)
-
-
-def item_messages(items: Sequence[Message | bytes]) -> list[Message]:
-    """The messages of items of an extended poll response, as a poll answer carries
-    them (without write pointers): the items joined into one answer and read back."""
-    return decode_messages(avro_messages(items, AVRO_EXT), AVRO_EXT) if items else []
 
 
 def encode_message_ids(ids: Sequence[MessageId], media: Media) -> bytes:

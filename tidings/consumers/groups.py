@@ -48,9 +48,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
 from tidings.codec import groups as gkeys
-from tidings.codec import wire
 from tidings.codec.groups import GroupRecord, Member, partition_of
-from tidings.codec.media import AVRO_EXT
 from tidings.consumers.assignment import assign
 from tidings.consumers.pages import Page, Pages
 from tidings.errors import (
@@ -63,6 +61,7 @@ from tidings.errors import (
     TransactionConflict,
 )
 from tidings.messaging import MessagingService
+from tidings.messaging.fetching import PageColumns
 from tidings.names import check_name
 from tidings.store.backend import ReadView, Store, WriteView
 from tidings.structs import (
@@ -212,12 +211,12 @@ class GroupCoordinator:
         """The member's next messages (at most ``limit``), read-committed in
         ``snapshot``, and its current assignment, as a poll answer gives them (without
         write pointers). Polling counts as a heartbeat."""
-        items, _, assignment = self.poll_items(
+        rows, _, assignment = self.poll_columns(
             namespace, topic, group, member_id, limit=limit, snapshot=snapshot
         )
-        return wire.item_messages(items), assignment
+        return rows.messages(), assignment
 
-    def poll_items(
+    def poll_columns(
         self,
         namespace: str,
         topic: str,
@@ -226,10 +225,9 @@ class GroupCoordinator:
         *,
         limit: int,
         snapshot: Transaction,
-    ) -> tuple[list[Message | bytes], MessageId | None, GroupAssignment]:
-        """:meth:`poll`, each message as its item of an extended Avro poll response
-        (``avro/binary; schema=tidings``: :func:`tidings.codec.wire.avro_messages`
-        joins them) or as a :class:`Message`, and the last one's id."""
+    ) -> tuple[PageColumns, MessageId | None, GroupAssignment]:
+        """:meth:`poll` as the columns of a columnar poll response (the selected rows
+        of the pages the member scanned), and the last message's id."""
         gid = self._gid(namespace, topic, group)
         with self._lock:
             record = self._require_member(namespace, topic, gid, member_id)
@@ -245,7 +243,7 @@ class GroupCoordinator:
             cursors = {p: session.cursors.get(p) for p in owned}
             assignment = self._assignment(record, member_id)
         if not owned:
-            return [], None, assignment
+            return PageColumns(), None, assignment
         out, last, scanned = self._scan(
             namespace, topic, gid[:2], record.partitions, cursors, limit, snapshot
         )
@@ -269,15 +267,15 @@ class GroupCoordinator:
         cursors: Mapping[int, MessageId | None],
         limit: int,
         snapshot: Transaction,
-    ) -> tuple[list[Message | bytes], MessageId | None, dict[int, MessageId | None]]:
+    ) -> tuple[PageColumns, MessageId | None, dict[int, MessageId | None]]:
         starts = list(cursors.values())
         start: MessageId | None = None if None in starts else min(s for s in starts if s)
-        out: list[Message | bytes] = []
+        out = PageColumns()
         examined = 0
         last: MessageId | None = None
         returned: MessageId | None = None  # the last message in ``out``
         pages = self._pages.setdefault(topic_key, Pages())
-        while len(out) < limit and examined < _SCAN_BUDGET:
+        while len(out.ids) < limit and examined < _SCAN_BUDGET:
             page = pages.find(start)
             if page is None:
                 # One fetch per page however many members miss it at once: they move
@@ -288,17 +286,17 @@ class GroupCoordinator:
                         page = self._fetch_page(namespace, topic, start, snapshot)
                         pages.add(page)
             first = page.after(start)
-            items, id_at = page.items, page.id_at
-            room = limit - len(out)
+            ids, id_at, size = page.columns.ids, page.id_at, len(page)
+            room = limit - len(out.ids)
             chosen: Sequence[int]
             if (
                 len(cursors) == partitions
-                and first < len(items)
+                and first < size
                 and all(c is None or c < id_at(first) for c in cursors.values())
             ):
                 # Every partition, none ahead of this place (a member alone, mostly):
                 # the page's messages in order, without the partition index.
-                chosen = range(first, min(len(items), first + room))
+                chosen = range(first, min(size, first + room))
             else:
                 index = page.by_partition(partitions)
                 picked: list[int] = []
@@ -308,24 +306,26 @@ class GroupCoordinator:
                         continue
                     lo = bisect.bisect_left(indices, first)
                     if cursor is not None:
-                        lo = max(lo, bisect.bisect_right(indices, cursor, key=page.id_at))
+                        # The 20-byte form sorts as the ids do.
+                        at = bisect.bisect_right(indices, cursor.to_bytes(), key=ids.__getitem__)
+                        lo = max(lo, at)
                     # The first ``room`` of each partition hold the first ``room`` of
                     # them all; fewer than ``room`` in all means none was cut short.
                     picked.extend(indices[lo : lo + room])
                 picked.sort()
                 chosen = picked
-            examined += len(items) - first
+            examined += size - first
             if len(chosen) >= room:
                 chosen = chosen[:room]
-            out.extend(map(items.__getitem__, chosen))
+            out.extend_rows(page.columns, chosen)
             if chosen:
                 returned = id_at(chosen[-1])
             if len(chosen) >= room:
                 last = returned
                 break
-            if items:
+            if size:
                 last = id_at(-1)
-            if not page.full or len(out) >= limit or not items:
+            if not page.full or len(out.ids) >= limit or not size:
                 break
             start = page.last
         # Everything up to ``last`` of every owned partition was examined.
@@ -339,11 +339,11 @@ class GroupCoordinator:
         self, namespace: str, topic: str, start: MessageId | None, snapshot: Transaction
     ) -> Page:
         size = self._messaging.config.fetch_max_limit
-        items = self._messaging.fetch_items(
-            namespace, topic, AVRO_EXT, start=start, inclusive=start is None, limit=size,
+        columns = self._messaging.fetch_page_columns(
+            namespace, topic, start=start, inclusive=start is None, limit=size,
             transaction=snapshot,
         )  # fmt: skip
-        return Page(start, items, len(items) == size)
+        return Page(start, columns, len(columns.ids) == size)
 
     # --- positions -------------------------------------------------------------------
 

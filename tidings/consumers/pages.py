@@ -1,4 +1,4 @@
-"""The pages group members scan, fetched and decoded once for all of them.
+"""The pages group members scan, fetched once for all of them.
 
 Members of a topic's groups read the same total order from similar places; a page of
 read-committed messages, with each message's partition hash and, per partition count,
@@ -10,28 +10,27 @@ from __future__ import annotations
 import bisect
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 
-from tidings.codec.avro import item_id
-from tidings.codec.groups import item_hash
-from tidings.structs import Message, MessageId
+from tidings.messaging.fetching import PageColumns
+from tidings.structs import MessageId
 
 __all__ = ["Page", "Pages"]
 
 #: Most pages kept per topic for the members' scans, and most bytes they may hold
-#: (items, or payloads and keys, plus an allowance per message for its objects). Members of a
+#: (payloads and keys, plus an allowance per message for its objects). Members of a
 #: group drift apart while they read (each reads every page, at its own pace), so
 #: pages are kept for the spread between the first and the last: 8 were too few for 4
 #: members over 20 pages (each page was fetched and decoded about 3 times).
 _PAGES_KEPT = 64
 _BYTES_KEPT = 64 << 20
-#: Memory per message beyond its bytes: an item is one bytes object (33 bytes of
-#: header) and its list slot; a Message is two tuples, an int or two and its bytes
-#: objects. Counting 200 per item made a page of 10,000 keyed 100-byte items look
-#: twice its size, and 4 members over 30 such pages (the bound reached at ~20) fetched
-#: and indexed each page about 3 times: 123k against 279k msg/s in one benchmark run.
-_ITEM_OVERHEAD = 41
-_MESSAGE_OVERHEAD = 200
+#: Memory per message beyond its payload and key: the id (a 20-byte bytes object),
+#: the payload's bytes object header and the list slots. Counting more than a page
+#: holds evicts pages members still need: 200 per message, with pages of 10,000 keyed
+#: 100-byte messages, made 4 members over 30 pages fetch each page about 3 times
+#: (123k against 279k msg/s in one benchmark run).
+_ROW_OVERHEAD = 53 + 33 + 3 * 8
 #: Seconds a page serves: it may hold messages whose TTL passes meanwhile, which a fresh
 #: fetch would skip, so it is not kept much longer than members take to pass through.
 PAGE_LIFETIME = 10.0
@@ -39,19 +38,14 @@ PAGE_LIFETIME = 10.0
 
 @dataclass(slots=True)
 class Page:
-    """Read-committed messages after ``start`` (exclusive; None: from the oldest): each
-    as its item of an extended Avro poll response where the messaging core wrote one
-    straight from the stored row (else a :class:`Message`). A message's id and the hash
-    its partition is taken from (``hash % P``) are read from its item when asked for.
-
-    Items, not messages: a member's answer is then the join of its share, where
-    decoding every stored row into a message and encoding each member's share again
-    took two thirds of the server's time under four members (BENCHMARKS.md, "Group
-    pages of poll items"). Ids and hashes on demand: a member alone needs neither but
-    for a few bisections, and the hashes are taken once per page for all members."""
+    """Read-committed messages after ``start`` (exclusive; None: from the oldest), as
+    the columns of a columnar poll response (:class:`PageColumns`): a member's answer
+    is a selection of its rows, encoded as columns (or as messages for a member that
+    asks for another medium). Partition hashes are made when first asked for: a
+    member alone needs none, and under several they are made once per page."""
 
     start: MessageId | None
-    items: list[Message | bytes]
+    columns: PageColumns
     full: bool
     #: Per partition count: the indices of each partition's messages.
     indexes: dict[int, dict[int, list[int]]] = field(default_factory=dict)
@@ -66,14 +60,20 @@ class Page:
 
     def __post_init__(self) -> None:
         if not self.size:
-            self.size = sum(
-                len(item) + _ITEM_OVERHEAD if type(item) is bytes else _message_size(item)
-                for item in self.items
+            columns = self.columns
+            keys = columns.keys
+            self.size = (
+                sum(map(len, columns.payloads))
+                + (sum(len(k) for k in keys if k is not None) if keys is not None else 0)
+                + _ROW_OVERHEAD * len(columns.ids)
             )
+
+    def __len__(self) -> int:
+        return len(self.columns.ids)
 
     @property
     def last(self) -> MessageId | None:
-        return self.id_at(-1) if self.items else self.start
+        return self.id_at(-1) if self.columns.ids else self.start
 
     def covers(self, position: MessageId | None) -> bool:
         """True if the messages after ``position`` start inside this page."""
@@ -84,17 +84,25 @@ class Page:
 
     def id_at(self, index: int) -> MessageId:
         """The id of the message at ``index``."""
-        return item_id(self.items[index])
+        return MessageId.from_bytes(self.columns.ids[index])
 
     @property
     def hashes(self) -> list[int]:
-        """Each message's partition hash (:func:`~tidings.codec.groups.key_hash`)."""
+        """Each message's partition hash (:func:`~tidings.codec.groups.key_hash`: the
+        key's crc32, or the id's for a message without a key)."""
         hashes = self._hashes
         if hashes is None:
             with self._making:
                 hashes = self._hashes
                 if hashes is None:
-                    hashes = self._hashes = [item_hash(item) for item in self.items]
+                    ids, keys, crc32 = self.columns.ids, self.columns.keys, zlib.crc32
+                    if keys is None:
+                        hashes = list(map(crc32, ids))
+                    else:
+                        hashes = [
+                            crc32(i if k is None else k) for i, k in zip(ids, keys, strict=True)
+                        ]
+                    self._hashes = hashes
         return hashes
 
     def by_partition(self, partitions: int) -> dict[int, list[int]]:
@@ -115,12 +123,8 @@ class Page:
         """The index of the first message after ``position``."""
         if position is None or position == self.start:
             return 0
-        return bisect.bisect_right(self.items, position, key=item_id)
-
-
-def _message_size(message: Message | bytes) -> int:
-    assert isinstance(message, Message)
-    return len(message.payload) + len(message.key or b"") + _MESSAGE_OVERHEAD
+        # The 20-byte form sorts as the ids do.
+        return bisect.bisect_right(self.columns.ids, position.to_bytes())
 
 
 class Pages:

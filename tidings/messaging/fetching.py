@@ -19,7 +19,8 @@ other I/O.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import repeat
 
 from tidings.codec import columns as columns_codec
 from tidings.codec import keys, values
@@ -52,6 +53,7 @@ _NO_PAYLOAD_ROW = bytes(10)
 _SKIP = Visibility.SKIP
 _BLOCK = Visibility.BLOCK
 _new = tuple.__new__
+_ID = struct.Struct(">QHQH")
 
 
 def retention_cutoff(state: TopicState, now: int) -> int:
@@ -236,6 +238,34 @@ class PageColumns:
         if self.keys is None:
             self.keys = [None] * len(self.ids)
         return self.keys
+
+    def extend_rows(self, other: PageColumns, rows: Sequence[int]) -> None:
+        """Append rows ``rows`` (ascending indices) of ``other``."""
+        if other.keys is not None or self.keys is not None:
+            added = self.key_column()  # before the ids: it fills in the rows so far
+            if other.keys is not None:
+                added.extend(map(other.keys.__getitem__, rows))
+            else:
+                added.extend(repeat(None, len(rows)))
+        if other.headers:
+            base, headers = len(self.ids), other.headers
+            for j, i in enumerate(rows):
+                entry = headers.get(i)
+                if entry:
+                    self.headers[base + j] = entry
+        self.ids.extend(map(other.ids.__getitem__, rows))
+        self.payloads.extend(map(other.payloads.__getitem__, rows))
+
+    def messages(self) -> list[Message]:
+        """The rows as messages (without write pointers, as a columnar answer has
+        none)."""
+        new, id_cls, unpack = tuple.__new__, MessageId, _ID.unpack
+        keys: Iterable[bytes | None] = self.keys if self.keys is not None else repeat(None)
+        headers = self.headers
+        return [
+            new(Message, (new(id_cls, unpack(i)), p, k, headers.get(n, NO_HEADERS), None, 0))
+            for n, (i, p, k) in enumerate(zip(self.ids, self.payloads, keys, strict=False))
+        ]
 
     def encode(self) -> bytes:
         """The columnar poll response of the page."""

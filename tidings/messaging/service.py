@@ -561,11 +561,29 @@ class MessagingService:
         """:meth:`fetch_encoded` as a columnar poll response
         (:mod:`tidings.codec.columns`): plain and short-keyed messages go from the store
         into the columns without a :class:`Message` each."""
-        columns = PageColumns()
-        self._fetch(namespace, topic, start, inclusive, limit, transaction, None, columns=columns)
+        columns = self.fetch_page_columns(
+            namespace, topic, start=start, inclusive=inclusive, limit=limit,
+            transaction=transaction,
+        )  # fmt: skip
         ids = columns.ids
         last = MessageId.from_bytes(ids[-1]) if ids else None
         return columns.encode(), len(ids), last
+
+    def fetch_page_columns(
+        self,
+        namespace: str,
+        topic: str,
+        *,
+        start: MessageId | int | None = None,
+        inclusive: bool = True,
+        limit: int | None = None,
+        transaction: Transaction | None = None,
+    ) -> PageColumns:
+        """:meth:`fetch_columns` not encoded yet: the page's columns (what group pages
+        hold, each member's answer a selection of its rows)."""
+        columns = PageColumns()
+        self._fetch(namespace, topic, start, inclusive, limit, transaction, None, columns=columns)
+        return columns
 
     def _fetch(
         self,

@@ -21,6 +21,15 @@ JSON = "application/json"
 AVRO = wire.AVRO.value
 AVRO_EXT = wire.AVRO_EXT.value
 COLUMNS = wire.COLUMNS.value
+_COLUMNS_BODY = {
+    "schema": {
+        "type": "string",
+        "format": "binary",
+        "description": (
+            "the columnar poll response (docs/api.md, 'The columnar poll response'); addition"
+        ),
+    }
+}
 
 _INT64 = {"type": "integer", "format": "int64"}
 _INT64_RANGE = {"type": "integer", "minimum": -(2**63), "maximum": INT64_MAX}
@@ -827,16 +836,7 @@ def _messaging_paths() -> dict[str, Any]:
                                 "schema": {"anyOf": [_avro("MessagesExt"), _avro("MessageIds")]}
                             },
                             # Only to a poll whose Accept names it (never with fields=id).
-                            COLUMNS: {
-                                "schema": {
-                                    "type": "string",
-                                    "format": "binary",
-                                    "description": (
-                                        "the columnar poll response (docs/api.md, "
-                                        "'The columnar poll response'); addition"
-                                    ),
-                                }
-                            },
+                            COLUMNS: _COLUMNS_BODY,
                         },
                     },
                     **not_found,
@@ -953,7 +953,11 @@ def _group_paths() -> dict[str, Any]:
                         "description": "messages of the member's partitions, oldest first; "
                         "headers Tidings-Generation, Tidings-Partitions and "
                         "Tidings-Partition-Count give its assignment",
-                        "content": _content(_ref("Messages"), "Messages", "MessagesExt"),
+                        "content": {
+                            **_content(_ref("Messages"), "Messages", "MessagesExt"),
+                            # Where Accept names it (the clients' default).
+                            COLUMNS: _COLUMNS_BODY,
+                        },
                     },
                     **unknown,
                 },

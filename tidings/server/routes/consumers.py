@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from tidings.codec import wire
+from tidings.codec import columns, wire
 from tidings.errors import TidingsError
 from tidings.names import check_name
 from tidings.server.bodies import json_object, read_body, require_json
@@ -38,6 +38,18 @@ def answer_media(request: Request) -> wire.Media:
         return wire.media_for(request.headers.get("accept"))
     except TidingsError:
         return wire.JSON
+
+
+def wants_columns(request: Request) -> bool:
+    """True if the ``Accept`` header names the columnar poll response: only such a
+    request gets it (every other poll answers in the medium of its request, as CDAP
+    TMS's does)."""
+    accept = request.headers.get("accept")
+    if not accept or columns.CONTENT_TYPE not in accept.lower():
+        return False
+    return any(
+        part.split(";")[0].strip().lower() == columns.CONTENT_TYPE for part in accept.split(",")
+    )
 
 
 async def read_snapshot(api: Api) -> Transaction:

@@ -15,14 +15,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tidings.codec import admin, wire
-from tidings.codec.media import AVRO_EXT
+from tidings.codec import admin, columns, wire
 from tidings.consumers.groups import DEFAULT_SESSION_TIMEOUT_MS
+from tidings.messaging.fetching import PageColumns
 from tidings.names import check_name
 from tidings.server.handlers import Api, json_response
-from tidings.server.routes.consumers import answer_media, json_body, path_names, read_snapshot
+from tidings.server.routes.consumers import (
+    answer_media,
+    json_body,
+    path_names,
+    read_snapshot,
+    wants_columns,
+)
 from tidings.server.routes.messaging import COUNT_HEADER, LAST_ID_HEADER, TOPIC, _wait_ms
-from tidings.structs import GroupAssignment, Message, MessageId
+from tidings.structs import GroupAssignment, MessageId
 
 __all__ = ["GROUP", "GROUPS", "routes"]
 
@@ -98,24 +104,25 @@ def routes(api: Api) -> list[Route]:
         member_id, limit = admin.read_member_request(await json_body(api, request, "group poll"))
         limit = min(limit or _DEFAULT_LIMIT, api.config.fetch_max_limit)
         media = answer_media(request)
+        columnar = wants_columns(request)
 
-        async def fetch() -> tuple[list[Message | bytes], MessageId | None, GroupAssignment]:
+        async def fetch() -> tuple[PageColumns, MessageId | None, GroupAssignment]:
             tx = await read_snapshot(api)
             return await api.blocking(
-                coordinator.poll_items, ns, topic, name, member_id, limit=limit, snapshot=tx
+                coordinator.poll_columns, ns, topic, name, member_id, limit=limit, snapshot=tx
             )
 
         if wait_ms <= 0:
-            items, last, assignment = await fetch()
+            rows, last, assignment = await fetch()
         else:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait_ms / 1000
             while True:
                 woken = longpolls.park(ns, topic, transactions=True)
                 try:
-                    items, last, assignment = await fetch()
+                    rows, last, assignment = await fetch()
                     remaining = deadline - loop.time()
-                    if items or remaining <= 0 or longpolls.closed:
+                    if rows.ids or remaining <= 0 or longpolls.closed:
                         break
                     # Wake at least once per second: a rebalance changes nothing on
                     # the topic, and the member must learn of it (and stay alive).
@@ -123,19 +130,18 @@ def routes(api: Api) -> list[Route]:
                 finally:
                     longpolls.unpark(woken, ns, topic)
         headers = {
-            COUNT_HEADER: str(len(items)),
+            COUNT_HEADER: str(len(rows.ids)),
             GENERATION_HEADER: str(assignment.generation),
             PARTITIONS_HEADER: ",".join(map(str, assignment.partitions)),
             PARTITION_COUNT_HEADER: str(assignment.partition_count),
         }
         if last is not None:
             headers[LAST_ID_HEADER] = last.hex
-        if media is AVRO_EXT:
-            body_ = wire.avro_messages(items, media)  # the items joined, as they are
-        else:
-            # Another medium: the items as messages first (the pages hold the extended
-            # medium's items, whatever a member asks for).
-            body_ = wire.encode_messages(wire.item_messages(items), media)
+        if columnar:  # the pages' columns, the member's rows as they are
+            return Response(rows.encode(), media_type=columns.CONTENT_TYPE, headers=headers)
+        # Another medium (a member that does not name the columnar one): the rows as
+        # messages, then encoded.
+        body_ = wire.encode_messages(rows.messages(), media)
         return Response(body_, media_type=media.value, headers=headers)
 
     @api.endpoint(GROUP + "/commit")

@@ -29,6 +29,7 @@ from tidings.errors import BadRequest, ServiceUnavailable
 from tidings.names import check_name
 from tidings.server.bodies import json_object, read_body, request_media, require_json
 from tidings.server.handlers import Api, json_response
+from tidings.server.routes.consumers import wants_columns
 from tidings.structs import MessageId, TopicEnd, Transaction
 from tidings.tx import TransactionManager
 
@@ -76,17 +77,6 @@ ISOLATION_LEVELS = (READ_COMMITTED, READ_UNCOMMITTED)
 
 
 FIELDS = ("all", "id")
-
-
-def _wants_columns(request: Request) -> bool:
-    # Only an Accept that names the columnar medium picks it: every other poll answers
-    # in the medium of its request, as CDAP TMS's does.
-    accept = request.headers.get("accept")
-    if not accept or columns.CONTENT_TYPE not in accept.lower():
-        return False
-    return any(
-        part.split(";")[0].strip().lower() == columns.CONTENT_TYPE for part in accept.split(",")
-    )
 
 
 def _ids_only(request: Request) -> bool:
@@ -190,7 +180,7 @@ def routes(api: Api) -> list[Route]:
         elif read_committed:
             manager_ = manager()  # its snapshot is taken right before each fetch
 
-        columnar = not ids_only and _wants_columns(request)
+        columnar = not ids_only and wants_columns(request)
         page = messaging.fetch_ids_encoded if ids_only else messaging.fetch_encoded
 
         def fetch() -> tuple[bytes, int, MessageId | None]:
