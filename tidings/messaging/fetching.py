@@ -39,7 +39,14 @@ from tidings.codec.values import (
 )
 from tidings.codec.wire import AvroItems
 from tidings.store.backend import ReadView
-from tidings.structs import NO_HEADERS, Message, MessageId, PayloadRange, Transaction
+from tidings.structs import (
+    MESSAGE_ID_LAYOUT,
+    NO_HEADERS,
+    Message,
+    MessageId,
+    PayloadRange,
+    Transaction,
+)
 from tidings.tx.visibility import Visibility, classify
 
 __all__ = ["PageColumns", "fetch_messages", "retention_cutoff"]
@@ -53,7 +60,7 @@ _NO_PAYLOAD_ROW = bytes(10)
 _SKIP = Visibility.SKIP
 _BLOCK = Visibility.BLOCK
 _new = tuple.__new__
-_ID = struct.Struct(">QHQH")
+_ID = struct.Struct(MESSAGE_ID_LAYOUT)
 
 
 def retention_cutoff(state: TopicState, now: int) -> int:
