@@ -195,11 +195,16 @@ def _topic(prefix: str) -> str:
 
 
 def _read_all(kind: str, address: str, topics: list[tuple[str, int]], out: Any) -> None:
-    """W2: read every topic to its expected count; put the elapsed seconds in ``out``."""
+    """W2: read every topic to its expected count; put the elapsed seconds in ``out``.
+    Each side's library is imported before the clock starts (this module's imports
+    bring in tidings already; psycopg's 0.1-0.2 s import used to count against
+    PostgreSQL's read); connecting counts for both."""
+    import psycopg
+
+    from tidings import Client
+
     started = time.perf_counter()
     if kind == "tidings":
-        from tidings import Client
-
         with Client(address) as client:
             for topic, expected in topics:
                 seen = 0
@@ -212,8 +217,6 @@ def _read_all(kind: str, address: str, topics: list[tuple[str, int]], out: Any) 
                 if seen != expected:
                     raise RuntimeError(f"read {seen} of {expected}")
     else:
-        import psycopg
-
         with psycopg.connect(address, autocommit=True) as conn:
             for topic, expected in topics:
                 seen, last = 0, 0
