@@ -195,6 +195,24 @@ def test_write_view_sees_own_and_earlier_writes(store: Store) -> None:
     )
 
 
+def test_a_write_read_back_after_a_scan_is_the_new_value(store: Store) -> None:
+    # A scan makes a buffering writer send its writes ahead of the commit; a read of a
+    # key after it must see the value just written, not the committed one it may
+    # remember (PostgreSQL's writer remembers values it read or committed).
+    put(store, b"k", b"old")
+    store.submit(lambda v: v.get(M, b"k")).result()  # read once: remembered
+    store.submit(lambda v: v.get(M, b"n")).result()  # absent: remembered as such
+
+    def rewrite(view: WriteView) -> tuple[Any, ...]:
+        view.put(M, b"k", b"new")
+        view.put(M, b"n", b"born")
+        list(view.scan(M, b"", END))
+        return view.get(M, b"k"), view.get(M, b"n")
+
+    assert store.submit(rewrite).result() == (b"new", b"born")
+    assert store.submit(lambda v: (v.get(M, b"k"), v.get(M, b"n"))).result() == (b"new", b"born")
+
+
 def test_multi_table_atomicity(store: Store) -> None:
     def both(fail: bool) -> Any:
         def fn(view: WriteView) -> None:

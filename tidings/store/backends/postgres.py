@@ -211,9 +211,12 @@ class _WriteView(_View):
         # the process exits when it loses it), so a value it read or committed stays
         # the committed one: a publish's read of its topic's state is a round trip
         # only the first time (BENCHMARKS.md, "The PostgreSQL store's writer").
+        # Not once the group flushed writes of its own: PostgreSQL then holds values
+        # newer than the committed ones (a put, a scan that flushed it, then a get of
+        # the key returned the committed value instead of the one just written).
         where = (table, key)
         known = self._known
-        if where in known:
+        if not self.flushed and where in known:
             return known[where]
         value = super().get(table, key)
         if not self.flushed:
