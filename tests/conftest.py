@@ -39,7 +39,7 @@ def make_store(kind: str, path: Path, postgres_url: str | None = None) -> Store:
         from tidings.store.backends.postgres import PostgresStore
 
         assert postgres_url is not None
-        return PostgresStore(fresh_database(postgres_url))
+        return PostgresStore(fresh_schema(postgres_url))
     raise ValueError(kind)
 
 
@@ -73,6 +73,19 @@ def fresh_database(url: str) -> str:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
     return url.rsplit("/", 1)[0] + "/" + name
+
+
+def fresh_schema(url: str) -> str:
+    """A new, empty schema in the database of ``url``; a URL whose connections use it.
+    What the store suite's PostgreSQL runs use: a database per test cost ~250 ms to
+    create (a copy of the template, written to the WAL and fsynced) and left ~300
+    files each for the cluster's removal at the end of the session."""
+    import psycopg
+
+    name = "t_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {name}")
+    return f"{url}?options=-csearch_path%3D{name}"
 
 
 class PgTestCluster:
