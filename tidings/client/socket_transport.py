@@ -77,14 +77,10 @@ class _Connection(AnswerParser):
         try:
             self.sock.settimeout(None if deadline is None else _left(deadline))
             self.sock.sendall(data)
-        except TimeoutError:
-            self.close()
-            raise
-        except OSError as exc:
-            self.close()
-            raise ConnectionLost(str(exc) or type(exc).__name__) from None
-        except BaseException:
-            self.close()
+        except BaseException as exc:
+            self.close()  # half a request sent: the connection is out of step
+            if isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
+                raise ConnectionLost(str(exc) or type(exc).__name__) from None
             raise
 
     def answer(self, deadline: float | None) -> Response:

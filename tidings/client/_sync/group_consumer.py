@@ -43,7 +43,7 @@ from collections.abc import Iterable, Iterator
 from tidings.client._sync.concurrency import Pending, Worker, sleep, yield_turns
 from tidings.client._sync.session import Session
 from tidings.client._sync.transactions import TransactionContext
-from tidings.client.api import GroupPage
+from tidings.client.api import Call, GroupPage
 from tidings.codec.admin import START_ALIASES, TransactionGroupCommit
 from tidings.codec.groups import partition_of
 from tidings.errors import GroupNotFound, MemberNotFound, TidingsError
@@ -269,20 +269,17 @@ class GroupConsumer(Iterator[Message]):
             self._ahead = (
                 self._epoch,
                 member_id,
-                self._client._begin(
-                    self._worker,
-                    self._client._api.group_poll(
-                        self.topic, self.group, member_id, self._batch_size, 0
-                    ),
-                ),
+                self._client._begin(self._worker, self._poll_call(member_id, 0)),
             )
             yield_turns(_SEND_TURNS)
         return answer.page.messages()
 
     def _send_poll(self, member_id: str, wait: float) -> GroupPage:
-        api = self._client._api
-        return self._client._send(
-            api.group_poll(self.topic, self.group, member_id, self._batch_size, wait)
+        return self._client._send(self._poll_call(member_id, wait))
+
+    def _poll_call(self, member_id: str, wait: float) -> Call[GroupPage]:
+        return self._client._api.group_poll(
+            self.topic, self.group, member_id, self._batch_size, wait
         )
 
     def _taken_ahead(self) -> GroupPage | None:
