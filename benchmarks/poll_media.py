@@ -2,7 +2,9 @@
 
 Server side: ``MessagingService.fetch_encoded`` (Avro items straight from the store rows)
 against ``fetch_columns`` (the columnar answer), on an LMDB store in this process.
-Client side: decoding that answer into messages (``wire.decode_messages``). Pages of
+Client side: decoding that answer into messages (``wire.decode_messages``, what
+``poll()`` returns), and iterating it as a consumer does (``wire.iterate_messages``,
+each message let go before the next; columns are made one at a time). Pages of
 10,000 messages of 100 B and 1 KiB, as the consumers and the Spark readers fetch them.
 
     python -m benchmarks.poll_media [--repeat 5]
@@ -36,6 +38,14 @@ def _best(fn: Callable[[], Any], repeat: int, rounds: int = 5) -> float:
     return best / PAGE * 1e6
 
 
+def _iterate(body: bytes, media: wire.Media) -> None:
+    """What iterating a consumer does with a page: take each message and let it go
+    (the collector running, as in an application)."""
+    _, _, messages = wire.iterate_messages(body, media)
+    for _ in messages:
+        pass
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -65,6 +75,11 @@ def main() -> None:
                     f"client: decode the page, {size} B (µs/msg)",
                     lambda b=avro_body: wire.decode_messages(b, wire.AVRO_EXT),
                     lambda b=column_body: wire.decode_messages(b, wire.COLUMNS),
+                ),
+                (
+                    f"client: iterate the page, {size} B (µs/msg)",
+                    lambda b=avro_body: _iterate(b, wire.AVRO_EXT),
+                    lambda b=column_body: _iterate(b, wire.COLUMNS),
                 ),
             ]
             for name, avro_case, column_case in cases:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import tracemalloc
 
 import pytest
 from hypothesis import given, settings
@@ -35,7 +36,17 @@ def test_round_trip_and_agreement_with_avro(batch: list[Message]) -> None:
     page = columns.read_columns(body)
     assert len(page) == len(batch)
     assert page.messages() == batch
+    assert list(page.iter_messages()) == batch
+    assert page.last_id() == (batch[-1].id if batch else None)
     assert [page.id_bytes(i) for i in range(len(batch))] == [m.id.to_bytes() for m in batch]
+    # What a consumer iterating the page takes: the count, the last id, the messages.
+    for media, encoded in (
+        (wire.COLUMNS, body),
+        (wire.AVRO_EXT, avro.write_messages(batch, extended=True)),
+    ):
+        count, last, rest = wire.iterate_messages(encoded, media)
+        assert (count, last) == (len(batch), batch[-1].id if batch else None)
+        assert [m.id for m in rest] == [m.id for m in batch]
     # The client reads it as it reads the extended Avro answer of the same messages.
     extended = avro.write_messages(batch, extended=True)
     assert wire.decode_messages(body, wire.COLUMNS) == avro.read_messages(extended, extended=True)
@@ -120,3 +131,20 @@ def test_a_header_name_cut_inside_a_character_is_refused() -> None:
     with pytest.raises(ValueError, match="not UTF-8"):
         columns.read_columns(damaged)
     assert dict(columns.read_columns(good).messages()[0].headers) == {"ab": b"1", "cd": b"2"}
+
+
+def test_a_page_iterated_makes_each_message_when_it_is_taken() -> None:
+    # A consumer iterating a page holds one message at a time, not the page's worth
+    # (two tuples and a payload copy each) that would set the collector off.
+    batch = [Message(MessageId(1, j), bytes([j % 256]) * 1024) for j in range(1000)]
+    page = columns.read_columns(columns.write_messages(batch))
+    tracemalloc.start()
+    try:
+        rest = page.iter_messages()
+        first = next(rest)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert first == batch[0]
+    assert peak < 100_000  # the page's payloads alone are 1 MB
+    assert [first, *rest] == batch

@@ -13,6 +13,7 @@ from tests.e2e.serverproc import ServerProcess
 from tidings import AsyncClient, Client
 from tidings.client import AsyncConsumer, Consumer
 from tidings.client.transports import Urllib3Transport
+from tidings.codec.wire import AVRO_EXT, JSON, Media
 from tidings.structs import Message
 
 pytestmark = pytest.mark.e2e
@@ -174,3 +175,42 @@ async def test_async_read_ahead_keeps_order_and_count(
         assert [len(p) for p in pages] == [100] * 12 + [34]
         assert sent[0] == 12
         assert consumer._ahead is None
+
+
+@pytest.mark.parametrize("media", [AVRO_EXT, JSON], ids=["avro", "json"])
+def test_sync_iteration_and_polls_take_turns_without_a_gap(
+    server: ServerProcess, topic: str, media: Media
+) -> None:
+    # Iterating makes a page's messages one at a time (columns) or holds them decoded
+    # (JSON); a poll between two next() calls returns the rest of that page first.
+    with Client(server.url, media=media) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"%d" % j for j in range(250)])
+        consumer = client.consume(topic, batch_size=100, follow=False)
+        got = [next(consumer) for _ in range(30)]
+        assert consumer.position == got[-1].id
+        rest = consumer.poll()
+        assert len(rest) == 70 and consumer.position == rest[-1].id
+        got += rest
+        got.append(next(consumer))
+        got += consumer.poll()
+        got += list(consumer)
+        assert _payloads(got) == [b"%d" % j for j in range(250)]
+        assert consumer.position == got[-1].id
+        assert consumer.poll() == []
+
+
+async def test_async_iteration_and_polls_take_turns_without_a_gap(
+    server: ServerProcess, topic: str
+) -> None:
+    async with AsyncClient(server.url) as client:
+        await client.create_topic(topic)
+        await client.publish(topic, [b"%d" % j for j in range(250)])
+        consumer = client.consume(topic, batch_size=100, follow=False)
+        got = [await consumer.__anext__() for _ in range(30)]
+        rest = await consumer.poll()
+        assert len(rest) == 70 and consumer.position == rest[-1].id
+        got += rest
+        got += [m async for m in consumer]
+        assert _payloads(got) == [b"%d" % j for j in range(250)]
+        assert consumer.position == got[-1].id

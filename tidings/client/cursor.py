@@ -159,9 +159,13 @@ class ConsumerCursor:
 
     def advance(self, messages: list[Message]) -> None:
         """Move past a page; a short page means caught up with this snapshot."""
-        if messages:
-            self.start, self.inclusive = messages[-1].id, False
-        if len(messages) < self.batch_size:
+        self.advance_past(len(messages), messages[-1].id if messages else None)
+
+    def advance_past(self, count: int, last: MessageId | None) -> None:
+        """Move past a page of ``count`` messages ending at ``last``."""
+        if count and last is not None:
+            self.start, self.inclusive = last, False
+        if count < self.batch_size:
             self.snapshot = None
-            if not messages and not self.follow:
+            if not count and not self.follow:
                 self.exhausted = True

@@ -34,7 +34,7 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from itertools import accumulate, compress, pairwise, repeat
@@ -171,9 +171,19 @@ class ColumnPage:
 
     def messages(self) -> list[Message]:
         """The page's messages, oldest first."""
+        return list(self.iter_messages()) if self.count else []
+
+    def iter_messages(self) -> Iterator[Message]:
+        """The page's messages, oldest first, each made when it is asked for.
+
+        A consumer that lets each message go before taking the next then holds one
+        at a time: the collector's young generation stays small, where a list of the
+        page's messages (two tuples each) set off a collection walking all of them
+        (BENCHMARKS.md, "Messages made as they are read").
+        """
         n, body = self.count, self.body
         if not n:
-            return []
+            return iter(())
         ids = map(_new_id, _ID.iter_unpack(memoryview(body)[IDS_AT : IDS_AT + 20 * n]))
         at = self.offsets(self.payload_at, n + 1)
         payloads = map(body.__getitem__, map(slice, at, at[1:]))
@@ -187,7 +197,13 @@ class ColumnPage:
         headers: Sequence[Mapping[str, bytes]] | repeat[Mapping[str, bytes]] = repeat(NO_HEADERS)
         if self.rows_at is not None:
             headers = self._headers()
-        return list(map(_new_message, zip(ids, payloads, keys, headers, repeat(None), repeat(0))))
+        return map(_new_message, zip(ids, payloads, keys, headers, repeat(None), repeat(0)))
+
+    def last_id(self) -> MessageId | None:
+        """The id of the page's last message (None for an empty page)."""
+        if not self.count:
+            return None
+        return _new_id(_ID.unpack(self.id_bytes(self.count - 1)))
 
     def _headers(self) -> list[Mapping[str, bytes]]:
         assert self.rows_at is not None and self.name_at is not None

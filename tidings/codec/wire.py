@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import gc
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -56,6 +56,7 @@ __all__ = [
     "encode_raw_message_ids",
     "encode_rollback_info",
     "format_payload_range",
+    "iterate_messages",
     "media_for",
     "parse_payload_range",
     "payload_ranges_json",
@@ -326,6 +327,20 @@ def decode_messages(body: bytes, media: Media) -> list[Message]:
         return _decode_messages(body, media)
     finally:
         gc.enable()
+
+
+def iterate_messages(body: bytes, media: Media) -> tuple[int, MessageId | None, Iterator[Message]]:
+    """A poll response's message count, last id and messages, for a reader that takes
+    them one at a time: a columnar body is checked now and its messages made as they
+    are asked for (:meth:`ColumnPage.iter_messages`); other media are decoded now."""
+    if media is COLUMNS:
+        try:
+            page = columns.read_columns(body)
+        except (ValueError, IndexError, struct.error) as exc:
+            raise BadRequest(f"malformed columnar poll response: {exc}") from None
+        return page.count, page.last_id(), page.iter_messages()
+    messages = decode_messages(body, media)
+    return len(messages), messages[-1].id if messages else None, iter(messages)
 
 
 def _decode_messages(body: bytes, media: Media) -> list[Message]:

@@ -8,8 +8,7 @@ and why.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from tidings.client._async.concurrency import AsyncPending, AsyncWorker, sleep, yield_turns
 from tidings.client._async.session import AsyncSession
@@ -62,7 +61,8 @@ class AsyncConsumer(AsyncIterator[Message]):
             follow=follow,
             server_snapshots=client.server_snapshots,
         )
-        self._buffer: deque[Message] = deque()
+        # The current page's messages not returned yet, made as they are taken.
+        self._rest: Iterator[Message] = iter(())
         self._position = self._cursor.after
         self._worker = AsyncWorker("tidings-read-ahead")
         self._ahead: tuple[PollKey, AsyncPending[PollPage]] | None = None
@@ -79,8 +79,9 @@ class AsyncConsumer(AsyncIterator[Message]):
 
     async def poll(self) -> list[Message]:
         """The next page of messages (waiting as configured), instead of iterating."""
-        page = list(self._buffer) if self._buffer else await self._fetch()
-        self._buffer.clear()
+        page = list(self._rest)
+        if not page:
+            page = await self._fetch()
         if page:
             self._position = page[-1].id
         return page
@@ -132,6 +133,19 @@ class AsyncConsumer(AsyncIterator[Message]):
         await yield_turns(_SEND_TURNS)
 
     async def _fetch(self) -> list[Message]:
+        page = await self._next_page()
+        messages = page.messages()
+        self._cursor.advance(messages)
+        return messages
+
+    async def _fetch_iterator(self) -> Iterator[Message]:
+        page = await self._next_page()
+        count, last, messages = page.iterate()
+        self._cursor.advance_past(count, last)
+        return messages
+
+    async def _next_page(self) -> PollPage:
+        """The next page, read ahead or polled now; the poll after it sent ahead."""
         cursor = self._cursor
         if cursor.latest_pending:
             cursor.resolve_latest(await self._client.end(self.topic))
@@ -149,9 +163,7 @@ class AsyncConsumer(AsyncIterator[Message]):
         key = cursor.ahead_of(page)
         if key is not None:
             await self._send_ahead(key)  # before decoding: the server works meanwhile
-        messages = page.messages()
-        cursor.advance(messages)
-        return messages
+        return page
 
     async def _wait_out(self, error: TidingsError, outage: int) -> int:
         """A follower outlives a server restart: on a retriable error it waits (0.1 s,
@@ -166,11 +178,12 @@ class AsyncConsumer(AsyncIterator[Message]):
         return self
 
     async def __anext__(self) -> Message:
-        while not self._buffer:
+        message = next(self._rest, None)
+        while message is None:
             if self._cursor.exhausted:
                 self.close()
                 raise StopAsyncIteration
-            self._buffer.extend(await self._fetch())
-        message = self._buffer.popleft()
+            self._rest = await self._fetch_iterator()
+            message = next(self._rest, None)
         self._position = message.id
         return message

@@ -10,7 +10,6 @@ and why.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator
 
 from tidings.client._sync.concurrency import Pending, Worker, sleep, yield_turns
@@ -64,7 +63,8 @@ class Consumer(Iterator[Message]):
             follow=follow,
             server_snapshots=client.server_snapshots,
         )
-        self._buffer: deque[Message] = deque()
+        # The current page's messages not returned yet, made as they are taken.
+        self._rest: Iterator[Message] = iter(())
         self._position = self._cursor.after
         self._worker = Worker("tidings-read-ahead")
         self._ahead: tuple[PollKey, Pending[PollPage]] | None = None
@@ -81,8 +81,9 @@ class Consumer(Iterator[Message]):
 
     def poll(self) -> list[Message]:
         """The next page of messages (waiting as configured), instead of iterating."""
-        page = list(self._buffer) if self._buffer else self._fetch()
-        self._buffer.clear()
+        page = list(self._rest)
+        if not page:
+            page = self._fetch()
         if page:
             self._position = page[-1].id
         return page
@@ -134,6 +135,19 @@ class Consumer(Iterator[Message]):
         yield_turns(_SEND_TURNS)
 
     def _fetch(self) -> list[Message]:
+        page = self._next_page()
+        messages = page.messages()
+        self._cursor.advance(messages)
+        return messages
+
+    def _fetch_iterator(self) -> Iterator[Message]:
+        page = self._next_page()
+        count, last, messages = page.iterate()
+        self._cursor.advance_past(count, last)
+        return messages
+
+    def _next_page(self) -> PollPage:
+        """The next page, read ahead or polled now; the poll after it sent ahead."""
         cursor = self._cursor
         if cursor.latest_pending:
             cursor.resolve_latest(self._client.end(self.topic))
@@ -151,9 +165,7 @@ class Consumer(Iterator[Message]):
         key = cursor.ahead_of(page)
         if key is not None:
             self._send_ahead(key)  # before decoding: the server works meanwhile
-        messages = page.messages()
-        cursor.advance(messages)
-        return messages
+        return page
 
     def _wait_out(self, error: TidingsError, outage: int) -> int:
         """A follower outlives a server restart: on a retriable error it waits (0.1 s,
@@ -168,11 +180,12 @@ class Consumer(Iterator[Message]):
         return self
 
     def __next__(self) -> Message:
-        while not self._buffer:
+        message = next(self._rest, None)
+        while message is None:
             if self._cursor.exhausted:
                 self.close()
                 raise StopIteration
-            self._buffer.extend(self._fetch())
-        message = self._buffer.popleft()
+            self._rest = self._fetch_iterator()
+            message = next(self._rest, None)
         self._position = message.id
         return message
