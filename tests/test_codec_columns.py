@@ -37,18 +37,20 @@ def test_round_trip_and_agreement_with_avro(batch: list[Message]) -> None:
     assert len(page) == len(batch)
     assert page.messages() == batch
     assert list(page.iter_messages()) == batch
-    assert page.last_id() == (batch[-1].id if batch else None)
+    if batch:
+        assert (page.message_id(0), page.message_id(-1)) == (batch[0].id, batch[-1].id)
+    with pytest.raises(IndexError):
+        page.message_id(len(batch))
     assert [page.id_bytes(i) for i in range(len(batch))] == [m.id.to_bytes() for m in batch]
-    # What a consumer iterating the page takes: the count, the last id, the messages.
-    for media, encoded in (
-        (wire.COLUMNS, body),
-        (wire.AVRO_EXT, avro.write_messages(batch, extended=True)),
-    ):
-        count, last, rest = wire.iterate_messages(encoded, media)
-        assert (count, last) == (len(batch), batch[-1].id if batch else None)
-        assert [m.id for m in rest] == [m.id for m in batch]
-    # The client reads it as it reads the extended Avro answer of the same messages.
+    # What a consumer iterating the page takes: the count, the first and last ids, the
+    # messages.
     extended = avro.write_messages(batch, extended=True)
+    for media, encoded in ((wire.COLUMNS, body), (wire.AVRO_EXT, extended)):
+        rows = wire.iterate_messages(encoded, media)
+        assert rows.count == len(batch)
+        assert (rows.first, rows.last) == ((batch[0].id, batch[-1].id) if batch else (None, None))
+        assert [m.id for m in rows.messages] == [m.id for m in batch]
+    # The client reads it as it reads the extended Avro answer of the same messages.
     assert wire.decode_messages(body, wire.COLUMNS) == avro.read_messages(extended, extended=True)
 
 

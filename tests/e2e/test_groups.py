@@ -218,6 +218,30 @@ def test_reset_list_and_delete(server: ServerProcess, topic: str) -> None:
         assert client.groups(topic) == []
 
 
+def test_a_member_iterated_part_way_commits_after_what_it_returned(
+    server: ServerProcess, topic: str
+) -> None:
+    # Iterating files each returned message under its partition, as poll() does for
+    # a page: a commit then moves each partition past its last returned message.
+    with Client(server.url) as client:
+        fill(client, topic, 40, keys=4)
+        everything = client.poll(topic, limit=100)
+        member = client.consume(topic, group="it", follow=False, partitions=4, batch_size=15)
+        got = [next(member) for _ in range(7)]
+        assert [m.id for m in got] == [m.id for m in everything[:7]]
+        member.commit()
+        last: dict[int, Message] = {partition_of(m, 4): m for m in got}
+        info = client.describe_group(topic, "it")
+        assert {p.partition: p.position for p in info.partitions if p.position} == {
+            p: m.id for p, m in last.items()
+        }
+        member.close()
+        # A new member takes up after them, in every partition.
+        again = client.consume(topic, group="it", follow=False, batch_size=100)
+        assert [m.id for m in drain(again)] == [m.id for m in everything[7:]]
+        again.close()
+
+
 async def test_async_member(server: ServerProcess, topic: str) -> None:
     with Client(server.url) as sync:
         fill(sync, topic, 40, keys=4)

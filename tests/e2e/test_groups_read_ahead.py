@@ -173,6 +173,25 @@ class _Lost:
         self.exchange.cancel()
 
 
+def test_a_lost_answer_to_a_read_ahead_repeats_nothing_to_an_iterating_member(
+    server: ServerProcess, topic: str
+) -> None:
+    # As below, iterating: after the rewind the server sends the first page again, and
+    # the member, which takes a page's messages one at a time, drops what it returned.
+    transport = LosesAGroupPollAnswer(2)
+    with Client(server.url) as admin, Client(server.url, transport=transport) as client:
+        fill(admin, topic, 50, keys=1)
+        consumer = client.consume(topic, group="g", follow=False, partitions=1, batch_size=10)
+        first = [next(consumer) for _ in range(10)]
+        assert consumer._ahead is not None
+        rest = list(consumer)
+        assert transport.polls >= 3
+        assert [m.id for m in first + rest] == [m.id for m in admin.poll(topic, limit=100)]
+        consumer.commit()
+        assert client.describe_group(topic, "g").partitions[0].lag == 0
+        consumer.close()
+
+
 @pytest.mark.parametrize("commit_first", [True, False])
 def test_a_lost_answer_to_a_poll_read_ahead_loses_no_message(
     server: ServerProcess, topic: str, commit_first: bool

@@ -9,7 +9,7 @@ as its Tidings class. Both clients send the same calls, so they cannot drift.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote, urlsplit
@@ -97,11 +97,11 @@ class PollPage:
             return []
         return wire.decode_messages(self.body, self.media)
 
-    def iterate(self) -> tuple[int, MessageId | None, Iterator[Message]]:
-        """The page's message count, last id and messages, made as they are read where
-        the medium allows (:func:`~tidings.codec.wire.iterate_messages`)."""
+    def iterate(self) -> wire.PageRows:
+        """The page's messages, made as they are read where the medium allows
+        (:func:`~tidings.codec.wire.iterate_messages`)."""
         if not self.body:
-            return 0, None, iter(())
+            return wire.PageRows(0, None, None, iter(()))
         return wire.iterate_messages(self.body, self.media)
 
 

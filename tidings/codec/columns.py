@@ -199,11 +199,11 @@ class ColumnPage:
             headers = self._headers()
         return map(_new_message, zip(ids, payloads, keys, headers, repeat(None), repeat(0)))
 
-    def last_id(self) -> MessageId | None:
-        """The id of the page's last message (None for an empty page)."""
-        if not self.count:
-            return None
-        return _new_id(_ID.unpack(self.id_bytes(self.count - 1)))
+    def message_id(self, index: int) -> MessageId:
+        """The id of row ``index`` (negative: from the end)."""
+        if not -self.count <= index < self.count:
+            raise IndexError("row out of range")
+        return _new_id(_ID.unpack(self.id_bytes(index % self.count)))
 
     def _headers(self) -> list[Mapping[str, bytes]]:
         assert self.rows_at is not None and self.name_at is not None

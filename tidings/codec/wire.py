@@ -40,6 +40,7 @@ __all__ = [
     "AvroItems",
     "ConsumeRequest",
     "Media",
+    "PageRows",
     "PublishRequest",
     "avro_messages",
     "b64decode",
@@ -329,18 +330,33 @@ def decode_messages(body: bytes, media: Media) -> list[Message]:
         gc.enable()
 
 
-def iterate_messages(body: bytes, media: Media) -> tuple[int, MessageId | None, Iterator[Message]]:
-    """A poll response's message count, last id and messages, for a reader that takes
-    them one at a time: a columnar body is checked now and its messages made as they
-    are asked for (:meth:`ColumnPage.iter_messages`); other media are decoded now."""
+@dataclass(frozen=True, slots=True)
+class PageRows:
+    """A poll response's messages for a reader that takes them one at a time, with what
+    it needs to know of them beforehand: how many, the first and the last id."""
+
+    count: int
+    first: MessageId | None
+    last: MessageId | None
+    messages: Iterator[Message]
+
+
+def iterate_messages(body: bytes, media: Media) -> PageRows:
+    """A poll response as :class:`PageRows`: a columnar body is checked now and its
+    messages made as they are asked for (:meth:`ColumnPage.iter_messages`); other
+    media are decoded now."""
     if media is COLUMNS:
         try:
             page = columns.read_columns(body)
         except (ValueError, IndexError, struct.error) as exc:
             raise BadRequest(f"malformed columnar poll response: {exc}") from None
-        return page.count, page.last_id(), page.iter_messages()
+        if not page.count:
+            return PageRows(0, None, None, iter(()))
+        return PageRows(page.count, page.message_id(0), page.message_id(-1), page.iter_messages())
     messages = decode_messages(body, media)
-    return len(messages), messages[-1].id if messages else None, iter(messages)
+    if not messages:
+        return PageRows(0, None, None, iter(()))
+    return PageRows(len(messages), messages[0].id, messages[-1].id, iter(messages))
 
 
 def _decode_messages(body: bytes, media: Media) -> list[Message]:

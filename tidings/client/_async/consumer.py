@@ -140,9 +140,9 @@ class AsyncConsumer(AsyncIterator[Message]):
 
     async def _fetch_iterator(self) -> Iterator[Message]:
         page = await self._next_page()
-        count, last, messages = page.iterate()
-        self._cursor.advance_past(count, last)
-        return messages
+        rows = page.iterate()
+        self._cursor.advance_past(rows.count, rows.last)
+        return rows.messages
 
     async def _next_page(self) -> PollPage:
         """The next page, read ahead or polled now; the poll after it sent ahead."""

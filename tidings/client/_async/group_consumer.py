@@ -35,13 +35,12 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 
 from tidings.client._async.concurrency import AsyncPending, AsyncWorker, sleep, yield_turns
 from tidings.client._async.session import AsyncSession
 from tidings.client._async.transactions import AsyncTransactionContext
-from tidings.client.api import Call, GroupPage
+from tidings.client.api import Call, GroupPage, PollPage
 from tidings.codec.admin import START_ALIASES, TransactionGroupCommit
 from tidings.codec.groups import partition_of
 from tidings.errors import GroupNotFound, MemberNotFound, TidingsError
@@ -135,7 +134,8 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         self._partition_count = partitions
         self._follow = follow
         self._assignment: GroupAssignment | None = None
-        self._buffer: deque[Message] = deque()
+        #: The current page's messages not returned yet, made as they are taken.
+        self._rest: Iterator[Message] = iter(())
         #: The last message returned to the application, per partition, not committed.
         self._returned: dict[int, MessageId] = {}
         self._closed = False
@@ -182,7 +182,7 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
             owned = set(assignment.partitions)
             self._returned = {p: i for p, i in self._returned.items() if p in owned}
             count = assignment.partition_count
-            self._buffer = deque(m for m in self._buffer if partition_of(m, count) in owned)
+            self._rest = iter([m for m in self._rest if partition_of(m, count) in owned])
             # Newly assigned partitions start at their committed positions, which may
             # lie before it: no longer a sign of a server that started over.
             self._delivered = None
@@ -207,7 +207,7 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         """Dropped from the group: nothing it holds counts any more."""
         self._assignment = None
         self._returned.clear()
-        self._buffer.clear()
+        self._rest = iter(())
         self._epoch += 1
         self._delivered = None
         ahead, self._ahead = self._ahead, None
@@ -216,20 +216,26 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
 
     async def poll(self) -> list[Message]:
         """The next messages of this member's partitions (waiting as configured)."""
-        page = list(self._buffer) if self._buffer else await self._fetch()
-        self._buffer.clear()
+        page = list(self._rest)
+        if not page:
+            page = await self._fetch()
         self._note_returned(page)
         return page
 
-    async def _fetch(self) -> list[Message]:
+    async def _before_fetch(self) -> None:
         if self._closed:
             raise RuntimeError("the consumer is closed")
         if self._assignment is None:
             await self._join()
         if self._auto_commit and self._returned:
             await self.commit()
+
+    async def _fetch(self) -> list[Message]:
+        """The next messages not delivered before, decoded whole (for poll())."""
+        await self._before_fetch()
         while True:
-            messages = await self._fetch_page()
+            page = await self._fetch_page()
+            messages = page.messages()
             delivered = self._delivered
             if messages and delivered is not None and messages[0].id <= delivered:
                 # The server started over: drop what it already delivered (ids sorted).
@@ -241,7 +247,27 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
                 self._delivered = messages[-1].id
             return messages
 
-    async def _fetch_page(self) -> list[Message]:
+    async def _fetch_rows(self) -> tuple[int, Iterator[Message]]:
+        """The same for iterating: how many, and the messages, made as they are taken
+        where the page's medium allows (as a plain consumer's, docs/client.md)."""
+        await self._before_fetch()
+        while True:
+            page = await self._fetch_page()
+            rows = page.iterate()
+            delivered = self._delivered
+            if rows.first is not None and delivered is not None and rows.first <= delivered:
+                # The server started over (rare): as _fetch does it, on a list.
+                listed = list(rows.messages)
+                fresh = listed[bisect.bisect_right(listed, delivered, key=_id) :]
+                if not fresh:
+                    continue
+                self._delivered = fresh[-1].id
+                return len(fresh), iter(fresh)
+            if rows.count:
+                self._delivered = rows.last
+            return rows.count, rows.messages
+
+    async def _fetch_page(self) -> PollPage:
         assert self._assignment is not None
         wait = self._wait if self._follow else 0.0
         answer = await self._taken_ahead()
@@ -270,7 +296,7 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
                 self._client._begin(self._worker, self._poll_call(member_id, 0)),
             )
             await yield_turns(_SEND_TURNS)
-        return answer.page.messages()
+        return answer.page
 
     async def _send_poll(self, member_id: str, wait: float) -> GroupPage:
         return await self._client._send(self._poll_call(member_id, wait))
@@ -401,7 +427,7 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
             await self._client._send(
                 self._client._api.group_rollback(self.topic, self.group, write_pointer, member_id)
             )
-        self._buffer.clear()
+        self._rest = iter(())
         self._returned.clear()
 
     async def close(self) -> None:
@@ -450,19 +476,23 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         return self
 
     async def __anext__(self) -> Message:
+        message = next(self._rest, None)
         outage = 0
-        while not self._buffer:
+        while message is None:
             try:
-                messages = await self._fetch()
+                count, rest = await self._fetch_rows()
             except TidingsError as exc:
                 outage = await self._wait_out(exc, outage)
                 continue
             outage = 0
-            if not messages and not self._follow:
+            if not count and not self._follow:
                 raise StopAsyncIteration
-            self._buffer.extend(messages)
-        message = self._buffer.popleft()
-        self._note_returned([message])
+            self._rest = rest
+            message = next(rest, None)
+        assignment = self._assignment
+        if assignment is not None:
+            # _note_returned of one message, without its list and set of partitions.
+            self._returned[partition_of(message, assignment.partition_count)] = message.id
         return message
 
 

@@ -142,9 +142,9 @@ class Consumer(Iterator[Message]):
 
     def _fetch_iterator(self) -> Iterator[Message]:
         page = self._next_page()
-        count, last, messages = page.iterate()
-        self._cursor.advance_past(count, last)
-        return messages
+        rows = page.iterate()
+        self._cursor.advance_past(rows.count, rows.last)
+        return rows.messages
 
     def _next_page(self) -> PollPage:
         """The next page, read ahead or polled now; the poll after it sent ahead."""

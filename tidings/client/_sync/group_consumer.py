@@ -37,13 +37,12 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-from collections import deque
 from collections.abc import Iterable, Iterator
 
 from tidings.client._sync.concurrency import Pending, Worker, sleep, yield_turns
 from tidings.client._sync.session import Session
 from tidings.client._sync.transactions import TransactionContext
-from tidings.client.api import Call, GroupPage
+from tidings.client.api import Call, GroupPage, PollPage
 from tidings.codec.admin import START_ALIASES, TransactionGroupCommit
 from tidings.codec.groups import partition_of
 from tidings.errors import GroupNotFound, MemberNotFound, TidingsError
@@ -137,7 +136,8 @@ class GroupConsumer(Iterator[Message]):
         self._partition_count = partitions
         self._follow = follow
         self._assignment: GroupAssignment | None = None
-        self._buffer: deque[Message] = deque()
+        #: The current page's messages not returned yet, made as they are taken.
+        self._rest: Iterator[Message] = iter(())
         #: The last message returned to the application, per partition, not committed.
         self._returned: dict[int, MessageId] = {}
         self._closed = False
@@ -184,7 +184,7 @@ class GroupConsumer(Iterator[Message]):
             owned = set(assignment.partitions)
             self._returned = {p: i for p, i in self._returned.items() if p in owned}
             count = assignment.partition_count
-            self._buffer = deque(m for m in self._buffer if partition_of(m, count) in owned)
+            self._rest = iter([m for m in self._rest if partition_of(m, count) in owned])
             # Newly assigned partitions start at their committed positions, which may
             # lie before it: no longer a sign of a server that started over.
             self._delivered = None
@@ -209,7 +209,7 @@ class GroupConsumer(Iterator[Message]):
         """Dropped from the group: nothing it holds counts any more."""
         self._assignment = None
         self._returned.clear()
-        self._buffer.clear()
+        self._rest = iter(())
         self._epoch += 1
         self._delivered = None
         ahead, self._ahead = self._ahead, None
@@ -218,20 +218,26 @@ class GroupConsumer(Iterator[Message]):
 
     def poll(self) -> list[Message]:
         """The next messages of this member's partitions (waiting as configured)."""
-        page = list(self._buffer) if self._buffer else self._fetch()
-        self._buffer.clear()
+        page = list(self._rest)
+        if not page:
+            page = self._fetch()
         self._note_returned(page)
         return page
 
-    def _fetch(self) -> list[Message]:
+    def _before_fetch(self) -> None:
         if self._closed:
             raise RuntimeError("the consumer is closed")
         if self._assignment is None:
             self._join()
         if self._auto_commit and self._returned:
             self.commit()
+
+    def _fetch(self) -> list[Message]:
+        """The next messages not delivered before, decoded whole (for poll())."""
+        self._before_fetch()
         while True:
-            messages = self._fetch_page()
+            page = self._fetch_page()
+            messages = page.messages()
             delivered = self._delivered
             if messages and delivered is not None and messages[0].id <= delivered:
                 # The server started over: drop what it already delivered (ids sorted).
@@ -243,7 +249,27 @@ class GroupConsumer(Iterator[Message]):
                 self._delivered = messages[-1].id
             return messages
 
-    def _fetch_page(self) -> list[Message]:
+    def _fetch_rows(self) -> tuple[int, Iterator[Message]]:
+        """The same for iterating: how many, and the messages, made as they are taken
+        where the page's medium allows (as a plain consumer's, docs/client.md)."""
+        self._before_fetch()
+        while True:
+            page = self._fetch_page()
+            rows = page.iterate()
+            delivered = self._delivered
+            if rows.first is not None and delivered is not None and rows.first <= delivered:
+                # The server started over (rare): as _fetch does it, on a list.
+                listed = list(rows.messages)
+                fresh = listed[bisect.bisect_right(listed, delivered, key=_id) :]
+                if not fresh:
+                    continue
+                self._delivered = fresh[-1].id
+                return len(fresh), iter(fresh)
+            if rows.count:
+                self._delivered = rows.last
+            return rows.count, rows.messages
+
+    def _fetch_page(self) -> PollPage:
         assert self._assignment is not None
         wait = self._wait if self._follow else 0.0
         answer = self._taken_ahead()
@@ -272,7 +298,7 @@ class GroupConsumer(Iterator[Message]):
                 self._client._begin(self._worker, self._poll_call(member_id, 0)),
             )
             yield_turns(_SEND_TURNS)
-        return answer.page.messages()
+        return answer.page
 
     def _send_poll(self, member_id: str, wait: float) -> GroupPage:
         return self._client._send(self._poll_call(member_id, wait))
@@ -401,7 +427,7 @@ class GroupConsumer(Iterator[Message]):
             self._client._send(
                 self._client._api.group_rollback(self.topic, self.group, write_pointer, member_id)
             )
-        self._buffer.clear()
+        self._rest = iter(())
         self._returned.clear()
 
     def close(self) -> None:
@@ -448,19 +474,23 @@ class GroupConsumer(Iterator[Message]):
         return self
 
     def __next__(self) -> Message:
+        message = next(self._rest, None)
         outage = 0
-        while not self._buffer:
+        while message is None:
             try:
-                messages = self._fetch()
+                count, rest = self._fetch_rows()
             except TidingsError as exc:
                 outage = self._wait_out(exc, outage)
                 continue
             outage = 0
-            if not messages and not self._follow:
+            if not count and not self._follow:
                 raise StopIteration
-            self._buffer.extend(messages)
-        message = self._buffer.popleft()
-        self._note_returned([message])
+            self._rest = rest
+            message = next(rest, None)
+        assignment = self._assignment
+        if assignment is not None:
+            # _note_returned of one message, without its list and set of partitions.
+            self._returned[partition_of(message, assignment.partition_count)] = message.id
         return message
 
 
