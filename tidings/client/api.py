@@ -101,7 +101,7 @@ class PollPage:
         """The page's messages, made as they are read where the medium allows
         (:func:`~tidings.codec.wire.iterate_messages`)."""
         if not self.body:
-            return wire.PageRows(0, None, None, iter(()))
+            return wire.no_rows()
         return wire.iterate_messages(self.body, self.media)
 
 

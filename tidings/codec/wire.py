@@ -59,6 +59,7 @@ __all__ = [
     "format_payload_range",
     "iterate_messages",
     "media_for",
+    "no_rows",
     "parse_payload_range",
     "payload_ranges_json",
     "response_media_for",
@@ -341,6 +342,11 @@ class PageRows:
     messages: Iterator[Message]
 
 
+def no_rows() -> PageRows:
+    """The rows of an empty page."""
+    return PageRows(0, None, None, iter(()))
+
+
 def iterate_messages(body: bytes, media: Media) -> PageRows:
     """A poll response as :class:`PageRows`: a columnar body is checked now and its
     messages made as they are asked for (:meth:`ColumnPage.iter_messages`); other
@@ -351,11 +357,11 @@ def iterate_messages(body: bytes, media: Media) -> PageRows:
         except (ValueError, IndexError, struct.error) as exc:
             raise BadRequest(f"malformed columnar poll response: {exc}") from None
         if not page.count:
-            return PageRows(0, None, None, iter(()))
+            return no_rows()
         return PageRows(page.count, page.message_id(0), page.message_id(-1), page.iter_messages())
     messages = decode_messages(body, media)
     if not messages:
-        return PageRows(0, None, None, iter(()))
+        return no_rows()
     return PageRows(len(messages), messages[0].id, messages[-1].id, iter(messages))
 
 

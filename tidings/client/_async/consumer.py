@@ -138,7 +138,7 @@ class AsyncConsumer(AsyncIterator[Message]):
         self._cursor.advance(messages)
         return messages
 
-    async def _fetch_iterator(self) -> Iterator[Message]:
+    async def _fetch_rows(self) -> Iterator[Message]:
         page = await self._next_page()
         rows = page.iterate()
         self._cursor.advance_past(rows.count, rows.last)
@@ -183,7 +183,7 @@ class AsyncConsumer(AsyncIterator[Message]):
             if self._cursor.exhausted:
                 self.close()
                 raise StopAsyncIteration
-            self._rest = await self._fetch_iterator()
+            self._rest = await self._fetch_rows()
             message = next(self._rest, None)
         self._position = message.id
         return message

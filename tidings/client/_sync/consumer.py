@@ -140,7 +140,7 @@ class Consumer(Iterator[Message]):
         self._cursor.advance(messages)
         return messages
 
-    def _fetch_iterator(self) -> Iterator[Message]:
+    def _fetch_rows(self) -> Iterator[Message]:
         page = self._next_page()
         rows = page.iterate()
         self._cursor.advance_past(rows.count, rows.last)
@@ -185,7 +185,7 @@ class Consumer(Iterator[Message]):
             if self._cursor.exhausted:
                 self.close()
                 raise StopIteration
-            self._rest = self._fetch_iterator()
+            self._rest = self._fetch_rows()
             message = next(self._rest, None)
         self._position = message.id
         return message
