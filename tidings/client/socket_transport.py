@@ -267,6 +267,8 @@ class SocketTransport:
 
     def send(self, request: Request) -> Response:
         origin, conn, data, deadline = self._checkout(request)
+        # Exchange.result() reads an answer with the same hand-back and errors, written
+        # out in both: as a shared context manager it cost ~2 us more per request.
         try:
             try:
                 response = conn.exchange(data, deadline)

@@ -26,11 +26,6 @@ from tidings.structs import Message, MessageId
 
 __all__ = ["AsyncConsumer"]
 
-#: Loop turns a read-ahead gets before a page is decoded, if it runs on the event loop:
-#: the default transport writes the request in one, aiohttp's needs two (measured; one
-#: left it unsent until after). A thread needs none.
-_SEND_TURNS = 2
-
 
 class AsyncConsumer(AsyncIterator[Message]):
     """Iterates over a topic's messages, polling as needed (see
@@ -130,7 +125,7 @@ class AsyncConsumer(AsyncIterator[Message]):
         )
         self._ahead = (key, self._client._begin(self._worker, call))
         # Let the request go out before decoding holds the loop.
-        await yield_turns(_SEND_TURNS)
+        await yield_turns()
 
     async def _fetch(self) -> list[Message]:
         page = await self._next_page()

@@ -147,7 +147,7 @@ class AsyncQueue:
         if self.prefetch and len(popped) == max_messages and not self._fetched:
             call = self._pop_call(max_messages, 0.0)
             self._ahead = (time.monotonic(), self._client._begin(self._worker, call))
-            await yield_turns(2)  # let the request go out (aiohttp takes two turns)
+            await yield_turns()  # let the request go out
         return popped
 
     def _pop_call(self, max_messages: int, wait: float) -> Call[list[Message]]:

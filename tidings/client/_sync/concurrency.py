@@ -34,7 +34,7 @@ def sleep(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def yield_turns(turns: int) -> None:
+def yield_turns(turns: int = 0) -> None:
     """Nothing to do: a thread started runs on its own."""
 
 

@@ -28,11 +28,6 @@ from tidings.structs import Message, MessageId
 
 __all__ = ["Consumer"]
 
-#: Loop turns a read-ahead gets before a page is decoded, if it runs on the event loop:
-#: the default transport writes the request in one, aiohttp's needs two (measured; one
-#: left it unsent until after). A thread needs none.
-_SEND_TURNS = 2
-
 
 class Consumer(Iterator[Message]):
     """Iterates over a topic's messages, polling as needed (see
@@ -132,7 +127,7 @@ class Consumer(Iterator[Message]):
         )
         self._ahead = (key, self._client._begin(self._worker, call))
         # Let the request go out before decoding holds the loop.
-        yield_turns(_SEND_TURNS)
+        yield_turns()
 
     def _fetch(self) -> list[Message]:
         page = self._next_page()

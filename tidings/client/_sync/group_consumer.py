@@ -50,10 +50,6 @@ from tidings.structs import GroupAssignment, Message, MessageId, Transaction
 
 __all__ = ["GroupConsumer"]
 
-#: Loop turns a read-ahead gets to write its request before the page is decoded (as
-#: the plain consumer's; a thread needs none).
-_SEND_TURNS = 2
-
 
 class _GroupCommit:
     """A group's positions as a participant of a transaction: their change keys go into
@@ -297,7 +293,7 @@ class GroupConsumer(Iterator[Message]):
                 member_id,
                 self._client._begin(self._worker, self._poll_call(member_id, 0)),
             )
-            yield_turns(_SEND_TURNS)
+            yield_turns()
         return answer.page
 
     def _send_poll(self, member_id: str, wait: float) -> GroupPage:
