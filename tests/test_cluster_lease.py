@@ -76,6 +76,9 @@ def test_a_takeover_waits_for_a_write_in_flight_and_fences_what_follows(
 
         def slow(view: WriteView) -> None:
             view.put("metadata", b"slow", b"v")
+            # A scan sends the buffered write to PostgreSQL first: the transaction
+            # opens there, with the fence's lock.
+            assert list(view.scan("metadata", b"slow", b"slow\xff")) == [(b"slow", b"v")]
             inside.set()
             release.wait(5)
 
@@ -94,6 +97,41 @@ def test_a_takeover_waits_for_a_write_in_flight_and_fences_what_follows(
         with pytest.raises(LeaseLost):
             store.apply(_put(b"after"))
         assert store.get("metadata", b"slow") == b"v"
+    finally:
+        store.close()
+
+
+def test_a_write_still_buffered_when_the_lease_passes_is_refused_without_delaying_the_takeover(
+    postgres_url: str,
+) -> None:
+    # Until a group sends anything to PostgreSQL its transaction is not open and holds
+    # no lock: the takeover goes ahead, and the fence refuses the group at its commit.
+    url = fresh_database(postgres_url)
+    a, b = _lease(url, "a"), _lease(url, "b")
+    store = PostgresStore(url)
+    try:
+        store.fence(FENCE_SQL, ("a", a.acquire(wait=False)), idle_timeout=5)
+        store.apply(_put(b"before"))
+        inside = threading.Event()
+        release = threading.Event()
+
+        def slow(view: WriteView) -> None:
+            view.put("metadata", b"slow", b"v")
+            assert view.get("metadata", b"before") == b"v"
+            inside.set()
+            release.wait(5)
+
+        pending = store.submit(slow)
+        assert inside.wait(5)
+        time.sleep(0.6)  # a's lease has passed while its write function runs
+        started = time.monotonic()
+        assert b.acquire(wait=False) == 2
+        assert time.monotonic() - started < 0.3
+        release.set()
+        with pytest.raises(LeaseLost):
+            pending.result(5)
+        assert store.get("metadata", b"slow") is None
+        assert store.get("metadata", b"before") == b"v"
     finally:
         store.close()
 

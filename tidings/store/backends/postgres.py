@@ -46,6 +46,9 @@ _PAGE = 1000
 _GROUP = 256
 #: Most committed values the writer keeps for its reads (then it starts afresh).
 _KNOWN = 65_536
+#: Most bytes of keys and values a group's last writes may hold to go as SQL text
+#: with its COMMIT (beyond it, binary parameters are cheaper than hex text).
+_INLINE_BYTES = 64 << 10
 
 
 def _name(table: str) -> sql.Identifier:
@@ -183,9 +186,22 @@ class _WriteView(_View):
     """
 
     def __init__(
-        self, conn: psycopg.Connection[Any], known: dict[tuple[str, bytes], bytes | None]
+        self,
+        conn: psycopg.Connection[Any],
+        known: dict[tuple[str, bytes], bytes | None],
+        opening: bytes = b"BEGIN",
+        fenced_by: bool = False,
     ) -> None:
         super().__init__(conn)
+        #: What opens the group's transaction: ``BEGIN``, and with ``fenced_by`` the
+        #: fence's query after it, as one statement string (PostgresStore.fence).
+        self._opening = opening
+        self._fenced_by = fenced_by
+        #: The transaction has begun (before that, reads run on their own, as reads
+        #: of committed values by the store's only writer).
+        self.begun = False
+        #: The fence found the lease gone: the transaction was rolled back.
+        self.fenced = False
         self._group = _Changes()
         self._mine = _Changes()
         self._savepoint = False
@@ -294,10 +310,52 @@ class _WriteView(_View):
         self._savepoint = False
 
     def finish(self) -> None:
-        """Write everything the group's functions kept (before the commit)."""
-        _write(self._conn, self._group)
+        """Write everything the group's functions kept so far (the transaction begun)."""
+        _write(self._conn, self._group, self.open(_probes(self._group)))
         self.written = self._group
         self._group = _Changes()
+
+    def commit(self) -> None:
+        """Write everything the group's functions kept and commit, in as few round
+        trips as it can: the transaction's opening, its fence and the range probes
+        of new keys in one; a ``COPY`` per table of new keys; the other writes and
+        the ``COMMIT`` in one. A group that wrote nothing has nothing to commit."""
+        group = self._group
+        if not group and not self.begun:
+            return
+        free = self.open(_probes(group))
+        _write(self._conn, group, free, then=b"COMMIT")
+        self.written = group
+        self._group = _Changes()
+
+    def open(self, probes: Mapping[str, bytes] | None = None) -> dict[str, bool]:
+        """Begin the transaction if it has not begun, checking the fence first, and
+        run ``probes`` (a query per table) in the same round trip: the tables whose
+        probe found no row. Raises :class:`LeaseLost` where the fence refuses."""
+        if self.fenced:
+            raise LeaseLost("this instance no longer holds the leader lease; retry elsewhere")
+        parts = [] if self.begun else [self._opening]
+        tables = list(probes or ())
+        parts.extend((probes or {}).values())
+        if not parts:
+            return {}
+        # Without parameters psycopg sends the text as one simple query: every
+        # statement in it costs one round trip together (each costs ~1-2 ms when the
+        # cores are busy, as under load; BENCHMARKS.md).
+        cur = self._conn.execute(b"; ".join(parts))
+        found: list[bool] = []
+        while True:
+            if cur.description is not None:
+                found.append(cur.fetchone() is not None)
+            if not cur.nextset():
+                break
+        if not self.begun:
+            self.begun = True
+            if self._fenced_by and not found.pop(0):
+                self.fenced = True
+                _rollback(self._conn)
+                raise LeaseLost("this instance no longer holds the leader lease; retry elsewhere")
+        return {table: not hit for table, hit in zip(tables, found, strict=True)}
 
     def committed(self) -> None:
         """The group committed: what it wrote is now the committed value of each key
@@ -316,13 +374,16 @@ class _WriteView(_View):
     def _flush(self) -> None:
         # The group's writes first: they are not this function's to undo. Then this
         # function's, after a savepoint, so that raising can still take them back.
+        # What follows (the flushed writes, the scan or delete that needs them) runs
+        # inside the transaction.
         self.flushed = True
+        self.open()
         self.finish()
         if self._mine:
             if not self._savepoint:
                 self._conn.execute("SAVEPOINT fn")
                 self._savepoint = True
-            _write(self._conn, self._mine)
+            _write(self._conn, self._mine, self.open(_probes(self._mine)))
             # Flushed: still this function's writes (undone by the savepoint), but
             # nothing to write again at its end.
             self._mine = _Changes()
@@ -338,19 +399,25 @@ def _remember(
             known[where] = None if value is None else bytes(value)
 
 
-def _write(conn: psycopg.Connection[Any], changes: _Changes) -> None:
-    """Write ``changes``: per table, new keys by ``COPY``, the rest by one upsert and
-    one delete.
+def _write(
+    conn: psycopg.Connection[Any],
+    changes: _Changes,
+    free: Mapping[str, bool],
+    then: bytes | None = None,
+) -> None:
+    """Write ``changes`` (the transaction begun): per table, new keys by ``COPY``
+    where ``free`` says the table's probe (:func:`_probes`) found none stored in
+    their range, else with the rest by one upsert, and deletions by one delete;
+    ``then`` (``COMMIT``) right after them, in the same round trip where they are
+    small enough to send as text.
 
     ``COPY`` costs PostgreSQL about half of ``INSERT ... ON CONFLICT`` per row (measured
-    here: 21 against 40 ms for 4,000 rows), but fails on a key that exists. So it takes
-    only keys written with ``append=True`` (a publish's new entries) and only after one
-    index probe has found no stored key between the lowest and highest of them; this
-    connection is the store's only writer, so none can appear meanwhile. Otherwise they
-    go with the upsert, which is always right.
+    here: 21 against 40 ms for 4,000 rows), but fails on a key that exists, hence the
+    probe; this connection is the store's only writer, so no key can appear between
+    the probe and the ``COPY``. The upsert is always right.
     """
-    if not changes:
-        return
+    rest: list[tuple[str, list[bytes], list[bytes], list[bytes]]] = []
+    size = 0
     for table in dict.fromkeys([*changes.new, *changes.plain]):
         keys: list[bytes] = []
         values: list[bytes] = []
@@ -362,9 +429,20 @@ def _write(conn: psycopg.Connection[Any], changes: _Changes) -> None:
                 keys.append(key)
                 values.append(value)
         new = list(changes.new.get(table, {}).items())
-        if new and not _copy_new(conn, table, new):
-            keys.extend(k for k, _ in new)
-            values.extend(v for _, v in new)
+        if new:
+            if free.get(table, False):
+                _copy_rows(conn, table, new)
+            else:
+                keys.extend(k for k, _ in new)
+                values.extend(v for _, v in new)
+        if keys or gone:
+            rest.append((table, keys, values, gone))
+            size += sum(map(len, keys)) + sum(map(len, values)) + sum(map(len, gone))
+    if then is not None and size <= _INLINE_BYTES:
+        # A group's usual rest (a few topic states) goes as literals with the COMMIT.
+        conn.execute(b"; ".join([*(_inline(*r) for r in rest), then]))
+        return
+    for table, keys, values, gone in rest:
         if keys:
             conn.execute(
                 sql.SQL(
@@ -380,6 +458,63 @@ def _write(conn: psycopg.Connection[Any], changes: _Changes) -> None:
                 sql.SQL("DELETE FROM {} WHERE key = ANY(%b::bytea[])").format(_name(table)),
                 (gone,),
             )
+    if then is not None:
+        conn.execute(then)
+
+
+def _bytea(value: bytes | memoryview) -> bytes:
+    """``value`` as a ``bytea`` expression in SQL text (no backslash, so it reads the
+    same whatever ``standard_conforming_strings`` says)."""
+    return b"decode('" + value.hex().encode("ascii") + b"', 'hex')"
+
+
+def _quoted(table: str) -> bytes:
+    check_table(table)
+    return f'"tidings_{table}"'.encode("ascii")  # table names are lower-case words
+
+
+def _inline(table: str, keys: list[bytes], values: list[bytes], gone: list[bytes]) -> bytes:
+    """The upsert and delete of :func:`_write` as SQL text (literals, no parameters)."""
+    out: list[bytes] = []
+    if keys:
+        rows = b", ".join(
+            b"(" + _bytea(k) + b", " + _bytea(v) + b")" for k, v in zip(keys, values, strict=True)
+        )
+        out.append(
+            b"INSERT INTO " + _quoted(table) + b" (key, value) VALUES " + rows
+            + b" ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+        )  # fmt: skip
+    if gone:
+        out.append(
+            b"DELETE FROM " + _quoted(table) + b" WHERE key IN ("
+            + b", ".join(map(_bytea, gone)) + b")"
+        )  # fmt: skip
+    return b"; ".join(out)
+
+
+def _probes(changes: _Changes) -> dict[str, bytes]:
+    """Per table with new keys in ``changes``: a query for a stored key between the
+    lowest and the highest of them (a row: there is one)."""
+    out: dict[str, bytes] = {}
+    for table, rows in changes.new.items():
+        if not rows:
+            continue
+        try:
+            # Keys are unique, so comparing keys is all min and max do (in C).
+            low, high = bytes(min(rows)), bytes(max(rows))
+        except TypeError:  # keys that are buffers without an order (memoryview)
+            low, high = min(map(bytes, rows)), max(map(bytes, rows))
+        out[table] = (
+            b"SELECT 1 FROM " + _quoted(table) + b" WHERE key >= " + _bytea(low)
+            + b" AND key <= " + _bytea(high) + b" LIMIT 1"
+        )  # fmt: skip
+    return out
+
+
+def _rollback(conn: psycopg.Connection[Any]) -> None:
+    """End the writer's transaction, if one is open, without keeping anything."""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        conn.execute(b"ROLLBACK")
 
 
 #: PostgreSQL's binary ``COPY`` stream: its signature, flags and header extension
@@ -405,20 +540,8 @@ def _copy_data(rows: list[tuple[bytes, bytes]]) -> bytes:
     return b"".join(parts)
 
 
-def _copy_new(conn: psycopg.Connection[Any], table: str, rows: list[tuple[bytes, bytes]]) -> bool:
-    """``COPY`` ``rows`` into ``table`` if none of their keys can exist; False (nothing
-    written) if a stored key lies within their range."""
-    try:
-        # Keys are unique, so comparing rows compares keys (in C, not a generator).
-        low, high = bytes(min(rows)[0]), bytes(max(rows)[0])
-    except TypeError:  # keys that are buffers without an order (memoryview)
-        low, high = min(bytes(k) for k, _ in rows), max(bytes(k) for k, _ in rows)
-    taken = conn.execute(
-        sql.SQL("SELECT 1 FROM {} WHERE key >= %b AND key <= %b LIMIT 1").format(_name(table)),
-        (low, high),
-    ).fetchone()
-    if taken is not None:
-        return False
+def _copy_rows(conn: psycopg.Connection[Any], table: str, rows: list[tuple[bytes, bytes]]) -> None:
+    """``COPY`` ``rows`` into ``table`` (none of their keys may be stored)."""
     with (
         conn.cursor() as cur,
         cur.copy(
@@ -426,7 +549,6 @@ def _copy_new(conn: psycopg.Connection[Any], table: str, rows: list[tuple[bytes,
         ) as copy,
     ):
         copy.write(_copy_data(rows))
-    return True
 
 
 class PostgresStore(Store):
@@ -441,12 +563,15 @@ class PostgresStore(Store):
         except BaseException:
             self._writer_conn.close()
             raise
-        self._writer_conn.autocommit = False
+        # The writer's connection stays in autocommit: each group sends its own BEGIN,
+        # in one round trip with the fence and probes (_WriteView.open).
         self._pool = ConnectionPool(
             url,
             min_size=1,
             max_size=readers,
-            kwargs={"autocommit": False},
+            # Autocommit, so that a read sends its BEGIN itself, with the statement
+            # that takes the snapshot: one round trip rather than three.
+            kwargs={"autocommit": True},
             timeout=connect_timeout,
             open=True,
         )
@@ -456,7 +581,8 @@ class PostgresStore(Store):
         self._closed = False
         self._lock = threading.Lock()
         self._commits = 0
-        self._fence: tuple[str, tuple[object, ...]] | None = None
+        #: The fence's query with its parameters written in (the writer's to use).
+        self._fence: bytes | None = None
         # Committed values the writer read or wrote, by (table, key); the writer's only.
         self._known: dict[tuple[str, bytes], bytes | None] = {}
         self._idle_timeout_ms = 0
@@ -477,23 +603,28 @@ class PostgresStore(Store):
         way. ``idle_timeout`` (seconds) bounds how long the writer's session may sit
         inside a transaction without a statement: a process stopped mid-write then
         loses its transaction, and the locks the fence took, to the database."""
-        self._fence = (statement, params)
         self._idle_timeout_ms = max(1, round(idle_timeout * 1000))
-        # The writer applies the timeout first, and forgets what it knew: another
-        # instance may have written since (a new lease, a new epoch).
-        self.submit(lambda view: self._known.clear()).result()
+
+        def install(view: WriteView) -> None:
+            # In the writer's thread, on its connection: the fence as text (it goes in
+            # one simple query with the BEGIN), and nothing remembered from before:
+            # another instance may have written since (a new lease, a new epoch).
+            cursor = psycopg.ClientCursor(self._writer_conn)
+            self._fence = cursor.mogrify(statement, params).encode()
+            self._known.clear()
+
+        self.submit(install).result()
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[ReadView]:
         with self._pool.connection() as conn:
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             # The snapshot is taken at the first statement, not at BEGIN: take it now,
             # so the view shows the store as of read(), as the interface promises.
-            conn.execute("SELECT 1")
+            conn.execute(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1")
             try:
                 yield _View(conn)
             finally:
-                conn.rollback()  # read only: nothing to keep
+                _rollback(conn)  # read only: nothing to keep
 
     def read(self) -> contextlib.AbstractContextManager[ReadView]:
         return self._reading()
@@ -538,17 +669,15 @@ class PostgresStore(Store):
 
     def _commit_group(self, group: list[tuple[Callable[[WriteView], Any], Future[Any]]]) -> None:
         conn = self._writer_conn
-        view = _WriteView(conn, self._known)
-        outcomes: list[tuple[bool, Any]] = []
         fence = self._fence
+        outcomes: list[tuple[bool, Any]] = []
+        view: _WriteView | None = None
         try:
-            if fence is not None:
+            if fence is None:
+                view = _WriteView(conn, self._known)
+            else:
                 self._set_idle_timeout(conn)
-                if conn.execute(fence[0], fence[1]).fetchone() is None:
-                    conn.rollback()
-                    self._known.clear()
-                    self._fenced(group)
-                    return
+                view = _WriteView(conn, self._known, b"BEGIN; " + fence, fenced_by=True)
             for fn, _ in group:
                 view.begin_function()
                 try:
@@ -559,21 +688,27 @@ class PostgresStore(Store):
                 else:
                     view.end_function(True)
                     outcomes.append((True, result))
-            view.finish()
-            conn.commit()
-            self._commits += 1
-            view.committed()
+            view.commit()
         except Exception as exc:
             # Whatever was written or read, nothing of it is known to be committed.
             self._known.clear()
             with contextlib.suppress(Exception):
-                conn.rollback()
+                _rollback(conn)
+            if view is not None and view.fenced:
+                self._fenced(group)
+                return
             _log.error("store commit failed", exc_info=exc, extra={"event": "error"})
             error = ServerError(f"the store could not commit: {type(exc).__name__}: {exc}")
             for _, future in group:
                 future.set_exception(error)
             self._reconnect_if_broken()
             return
+        if view.fenced:  # a function met the refusal and did not let it out
+            self._known.clear()
+            self._fenced(group)
+            return
+        self._commits += 1
+        view.committed()
         for (_, future), (ok, value) in zip(group, outcomes, strict=True):
             if ok:
                 future.set_result(value)
@@ -589,7 +724,6 @@ class PostgresStore(Store):
                 sql.Literal(self._idle_timeout_ms)
             )
         )
-        conn.commit()
         self._idle_set_on = conn
 
     def _fenced(self, group: list[tuple[Callable[[WriteView], Any], Future[Any]]]) -> None:
@@ -609,7 +743,7 @@ class PostgresStore(Store):
         with contextlib.suppress(Exception):
             self._writer_conn.close()
         try:
-            self._writer_conn = psycopg.connect(self.url, autocommit=False, connect_timeout=10)
+            self._writer_conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
         except psycopg.Error as exc:
             _log.error(f"cannot reconnect to the store: {exc}", extra={"event": "error"})
 
