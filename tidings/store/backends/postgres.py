@@ -44,8 +44,11 @@ SCHEMA_VERSION = 1
 _PAGE = 1000
 #: Most write functions one group commit holds.
 _GROUP = 256
-#: Most committed values the writer keeps for its reads (then it starts afresh).
+#: Most committed values the writer keeps for its reads, per table (then it starts
+#: that table afresh).
 _KNOWN = 65_536
+#: Committed values the writer read or wrote, by table and key (PostgresStore._known).
+_Known = dict[str, dict[bytes, bytes | None]]
 #: Most bytes of keys and values a group's last writes may hold to go as SQL text
 #: with its COMMIT (beyond it, binary parameters are cheaper than hex text).
 _INLINE_BYTES = 64 << 10
@@ -188,7 +191,7 @@ class _WriteView(_View):
     def __init__(
         self,
         conn: psycopg.Connection[Any],
-        known: dict[tuple[str, bytes], bytes | None],
+        known: _Known,
         opening: bytes = b"BEGIN",
         fenced_by: bool = False,
     ) -> None:
@@ -230,15 +233,16 @@ class _WriteView(_View):
         # Not once the group flushed writes of its own: PostgreSQL then holds values
         # newer than the committed ones (a put, a scan that flushed it, then a get of
         # the key returned the committed value instead of the one just written).
-        where = (table, key)
-        known = self._known
-        if not self.flushed and where in known:
-            return known[where]
+        known = self._known.get(table)
+        if not self.flushed and known is not None and key in known:
+            return known[key]
         value = super().get(table, key)
         if not self.flushed:
-            if len(known) >= _KNOWN:
+            if known is None:
+                known = self._known[table] = {}
+            elif len(known) >= _KNOWN:
                 known.clear()
-            known[where] = value
+            known[key] = value
         return value
 
     def scan(
@@ -274,8 +278,7 @@ class _WriteView(_View):
 
     def delete_range(self, table: str, start: bytes, stop: bytes, limit: int | None = None) -> int:
         self._flush()
-        for where in [w for w in self._known if w[0] == table]:
-            del self._known[where]  # deleted in SQL, not through the buffers
+        self._known.pop(table, None)  # deleted in SQL, not through the buffers
         if limit is None:
             cur = self._conn.execute(
                 sql.SQL("DELETE FROM {} WHERE key >= %s AND key < %s").format(_name(table)),
@@ -367,9 +370,9 @@ class _WriteView(_View):
         if not known:
             return
         for table, plain in self.written.plain.items():
-            _remember(known, table, plain)
+            _remember(known.get(table), plain)
         for table, new in self.written.new.items():
-            _remember(known, table, new)
+            _remember(known.get(table), new)
 
     def _flush(self) -> None:
         # The group's writes first: they are not this function's to undo. Then this
@@ -390,13 +393,17 @@ class _WriteView(_View):
 
 
 def _remember(
-    known: dict[tuple[str, bytes], bytes | None], table: str, values: Mapping[bytes, bytes | None]
+    known: dict[bytes, bytes | None] | None, values: Mapping[bytes, bytes | None]
 ) -> None:
-    """Committed: each of ``values`` that the writer remembers is now as written."""
-    for key, value in values.items():
-        where = (table, bytes(key))
-        if where in known:
-            known[where] = None if value is None else bytes(value)
+    """Committed: each of ``values`` that the writer remembers (``known``, of the same
+    table) is now as written."""
+    if not known:
+        return
+    # Only keys in both, found in C: a publish writes thousands of keys the writer
+    # never read.
+    for key in known.keys() & values.keys():
+        value = values[key]
+        known[key] = None if value is None else bytes(value)
 
 
 def _write(
@@ -428,13 +435,13 @@ def _write(
             else:
                 keys.append(key)
                 values.append(value)
-        new = list(changes.new.get(table, {}).items())
+        new = changes.new.get(table)
         if new:
             if free.get(table, False):
-                _copy_rows(conn, table, new)
+                _copy_rows(conn, table, new.items())
             else:
-                keys.extend(k for k, _ in new)
-                values.extend(v for _, v in new)
+                keys.extend(new)
+                values.extend(new.values())
         if keys or gone:
             rest.append((table, keys, values, gone))
             size += sum(map(len, keys)) + sum(map(len, values)) + sum(map(len, gone))
@@ -525,7 +532,7 @@ _COPY_FIELD = struct.Struct(">i")
 _COPY_TRAILER = b"\xff\xff"
 
 
-def _copy_data(rows: list[tuple[bytes, bytes]]) -> bytes:
+def _copy_data(rows: Iterable[tuple[bytes, bytes]]) -> bytes:
     """``rows`` as one binary ``COPY`` stream of two ``bytea`` columns.
 
     Written here rather than row by row through psycopg's ``write_row``, which took
@@ -540,7 +547,9 @@ def _copy_data(rows: list[tuple[bytes, bytes]]) -> bytes:
     return b"".join(parts)
 
 
-def _copy_rows(conn: psycopg.Connection[Any], table: str, rows: list[tuple[bytes, bytes]]) -> None:
+def _copy_rows(
+    conn: psycopg.Connection[Any], table: str, rows: Iterable[tuple[bytes, bytes]]
+) -> None:
     """``COPY`` ``rows`` into ``table`` (none of their keys may be stored)."""
     with (
         conn.cursor() as cur,
@@ -584,7 +593,7 @@ class PostgresStore(Store):
         #: The fence's query with its parameters written in (the writer's to use).
         self._fence: bytes | None = None
         # Committed values the writer read or wrote, by (table, key); the writer's only.
-        self._known: dict[tuple[str, bytes], bytes | None] = {}
+        self._known: _Known = {}
         self._idle_timeout_ms = 0
         self._idle_set_on: psycopg.Connection[Any] | None = None
         self._thread = threading.Thread(target=self._write_loop, name="tidings-pg-writer")
