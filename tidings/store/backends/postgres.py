@@ -8,9 +8,10 @@ database written by a newer Tidings is refused.
 
 Reads run in ``REPEATABLE READ READ ONLY`` transactions on pooled connections: one
 snapshot per ``read()``. Writes go through one writer thread with a connection of its
-own, which runs every write function submitted meanwhile in one transaction, each
-inside a savepoint (a function that raises loses only its own writes), and commits
-once: group commit, durable with PostgreSQL's default ``synchronous_commit = on``.
+own, which runs every write function submitted meanwhile, keeps their writes in
+memory (a function that raises loses only its own), sends them in one transaction in
+a few round trips, and commits once: group commit, durable with PostgreSQL's default
+``synchronous_commit = on``.
 Scans page through the range with keyset queries, so an iterator stopped early reads
 little. Acknowledged means committed in PostgreSQL.
 """
