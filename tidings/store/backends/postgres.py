@@ -384,10 +384,9 @@ class _WriteView(_View):
     def _flush(self) -> None:
         # The group's writes first: they are not this function's to undo. Then this
         # function's, after a savepoint, so that raising can still take them back.
-        # What follows (the flushed writes, the scan or delete that needs them) runs
-        # inside the transaction.
+        # finish() begins the transaction if it has not begun: what follows (the
+        # flushed writes, the scan or delete that needs them) runs inside it.
         self.flushed = True
-        self.open()
         self.finish()
         if self._mine:
             if not self._savepoint:
@@ -514,8 +513,7 @@ def _probes(changes: _Changes) -> dict[str, bytes]:
         if not rows:
             continue
         try:
-            # Keys are unique, so comparing keys is all min and max do (in C).
-            low, high = bytes(min(rows)), bytes(max(rows))
+            low, high = bytes(min(rows)), bytes(max(rows))  # over the keys, in C
         except TypeError:  # keys that are buffers without an order (memoryview)
             low, high = min(map(bytes, rows)), max(map(bytes, rows))
         out[table] = (
