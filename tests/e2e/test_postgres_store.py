@@ -95,6 +95,7 @@ def test_postgresql_restarted_under_load_clients_carry_on(
     time.sleep(2.0)
     stop.set()
     thread.join(60)
+    assert not thread.is_alive(), "a publish was still being retried a minute after the restart"
     assert not errors, errors
     assert before > 0 and len(acked) > before, "publishing did not carry on"
     assert srv.proc is not None and srv.proc.poll() is None, srv.log()

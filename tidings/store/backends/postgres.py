@@ -683,6 +683,9 @@ class PostgresStore(Store):
                 return
 
     def _commit_group(self, group: list[tuple[Callable[[WriteView], Any], Future[Any]]]) -> None:
+        # A group may fail on a connection that is gone without a statement of its own
+        # noticing (a read-only group); the next one starts on a new connection.
+        self._reconnect_if_broken()
         conn = self._writer_conn
         fence = self._fence
         outcomes: list[tuple[bool, Any]] = []
@@ -697,6 +700,11 @@ class PostgresStore(Store):
                 view.begin_function()
                 try:
                     result = fn(view)
+                except psycopg.OperationalError:
+                    # The connection failed under a read of the function (PostgreSQL
+                    # restarted, say): the whole group fails, retriably, and the next
+                    # gets a new connection.
+                    raise
                 except BaseException as exc:
                     view.end_function(False)
                     outcomes.append((False, exc))
