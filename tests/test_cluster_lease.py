@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import pytest
 
@@ -30,6 +31,23 @@ def _put(key: bytes) -> Callable[[WriteView], None]:
         view.put("metadata", key, b"v")
 
     return put
+
+
+def _held(
+    store: PostgresStore, write: Callable[[WriteView], None]
+) -> tuple[Future[None], threading.Event]:
+    """Submit ``write`` and keep its group open after it, until the event is set."""
+    inside = threading.Event()
+    release = threading.Event()
+
+    def held(view: WriteView) -> None:
+        write(view)
+        inside.set()
+        release.wait(5)
+
+    pending = store.submit(held)
+    assert inside.wait(5)
+    return pending, release
 
 
 def test_one_holder_at_a_time_and_each_takeover_bumps_the_epoch(postgres_url: str) -> None:
@@ -71,19 +89,14 @@ def test_a_takeover_waits_for_a_write_in_flight_and_fences_what_follows(
     store = PostgresStore(url)
     try:
         store.fence(FENCE_SQL, ("a", a.acquire(wait=False)), idle_timeout=5)
-        inside = threading.Event()
-        release = threading.Event()
 
-        def slow(view: WriteView) -> None:
+        def write(view: WriteView) -> None:
             view.put("metadata", b"slow", b"v")
             # A scan sends the buffered write to PostgreSQL first: the transaction
             # opens there, with the fence's lock.
             assert list(view.scan("metadata", b"slow", b"slow\xff")) == [(b"slow", b"v")]
-            inside.set()
-            release.wait(5)
 
-        pending = store.submit(slow)
-        assert inside.wait(5)
+        pending, release = _held(store, write)
         time.sleep(0.6)  # a's lease has passed while its write is still open
         took: list[int] = []
         taker = threading.Thread(target=lambda: took.append(b.acquire(wait=False)))
@@ -112,17 +125,12 @@ def test_a_write_still_buffered_when_the_lease_passes_is_refused_without_delayin
     try:
         store.fence(FENCE_SQL, ("a", a.acquire(wait=False)), idle_timeout=5)
         store.apply(_put(b"before"))
-        inside = threading.Event()
-        release = threading.Event()
 
-        def slow(view: WriteView) -> None:
+        def write(view: WriteView) -> None:
             view.put("metadata", b"slow", b"v")
             assert view.get("metadata", b"before") == b"v"
-            inside.set()
-            release.wait(5)
 
-        pending = store.submit(slow)
-        assert inside.wait(5)
+        pending, release = _held(store, write)
         time.sleep(0.6)  # a's lease has passed while its write function runs
         started = time.monotonic()
         assert b.acquire(wait=False) == 2

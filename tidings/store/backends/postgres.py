@@ -53,6 +53,8 @@ _Known = dict[str, dict[bytes, bytes | None]]
 #: Most bytes of keys and values a group's last writes may hold to go as SQL text
 #: with its COMMIT (beyond it, binary parameters are cheaper than hex text).
 _INLINE_BYTES = 64 << 10
+#: What a write refused by the leader fence tells its caller.
+_LEASE_LOST = "this instance no longer holds the leader lease; retry elsewhere"
 
 
 def _name(table: str) -> sql.Identifier:
@@ -343,10 +345,9 @@ class _WriteView(_View):
         run ``probes`` (a query per table) in the same round trip: the tables whose
         probe found no row. Raises :class:`LeaseLost` where the fence refuses."""
         if self.fenced:
-            raise LeaseLost("this instance no longer holds the leader lease; retry elsewhere")
-        parts = [] if self.begun else [self._opening]
-        tables = list(probes or ())
-        parts.extend((probes or {}).values())
+            raise LeaseLost(_LEASE_LOST)
+        probes = probes or {}
+        parts = [*([] if self.begun else [self._opening]), *probes.values()]
         if not parts:
             return {}
         # Without parameters psycopg sends the text as one simple query: every
@@ -364,8 +365,8 @@ class _WriteView(_View):
             if self._fenced_by and not found.pop(0):
                 self.fenced = True
                 _rollback(self._conn)
-                raise LeaseLost("this instance no longer holds the leader lease; retry elsewhere")
-        return {table: not hit for table, hit in zip(tables, found, strict=True)}
+                raise LeaseLost(_LEASE_LOST)
+        return {table: not hit for table, hit in zip(probes, found, strict=True)}
 
     def committed(self) -> None:
         """The group committed: what it wrote is now the committed value of each key
@@ -450,7 +451,8 @@ def _write(
                 values.extend(new.values())
         if keys or gone:
             rest.append((table, keys, values, gone))
-            size += sum(map(len, keys)) + sum(map(len, values)) + sum(map(len, gone))
+            if then is not None:  # only the COMMIT's string is sized
+                size += sum(map(len, keys)) + sum(map(len, values)) + sum(map(len, gone))
     if then is not None and size <= _INLINE_BYTES:
         # A group's usual rest (a few topic states) goes as literals with the COMMIT.
         conn.execute(b"; ".join([*(_inline(*r) for r in rest), then]))
@@ -754,7 +756,7 @@ class PostgresStore(Store):
             "the store refused a write: this instance no longer holds the leader lease",
             extra={"event": "fenced"},
         )
-        error = LeaseLost("this instance no longer holds the leader lease; retry elsewhere")
+        error = LeaseLost(_LEASE_LOST)
         for _, future in group:
             future.set_exception(error)
 
