@@ -60,6 +60,33 @@ def test_ack_bodies_round_trip(consumer: str, message_ids: list, wp: int | None)
     assert queue_bodies.read_ack_request(body) == (consumer, message_ids, wp)
 
 
+@given(
+    consumers,
+    st.integers(1, 10_000),
+    st.none() | st.integers(1, 2**31),
+    st.none() | st.integers(1, 1000),
+    st.none() | names,
+    st.sampled_from(["earliest", "latest"]),
+    st.lists(ids, max_size=20),
+)
+def test_pop_bodies_round_trip(
+    consumer: str,
+    max_messages: int,
+    timeout: int | None,
+    max_deliveries: int | None,
+    dlq: str | None,
+    start: str,
+    acks: list[MessageId],
+) -> None:
+    body = queue_bodies.pop_request(
+        consumer, max_messages, timeout, max_deliveries, dlq, start, acks
+    )
+    assert ("ackIds" in body) == bool(acks)
+    assert queue_bodies.read_pop_request(body) == queue_bodies.PopRequest(
+        consumer, max_messages, timeout, max_deliveries, dlq, start, acks
+    )
+
+
 junk = st.one_of(
     st.text(max_size=40),
     st.binary(max_size=30).map(lambda b: base64.b64encode(b).decode()),

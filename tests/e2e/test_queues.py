@@ -215,6 +215,52 @@ def test_max_deliveries_moves_to_the_dead_letter_topic(server: ServerProcess, to
         assert stats.dead_letter_topic == topic + "-dlq"
 
 
+def test_a_pop_carries_the_acks_of_the_batch_before(server: ServerProcess, topic: str) -> None:
+    with Client(server.url) as client:
+        payloads = fill(client, topic, 10)
+        q = client.queue(topic, "work")
+        first = q.pop(4)
+        second = q.pop(4, ack=first)
+        assert [m.payload for m in second] == payloads[4:8]
+        stats = client.describe_queue(topic, "work")
+        assert (stats.acked, stats.pending, stats.consumers) == (4, 4, {q.consumer_id: 4})
+        q.nack(second)  # the acked ones do not come back; the nacked ones do, first
+        again = client.queue(topic, "work").pop(10)
+        assert [m.payload for m in again] == payloads[4:]
+        # A long-poll that finds nothing still acks, before it waits.
+        other = client.queue(topic, "work")
+        assert other.pop(5, wait=0.2, ack=[]) == []
+        assert client.describe_queue(topic, "work").acked == 4
+
+
+def test_a_pop_whose_acks_fail_acks_and_pops_nothing(server: ServerProcess, topic: str) -> None:
+    with Client(server.url) as client:
+        fill(client, topic, 6)
+        q = client.queue(topic, "work")
+        mine = q.pop(2)
+        theirs = client.queue(topic, "work").pop(2)
+        with pytest.raises(NotDelivered, match=theirs[0].id.hex):
+            q.pop(2, ack=[mine[0], theirs[0]])
+        with pytest.raises(TypeError):
+            q.pop(2, ack=[b"not an id"])  # type: ignore[list-item]
+        base = f"{server.url}/v1/namespaces/default/topics/{topic}/queues/work/pop"
+        good = base64.b64encode(mine[0].id.to_bytes()).decode()
+        for body, status, needle in (
+            ({"consumerId": q.consumer_id, "ackIds": [good, "bm90IGFuIGlk"]}, 400, "bm90IGFuIGlk"),
+            ({"consumerId": q.consumer_id, "ackIds": good}, 400, "ackIds"),
+            ({"consumerId": q.consumer_id, "ackIds": [good], "maxMessages": 0}, 400, "maxMessages"),
+            ({"consumerId": q.consumer_id, "ackIds": [good], "maxDeliveries": 0}, 400, "maxDel"),
+            ({"consumerId": "someone", "ackIds": [good]}, 409, mine[0].id.hex),
+        ):
+            answer = httpx.post(base, json=body)
+            assert answer.status_code == status, (body, answer.text)
+            assert needle in answer.json()["error"]
+        stats = client.describe_queue(topic, "work")
+        assert (stats.acked, stats.pending, stats.waiting) == (0, 4, 2)
+        rest = q.pop(5, ack=mine)  # unchanged by all of the above
+        assert len(rest) == 2 and client.describe_queue(topic, "work").acked == 2
+
+
 def test_workers_in_threads_get_each_message_once(server: ServerProcess, topic: str) -> None:
     with Client(server.url) as client:
         payloads = fill(client, topic, 600)

@@ -155,3 +155,22 @@ def test_a_batch_fetched_ahead_and_taken_by_another_worker_is_not_handed_out(
         assert client.describe_queue(topic, "work").acked == 20
         q.close()
         other.close()
+
+
+async def test_a_pop_carrying_acks_takes_the_batch_fetched_ahead(
+    server: ServerProcess, topic: str
+) -> None:
+    with Client(server.url) as publisher:
+        payloads = fill(publisher, topic, 25)
+    async with AsyncClient(server.url) as client:
+        q = client.queue(topic, "work", prefetch=True)
+        seen: list[bytes] = []
+        batch = await q.pop(10)
+        while batch:
+            seen += [m.payload for m in batch]
+            # A batch fetched ahead is there: the acks go in a request of their own.
+            batch = await q.pop(10, ack=batch)
+        assert seen == payloads
+        stats = await client.describe_queue(topic, "work")
+        assert (stats.popped, stats.acked, stats.pending) == (25, 25, 0)
+        await q.close()

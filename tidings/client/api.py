@@ -784,8 +784,10 @@ class RestApi:
         max_deliveries: int | None = None,
         dead_letter_topic: str | None = None,
         start: str | None = None,
+        ack_ids: Sequence[MessageId] = (),
     ) -> Call[list[Message]]:
-        """Lease messages of a queue, answered in the client's medium."""
+        """Lease messages of a queue, answered in the client's medium, after acking
+        ``ack_ids`` (this consumer's) in the same request."""
         media = self.media
         url = self._queue_url(topic, queue, "/pop")
         wait_ms = 0 if not wait else max(0, round(wait * 1000))
@@ -793,7 +795,13 @@ class RestApi:
             url += f"?waitMs={wait_ms}"
         timeout = None if self.timeout is None else self.timeout + wait_ms / 1000
         body = queue_bodies.pop_request(
-            consumer, max_messages, ack_timeout_ms, max_deliveries, dead_letter_topic, start
+            consumer,
+            max_messages,
+            ack_timeout_ms,
+            max_deliveries,
+            dead_letter_topic,
+            start,
+            ack_ids,
         )
         request = Request("POST", url, orjson.dumps(body), JSON.value, timeout, accept=media.value)
         # Not resent: the server leased what it answered.

@@ -52,6 +52,8 @@ class PopRequest(NamedTuple):
     max_deliveries: int | None
     dead_letter_topic: str | None
     start: str
+    #: Ids this worker acks before the pop, in the same request (``ackIds``).
+    ack_ids: list[MessageId]
 
 
 def _consumer(obj: Mapping[str, Any]) -> str:
@@ -82,9 +84,13 @@ def pop_request(
     max_deliveries: int | None = None,
     dead_letter_topic: str | None = None,
     start: str | None = None,
+    ack_ids: Sequence[MessageId] = (),
 ) -> dict[str, Any]:
-    """A pop body; None fields are left out (the queue's or the server's default)."""
+    """A pop body; None fields are left out (the queue's or the server's default).
+    ``ack_ids``: this worker's messages to ack first, in the same request."""
     body: dict[str, Any] = {"consumerId": consumer, "maxMessages": max_messages}
+    if ack_ids:
+        body["ackIds"] = _base64_ids(ack_ids)
     for name, value in (
         ("ackTimeoutMs", ack_timeout_ms),
         ("maxDeliveries", max_deliveries),
@@ -102,6 +108,9 @@ def read_pop_request(obj: Mapping[str, Any]) -> PopRequest:
     assert max_messages is not None
     ack_timeout = integer(obj.get("ackTimeoutMs"), "ackTimeoutMs", 1, INT64_MAX, optional=True)
     max_deliveries = integer(obj.get("maxDeliveries"), "maxDeliveries", 1, INT64_MAX, optional=True)
+    raw_acks = obj.get("ackIds")
+    if raw_acks is not None and not isinstance(raw_acks, list):
+        raise BadRequest("ackIds must be a list of message ids (base64)")
     return PopRequest(
         _consumer(obj),
         max_messages,
@@ -109,6 +118,7 @@ def read_pop_request(obj: Mapping[str, Any]) -> PopRequest:
         max_deliveries,
         _opt_str(obj, "deadLetterTopic"),
         start_name(_opt_str(obj, "start")) or "earliest",
+        _read_ids(raw_acks, binary=False) if raw_acks else [],
     )
 
 
@@ -126,11 +136,7 @@ def ack_request(
     consumer: str, ids: Sequence[MessageId], write_pointer: int | None = None
 ) -> dict[str, Any]:
     """An ack or nack body (``write_pointer``: ack inside that transaction)."""
-    encode, pack = binascii.b2a_base64, _ID.pack
-    body: dict[str, Any] = {
-        "consumerId": consumer,
-        "ids": [encode(pack(*i), newline=False).decode("ascii") for i in ids],
-    }
+    body: dict[str, Any] = {"consumerId": consumer, "ids": _base64_ids(ids)}
     if write_pointer is not None:
         body["transactionWritePointer"] = write_pointer
     return body
@@ -146,6 +152,20 @@ def read_ack_request(
     raw = obj.get("ids")
     if not isinstance(raw, list) or not raw:
         raise BadRequest("ids must be a non-empty list of message ids (base64)")
+    ids = _read_ids(raw, binary=binary)
+    write_pointer = integer(
+        obj.get("transactionWritePointer"), "transactionWritePointer", 1, INT64_MAX, optional=True
+    )
+    return consumer, ids, write_pointer
+
+
+def _base64_ids(ids: Sequence[MessageId]) -> list[str]:
+    encode, pack = binascii.b2a_base64, _ID.pack
+    return [encode(pack(*i), newline=False).decode("ascii") for i in ids]
+
+
+def _read_ids(raw: list[Any], *, binary: bool) -> list[MessageId]:
+    """The message ids of a body's list; BadRequest naming every malformed one."""
     ids: list[MessageId] = []
     bad: list[str] = []
     # Inline for the usual case (an ack names ~100 ids): a malformed id of any kind
@@ -170,10 +190,7 @@ def read_ack_request(
         shown = ", ".join(bad[:10]) + ("" if len(bad) <= 10 else f" and {len(bad) - 10} more")
         form = "20 bytes" if binary else "20 bytes in base64"
         raise BadRequest(f"{len(bad)} id(s) are not message ids ({form}): {shown}")
-    write_pointer = integer(
-        obj.get("transactionWritePointer"), "transactionWritePointer", 1, INT64_MAX, optional=True
-    )
-    return consumer, ids, write_pointer
+    return ids
 
 
 def rollback_request(write_pointer: int) -> dict[str, Any]:

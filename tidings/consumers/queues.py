@@ -370,7 +370,7 @@ class QueueCoordinator:
     ) -> Popped:
         """:meth:`pop`, answered as :class:`Popped` (for the route: it writes the
         answer from the items as they are)."""
-        self._check_pop(consumer, max_messages, ack_timeout_ms)
+        self.check_pop(consumer, max_messages, ack_timeout_ms)
         q = self._open(namespace, topic, queue, max_deliveries, dead_letter, start)
         out, done = self._pop(q, consumer, max_messages, ack_timeout_ms, snapshot, True)
         if done is not None:
@@ -394,7 +394,7 @@ class QueueCoordinator:
         wait for the store (the queue is not in memory, its settings change, or a
         message is due for its dead-letter topic); call :meth:`pop_items` on a worker
         then."""
-        self._check_pop(consumer, max_messages, ack_timeout_ms)
+        self.check_pop(consumer, max_messages, ack_timeout_ms)
         q = self._in_memory(namespace, topic, queue)
         if q is None or not _same_settings(q.record, max_deliveries, dead_letter):
             return None
@@ -403,7 +403,8 @@ class QueueCoordinator:
         except _WouldWait:
             return None
 
-    def _check_pop(self, consumer: str, max_messages: int, ack_timeout_ms: int) -> None:
+    def check_pop(self, consumer: str, max_messages: int, ack_timeout_ms: int) -> None:
+        """BadRequest unless a pop with these arguments is well-formed."""
         _check_consumer(consumer)
         fetch_max = self._messaging.config.fetch_max_limit
         if isinstance(max_messages, bool) or not 1 <= max_messages <= fetch_max:
@@ -412,6 +413,21 @@ class QueueCoordinator:
             raise BadRequest(
                 f"ackTimeoutMs must be in [1, {MAX_ACK_TIMEOUT_MS}], got {ack_timeout_ms}"
             )
+
+    def check_settings(
+        self, topic: str, max_deliveries: int | None, dead_letter: str | None, start: str
+    ) -> None:
+        """BadRequest unless a pop's queue settings are well-formed."""
+        if max_deliveries is not None and not 1 <= max_deliveries <= MAX_DELIVERIES_LIMIT:
+            raise BadRequest(
+                f"maxDeliveries must be in [1, {MAX_DELIVERIES_LIMIT}], got {max_deliveries}"
+            )
+        if dead_letter is not None:
+            check_name(dead_letter, "dead-letter topic")
+            if dead_letter == topic:
+                raise BadRequest("a queue's dead-letter topic cannot be its own topic")
+        if start not in STARTS:
+            raise BadRequest(f"start must be one of {', '.join(STARTS)}, got {start!r}")
 
     def _pop(
         self,
@@ -862,16 +878,7 @@ class QueueCoordinator:
         dead_letter: str | None,
         start: str,
     ) -> _Queue:
-        if max_deliveries is not None and not 1 <= max_deliveries <= MAX_DELIVERIES_LIMIT:
-            raise BadRequest(
-                f"maxDeliveries must be in [1, {MAX_DELIVERIES_LIMIT}], got {max_deliveries}"
-            )
-        if dead_letter is not None:
-            check_name(dead_letter, "dead-letter topic")
-            if dead_letter == topic:
-                raise BadRequest("a queue's dead-letter topic cannot be its own topic")
-        if start not in STARTS:
-            raise BadRequest(f"start must be one of {', '.join(STARTS)}, got {start!r}")
+        self.check_settings(topic, max_deliveries, dead_letter, start)
         qid = self._qid(namespace, topic, queue)
         q = self._load(namespace, topic, qid)
         if q is None:

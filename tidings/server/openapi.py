@@ -1036,6 +1036,12 @@ def _queue_schemas() -> dict[str, Any]:
                 ),
                 "deadLetterTopic": _nullable(_NAME),
                 "start": _nullable({"type": "string", "enum": _STARTS}),
+                "ackIds": {
+                    "type": "array",
+                    "items": _MESSAGE_ID,
+                    "description": "messages this consumer popped, acked (for good) before "
+                    "the pop, in the same request: all of them, or none and nothing popped",
+                },
             },
         },
         "QueueAckRequest": {
@@ -1178,7 +1184,8 @@ def _queue_paths() -> dict[str, Any]:
                         "Tidings-Delivery-Counts gives each one's delivery count",
                         "content": _content(_ref("Messages"), "Messages", "MessagesExt"),
                     },
-                    "404": _error("unknown topic"),
+                    "404": _error("unknown topic (or, with ackIds, unknown queue)"),
+                    **conflict,
                 },
                 body=body("QueuePopRequest"),
                 required=True,

@@ -125,14 +125,28 @@ class Queue:
         self._ahead: tuple[float, Pending[list[Message]]] | None = None
         self._worker = Worker("tidings-queue-prefetch")
 
-    def pop(self, max_messages: int = 1, wait: float = 0.0) -> list[Message]:
+    def pop(
+        self,
+        max_messages: int = 1,
+        wait: float = 0.0,
+        *,
+        ack: Sequence[Message | MessageId] = (),
+    ) -> list[Message]:
         """The oldest available messages, at most ``max_messages``, leased to this
         handle for ``ack_timeout`` seconds; waits up to ``wait`` seconds for some when
-        none is available (then answers an empty list)."""
+        none is available (then answers an empty list).
+
+        ``ack``: messages this handle popped and finished, acked first in the same
+        request (a worker's loop then makes one request per batch: ``batch = await
+        q.pop(100, ack=batch)``). They are acked for good when ``pop`` returns; if
+        they cannot be (:class:`~tidings.errors.AckConflict`,
+        :class:`~tidings.errors.NotDelivered`, as :meth:`ack` raises), nothing is
+        acked and nothing popped."""
         if self._closed:
             raise RuntimeError("the queue handle is closed")
         if max_messages < 1:
             raise ValueError("max_messages must be at least 1")
+        ack_ids = _ids(ack)
         self._take_ahead()
         fetched = self._fetched
         if fetched and time.monotonic() - self._fetched_at > self.ack_timeout / 2:
@@ -143,16 +157,20 @@ class Queue:
                 self.nack(fetched)
             fetched = []
         if fetched:
+            if ack_ids:
+                self.ack(ack_ids)
             popped, self._fetched = fetched[:max_messages], fetched[max_messages:]
         else:
-            popped = self._client._send(self._pop_call(max_messages, wait))
+            popped = self._client._send(self._pop_call(max_messages, wait, ack_ids))
         if self.prefetch and len(popped) == max_messages and not self._fetched:
             call = self._pop_call(max_messages, 0.0)
             self._ahead = (time.monotonic(), self._client._begin(self._worker, call))
             yield_turns()  # let the request go out
         return popped
 
-    def _pop_call(self, max_messages: int, wait: float) -> Call[list[Message]]:
+    def _pop_call(
+        self, max_messages: int, wait: float, ack_ids: Sequence[MessageId] = ()
+    ) -> Call[list[Message]]:
         return self._client._api.queue_pop(
             self.topic,
             self.group,
@@ -163,6 +181,7 @@ class Queue:
             max_deliveries=self._max_deliveries,
             dead_letter_topic=self._dead_letter,
             start=self._start,
+            ack_ids=ack_ids,
         )
 
     def _take_ahead(self) -> None:

@@ -5,12 +5,14 @@ Bodies are JSON. A pop answers messages in the medium its ``Accept`` header name
 path serves pops too. Everything here needs both services in the process (503
 otherwise); the coordinator's calls block on store writes, so they run on the worker
 threads unless they can run without waiting (a pop that finds its queue in memory,
-an ack outside a transaction, whose store write is awaited on the loop).
+an ack outside a transaction, whose store write is awaited on the loop). A pop may
+carry the worker's acks of its previous batch (``ackIds``): one request per round.
 """
 
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import Future
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -67,6 +69,18 @@ def routes(api: Api) -> list[Route]:
         wait_ms = _wait_ms(request, max_wait_ms)
         req = queue_bodies.read_pop_request(await json_body(api, request, "pop request"))
         media = answer_media(request)
+        ack_timeout_ms = req.ack_timeout_ms or DEFAULT_ACK_TIMEOUT_MS
+        acked: Future[None] | None = None
+        if req.ack_ids:
+            # The acks first (NATS JetStream's "ack next"): a pop that cannot be made
+            # must not leave its acks applied, and acks that fail pop nothing.
+            coordinator.check_pop(req.consumer, req.max_messages, ack_timeout_ms)
+            coordinator.check_settings(topic, req.max_deliveries, req.dead_letter_topic, req.start)
+            acked = coordinator.ack_nowait(
+                ns, topic, name, req.consumer, req.ack_ids, snapshot=await read_snapshot(api)
+            )
+            if acked is None:  # the queue is not in memory: a worker loads it
+                await api.blocking(coordinator.ack, ns, topic, name, req.consumer, req.ack_ids)
 
         async def take() -> Popped:
             tx = await read_snapshot(api)
@@ -78,7 +92,7 @@ def routes(api: Api) -> list[Route]:
                 name,
                 req.consumer,
                 max_messages=req.max_messages,
-                ack_timeout_ms=req.ack_timeout_ms or DEFAULT_ACK_TIMEOUT_MS,
+                ack_timeout_ms=ack_timeout_ms,
                 snapshot=tx,
                 max_deliveries=req.max_deliveries,
                 dead_letter=req.dead_letter_topic,
@@ -92,7 +106,7 @@ def routes(api: Api) -> list[Route]:
                 name,
                 req.consumer,
                 max_messages=req.max_messages,
-                ack_timeout_ms=req.ack_timeout_ms or DEFAULT_ACK_TIMEOUT_MS,
+                ack_timeout_ms=ack_timeout_ms,
                 snapshot=tx,
                 max_deliveries=req.max_deliveries,
                 dead_letter=req.dead_letter_topic,
@@ -114,11 +128,17 @@ def routes(api: Api) -> list[Route]:
                     remaining = deadline - loop.time()
                     if popped.ids or remaining <= 0 or longpolls.closed:
                         break
+                    if acked is not None:
+                        # Durable before the wait: the worker may stop waiting at any time.
+                        await api.inbox.wait(acked)
+                        acked = None
                     lease_end = coordinator.next_deadline(ns, topic, name)
                     pause = min(remaining, 1.0 if lease_end is None else lease_end + 0.001)
                     await longpolls.wait(woken, pause)
                 finally:
                     longpolls.unpark(woken, ns, topic)
+        if acked is not None:
+            await api.inbox.wait(acked)  # the acks are durable when the answer comes
         headers = {
             COUNT_HEADER: str(len(popped.ids)),
             queue_bodies.DELIVERY_COUNTS_HEADER: queue_bodies.delivery_counts(popped.counts),
