@@ -42,6 +42,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -67,6 +68,7 @@ from tidings.messaging.counters import RateMeter
 from tidings.names import check_name
 from tidings.store.backend import Store, WriteView
 from tidings.structs import (
+    MESSAGE_ID_LAYOUT,
     Message,
     MessageId,
     QueueStats,
@@ -88,6 +90,7 @@ __all__ = [
 
 _META = "metadata"
 _log = logging.getLogger(__name__)
+_ID = struct.Struct(MESSAGE_ID_LAYOUT)
 
 DEFAULT_ACK_TIMEOUT_MS = 30_000
 MAX_ACK_TIMEOUT_MS = 12 * 3600 * 1000
@@ -188,7 +191,10 @@ class _Queue:
         #: position as the store has it. Every record holds only ids up to that.
         self.dirty: set[int] = set()
         self.durable_read = record.read
-        self.recent: dict[MessageId, str] = {}
+        #: Who acked each recent message, by the id's 20 bytes: a dict of bytes and
+        #: strings is never tracked by the garbage collector, one of MessageId tuples
+        #: is, and its 100,000s of entries made each full collection walk them all.
+        self.recent: dict[bytes, str] = {}
         self.broken = False
         #: The last write queued for this queue's records: the store applies writes in
         #: the order they are queued, so once it lands every earlier one has too.
@@ -282,8 +288,8 @@ class _Queue:
         # A message is acked once, so each id is new here and goes last (a dict keeps
         # insertion order). The oldest go in bulk once there are twice the bound: an
         # id at a time out of an OrderedDict cost 5 % of the server under 4 workers.
-        recent = self.recent
-        recent.update(dict.fromkeys(ids, owner))
+        recent, pack = self.recent, _ID.pack
+        recent.update(dict.fromkeys([pack(*i) for i in ids], owner))
         if len(recent) > 2 * _RECENT_ACKS:
             self.recent = dict(itertools.islice(recent.items(), len(recent) - _RECENT_ACKS, None))
 
@@ -1014,7 +1020,7 @@ class QueueCoordinator:
         for message_id in ids:
             entry = q.entries.get(message_id)
             if entry is None:
-                acker = q.recent.get(message_id)
+                acker = q.recent.get(_ID.pack(*message_id))
                 if acker is None or read is None or message_id > read:
                     unknown.append(message_id)
                 elif acker != consumer:
