@@ -83,3 +83,15 @@ def test_slices_cover_the_range_in_order(first: int, span: int, pieces: int) -> 
         assert first < left.hi <= first + span
     inner = [c.lo for c in cuts[1:]]
     assert inner == sorted(set(inner))
+
+
+@pytest.mark.parametrize(
+    ("cores", "slices_wanted"), [(1, 1), (2, 2), (3, 3), (4, 4), (64, 4), (None, 4)]
+)
+def test_a_batch_read_is_cut_into_one_slice_per_core_up_to_four(
+    monkeypatch: pytest.MonkeyPatch, cores: int | None, slices_wanted: int
+) -> None:
+    from tidings.spark import reader
+
+    monkeypatch.setattr(reader.os, "cpu_count", lambda: cores)
+    assert reader.default_batch_slices() == slices_wanted
