@@ -225,12 +225,15 @@ def test_a_pop_carries_the_acks_of_the_batch_before(server: ServerProcess, topic
         stats = client.describe_queue(topic, "work")
         assert (stats.acked, stats.pending, stats.consumers) == (4, 4, {q.consumer_id: 4})
         q.nack(second)  # the acked ones do not come back; the nacked ones do, first
-        again = client.queue(topic, "work").pop(10)
-        assert [m.payload for m in again] == payloads[4:]
-        # A long-poll that finds nothing still acks, before it waits.
         other = client.queue(topic, "work")
-        assert other.pop(5, wait=0.2, ack=[]) == []
-        assert client.describe_queue(topic, "work").acked == 4
+        again = other.pop(10)
+        assert [m.payload for m in again] == payloads[4:]
+        # A long-poll that finds nothing acks too, and answers once its wait is over.
+        began = time.monotonic()
+        assert other.pop(5, wait=0.3, ack=again) == []
+        assert time.monotonic() - began >= 0.25
+        stats = client.describe_queue(topic, "work")
+        assert (stats.acked, stats.pending, stats.waiting) == (10, 0, 0)
 
 
 def test_a_pop_whose_acks_fail_acks_and_pops_nothing(server: ServerProcess, topic: str) -> None:
