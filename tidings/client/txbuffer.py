@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Iterable
 
 from tidings.client.base import MessageLike, Outgoing, to_records
-from tidings.client.batching import record_size
+from tidings.client.batching import record_size, records_size
 from tidings.errors import ClientError, ServerError, TransactionFailure
 from tidings.names import check_name
 from tidings.structs import RollbackInfo, Transaction
@@ -50,7 +50,7 @@ class TxBuffer:
     def add(self, topic: str, records: list[Outgoing]) -> list[tuple[str, list[Outgoing]]]:
         """Buffer ``records``; returns what to ``store`` now (once past the threshold)."""
         self.buffers.setdefault(topic, []).extend(records)
-        self.buffered_bytes += sum(record_size(r) for r in records)
+        self.buffered_bytes += records_size(records)
         if self.buffered_bytes <= self.payload_threshold:
             return []
         out = [(t, chunk) for t, recs in self.buffers.items() for chunk in chunks(recs) if recs]
@@ -63,7 +63,7 @@ class TxBuffer:
     def try_add(self, topic: str, records: list[Outgoing]) -> bool:
         """Buffer ``records`` if they keep the buffer within the threshold; else False
         (and nothing buffered)."""
-        size = sum(record_size(r) for r in records)
+        size = records_size(records)
         if self.buffered_bytes + size > self.payload_threshold:
             return False
         self.buffers.setdefault(topic, []).extend(records)
