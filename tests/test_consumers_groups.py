@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +18,7 @@ from tidings.codec.columns import read_columns
 from tidings.codec.groups import partition_of
 from tidings.consumers.assignment import assign
 from tidings.consumers.groups import GroupCoordinator
+from tidings.consumers.pages import Pages
 from tidings.errors import (
     BadRequest,
     GroupNotFound,
@@ -196,6 +200,106 @@ def test_positions_prepared_before_a_rebalance_are_fenced_when_written_after_it(
     write2.submit().result()
     tx.commit(t2.write_pointer, [])
     assert groups.positions(groups._gid("ns", "t", "g2"), snapshot(tx)) == {0: got[-1].id}
+
+
+def _held_elsewhere(lock: Any) -> Iterator[None]:
+    """Hold ``lock`` in another thread for the duration (as a worker thread would)."""
+    taken, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            taken.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    taken.wait(10)
+    try:
+        yield
+    finally:
+        release.set()
+        thread.join()
+
+
+held_elsewhere = contextlib.contextmanager(_held_elsewhere)
+
+
+def test_a_poll_on_the_loop_steps_aside_where_it_would_wait_and_delivers_nothing(
+    parts: Parts,
+) -> None:
+    """The server polls a group on its event loop and hands the poll to a worker thread
+    only where it would wait: those cases answer None and deliver nothing, so the worker
+    delivers the same messages."""
+    groups, messaging, tx, clock = parts
+    publish(messaging, 30, keys=5)
+    a = groups.join("ns", "t", "g", partitions=4, session_timeout_ms=1000)
+    s = snapshot(tx)
+    everything = [m.id for m in messaging.fetch("ns", "t", limit=100)]
+
+    def ids(found: tuple[PageColumns, MessageId | None, Any] | None) -> list[MessageId]:
+        assert found is not None
+        return [m.id for m in found[0].messages()]
+
+    # A worker thread holds the group: nothing is delivered.
+    with held_elsewhere(groups._lock):
+        assert groups.poll_columns_nowait("ns", "t", "g", a.member_id, limit=10, snapshot=s) is None
+    # A worker thread fetches the page this poll needs: likewise.
+    pages = groups._pages.setdefault(groups._gid("ns", "t", "g")[:2], Pages())
+    with held_elsewhere(pages.fetching):
+        assert groups.poll_columns_nowait("ns", "t", "g", a.member_id, limit=10, snapshot=s) is None
+    # Nothing stands in the way: the first ten, then the next ten.
+    first = ids(groups.poll_columns_nowait("ns", "t", "g", a.member_id, limit=10, snapshot=s))
+    assert first == everything[:10]
+    second = ids(groups.poll_columns_nowait("ns", "t", "g", a.member_id, limit=10, snapshot=s))
+    assert second == everything[10:20]
+
+    # Another member ran out of its session: the rebalance is a store write, so the
+    # loop steps aside and the group is unchanged until the worker's poll.
+    b = groups.join("ns", "t", "g", session_timeout_ms=100_000)
+    a = groups.heartbeat("ns", "t", "g", a.member_id)
+    generation = a.generation
+    clock.now += 5  # a stalls past its timeout; b polls
+    assert groups.poll_columns_nowait("ns", "t", "g", b.member_id, limit=100, snapshot=s) is None
+    assert groups.heartbeat("ns", "t", "g", b.member_id).generation == generation + 1
+    # b's newly owned partitions start at their committed positions: a session the
+    # server must restart, which the loop also leaves to a worker.
+    groups._sessions[(groups._gid("ns", "t", "g"), b.member_id)].cursors.clear()
+    assert groups.poll_columns_nowait("ns", "t", "g", b.member_id, limit=100, snapshot=s) is None
+    worker = groups.poll_columns("ns", "t", "g", b.member_id, limit=100, snapshot=s)
+    assert ids(worker) == everything  # nothing committed: all of it, from the start
+    # Errors are raised on the loop as on a worker.
+    with pytest.raises(MemberNotFound):
+        groups.poll_columns_nowait("ns", "t", "g", "0" * 32, limit=10, snapshot=s)
+
+
+def test_a_commit_prepared_on_the_loop_steps_aside_where_it_would_wait(parts: Parts) -> None:
+    groups, messaging, tx, clock = parts
+    publish(messaging, 20, keys=1)
+    a = groups.join("ns", "t", "g", partitions=1, session_timeout_ms=1000)
+    out, _ = groups.poll("ns", "t", "g", a.member_id, limit=10, snapshot=snapshot(tx))
+    wp = tx.begin().write_pointer
+    gid = groups._gid("ns", "t", "g")
+    with held_elsewhere(groups._lock):
+        assert (
+            groups.prepare_commit_nowait("ns", "t", "g", a.member_id, {0: out[-1].id}, wp) is None
+        )
+    assert gid not in groups._prepared  # nothing registered
+    write = groups.prepare_commit_nowait("ns", "t", "g", a.member_id, {0: out[-1].id}, wp)
+    assert write is not None
+    write.submit().result()
+    tx.commit(wp, [])
+    assert groups.positions(gid, snapshot(tx)) == {0: out[-1].id}
+    with pytest.raises(BadRequest):  # past what was delivered, as on a worker
+        groups.prepare_commit_nowait(
+            "ns", "t", "g", a.member_id, {0: MessageId(2**62, 0, 0, 0)}, tx.begin().write_pointer
+        )
+    # A member past its session: the rebalance is the worker's, which then fences it.
+    b = groups.join("ns", "t", "g", session_timeout_ms=100_000)
+    clock.now += 5
+    wp = tx.begin().write_pointer
+    assert groups.prepare_commit_nowait("ns", "t", "g", b.member_id, {0: out[-1].id}, wp) is None
+    with pytest.raises(PartitionFenced):
+        groups.prepare_commit("ns", "t", "g", a.member_id, {0: out[-1].id}, wp)
 
 
 def test_commit_checks_ownership_and_delivery(parts: Parts) -> None:

@@ -43,7 +43,7 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
@@ -112,6 +112,22 @@ class _Session:
 
 
 _GroupId = tuple[int, int, str]  # topic id, topic generation, group
+
+
+class _WouldWait(Exception):
+    """A call for the event loop met something that waits: a lock a worker thread
+    holds, or a store write (a rebalance)."""
+
+
+@contextlib.contextmanager
+def _holding(lock: threading.Lock | threading.RLock, may_wait: bool) -> Iterator[None]:
+    """``with lock``, or :class:`_WouldWait` where it is held and we may not wait."""
+    if not lock.acquire(blocking=may_wait):
+        raise _WouldWait
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class GroupCoordinator:
@@ -228,12 +244,45 @@ class GroupCoordinator:
     ) -> tuple[PageColumns, MessageId | None, GroupAssignment]:
         """:meth:`poll` as the columns of a columnar poll response (the selected rows
         of the pages the member scanned), and the last message's id."""
+        return self._poll_columns(namespace, topic, group, member_id, limit, snapshot, True)
+
+    def poll_columns_nowait(
+        self,
+        namespace: str,
+        topic: str,
+        group: str,
+        member_id: str,
+        *,
+        limit: int,
+        snapshot: Transaction,
+    ) -> tuple[PageColumns, MessageId | None, GroupAssignment] | None:
+        """:meth:`poll_columns` for the event loop: None, having delivered nothing,
+        where it would wait (a worker thread holds the group or the page it needs, a
+        member's session must be rebalanced or restarted from the committed
+        positions); call :meth:`poll_columns` on a worker then. Raises as it does."""
+        try:
+            return self._poll_columns(namespace, topic, group, member_id, limit, snapshot, False)
+        except _WouldWait:
+            return None
+
+    def _poll_columns(
+        self,
+        namespace: str,
+        topic: str,
+        group: str,
+        member_id: str,
+        limit: int,
+        snapshot: Transaction,
+        may_wait: bool,
+    ) -> tuple[PageColumns, MessageId | None, GroupAssignment]:
         gid = self._gid(namespace, topic, group)
-        with self._lock:
-            record = self._require_member(namespace, topic, gid, member_id)
+        with _holding(self._lock, may_wait):
+            record = self._require_member(namespace, topic, gid, member_id, may_wait)
             session = self._touch(gid, member_id)
             owned = record.members[member_id].partitions
             if any(p not in session.cursors for p in owned):
+                if not may_wait:
+                    raise _WouldWait
                 # A session the server does not remember (it restarted): the member's
                 # partitions start at their committed positions.
                 committed = self.positions(gid, snapshot)
@@ -245,9 +294,11 @@ class GroupCoordinator:
         if not owned:
             return PageColumns(), None, assignment
         out, last, scanned = self._scan(
-            namespace, topic, gid[:2], record.partitions, cursors, limit, snapshot
+            namespace, topic, gid[:2], record.partitions, cursors, limit, snapshot, may_wait
         )
-        with self._lock:
+        # Nothing was delivered until here: a _WouldWait below leaves the cursors as
+        # they were, and the worker thread that takes over scans the same pages again.
+        with _holding(self._lock, may_wait):
             # Only where nothing moved meanwhile (a rebalance resets cursors).
             now_session = self._sessions.get((gid, member_id))
             current = self._read(gid)
@@ -267,6 +318,7 @@ class GroupCoordinator:
         cursors: Mapping[int, MessageId | None],
         limit: int,
         snapshot: Transaction,
+        may_wait: bool = True,
     ) -> tuple[PageColumns, MessageId | None, dict[int, MessageId | None]]:
         starts = list(cursors.values())
         start: MessageId | None = None if None in starts else min(s for s in starts if s)
@@ -280,7 +332,7 @@ class GroupCoordinator:
             if page is None:
                 # One fetch per page however many members miss it at once: they move
                 # in step, and the worker threads share one interpreter anyway.
-                with pages.fetching:
+                with _holding(pages.fetching, may_wait):
                     page = pages.find(start)
                     if page is None:
                         page = self._fetch_page(namespace, topic, start, snapshot)
@@ -396,9 +448,43 @@ class GroupCoordinator:
         transaction commits without change keys, so it cannot lose a conflict at its
         commit: the write fails with :class:`TransactionConflict` instead if another
         open transaction holds a position of one of the partitions."""
+        return self._prepare_commit(
+            namespace, topic, group, member_id, positions, write_pointer, True
+        )
+
+    def prepare_commit_nowait(
+        self,
+        namespace: str,
+        topic: str,
+        group: str,
+        member_id: str,
+        positions: Mapping[int, MessageId],
+        write_pointer: int,
+    ) -> PositionsWrite | None:
+        """:meth:`prepare_commit` for the event loop: None, having changed nothing,
+        where it would wait (a worker thread holds the group, or a member's session
+        ran out and the group must be rebalanced); call :meth:`prepare_commit` on a
+        worker then. Raises as it does."""
+        try:
+            return self._prepare_commit(
+                namespace, topic, group, member_id, positions, write_pointer, False
+            )
+        except _WouldWait:
+            return None
+
+    def _prepare_commit(
+        self,
+        namespace: str,
+        topic: str,
+        group: str,
+        member_id: str,
+        positions: Mapping[int, MessageId],
+        write_pointer: int,
+        may_wait: bool,
+    ) -> PositionsWrite:
         gid = self._gid(namespace, topic, group)
-        with self._lock:
-            self._check_commit(namespace, topic, gid, member_id, positions)
+        with _holding(self._lock, may_wait):
+            self._check_commit(namespace, topic, gid, member_id, positions, may_wait)
             # Until the write lands, a rebalance would not find its record: it finds
             # the pointer here instead (and invalidates it, fencing the commit).
             snapshot = self._tx.snapshot()
@@ -421,13 +507,14 @@ class GroupCoordinator:
         gid: _GroupId,
         member_id: str,
         positions: Mapping[int, MessageId],
+        may_wait: bool = True,
     ) -> None:
         # Under the lock: the member owns each partition, and each position was delivered.
         if not positions:
             raise BadRequest("a commit names at least one partition")
         group = gid[2]
         try:
-            record = self._require_member(namespace, topic, gid, member_id)
+            record = self._require_member(namespace, topic, gid, member_id, may_wait)
         except MemberNotFound as exc:
             # Dropped (its session timed out) or gone: whatever it owned moved.
             raise PartitionFenced(f"{exc.message}; its partitions moved") from None
@@ -760,7 +847,11 @@ class GroupCoordinator:
             raw = view.get(_META, gkeys.group_key(*gid))
         return None if raw is None else gkeys.decode_group(raw)
 
-    def _alive(self, gid: _GroupId, record: GroupRecord) -> dict[str, Member]:
+    def _alive(
+        self, gid: _GroupId, record: GroupRecord, *, forget: bool = True
+    ) -> dict[str, Member]:
+        """The members not past their session timeout; with ``forget``, the sessions of
+        the others are dropped."""
         now = self._clock()
         alive = {}
         for member_id, member in record.members.items():
@@ -768,7 +859,7 @@ class GroupCoordinator:
             seen = session.seen if session is not None else self._started
             if now - seen <= member.timeout_ms / 1000:
                 alive[member_id] = member
-            else:
+            elif forget:
                 self._sessions.pop((gid, member_id), None)
         return alive
 
@@ -780,14 +871,16 @@ class GroupCoordinator:
         return session
 
     def _require_member(
-        self, namespace: str, topic: str, gid: _GroupId, member_id: str
+        self, namespace: str, topic: str, gid: _GroupId, member_id: str, may_wait: bool = True
     ) -> GroupRecord:
         _check_member_id(member_id)
         record = self._read(gid)
         if record is None:
             raise GroupNotFound(f"topic {namespace}:{topic} has no group {gid[2]}")
-        alive = self._alive(gid, record)
+        alive = self._alive(gid, record, forget=may_wait)
         if set(alive) != set(record.members):
+            if not may_wait:
+                raise _WouldWait  # the rebalance is a store write
             record = self._rebalance(namespace, topic, gid, record, alive)
         if member_id not in record.members:
             raise MemberNotFound(

@@ -108,6 +108,13 @@ def routes(api: Api) -> list[Route]:
 
         async def fetch() -> tuple[PageColumns, MessageId | None, GroupAssignment]:
             tx = await read_snapshot(api)
+            # On the loop, as a plain poll reads (docs/operations.md): a worker thread
+            # only where it would wait for a lock or a store write.
+            found = coordinator.poll_columns_nowait(
+                ns, topic, name, member_id, limit=limit, snapshot=tx
+            )
+            if found is not None:
+                return found
             return await api.blocking(
                 coordinator.poll_columns, ns, topic, name, member_id, limit=limit, snapshot=tx
             )

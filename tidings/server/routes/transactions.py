@@ -242,9 +242,14 @@ def routes(api: Api) -> list[Route]:
                 assert groups is not None
                 for g in group_commits:
                     # Without change keys at the commit: the write fails the transaction
-                    # if another open transaction holds one of the partitions.
-                    carried.append(
-                        await api.blocking(
+                    # if another open transaction holds one of the partitions. On the
+                    # loop unless that would wait for a worker thread's lock or a
+                    # rebalance's store write.
+                    prepared = groups.prepare_commit_nowait(
+                        ns, g.topic, g.group, g.member_id, g.positions, wp
+                    )
+                    if prepared is None:
+                        prepared = await api.blocking(
                             groups.prepare_commit,
                             ns,
                             g.topic,
@@ -253,7 +258,7 @@ def routes(api: Api) -> list[Route]:
                             g.positions,
                             wp,
                         )
-                    )
+                    carried.append(prepared)
             return carried, queued
 
         async def unsettle(wp: int) -> None:
