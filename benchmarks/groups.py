@@ -26,7 +26,7 @@ import statistics
 import time
 import uuid
 
-from benchmarks.workloads import Server, cpu_seconds
+from benchmarks.workloads import Server, context_switches, cpu_seconds
 from tidings import AsyncClient, Client, Record
 
 #: How long the server keeps a group's pages (tidings.consumers.pages.PAGE_LIFETIME),
@@ -154,11 +154,14 @@ def main() -> None:
         for _ in range(args.rounds if args.copier_only else 1):
             if not args.warm:
                 time.sleep(_PAGES_EXPIRE)
-            cpu = cpu_seconds(server.proc.pid)
+            cpu, switches = cpu_seconds(server.proc.pid), context_switches(server.proc.pid)
             rate = copier_rate(server.url, topic, args.messages)
-            per_tx = (cpu_seconds(server.proc.pid) - cpu) / (args.messages / 500) * 1000
+            transactions = args.messages / 500
+            per_tx = (cpu_seconds(server.proc.pid) - cpu) / transactions * 1000
+            switched = (context_switches(server.proc.pid) - switches) / transactions
             print(f"exactly-once copier, 500 per transaction: {rate:,.0f} msg/s "
-                  f"(server CPU {per_tx:.1f} ms per transaction)")  # fmt: skip
+                  f"(server CPU {per_tx:.1f} ms and {switched:.0f} context switches "
+                  "per transaction)")  # fmt: skip
     finally:
         server.stop()
 

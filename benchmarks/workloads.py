@@ -56,6 +56,21 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def context_switches(pid: int) -> int:
+    """Context switches (voluntary and not) of every thread of process ``pid`` so far
+    (from /proc; threads that ended are not counted)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/status") as f:
+                for line in f:
+                    if "ctxt_switches:" in line:  # voluntary and nonvoluntary
+                        total += int(line.split()[1])
+        except FileNotFoundError:
+            continue  # the thread ended meanwhile
+    return total
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
