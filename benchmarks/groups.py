@@ -67,6 +67,9 @@ def _member(url: str, topic: str, group: str | None, members: int, out: mp.Queue
             out.put(("ready", time.monotonic()))
             while page := await member.poll():
                 count += len(page)
+            # Committed before leaving: the partitions it leaves to the others start
+            # where it stopped, not at the group's start (read again, and counted).
+            await member.commit()
             await member.close()
             return count
 

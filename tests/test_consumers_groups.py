@@ -18,7 +18,6 @@ from tidings.codec.columns import read_columns
 from tidings.codec.groups import partition_of
 from tidings.consumers.assignment import assign
 from tidings.consumers.groups import GroupCoordinator
-from tidings.consumers.pages import Pages
 from tidings.errors import (
     BadRequest,
     GroupNotFound,
@@ -224,52 +223,27 @@ def _held_elsewhere(lock: Any) -> Iterator[None]:
 held_elsewhere = contextlib.contextmanager(_held_elsewhere)
 
 
-def test_a_poll_on_the_loop_steps_aside_where_it_would_wait_and_delivers_nothing(
-    parts: Parts,
-) -> None:
-    """The server polls a group on its event loop and hands the poll to a worker thread
-    only where it would wait: those cases answer None and deliver nothing, so the worker
-    delivers the same messages."""
-    groups, messaging, tx, clock = parts
-    publish(messaging, 30, keys=5)
+def test_a_heartbeat_on_the_loop_steps_aside_where_it_would_wait(parts: Parts) -> None:
+    """The server answers a heartbeat on its event loop, and hands it to a worker
+    thread only where it would wait: those cases answer None and change nothing."""
+    groups, _, _, clock = parts
     a = groups.join("ns", "t", "g", partitions=4, session_timeout_ms=1000)
-    s = snapshot(tx)
-    everything = [m.id for m in messaging.fetch("ns", "t", limit=100)]
-
-    def ids(found: tuple[PageColumns, MessageId | None, Any] | None) -> list[MessageId]:
-        assert found is not None
-        return [m.id for m in found[0].messages()]
-
-    # A worker thread holds the group: nothing is delivered.
+    # A worker thread holds the group past the loop's short wait.
     with held_elsewhere(groups._lock):
-        assert groups.poll_columns_nowait("ns", "t", "g", a.member_id, limit=10, snapshot=s) is None
-    # A worker thread fetches the page this poll needs: likewise.
-    pages = groups._pages.setdefault(groups._gid("ns", "t", "g")[:2], Pages())
-    with held_elsewhere(pages.fetching):
-        assert groups.poll_columns_nowait("ns", "t", "g", a.member_id, limit=10, snapshot=s) is None
-    # Nothing stands in the way: the first ten, then the next ten.
-    first = ids(groups.poll_columns_nowait("ns", "t", "g", a.member_id, limit=10, snapshot=s))
-    assert first == everything[:10]
-    second = ids(groups.poll_columns_nowait("ns", "t", "g", a.member_id, limit=10, snapshot=s))
-    assert second == everything[10:20]
-
+        assert groups.heartbeat_nowait("ns", "t", "g", a.member_id) is None
+    assert groups.heartbeat_nowait("ns", "t", "g", a.member_id) == a
     # Another member ran out of its session: the rebalance is a store write, so the
-    # loop steps aside and the group is unchanged until the worker's poll.
+    # loop steps aside and the group stays as it was until the worker's heartbeat.
     b = groups.join("ns", "t", "g", session_timeout_ms=100_000)
-    a = groups.heartbeat("ns", "t", "g", a.member_id)
-    generation = a.generation
-    clock.now += 5  # a stalls past its timeout; b polls
-    assert groups.poll_columns_nowait("ns", "t", "g", b.member_id, limit=100, snapshot=s) is None
-    assert groups.heartbeat("ns", "t", "g", b.member_id).generation == generation + 1
-    # b's newly owned partitions start at their committed positions: a session the
-    # server must restart, which the loop also leaves to a worker.
-    groups._sessions[(groups._gid("ns", "t", "g"), b.member_id)].cursors.clear()
-    assert groups.poll_columns_nowait("ns", "t", "g", b.member_id, limit=100, snapshot=s) is None
-    worker = groups.poll_columns("ns", "t", "g", b.member_id, limit=100, snapshot=s)
-    assert ids(worker) == everything  # nothing committed: all of it, from the start
-    # Errors are raised on the loop as on a worker.
-    with pytest.raises(MemberNotFound):
-        groups.poll_columns_nowait("ns", "t", "g", "0" * 32, limit=10, snapshot=s)
+    generation = b.generation
+    clock.now += 5
+    assert groups.heartbeat_nowait("ns", "t", "g", b.member_id) is None
+    record = groups._read(groups._gid("ns", "t", "g"))
+    assert record is not None and record.generation == generation
+    after = groups.heartbeat("ns", "t", "g", b.member_id)
+    assert after.generation == generation + 1 and after.partitions == (0, 1, 2, 3)
+    with pytest.raises(MemberNotFound):  # errors are raised on the loop as on a worker
+        groups.heartbeat_nowait("ns", "t", "g", a.member_id)
 
 
 def test_a_commit_prepared_on_the_loop_steps_aside_where_it_would_wait(parts: Parts) -> None:

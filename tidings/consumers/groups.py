@@ -116,13 +116,21 @@ _GroupId = tuple[int, int, str]  # topic id, topic generation, group
 
 class _WouldWait(Exception):
     """A call for the event loop met something that waits: a lock a worker thread
-    holds, or a store write (a rebalance)."""
+    holds for long, or a store write (a rebalance)."""
+
+
+#: How long the event loop waits for the coordinator's lock before it hands the call
+#: to a worker thread. Waiting releases the GIL, so the holder runs at once and a
+#: short critical section ends well within it; only a store write under the lock (a
+#: rebalance, a commit outside a transaction) takes longer.
+_LOOP_LOCK_WAIT = 0.1
 
 
 @contextlib.contextmanager
 def _holding(lock: threading.Lock | threading.RLock, may_wait: bool) -> Iterator[None]:
-    """``with lock``, or :class:`_WouldWait` where it is held and we may not wait."""
-    if not lock.acquire(blocking=may_wait):
+    """``with lock``; where we may not wait, :class:`_WouldWait` if it stays held
+    for :data:`_LOOP_LOCK_WAIT`."""
+    if not lock.acquire(timeout=-1 if may_wait else _LOOP_LOCK_WAIT):
         raise _WouldWait
     try:
         yield
@@ -197,9 +205,26 @@ class GroupCoordinator:
     def heartbeat(self, namespace: str, topic: str, group: str, member_id: str) -> GroupAssignment:
         """Stay in the group; answers the current assignment (a new generation means a
         rebalance happened). :class:`MemberNotFound` if the member was dropped."""
+        return self._heartbeat(namespace, topic, group, member_id, True)
+
+    def heartbeat_nowait(
+        self, namespace: str, topic: str, group: str, member_id: str
+    ) -> GroupAssignment | None:
+        """:meth:`heartbeat` for the event loop: None, having changed nothing, where it
+        would wait (a worker thread holds the group past a short wait, or a member's
+        session ran out and the group must be rebalanced); call :meth:`heartbeat` on a
+        worker then. Raises as it does."""
+        try:
+            return self._heartbeat(namespace, topic, group, member_id, False)
+        except _WouldWait:
+            return None
+
+    def _heartbeat(
+        self, namespace: str, topic: str, group: str, member_id: str, may_wait: bool
+    ) -> GroupAssignment:
         gid = self._gid(namespace, topic, group)
-        with self._lock:
-            record = self._require_member(namespace, topic, gid, member_id)
+        with _holding(self._lock, may_wait):
+            record = self._require_member(namespace, topic, gid, member_id, may_wait)
             self._touch(gid, member_id)
             return self._assignment(record, member_id)
 
@@ -244,45 +269,12 @@ class GroupCoordinator:
     ) -> tuple[PageColumns, MessageId | None, GroupAssignment]:
         """:meth:`poll` as the columns of a columnar poll response (the selected rows
         of the pages the member scanned), and the last message's id."""
-        return self._poll_columns(namespace, topic, group, member_id, limit, snapshot, True)
-
-    def poll_columns_nowait(
-        self,
-        namespace: str,
-        topic: str,
-        group: str,
-        member_id: str,
-        *,
-        limit: int,
-        snapshot: Transaction,
-    ) -> tuple[PageColumns, MessageId | None, GroupAssignment] | None:
-        """:meth:`poll_columns` for the event loop: None, having delivered nothing,
-        where it would wait (a worker thread holds the group or the page it needs, a
-        member's session must be rebalanced or restarted from the committed
-        positions); call :meth:`poll_columns` on a worker then. Raises as it does."""
-        try:
-            return self._poll_columns(namespace, topic, group, member_id, limit, snapshot, False)
-        except _WouldWait:
-            return None
-
-    def _poll_columns(
-        self,
-        namespace: str,
-        topic: str,
-        group: str,
-        member_id: str,
-        limit: int,
-        snapshot: Transaction,
-        may_wait: bool,
-    ) -> tuple[PageColumns, MessageId | None, GroupAssignment]:
         gid = self._gid(namespace, topic, group)
-        with _holding(self._lock, may_wait):
-            record = self._require_member(namespace, topic, gid, member_id, may_wait)
+        with self._lock:
+            record = self._require_member(namespace, topic, gid, member_id)
             session = self._touch(gid, member_id)
             owned = record.members[member_id].partitions
             if any(p not in session.cursors for p in owned):
-                if not may_wait:
-                    raise _WouldWait
                 # A session the server does not remember (it restarted): the member's
                 # partitions start at their committed positions.
                 committed = self.positions(gid, snapshot)
@@ -294,11 +286,9 @@ class GroupCoordinator:
         if not owned:
             return PageColumns(), None, assignment
         out, last, scanned = self._scan(
-            namespace, topic, gid[:2], record.partitions, cursors, limit, snapshot, may_wait
+            namespace, topic, gid[:2], record.partitions, cursors, limit, snapshot
         )
-        # Nothing was delivered until here: a _WouldWait below leaves the cursors as
-        # they were, and the worker thread that takes over scans the same pages again.
-        with _holding(self._lock, may_wait):
+        with self._lock:
             # Only where nothing moved meanwhile (a rebalance resets cursors).
             now_session = self._sessions.get((gid, member_id))
             current = self._read(gid)
@@ -318,7 +308,6 @@ class GroupCoordinator:
         cursors: Mapping[int, MessageId | None],
         limit: int,
         snapshot: Transaction,
-        may_wait: bool = True,
     ) -> tuple[PageColumns, MessageId | None, dict[int, MessageId | None]]:
         starts = list(cursors.values())
         start: MessageId | None = None if None in starts else min(s for s in starts if s)
@@ -332,7 +321,7 @@ class GroupCoordinator:
             if page is None:
                 # One fetch per page however many members miss it at once: they move
                 # in step, and the worker threads share one interpreter anyway.
-                with _holding(pages.fetching, may_wait):
+                with pages.fetching:
                     page = pages.find(start)
                     if page is None:
                         page = self._fetch_page(namespace, topic, start, snapshot)
@@ -462,9 +451,8 @@ class GroupCoordinator:
         write_pointer: int,
     ) -> PositionsWrite | None:
         """:meth:`prepare_commit` for the event loop: None, having changed nothing,
-        where it would wait (a worker thread holds the group, or a member's session
-        ran out and the group must be rebalanced); call :meth:`prepare_commit` on a
-        worker then. Raises as it does."""
+        where it would wait (as :meth:`heartbeat_nowait`); call :meth:`prepare_commit`
+        on a worker then. Raises as it does."""
         try:
             return self._prepare_commit(
                 namespace, topic, group, member_id, positions, write_pointer, False

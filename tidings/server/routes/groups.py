@@ -85,7 +85,10 @@ def routes(api: Api) -> list[Route]:
         coordinator = api.groups
         ns, topic, name = path_names(request, "group")
         member_id, _ = admin.read_member_request(await json_body(api, request, "heartbeat"))
-        assignment = await api.blocking(coordinator.heartbeat, ns, topic, name, member_id)
+        # On the loop unless it would wait (docs/design.md, "Where the work runs").
+        assignment = coordinator.heartbeat_nowait(ns, topic, name, member_id)
+        if assignment is None:
+            assignment = await api.blocking(coordinator.heartbeat, ns, topic, name, member_id)
         return json_response(admin.assignment_json(assignment))
 
     @api.endpoint(GROUP + "/leave")
@@ -108,13 +111,6 @@ def routes(api: Api) -> list[Route]:
 
         async def fetch() -> tuple[PageColumns, MessageId | None, GroupAssignment]:
             tx = await read_snapshot(api)
-            # On the loop, as a plain poll reads (docs/operations.md): a worker thread
-            # only where it would wait for a lock or a store write.
-            found = coordinator.poll_columns_nowait(
-                ns, topic, name, member_id, limit=limit, snapshot=tx
-            )
-            if found is not None:
-                return found
             return await api.blocking(
                 coordinator.poll_columns, ns, topic, name, member_id, limit=limit, snapshot=tx
             )
