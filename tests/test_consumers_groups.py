@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from tidings.codec import wire
 from tidings.codec.columns import read_columns
 from tidings.codec.groups import partition_of
+from tidings.consumers import pages as pages_module
 from tidings.consumers.assignment import assign
 from tidings.consumers.groups import GroupCoordinator
 from tidings.errors import (
@@ -336,6 +337,38 @@ def test_kept_pages_are_bounded_by_count_and_bytes() -> None:
     assert sum(p.size for p in big._pages) <= pages_module._BYTES_KEPT
     assert len(big._pages) == pages_module._BYTES_KEPT // per_page
     assert big.find(Id(19_000, 0, 0, 0)) is not None
+
+
+def test_members_at_the_end_keep_the_pages_a_member_behind_them_reads(parts: Parts) -> None:
+    """A member that has read everything fetches an empty page at each poll; those are
+    not kept, so they do not evict the pages a slower member still needs."""
+    groups, messaging, tx, _ = parts
+    publish(messaging, 30, keys=30)
+    fast = groups.join("ns", "t", "g", partitions=2)
+    slow = groups.join("ns", "t", "g")
+    fast = groups.heartbeat("ns", "t", "g", fast.member_id)
+    slows = [
+        m.id for m in messaging.fetch("ns", "t", limit=100) if partition_of(m, 2) in slow.partitions
+    ]
+    fetched: list[object] = []
+    fetch_page = groups._fetch_page
+
+    def counting(*args: Any) -> Any:
+        fetched.append(args)
+        return fetch_page(*args)
+
+    groups._fetch_page = counting  # type: ignore[method-assign]
+    got, _ = groups.poll("ns", "t", "g", slow.member_id, limit=5, snapshot=snapshot(tx))
+    assert len(fetched) == 1  # the page of all 30
+    for _ in range(2 * pages_module._PAGES_KEPT):
+        groups.poll("ns", "t", "g", fast.member_id, limit=100, snapshot=snapshot(tx))
+    assert len(fetched) > pages_module._PAGES_KEPT  # an empty page at each poll
+    kept = groups._pages[groups._gid("ns", "t", "g")[:2]]._pages
+    assert [len(page) for page in kept] == [30]
+    before = len(fetched)
+    rest, _ = groups.poll("ns", "t", "g", slow.member_id, limit=100, snapshot=snapshot(tx))
+    assert [m.id for m in got + rest] == slows
+    assert len(fetched) == before  # read from the kept page
 
 
 def test_a_page_counts_about_the_memory_it_holds() -> None:

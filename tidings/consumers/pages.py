@@ -77,10 +77,16 @@ class Page:
 
     def covers(self, position: MessageId | None) -> bool:
         """True if the messages after ``position`` start inside this page."""
-        if position is None or self.start is None:
-            return position is None and self.start is None
+        if position is None:
+            return self.start is None
         last = self.last
-        return self.start <= position and last is not None and position < last
+        if last is None or not position < last:
+            return False
+        if self.start is None:
+            # Read from the topic's oldest message: it covers its own messages (a
+            # member's second poll resumes inside it).
+            return self.id_at(0) <= position
+        return self.start <= position
 
     def id_at(self, index: int) -> MessageId:
         """The id of the message at ``index``."""
@@ -154,6 +160,12 @@ class Pages:
         return None
 
     def add(self, page: Page) -> None:
+        """Keep ``page``, evicting the least recently used past the bounds. A page
+        without messages is not kept: it covers no position (members polling at the
+        topic's end fetch one at each poll, and kept, they evicted the pages members
+        behind them still read)."""
+        if not page.columns.ids:
+            return
         with self._lock:
             self._pages.append(page)
             del self._pages[:-_PAGES_KEPT]
