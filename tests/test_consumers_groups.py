@@ -202,7 +202,8 @@ def test_positions_prepared_before_a_rebalance_are_fenced_when_written_after_it(
     assert groups.positions(groups._gid("ns", "t", "g2"), snapshot(tx)) == {0: got[-1].id}
 
 
-def _held_elsewhere(lock: Any) -> Iterator[None]:
+@contextlib.contextmanager
+def held_elsewhere(lock: Any) -> Iterator[None]:
     """Hold ``lock`` in another thread for the duration (as a worker thread would)."""
     taken, release = threading.Event(), threading.Event()
 
@@ -219,9 +220,6 @@ def _held_elsewhere(lock: Any) -> Iterator[None]:
     finally:
         release.set()
         thread.join()
-
-
-held_elsewhere = contextlib.contextmanager(_held_elsewhere)
 
 
 def test_a_heartbeat_on_the_loop_steps_aside_where_it_would_wait(parts: Parts) -> None:
