@@ -43,7 +43,7 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
@@ -51,6 +51,7 @@ from tidings.codec import groups as gkeys
 from tidings.codec.groups import GroupRecord, Member, partition_of
 from tidings.consumers.assignment import assign
 from tidings.consumers.pages import Page, Pages
+from tidings.consumers.waiting import WouldWait, holding
 from tidings.errors import (
     BadRequest,
     Conflict,
@@ -112,30 +113,6 @@ class _Session:
 
 
 _GroupId = tuple[int, int, str]  # topic id, topic generation, group
-
-
-class _WouldWait(Exception):
-    """A call for the event loop met something that waits: a lock a worker thread
-    holds for long, or a store write (a rebalance)."""
-
-
-#: How long the event loop waits for the coordinator's lock before it hands the call
-#: to a worker thread. Waiting releases the GIL, so the holder runs at once and a
-#: short critical section ends well within it; only a store write under the lock (a
-#: rebalance, a commit outside a transaction) takes longer.
-_LOOP_LOCK_WAIT = 0.1
-
-
-@contextlib.contextmanager
-def _holding(lock: threading.Lock | threading.RLock, may_wait: bool) -> Iterator[None]:
-    """``with lock``; where we may not wait, :class:`_WouldWait` if it stays held
-    for :data:`_LOOP_LOCK_WAIT`."""
-    if not lock.acquire(timeout=-1 if may_wait else _LOOP_LOCK_WAIT):
-        raise _WouldWait
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 class GroupCoordinator:
@@ -216,14 +193,14 @@ class GroupCoordinator:
         worker then. Raises as it does."""
         try:
             return self._heartbeat(namespace, topic, group, member_id, False)
-        except _WouldWait:
+        except WouldWait:
             return None
 
     def _heartbeat(
         self, namespace: str, topic: str, group: str, member_id: str, may_wait: bool
     ) -> GroupAssignment:
         gid = self._gid(namespace, topic, group)
-        with _holding(self._lock, may_wait):
+        with holding(self._lock, may_wait):
             record = self._require_member(namespace, topic, gid, member_id, may_wait)
             self._touch(gid, member_id)
             return self._assignment(record, member_id)
@@ -457,7 +434,7 @@ class GroupCoordinator:
             return self._prepare_commit(
                 namespace, topic, group, member_id, positions, write_pointer, False
             )
-        except _WouldWait:
+        except WouldWait:
             return None
 
     def _prepare_commit(
@@ -471,7 +448,7 @@ class GroupCoordinator:
         may_wait: bool,
     ) -> PositionsWrite:
         gid = self._gid(namespace, topic, group)
-        with _holding(self._lock, may_wait):
+        with holding(self._lock, may_wait):
             self._check_commit(namespace, topic, gid, member_id, positions, may_wait)
             # Until the write lands, a rebalance would not find its record: it finds
             # the pointer here instead (and invalidates it, fencing the commit).
@@ -868,7 +845,7 @@ class GroupCoordinator:
         alive = self._alive(gid, record, forget=may_wait)
         if set(alive) != set(record.members):
             if not may_wait:
-                raise _WouldWait  # the rebalance is a store write
+                raise WouldWait  # the rebalance is a store write
             record = self._rebalance(namespace, topic, gid, record, alive)
         if member_id not in record.members:
             raise MemberNotFound(

@@ -54,6 +54,7 @@ from tidings.codec import wire
 from tidings.codec.avro import ITEM_ID, item_message
 from tidings.codec.media import AVRO_EXT, Media
 from tidings.codec.queues import LeaseRecord, QueueRecord
+from tidings.consumers.waiting import WouldWait
 from tidings.errors import (
     AckConflict,
     BadRequest,
@@ -145,10 +146,6 @@ class _Lease:
 
 
 _QueueId = tuple[int, int, str]  # topic id, topic generation, queue
-
-
-class _WouldWait(Exception):
-    """A call for the event loop met something that waits for the store."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,7 +403,7 @@ class QueueCoordinator:
             return None
         try:
             return self._pop(q, consumer, max_messages, ack_timeout_ms, snapshot, False)[0]
-        except _WouldWait:
+        except WouldWait:
             return None
 
     def check_pop(self, consumer: str, max_messages: int, ack_timeout_ms: int) -> None:
@@ -465,7 +462,7 @@ class QueueCoordinator:
                         # what was taken, for the caller to pop on a worker thread.
                         for taken_id in taken:
                             heapq.heappush(q.available, taken_id)
-                        raise _WouldWait
+                        raise WouldWait
                     dead.append((message_id, entry))
                 else:
                     chosen.append((message_id, entry))
