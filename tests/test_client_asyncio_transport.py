@@ -10,6 +10,7 @@ import pytest
 import uvloop
 
 from tidings.client.asyncio_transport import AsyncioTransport
+from tidings.client.http1 import LARGE_BODY
 from tidings.client.transports import Request
 from tidings.errors import RequestTimeout, TidingsConnectionError
 
@@ -113,6 +114,20 @@ async def test_one_exchange(serve: Serve) -> None:
     assert lines[0] == b"POST /v1/x?a=1 HTTP/1.1" and body == b"body"
     assert {b"Content-Length: 4", b"Content-Type: avro/binary"} <= set(lines)
     assert any(line.startswith(b"Host: 127.0.0.1:") for line in lines)
+
+
+async def test_a_large_body_goes_whole_beside_its_head(serve: Serve) -> None:
+    body = bytes(range(256)) * (48 * 1024)
+    server = await serve(lambda request: answer(b"ok"))
+    transport = AsyncioTransport()
+    sizes = (LARGE_BODY - 1, LARGE_BODY, len(body))
+    for size in sizes:
+        assert (await transport.send(post(server.url, body[:size]))).body == b"ok"
+    await transport.aclose()
+    for request, size in zip(server.requests, sizes, strict=True):
+        head, sent = request.split(b"\r\n\r\n", 1)
+        assert f"Content-Length: {size}".encode() in head.split(b"\r\n")
+        assert sent == body[:size]
 
 
 async def test_get_without_body_sends_no_length(

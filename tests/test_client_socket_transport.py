@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.test_client_asyncio_transport import Script, Server, answer, post
+from tidings.client.http1 import LARGE_BODY
 from tidings.client.socket_transport import SocketTransport
 from tidings.client.transports import Request
 from tidings.errors import RequestTimeout, TidingsConnectionError
@@ -65,6 +66,20 @@ def test_one_exchange(serve: Serve) -> None:
         lines
     )
     assert any(line.startswith(b"Host: 127.0.0.1:") for line in lines)
+
+
+def test_a_large_body_goes_whole_beside_its_head(serve: Serve) -> None:
+    # Larger than a loopback socket takes at once, so the vectored send goes in parts.
+    body = bytes(range(256)) * (48 * 1024)
+    server = serve(lambda request: answer(b"ok"))
+    transport = SocketTransport()
+    for size in (LARGE_BODY - 1, LARGE_BODY, len(body)):
+        assert transport.send(post(server.url, body[:size])).body == b"ok"
+    transport.close()
+    for request, size in zip(server.requests, (LARGE_BODY - 1, LARGE_BODY, len(body)), strict=True):
+        head, sent = request.split(b"\r\n\r\n", 1)
+        assert f"Content-Length: {size}".encode() in head.split(b"\r\n")
+        assert sent == body[:size]
 
 
 def test_connections_are_kept_alive(serve: Serve) -> None:

@@ -232,8 +232,13 @@ async def test_tls_round_trip_with_a_certificate_made_here(
         client.create_topic("tls")
         client.publish("tls", [b"over tls"])
         assert [m.payload for m in client.poll("tls")] == [b"over tls"]
+        # A body large enough to be sent beside its head rather than joined to it.
+        client.publish("tls", [b"L" * 4096] * 100)
+        assert len(client.poll("tls", limit=200)) == 101
     async with AsyncClient(srv.url, verify=str(cert)) as client:
-        assert [m.payload for m in await client.poll("tls")] == [b"over tls"]
+        assert [m.payload for m in await client.poll("tls")][:1] == [b"over tls"]
+        await client.publish("tls", [b"A" * 4096] * 100)
+        assert len(await client.poll("tls", limit=300)) == 201
     with pytest.raises(TidingsConnectionError), Client(srv.url) as untrusting:
         untrusting.list_topics()  # the system's CAs do not know this certificate
     plain = srv.url.replace("https://", "http://")

@@ -31,6 +31,7 @@ from tidings.client.http1 import (
     AnswerParser,
     ConnectionLost,
     Origin,
+    Wire,
     extra_headers,
     origin_of,
     request_bytes,
@@ -79,7 +80,7 @@ class _Connection(asyncio.Protocol, AnswerParser):
 
     # --- requests ---
 
-    def exchange(self, data: bytes, deadline: float | None) -> asyncio.Future[Response]:
+    def exchange(self, data: Wire, deadline: float | None) -> asyncio.Future[Response]:
         """Send one whole request; the future resolves with its answer, or fails with
         TimeoutError at ``deadline`` (loop time), which also closes the connection."""
         assert self._transport is not None and self._waiter is None
@@ -87,7 +88,11 @@ class _Connection(asyncio.Protocol, AnswerParser):
         if deadline is not None:
             # A plain timer: about a third of what asyncio.timeout() costs per request.
             self._timer = self._loop.call_at(deadline, self._expire)
-        self._transport.write(data)
+        if isinstance(data, bytes):
+            self._transport.write(data)
+        else:
+            # uvloop writes the parts with one writev, without joining them.
+            self._transport.writelines(data)
         return waiter
 
     def close(self) -> None:

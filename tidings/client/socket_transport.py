@@ -35,6 +35,7 @@ from tidings.client.http1 import (
     AnswerParser,
     ConnectionLost,
     Origin,
+    Wire,
     extra_headers,
     origin_of,
     request_bytes,
@@ -63,20 +64,23 @@ class _Connection(AnswerParser):
         #: True once the connection cannot carry another request.
         self.closed = False
 
-    def exchange(self, data: bytes, deadline: float | None) -> Response:
+    def exchange(self, data: Wire, deadline: float | None) -> Response:
         """Send one whole request and read its answer; TimeoutError past ``deadline``
         (monotonic time), ConnectionLost if the connection fails. Either leaves the
         connection closed."""
         self.write(data, deadline)
         return self.answer(deadline)
 
-    def write(self, data: bytes, deadline: float | None) -> None:
+    def write(self, data: Wire, deadline: float | None) -> None:
         """Send one whole request (its answer is read by :meth:`answer`); fails as
         :meth:`exchange` does."""
         self._answer = None
         try:
             self.sock.settimeout(None if deadline is None else _left(deadline))
-            self.sock.sendall(data)
+            if isinstance(data, bytes):
+                self.sock.sendall(data)
+            else:
+                _send_parts(self.sock, data)
         except BaseException as exc:
             self.close()  # half a request sent: the connection is out of step
             if isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
@@ -166,6 +170,22 @@ def _close_all(idle: dict[Origin, list[_Connection]], busy: set[_Connection]) ->
     idle.clear()
     for conn in conns:
         conn.close()
+
+
+def _send_parts(sock: socket.socket, parts: tuple[bytes, bytes]) -> None:
+    """Send a request's head and body without joining them: vectored writes where the
+    socket has them, each part in turn over TLS (whose sockets cannot ``sendmsg``)."""
+    if isinstance(sock, ssl.SSLSocket):
+        for part in parts:
+            sock.sendall(part)
+        return
+    views = [memoryview(part) for part in parts]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= len(views[0]):
+            sent -= len(views.pop(0))
+        if sent:
+            views[0] = views[0][sent:]
 
 
 def _left(deadline: float) -> float:
@@ -307,7 +327,7 @@ class SocketTransport:
             raise
         return Exchange(self, origin, conn, request.url, request.timeout)
 
-    def _checkout(self, request: Request) -> tuple[Origin, _Connection, bytes, float | None]:
+    def _checkout(self, request: Request) -> tuple[Origin, _Connection, Wire, float | None]:
         """A slot of ``max_connections`` and a connection for ``request`` (marked busy),
         its bytes and its deadline; the caller gives the slot back."""
         url = request.url
