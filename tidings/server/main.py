@@ -37,6 +37,7 @@ from tidings.server.handlers import Api
 from tidings.server.inbox import LoopInbox
 from tidings.server.logs import configure_logging
 from tidings.server.longpoll import LongPolls
+from tidings.server.memory import keep_large_buffers
 from tidings.server.metrics import Metrics, Sources
 from tidings.server.protocol import HttpProtocol
 from tidings.server.services import Services
@@ -107,6 +108,7 @@ class _Server(uvicorn.Server):
 def run(config: ServerConfig) -> int:
     """Serve until SIGTERM/SIGINT; the process exit code."""
     configure_logging(config.log_level, config.access_log)
+    keep_large_buffers()
     about = {
         "version": tidings.__version__,
         "pid": os.getpid(),
