@@ -63,6 +63,10 @@ def test_columns_are_written_only_when_a_row_needs_them() -> None:
     headed = columns.write_messages([one._replace(headers={"h": b"v"}), one])
     assert struct.unpack_from("<II", headed, 8) == (columns.HEADERS, 1)
     assert columns.read_columns(columns.write_messages([])).messages() == []
+    # Every row keyed (empty keys too) reads back as written.
+    all_keyed = [one._replace(key=k) for k in (b"a", b"", b"bc")]
+    page = columns.read_columns(columns.write_messages(all_keyed))
+    assert [m.key for m in page.messages()] == [b"a", b"", b"bc"]
 
 
 def test_columns_of_different_lengths_are_refused() -> None:

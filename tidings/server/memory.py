@@ -8,7 +8,7 @@ as the threshold is still mapped. So each request faulted fresh, zeroed pages in
 the freed heap was trimmed back to the system at once. Measured on a W1 of 1 KiB
 messages one request at a time: about half of the server's CPU per request was the
 kernel's, most of it page faults; with the thresholds below that system time halved
-and the server's CPU per request fell by 15-30 %; reading pages of 10,000 × 1 KiB
+and the server's CPU per request fell by 15-30 %; reading pages of 10,000 x 1 KiB
 back went from ~250k to ~350k msg/s (BENCHMARKS.md, "Large request bodies
 sent beside their head, and kept on the server's heap").
 
@@ -26,7 +26,7 @@ import os
 __all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "keep_large_buffers"]
 
 #: Allocations below this come from the heap (glibc's default: 128 KiB, moving up to
-#: this value, its ceiling on 64-bit systems). A poll answer of 10,000 × 1 KiB is a
+#: this value, its ceiling on 64-bit systems). A poll answer of 10,000 x 1 KiB is a
 #: 10 MiB body: 4 MiB left those mapped afresh per page.
 MMAP_THRESHOLD = 32 << 20
 #: Freed heap kept for reuse before it is returned to the system (default 128 KiB).
