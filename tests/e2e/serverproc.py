@@ -112,3 +112,22 @@ class ServerProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def readiness(proc: ServerProcess) -> str | None:
+    """What ``/readyz`` says of ``proc`` ("ready", "forwarding", ...); None if it does
+    not answer."""
+    try:
+        return str(httpx.get(proc.url + "/readyz", timeout=0.5).json()["status"])
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def wait_leading(proc: ServerProcess, timeout: float) -> float:
+    """Seconds until ``proc`` leads (its /readyz says "ready", not "forwarding")."""
+    began = time.monotonic()
+    while readiness(proc) != "ready":
+        assert proc.proc is not None and proc.proc.poll() is None, proc.log()
+        assert time.monotonic() - began < timeout, f"no takeover in {timeout} s:\n{proc.log()}"
+        time.sleep(0.02)
+    return time.monotonic() - began

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from tests.conftest import fresh_database
-from tests.e2e.serverproc import ServerProcess
+from tests.e2e.serverproc import ServerProcess, readiness, wait_leading
 from tidings import Client, RetryPolicy
 from tidings.errors import TidingsError
 
@@ -49,30 +49,13 @@ def instances(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
         proc.kill()
 
 
-def _status(proc: ServerProcess) -> str | None:
-    try:
-        return str(httpx.get(proc.url + "/readyz", timeout=0.5).json()["status"])
-    except (httpx.HTTPError, ValueError):
-        return None
-
-
-def _wait_leading(proc: ServerProcess, timeout: float) -> float:
-    """Seconds until ``proc`` leads (its /readyz says "ready", not "forwarding")."""
-    began = time.monotonic()
-    while _status(proc) != "ready":
-        assert proc.proc is not None and proc.proc.poll() is None, proc.log()
-        assert time.monotonic() - began < timeout, f"no takeover in {timeout} s:\n{proc.log()}"
-        time.sleep(0.02)
-    return time.monotonic() - began
-
-
 def test_producers_through_both_instances_see_one_order(
     instances: Callable[..., ServerProcess], postgres_url: str
 ) -> None:
     url = fresh_database(postgres_url)
     a = instances(url)
     b = instances(url)
-    assert _status(a) == "ready" and _status(b) == "forwarding"
+    assert readiness(a) == "ready" and readiness(b) == "forwarding"
     with Client(a.url) as ca, Client(b.url) as cb:
         cb.create_topic("t")  # admin through the standby too
         acked: dict[str, list[bytes]] = {"a": [], "b": []}
@@ -126,7 +109,7 @@ def test_a_standby_takes_over_after_kill_9_with_nothing_acknowledged_lost(
     url = fresh_database(postgres_url)
     a = instances(url)
     b = instances(url)
-    assert _status(b) == "forwarding", "a second instance must stand by while the first leads"
+    assert readiness(b) == "forwarding", "a second instance must stand by while the first leads"
     with Client(a.url) as client:
         client.create_topic("orders")
         open_tx = client.begin()
@@ -172,7 +155,7 @@ def test_a_standby_takes_over_after_kill_9_with_nothing_acknowledged_lost(
         killed = time.monotonic()
         stop.set()
         thread.join(10)
-    _wait_leading(b, 20.0)
+    wait_leading(b, 20.0)
     took = time.monotonic() - killed
     assert acked, "nothing was published before the kill"
     # The lease, the standby's poll, recovery from the database and the start of its
@@ -223,7 +206,7 @@ def test_a_stopped_leader_cannot_write_after_another_took_over(
 
     thread = threading.Thread(target=publish_late)
     thread.start()
-    _wait_leading(b, 20.0)
+    wait_leading(b, 20.0)
     with Client(b.url) as client:
         client.publish("t", [b"from-b"])
     a.proc.send_signal(signal.SIGCONT)
@@ -273,7 +256,7 @@ def test_a_clean_stop_hands_over_at_once_and_cluster_shows_it(
     assert a.url in shown.stdout and b.url in shown.stdout
     assert a.stop() == 0
     began = time.monotonic()
-    _wait_leading(b, 10.0)
+    wait_leading(b, 10.0)
     assert time.monotonic() - began < LEASE, "a clean stop should not make others wait"
     view = httpx.get(b.url + "/v1/cluster", timeout=5).json()
     assert view["leader"]["epoch"] == 2 and view["leader"]["url"] == b.url
@@ -304,7 +287,7 @@ def test_the_standby_forwards_the_token_and_the_leader_checks_it(
     ]
     try:
         b = nodes[1]
-        assert _status(b) == "forwarding"
+        assert readiness(b) == "forwarding"
         topics = "/v1/namespaces/default/topics"
         with httpx.Client(base_url=b.url, timeout=10) as http:
             assert http.get(topics).status_code == 401  # no token: refused, via the leader

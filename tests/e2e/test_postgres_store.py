@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from tests.conftest import PgTestCluster, fresh_database
-from tests.e2e.serverproc import ServerProcess
+from tests.e2e.serverproc import ServerProcess, wait_leading
 from tidings import Client, Record, RetryPolicy
 from tidings.errors import TidingsError
 
@@ -38,6 +38,9 @@ def test_serve_on_postgres_keeps_everything_across_kill_9(
         assert client.stats("orders").message_count == 4
     srv.kill()
     srv.start()
+    # It answers at once, standing by (forwarding) until the killed instance's lease
+    # passes; requests in that second get 503. Wait until it leads.
+    wait_leading(srv, timeout=30)
     with Client(srv.url) as client:
         assert [m.payload for m in client.poll("orders")] == [b"a", b"b", b"c", b"d"]
         assert client.describe_group("orders", "g").lag == 0
