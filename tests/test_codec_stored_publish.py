@@ -168,3 +168,22 @@ def test_values_stored_under_another_pointer_are_refused() -> None:
     assert stored is not None
     with pytest.raises(ValueError):
         publishing.encode_batch(stored, 8, NOW)
+
+
+@pytest.mark.parametrize("media", [AVRO, AVRO_EXT])
+@pytest.mark.parametrize("pointer", [None, 42])
+def test_plain_payloads_of_a_kilobyte_are_read_straight(
+    media: wire.Media, pointer: int | None
+) -> None:
+    # Smaller plain payloads go to fastavro (faster for them); from 1 KiB on, this path.
+    small = wire.encode_publish_request(pointer, [b"s" * 100] * 50, media)
+    large = wire.encode_publish_request(pointer, [bytes([i]) * 1024 for i in range(50)], media)
+    assert not isinstance(
+        wire.decode_publish_request(small, media, stored_for="publish").records, StoredBatch
+    )
+    for store in (False, True):
+        request = wire.decode_publish_request(
+            large, media, stored_for="store" if store else "publish"
+        )
+        assert isinstance(request.records, StoredBatch) and request.write_pointer == pointer
+        assert request.records.values == general(large, media, store).values
