@@ -1,5 +1,6 @@
 """HTTP/1.1 as both of the clients' own transports speak it: requests written in one
-piece, answers parsed by httptools (the C parser uvicorn uses, installed with it).
+piece (a large body beside its head, in the same vectored write), answers parsed by
+httptools (the C parser uvicorn uses, installed with it).
 
 :class:`~tidings.client.asyncio_transport.AsyncioTransport` (AsyncClient) and
 :class:`~tidings.client.socket_transport.SocketTransport` (Client) differ only in how
@@ -31,8 +32,9 @@ __all__ = [
 #: the head and the body as they are (sent together with one vectored write).
 Wire = bytes | tuple[bytes, bytes]
 #: Bodies from this size on are not copied behind their head: joining a 500 KiB
-#: publish body to its head cost ~0.3 ms of client CPU per request (BENCHMARKS.md,
-#: "Large request bodies sent beside their head").
+#: publish body to its head cost 0.6-0.8 ms of client CPU per request, most of it
+#: faulting in a fresh allocation (BENCHMARKS.md, "Large request bodies sent beside
+#: their head, and kept on the server's heap").
 LARGE_BODY = 64 * 1024
 
 _USER_AGENT = "tidings-python"
