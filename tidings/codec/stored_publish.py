@@ -201,8 +201,41 @@ def _read(body: bytes, extended: bool, store: bool) -> StoredBatch | None:
     values: list[bytes] = []
     add_value = values.append
     length = write_varint
+    one_header: dict[bytes, bytes] = {}  # a header name -> the stored value's head
     for payload in payloads:
         branch = body[pos]
+        if branch == 0 and body[pos + 1] == 2:
+            # No key and one header, both lengths under 64 bytes, no TTL: a Spark sink's
+            # rows (a ``source-id`` header). The head up to the value is the same for
+            # every row with this name, so it is made once.
+            size = body[pos + 2]
+            if size < 0x80 and not size & 1:
+                name_end = pos + 3 + (size >> 1)
+                size = body[name_end]
+                value_end = name_end + 1 + (size >> 1)
+                if (
+                    size < 0x80
+                    and not size & 1
+                    and value_end + 1 < end
+                    and body[value_end] == 0
+                    and body[value_end + 1] == 0
+                ):
+                    name = body[pos + 3 : name_end]
+                    head = one_header.get(name)
+                    if head is None:
+                        name.decode()  # a header name is a string: UTF-8, as fastavro checks
+                        head = one_header[name] = (
+                            bytes((flags | FLAG_HEADERS,))
+                            + after_flags
+                            + key_lengths[1]
+                            + key_lengths[len(name)]
+                            + name
+                        )
+                    add_value(
+                        head + key_lengths[size >> 1] + body[name_end + 1 : value_end] + payload
+                    )
+                    pos = value_end + 2
+                    continue
         if branch == 2:
             size = body[pos + 1]
             if size < 0x80 and not size & 1:
