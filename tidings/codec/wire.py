@@ -135,7 +135,6 @@ def decode_publish_request(
         return publish_request_from_json(jsonb.obj(body, "publish request"))
     if (
         stored_for is not None
-        and media is not JSON
         and len(body) > 2
         and ((media is AVRO_EXT and body[-3] == 0) or _large_payloads(body))
     ):
