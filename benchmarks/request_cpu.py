@@ -18,19 +18,11 @@ import os
 import statistics
 import time
 
-from benchmarks.workloads import Server
+from benchmarks.workloads import Server, user_system_seconds
 from tidings import Client
 
 BATCH = 500
 PAGE = 10_000
-
-
-def _user_system(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds of process ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def run(messages: int, size: int) -> None:
@@ -42,7 +34,7 @@ def run(messages: int, size: int) -> None:
             for _ in range(20):  # connections, the first pages of the store
                 client.publish("w1", batch)
             batches = messages // BATCH
-            user0, sys0 = _user_system(server.proc.pid)
+            user0, sys0 = user_system_seconds(server.proc.pid)
             own0 = time.process_time()
             started = time.perf_counter()
             each: list[float] = []
@@ -52,7 +44,7 @@ def run(messages: int, size: int) -> None:
                 each.append(time.perf_counter() - sent)
             elapsed = time.perf_counter() - started
             own = (time.process_time() - own0) / batches * 1e3
-            user1, sys1 = _user_system(server.proc.pid)
+            user1, sys1 = user_system_seconds(server.proc.pid)
             user, system = (user1 - user0) / batches * 1e3, (sys1 - sys0) / batches * 1e3
             print(
                 f"publish {messages:,} x {size} B: {batches * BATCH / elapsed:,.0f} msg/s, "
@@ -69,7 +61,7 @@ def run(messages: int, size: int) -> None:
             consumer.close()
             elapsed = time.perf_counter() - started
             own = (time.process_time() - own0) / read * 1e6
-            user2, sys2 = _user_system(server.proc.pid)
+            user2, sys2 = user_system_seconds(server.proc.pid)
     finally:
         server.stop()
     user, system = (user2 - user1) / read * 1e6, (sys2 - sys1) / read * 1e6

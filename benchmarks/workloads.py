@@ -49,11 +49,17 @@ def wait_healthy(url: str, timeout: float) -> bool:
     return False
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds process ``pid`` has used so far (from /proc)."""
+def user_system_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds process ``pid`` has used so far (from /proc)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used so far (from /proc)."""
+    return sum(user_system_seconds(pid))
 
 
 def context_switches(pid: int) -> int:
