@@ -219,3 +219,112 @@ def test_store_bodies_cover_the_rows_before_a_null_value_then_refuse() -> None:
     assert next(made).rows == 1
     with pytest.raises(ValueError, match="must not be null"):
         next(made)
+
+
+def _header_entry(as_map: bool) -> st.SearchStrategy[Any]:
+    value = st.one_of(st.none(), st.binary(max_size=300))
+    name = st.sampled_from(["a", "bb", "source-id", "n" * 70])
+    if as_map:
+        return st.tuples(name, value)
+    return st.one_of(st.none(), st.fixed_dictionaries({"key": name, "value": value}))
+
+
+@st.composite
+def _write_batches(draw: st.DrawFn) -> tuple[Any, Any, int, int]:
+    """A batch to write (keys, headers as a list or a map with null rows, entries and
+    values, payloads whose lengths take one to three varint bytes), possibly a slice of
+    a larger one, and the two limits that cut it into bodies."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        MapType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    as_map = draw(st.booleans())
+    pair = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    header_type = MapType(StringType(), BinaryType()) if as_map else ArrayType(pair)
+    value_type = draw(st.sampled_from([StringType(), BinaryType()]))
+    schema = StructType(
+        [
+            StructField("key", BinaryType()),
+            StructField("value", value_type),
+            StructField("headers", header_type),
+            StructField("topic", StringType()),
+        ]
+    )
+    lengths = st.one_of(st.integers(0, 70), st.sampled_from([8191, 8192, 20_000]))
+    rows = []
+    for _ in range(draw(st.integers(0, 25))):
+        entries = draw(st.one_of(st.none(), st.lists(_header_entry(as_map), max_size=3)))
+        if as_map and entries is not None:
+            entries = list(dict(entries).items())  # a map's names are distinct
+        size = draw(lengths)
+        rows.append(
+            {
+                "key": draw(st.one_of(st.none(), st.binary(max_size=100))),
+                "value": "v" * size if value_type == StringType() else b"v" * size,
+                "headers": entries,
+                "topic": draw(st.sampled_from(["t0", "t1"])),
+            }
+        )
+    batch = pa.RecordBatch.from_pylist(rows, schema=to_arrow_schema(schema))
+    first = draw(st.integers(0, len(rows)))
+    batch = batch.slice(first, draw(st.integers(0, len(rows) - first)))
+    max_records = draw(st.sampled_from([1, 3, 10_000]))
+    max_bytes = draw(st.sampled_from([1, 500, 1 << 20]))
+    return schema, batch, max_records, max_bytes
+
+
+@settings(max_examples=150, deadline=None)
+@given(_write_batches())
+def test_store_bodies_of_any_batch_decode_to_its_rows(case: tuple[Any, Any, int, int]) -> None:
+    schema, batch, max_records, max_bytes = case
+    columns = write_columns(schema, None)
+    expected: dict[str, list[tuple[bytes, bytes | None, dict[str, bytes]]]] = {}
+    for topic, record in records_from_batch(batch, columns, None):
+        expected.setdefault(topic, []).append((record.payload, record.key, dict(record.headers)))
+    got: dict[str, list[tuple[bytes, bytes | None, dict[str, bytes]]]] = {}
+    for body in store_bodies(batch, columns, None, 9, max_records=max_records, max_bytes=max_bytes):
+        assert 1 <= body.rows <= max_records
+        request = wire.decode_publish_request(body.body, AVRO_EXT)
+        assert request.write_pointer == 9
+        assert len(request.records) == body.rows
+        records = [r if isinstance(r, Record) else Record(r) for r in request.records]
+        # A body goes past max_bytes only by its last row.
+        assert sum(len(r.payload) + 64 for r in records[:-1]) < max_bytes
+        got.setdefault(body.topic, []).extend((r.payload, r.key, dict(r.headers)) for r in records)
+    assert got == expected
+
+
+def test_store_bodies_refuse_a_header_without_a_name() -> None:
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import ArrayType, BinaryType, StringType, StructField, StructType
+
+    pair = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    schema = StructType(
+        [StructField("value", BinaryType()), StructField("headers", ArrayType(pair))]
+    )
+    rows = [
+        {"value": b"a", "headers": [{"key": "h", "value": b"1"}]},
+        {"value": b"b", "headers": [{"key": None, "value": b"2"}]},
+    ]
+    batch = pa.RecordBatch.from_pylist(rows, schema=to_arrow_schema(schema))
+    with pytest.raises(ValueError, match="header key must not be null"):
+        list(
+            store_bodies(
+                batch, write_columns(schema, "t"), "t", 5, max_records=10, max_bytes=1 << 20
+            )
+        )
+    # A null name under a null list or a null entry is no header at all.
+    rows[1]["headers"] = None
+    batch = pa.RecordBatch.from_pylist(rows, schema=to_arrow_schema(schema))
+    (body,) = store_bodies(
+        batch, write_columns(schema, "t"), "t", 5, max_records=10, max_bytes=1 << 20
+    )
+    assert body.rows == 2

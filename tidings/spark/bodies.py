@@ -3,12 +3,14 @@
 Spark hands a Python data source Arrow batches and takes Arrow batches back. Going
 through :class:`~tidings.structs.Record` and :class:`~tidings.structs.Message` objects
 costs a Python object (and for headers a dict) per row on each side; these functions
-read the columns once, write the request body directly, and build the read columns from
-the response body, with the id-derived columns (hex id, publish time) computed over
-the whole page with numpy. The layouts are those of :mod:`tidings.codec.avro`
-(``avro/binary; schema=tidings``): ``PublishRequestExt`` and ``MessagesExt``; and
-for poll answers the columnar medium (:mod:`tidings.codec.columns`), whose columns are
-Arrow layouts already, so its batches are views of the body with no per-row work.
+make each section of a ``store`` body for a whole batch at once with Arrow's compute
+kernels and numpy (varint lengths, keys, header maps), with no Python step per row, and
+build the read columns from the response body, with the id-derived columns (hex id,
+publish time) computed over the whole page with numpy. The layouts are those of
+:mod:`tidings.codec.avro` (``avro/binary; schema=tidings``): ``PublishRequestExt`` and
+``MessagesExt``; and for poll answers the columnar medium (:mod:`tidings.codec.columns`),
+whose columns are Arrow layouts already, so its batches are views of the body with no
+per-row work.
 """
 
 from __future__ import annotations
@@ -60,20 +62,75 @@ class StoreBody:
     body: bytes
 
 
-def _binary_list(array: pa.Array) -> list[bytes | None]:
-    """The values of a binary or string array as bytes (None for null)."""
+def _binary(array: pa.Array) -> pa.Array:
+    """A binary or string array as ``binary`` (string data is UTF-8 bytes already)."""
     import pyarrow as pa
 
-    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
-        array = array.cast(pa.binary())
-    values: list[bytes | None] = array.to_pylist()
-    return values
+    if array.type == pa.binary():
+        return array
+    if pa.types.is_string(array.type):
+        return array.view(pa.binary())
+    return array.cast(pa.binary())
 
 
-def _header_entries(array: pa.Array, as_map: bool) -> tuple[list[int], list[bytes]] | None:
-    """Per row the offsets into one list of pre-encoded map entries (name, value), or
-    None when no row has a header. Null lists and null entries count as no header;
-    a null value is an empty one; a null name is refused."""
+def _varints(values: np.ndarray[Any, Any], *, skip_zero: bool = False) -> pa.Array:
+    """Avro's zig-zag varint of each of ``values`` (non-negative, below 2**31) as a
+    binary array; with ``skip_zero``, a zero is no bytes at all (a map's empty block)."""
+    import pyarrow as pa
+
+    n = len(values)
+    zigzag = values.astype(np.uint64) << np.uint64(1)
+    widths = np.ones(n, dtype=np.int32)
+    for k in (7, 14, 21, 28):
+        more = zigzag >= np.uint64(1 << k)
+        if not more.any():
+            break
+        widths += more
+    if skip_zero:
+        widths[values == 0] = 0
+    width = int(widths.max()) if n else 0
+    places = np.arange(width, dtype=np.int32)
+    digits = (
+        (zigzag[:, None] >> (places.astype(np.uint64) * np.uint64(7))) & np.uint64(0x7F)
+    ).astype(np.uint8)
+    digits[places[None, :] < widths[:, None] - 1] |= 0x80
+    data = digits[places[None, :] < widths[:, None]]
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(widths, out=offsets[1:])
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _lengths(array: pa.Array) -> np.ndarray[Any, Any]:
+    """Each value's length in bytes (0 for a null) of a binary array."""
+    import pyarrow.compute as pc
+
+    lengths: np.ndarray[Any, Any] = (
+        pc.fill_null(pc.binary_length(array), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    )
+    return lengths
+
+
+def _prefixed(array: pa.Array) -> pa.Array:
+    """Each value after its varint length (an Avro ``bytes``/``string``); null stays null."""
+    import pyarrow.compute as pc
+
+    return pc.binary_join_element_wise(_varints(_lengths(array)), array, b"")
+
+
+def _key_parts(keys: pa.Array) -> pa.Array:
+    """Each row's key as the ``["null", "bytes"]`` union: 0, or 2 and the bytes."""
+    import pyarrow.compute as pc
+
+    return pc.fill_null(pc.binary_join_element_wise(b"\x02", _prefixed(keys), b""), b"\x00")
+
+
+def _header_parts(array: pa.Array, as_map: bool) -> pa.Array | None:
+    """Each row's headers as the blocks of an Avro map before its end (no bytes for a
+    row without any), or None when no row has a header. Null lists and null entries
+    count as no header; a null value is an empty one; a null name is refused."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     if array.null_count == len(array):
         return None
     if as_map:
@@ -83,29 +140,34 @@ def _header_entries(array: pa.Array, as_map: bool) -> tuple[list[int], list[byte
         entries = array.values
         names, items = entries.field("key"), entries.field("value")
         entry_valid = entries.is_valid() if entries.null_count else None
-    offsets: list[int] = array.offsets.to_pylist()
-    if offsets[-1] == offsets[0]:
+    offsets = array.offsets.to_numpy().astype(np.int64)
+    first, stop = int(offsets[0]), int(offsets[-1])
+    if stop == first:
         return None
-    row_valid = array.is_valid().to_pylist() if array.null_count else None
-    name_list = _binary_list(names)
-    value_list = _binary_list(items)
-    valid = None if entry_valid is None else entry_valid.to_pylist()
-    encoded: list[bytes] = []
-    starts: list[int] = []
-    for row in range(len(array)):
-        starts.append(len(encoded))
-        if row_valid is not None and not row_valid[row]:
-            continue
-        for i in range(offsets[row], offsets[row + 1]):
-            if valid is not None and not valid[i]:
-                continue
-            name, value = name_list[i], value_list[i]
-            if name is None:
-                raise ValueError("a header key must not be null")
-            value = value or b""
-            encoded.append(varint(len(name)) + name + varint(len(value)) + value)
-    starts.append(len(encoded))
-    return starts, encoded
+    names, items = (
+        _binary(names.slice(first, stop - first)),
+        _binary(items.slice(first, stop - first)),
+    )
+    kept = np.ones(stop - first, dtype=bool)
+    if entry_valid is not None:
+        kept &= entry_valid.slice(first, stop - first).to_numpy(zero_copy_only=False)
+    if array.null_count:
+        row_valid = array.is_valid().to_numpy(zero_copy_only=False)
+        kept &= np.repeat(row_valid, np.diff(offsets))
+    if names.null_count and kept[names.is_null().to_numpy(zero_copy_only=False)].any():
+        raise ValueError("a header key must not be null")
+    encoded = pc.binary_join_element_wise(
+        _prefixed(names), _prefixed(pc.fill_null(items, b"")), b""
+    )
+    counted = np.zeros(len(kept) + 1, dtype=np.int64)
+    np.cumsum(kept, out=counted[1:])
+    if not kept.all():
+        encoded = encoded.filter(pa.array(kept))
+    bounds = counted[offsets - first]
+    joined = pc.binary_join(
+        pa.ListArray.from_arrays(pa.array(bounds.astype(np.int32)), encoded), b""
+    )
+    return pc.binary_join_element_wise(_varints(np.diff(bounds), skip_zero=True), joined, b"")
 
 
 def _rows_by_topic(
@@ -174,70 +236,66 @@ def _valid_bodies(
     max_records: int,
     max_bytes: int,
 ) -> Iterator[StoreBody]:
+    import pyarrow.compute as pc
+
     pointer = b"\x00" + varint(write_pointer)
     for topic, part in _rows_by_topic(batch, columns, topic_option):
         n = part.num_rows
         if n == 0:
             continue
-        payloads = _binary_list(part.column("value"))
-        keys = _binary_list(part.column("key")) if columns.key else None
-        if keys is not None and all(k is None for k in keys):
+        # Each section of a body is one slice of a column made for the whole part:
+        # payloads after their lengths, and each row's extras (key, headers, TTL).
+        values = _binary(part.column("value"))
+        lengths = _lengths(values)
+        payloads = _Section(pc.binary_join_element_wise(_varints(lengths), values, b""))
+        keys = _binary(part.column("key")) if columns.key else None
+        if keys is not None and keys.null_count == n:
             keys = None
         headers = (
-            _header_entries(part.column("headers"), columns.headers_map)
-            if columns.headers
-            else None
+            _header_parts(part.column("headers"), columns.headers_map) if columns.headers else None
         )
+        extras = None
+        if keys is not None or headers is not None:
+            extras = _Section(
+                pc.binary_join_element_wise(
+                    b"\x00" if keys is None else _key_parts(keys),
+                    b"" if headers is None else headers,
+                    b"\x00\x00",  # the headers map's end; ttl: null
+                    b"",
+                )
+            )
+        # Cut at max_records rows, or where the rows so far reach max_bytes.
+        sizes = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths + _ROW_OVERHEAD, out=sizes[1:])
         first = 0
         while first < n:
-            size, last = 0, first
-            while last < n and last - first < max_records and (last == first or size < max_bytes):
-                size += len(payloads[last]) + _ROW_OVERHEAD  # type: ignore[arg-type]
-                last += 1
-            body = _body(pointer, payloads, keys, headers, first, last)
-            yield StoreBody(topic, last - first, body)
+            fits = int(np.searchsorted(sizes, sizes[first] + max_bytes, side="left")) - first
+            last = first + max(1, min(max_records, fits, n - first))
+            count = varint(last - first)
+            parts: list[Any] = [pointer, count, payloads.rows(first, last), b"\x00"]
+            if extras is None:
+                parts.append(b"\x00")  # extras: null
+            else:
+                parts += (b"\x02", count, extras.rows(first, last), b"\x00")
+            yield StoreBody(topic, last - first, b"".join(parts))
             first = last
 
 
-def _body(
-    pointer: bytes,
-    payloads: list[bytes | None],
-    keys: list[bytes | None] | None,
-    headers: tuple[list[int], list[bytes]] | None,
-    first: int,
-    last: int,
-) -> bytes:
-    count = varint(last - first)
-    parts: list[bytes] = [pointer, count]
-    add = parts.append
-    for payload in payloads[first:last]:
-        assert payload is not None
-        add(varint(len(payload)))
-        add(payload)
-    add(b"\x00")
-    if keys is None and headers is None:
-        add(b"\x00")  # extras: null
-        return b"".join(parts)
-    add(b"\x02")  # extras: the array branch
-    add(count)
-    extend = parts.extend
-    for row in range(first, last):
-        key = None if keys is None else keys[row]
-        if key is None:
-            add(b"\x00")
-        else:
-            add(b"\x02")
-            add(varint(len(key)))
-            add(key)
-        if headers is not None:
-            starts, encoded = headers
-            lo, hi = starts[row], starts[row + 1]
-            if hi > lo:
-                add(varint(hi - lo))
-                extend(encoded[lo:hi])
-        add(b"\x00\x00")  # end of the headers map; ttl: null
-    add(b"\x00")
-    return b"".join(parts)
+class _Section:
+    """A binary array's data, sliced by rows without a copy."""
+
+    __slots__ = ("_data", "_offsets")
+
+    def __init__(self, array: pa.Array) -> None:
+        buffers = array.buffers()
+        self._offsets = np.frombuffer(
+            buffers[1], dtype=np.int32, count=len(array) + 1, offset=4 * array.offset
+        )
+        self._data = memoryview(buffers[2] if buffers[2] is not None else b"")
+
+    def rows(self, first: int, last: int) -> memoryview:
+        """The bytes of rows ``first`` to ``last`` (exclusive), one after the other."""
+        return self._data[int(self._offsets[first]) : int(self._offsets[last])]
 
 
 # --- reading: MessagesExt -> Arrow ---
