@@ -128,7 +128,11 @@ def test_damaged_bodies_are_refused_or_read_alike(
         del body[data.draw(st.integers(0, len(body) - 1)) :]
     else:
         body += data.draw(st.binary(min_size=1, max_size=3))
-    damaged = bytes(body)
+    refused_or_read_alike(bytes(body), media)
+
+
+def refused_or_read_alike(damaged: bytes, media: wire.Media) -> None:
+    """The fast path refuses ``damaged`` or reads what the general path reads."""
     for store in (False, True):
         stored = read_stored_batch(damaged, media is AVRO_EXT, store=store)
         if stored is None:
@@ -187,3 +191,51 @@ def test_plain_payloads_of_a_kilobyte_are_read_straight(
         )
         assert isinstance(request.records, StoredBatch) and request.write_pointer == pointer
         assert request.records.values == general(large, media, store).values
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pointers,
+    st.lists(payloads, min_size=1, max_size=30),
+    st.sampled_from(["source-id", "h", "n" * 63]),
+    st.integers(0, 63),
+    st.data(),
+)
+def test_rows_with_one_header_of_one_layout_are_read_alike(
+    write_pointer: int | None,
+    batch: list[bytes],
+    name: str,
+    width: int,
+    data: st.DataObject,
+) -> None:
+    # A Spark sink's rows: every row the same header name and a value of one length
+    # (read by one pattern over all rows), and the same with one row that differs.
+    records = [
+        Record(p, None, {name: data.draw(st.binary(min_size=width, max_size=width))}, None)
+        for p in batch
+    ]
+    odd = data.draw(
+        st.sampled_from(["none", "longer", "shorter", "key", "two", "other", "no header", "ttl"])
+    )
+    row = data.draw(st.integers(0, len(records) - 1))
+    payload, header = records[row].payload, records[row].headers
+    value = header[name]
+    if odd == "longer":
+        records[row] = Record(payload, None, {name: value + b"x"}, None)
+    elif odd == "shorter" and width:
+        records[row] = Record(payload, None, {name: value[:-1]}, None)
+    elif odd == "key":
+        records[row] = Record(payload, b"k", header, None)
+    elif odd == "two":
+        records[row] = Record(payload, None, {**header, name + "2": b""}, None)
+    elif odd == "other":
+        records[row] = Record(payload, None, {name[:-1] + "Z": value}, None)
+    elif odd == "no header":
+        records[row] = Record(payload, None, {}, None)
+    elif odd == "ttl":
+        records[row] = Record(payload, None, header, 1000)
+    body = wire.encode_publish_request(write_pointer, records, AVRO_EXT)
+    stored = check(body, AVRO_EXT)
+    assert (stored is None) == (odd == "ttl")
+    for damaged in (body + b"\x00", body[:-1], body[:-2] + b"\x01" + body[-1:]):
+        refused_or_read_alike(damaged, AVRO_EXT)

@@ -15,6 +15,7 @@ caller takes the general path, which stores the same values or raises the same e
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from tidings.codec.avro import read_long
@@ -70,6 +71,48 @@ def _field(body: bytes, pos: int, end: int) -> tuple[int, bytes, int]:
     if size < 0 or stop > end:
         raise ValueError("field runs past the body")
     return size, body[pos:stop], stop
+
+
+def _one_header_rows(
+    body: bytes, pos: int, flags: int, after_flags: bytes, payloads: list[memoryview]
+) -> list[bytes] | None:
+    """The stored values of extras that repeat one row's layout: no key, the same one
+    header name, values of one length under 64 bytes, no TTL -- a Spark sink's rows,
+    each with its ``source-id`` header --, or None. One regular expression finds every
+    row's value: ``count`` matches of ``stride`` bytes in ``count * stride`` bytes tile
+    them exactly, so every row has the first one's bytes around its value."""
+    count = len(payloads)
+    if not count or body[pos] != 0 or body[pos + 1] != 2:
+        return None
+    size = body[pos + 2]
+    if size >= 0x80 or size & 1:
+        return None
+    name_end = pos + 3 + (size >> 1)
+    size = body[name_end]
+    if size >= 0x80 or size & 1:
+        return None
+    width = size >> 1
+    stride = name_end + 1 + width + 2 - pos
+    stop = pos + count * stride
+    if stop + 1 != len(body) or body[stop] != 0:
+        return None
+    lead = body[pos : name_end + 1]
+    values = re.compile(re.escape(lead) + b"(.{%d})\x00\x00" % width, re.DOTALL).findall(
+        body, pos, stop
+    )
+    if len(values) != count:
+        return None
+    name = body[pos + 3 : name_end]
+    name.decode()  # a header name is a string: UTF-8, as fastavro checks
+    head = (
+        bytes((flags | FLAG_HEADERS,))
+        + after_flags
+        + _KEY_LENGTHS[1]
+        + _KEY_LENGTHS[len(name)]
+        + name
+        + _KEY_LENGTHS[width]
+    )
+    return [head + v + p for v, p in zip(values, payloads, strict=True)]
 
 
 def _small_extras(
@@ -195,6 +238,9 @@ def _read(body: bytes, extended: bool, store: bool) -> StoredBatch | None:
     if count != len(payloads):
         return None
     flags, after_flags = plain[0], plain[1:]
+    tiled = _one_header_rows(body, pos, flags, after_flags, payloads)
+    if tiled is not None:
+        return StoredBatch(write_pointer, stored_pointer, tiled, total)
     keyed_head = bytes((flags | FLAG_KEY,)) + after_flags
     key_lengths = _KEY_LENGTHS
     names_seen: set[bytes] = set()  # header names already checked to be UTF-8
