@@ -7,6 +7,15 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DataType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from tidings.codec import avro, columns, wire
 from tidings.codec.media import AVRO_EXT
@@ -20,6 +29,14 @@ from tidings.spark.schema import (
 from tidings.structs import Message, MessageId, Record
 
 pytestmark = pytest.mark.spark
+
+
+def _header_type(as_map: bool) -> DataType:
+    """A written ``headers`` column's type: a map, or a list of key/value structs."""
+    if as_map:
+        return MapType(StringType(), BinaryType())
+    pair = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    return ArrayType(pair)
 
 
 def _messages(n: int) -> list[Message]:
@@ -152,17 +169,8 @@ def test_a_columnar_page_gives_no_more_rows_than_it_has() -> None:
 def test_store_bodies_carry_the_rows_records_from_batch_makes(as_map: bool) -> None:
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import (
-        ArrayType,
-        BinaryType,
-        MapType,
-        StringType,
-        StructField,
-        StructType,
-    )
 
-    pair = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-    header_type = MapType(StringType(), BinaryType()) if as_map else ArrayType(pair)
+    header_type = _header_type(as_map)
     schema = StructType(
         [
             StructField("key", BinaryType()),
@@ -210,7 +218,6 @@ def test_store_bodies_carry_the_rows_records_from_batch_makes(as_map: bool) -> N
 
 def test_store_bodies_cover_the_rows_before_a_null_value_then_refuse() -> None:
     import pyarrow as pa
-    from pyspark.sql.types import BinaryType, StructField, StructType
 
     schema = StructType([StructField("value", BinaryType())])
     batch = pa.record_batch([pa.array([b"a", b"b", b"c", None, b"e"], pa.binary())], ["value"])
@@ -236,18 +243,9 @@ def _write_batches(draw: st.DrawFn) -> tuple[Any, Any, int, int]:
     a larger one, and the two limits that cut it into bodies."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import (
-        ArrayType,
-        BinaryType,
-        MapType,
-        StringType,
-        StructField,
-        StructType,
-    )
 
     as_map = draw(st.booleans())
-    pair = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-    header_type = MapType(StringType(), BinaryType()) if as_map else ArrayType(pair)
+    header_type = _header_type(as_map)
     value_type = draw(st.sampled_from([StringType(), BinaryType()]))
     schema = StructType(
         [
@@ -304,11 +302,9 @@ def test_store_bodies_of_any_batch_decode_to_its_rows(case: tuple[Any, Any, int,
 def test_store_bodies_refuse_a_header_without_a_name() -> None:
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import ArrayType, BinaryType, StringType, StructField, StructType
 
-    pair = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
     schema = StructType(
-        [StructField("value", BinaryType()), StructField("headers", ArrayType(pair))]
+        [StructField("value", BinaryType()), StructField("headers", _header_type(False))]
     )
     rows = [
         {"value": b"a", "headers": [{"key": "h", "value": b"1"}]},

@@ -102,17 +102,21 @@ def _one_header_rows(
     )
     if len(values) != count:
         return None
-    name = body[pos + 3 : name_end]
+    head = _one_header_head(flags, after_flags, body[pos + 3 : name_end]) + _KEY_LENGTHS[width]
+    return [head + v + p for v, p in zip(values, payloads, strict=True)]
+
+
+def _one_header_head(flags: int, after_flags: bytes, name: bytes) -> bytes:
+    """A stored value's bytes up to its one header's value length: the same for every
+    row with no key and that one header name (under 128 bytes)."""
     name.decode()  # a header name is a string: UTF-8, as fastavro checks
-    head = (
+    return (
         bytes((flags | FLAG_HEADERS,))
         + after_flags
         + _KEY_LENGTHS[1]
         + _KEY_LENGTHS[len(name)]
         + name
-        + _KEY_LENGTHS[width]
     )
-    return [head + v + p for v, p in zip(values, payloads, strict=True)]
 
 
 def _small_extras(
@@ -269,14 +273,7 @@ def _read(body: bytes, extended: bool, store: bool) -> StoredBatch | None:
                     name = body[pos + 3 : name_end]
                     head = one_header.get(name)
                     if head is None:
-                        name.decode()  # a header name is a string: UTF-8, as fastavro checks
-                        head = one_header[name] = (
-                            bytes((flags | FLAG_HEADERS,))
-                            + after_flags
-                            + key_lengths[1]
-                            + key_lengths[len(name)]
-                            + name
-                        )
+                        head = one_header[name] = _one_header_head(flags, after_flags, name)
                     add_value(
                         head + key_lengths[size >> 1] + body[name_end + 1 : value_end] + payload
                     )
