@@ -3,12 +3,14 @@
 Starts a throwaway PostgreSQL cluster, then for each shape a fresh database and its
 instances: ``1`` (clients all on the leader) and ``2`` (half the clients on the
 instance standing by, which forwards to the leader), beside PostgreSQL used directly
-(binary COPY of each batch, one COMMIT per batch, as many connections as publishes in
-flight). The workload is W1: 100-byte
+in two ways, each with as many connections as publishes in flight and one COMMIT per
+batch: the issue's INSERT batches (one ``INSERT ... VALUES`` of the batch's 500 rows,
+binary parameters) and a binary ``COPY`` of each batch. The workload is W1: 100-byte
 messages in batches of 500, ``--concurrency`` publishes in flight, durable. Reported:
 messages per second, and CPU-seconds per 100,000 messages of each Tidings process and
-of PostgreSQL (every ``postgres`` process), read from /proc before and after. On a
-2-core machine the machine is the limit; the CPU figures say what each part costs.
+of PostgreSQL (every ``postgres`` process), read from /proc before and after, and one
+instance's rate as a fraction of each direct rate of the same round. On a 2-core
+machine the machine is the limit; the CPU figures say what each part costs.
 
 With two instances it also measures how soon a long-poll through the standby wakes
 after a publish through the leader commits (``--wakes`` trials, one at a time).
@@ -162,10 +164,12 @@ def _wakes(leader: str, standby: str, trials: int) -> str:
     )
 
 
-def run_direct(cluster: PgCluster, args: argparse.Namespace, n: int) -> str:
+def run_direct(cluster: PgCluster, args: argparse.Namespace, n: int, how: str) -> float:
     """The same workload on PostgreSQL used directly: ``--concurrency`` connections,
-    each a binary COPY of 500 rows and a COMMIT per batch (default durability)."""
-    db = f"direct_{n}"
+    each writing a batch of 500 rows and committing it (default durability), the batch
+    written by ``how``: ``insert`` (one ``INSERT`` of all 500 rows) or ``copy`` (one
+    binary ``COPY``). Prints a line; returns msg/s."""
+    db = f"direct_{how}_{n}"
     with psycopg.connect(cluster.dsn, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {db}")
     dsn = cluster.dsn.rsplit("/", 1)[0] + "/" + db
@@ -175,6 +179,8 @@ def run_direct(cluster: PgCluster, args: argparse.Namespace, n: int) -> str:
     left = list(range(batches))
     lock = threading.Lock()
     payload = b"x" * 100
+    rows = [(payload,)] * 500
+    insert = "INSERT INTO w1 (payload) VALUES " + ", ".join(["(%b)"] * len(rows))
 
     def work() -> None:
         with psycopg.connect(dsn) as conn:
@@ -183,9 +189,13 @@ def run_direct(cluster: PgCluster, args: argparse.Namespace, n: int) -> str:
                     if not left:
                         return
                     left.pop()
-                with conn.cursor() as cur, cur.copy("COPY w1 (payload) FROM STDIN") as copy:
-                    for _ in range(500):
-                        copy.write_row((payload,))
+                with conn.cursor() as cur:
+                    if how == "insert":
+                        cur.execute(insert, [payload] * len(rows))
+                    else:
+                        with cur.copy("COPY w1 (payload) FROM STDIN") as copy:
+                            for row in rows:
+                                copy.write_row(row)
                 conn.commit()
 
     before = _postgres_cpu()
@@ -197,10 +207,16 @@ def run_direct(cluster: PgCluster, args: argparse.Namespace, n: int) -> str:
         thread.join()
     rate = batches * 500 / (time.perf_counter() - began)
     pg = (_postgres_cpu() - before) * 100_000 / args.messages
-    return f"PostgreSQL directly: {rate:,.0f} msg/s; CPU-s per 100k msgs: PostgreSQL {pg:.2f}"
+    name = {"insert": "INSERT batches", "copy": "COPY"}[how]
+    print(
+        f"PostgreSQL directly ({name}): {rate:,.0f} msg/s; "
+        f"CPU-s per 100k msgs: PostgreSQL {pg:.2f}",
+        flush=True,
+    )
+    return rate
 
 
-def run_shape(cluster: PgCluster, shape: int, args: argparse.Namespace, n: int) -> str:
+def run_shape(cluster: PgCluster, shape: int, args: argparse.Namespace, n: int) -> float:
     db = f"inst{shape}_{n}"
     with psycopg.connect(cluster.dsn, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {db}")
@@ -224,10 +240,13 @@ def run_shape(cluster: PgCluster, shape: int, args: argparse.Namespace, n: int) 
     pg = (after[1] - before[1]) * per
     names = ["leader", "forwarder"][: len(parts)]
     cpu = ", ".join(f"{name} {value}" for name, value in zip(names, parts, strict=True))
-    line = (
-        f"{shape} instance(s): {rate:,.0f} msg/s; CPU-s per 100k msgs: {cpu}, PostgreSQL {pg:.2f}"
+    print(
+        f"{shape} instance(s): {rate:,.0f} msg/s; CPU-s per 100k msgs: {cpu}, PostgreSQL {pg:.2f}",
+        flush=True,
     )
-    return line + (f"\n{wakes}" if wakes else "")
+    if wakes:
+        print(wakes, flush=True)
+    return rate
 
 
 def main() -> None:
@@ -240,9 +259,14 @@ def main() -> None:
     cluster = PgCluster()
     try:
         for n in range(args.rounds):
-            print(run_direct(cluster, args, n), flush=True)
-            for shape in (1, 2):
-                print(run_shape(cluster, shape, args, n), flush=True)
+            direct = {how: run_direct(cluster, args, n, how) for how in ("insert", "copy")}
+            one = run_shape(cluster, 1, args, n)
+            run_shape(cluster, 2, args, n)
+            print(
+                f"one instance / PostgreSQL directly: {one / direct['insert']:.2f} of INSERT "
+                f"batches, {one / direct['copy']:.2f} of COPY",
+                flush=True,
+            )
     finally:
         cluster.stop()
 
