@@ -2,15 +2,16 @@
 
 Starts a throwaway PostgreSQL cluster, then for each shape a fresh database and its
 instances: ``1`` (clients all on the leader) and ``2`` (half the clients on the
-instance standing by, which forwards to the leader), beside PostgreSQL used directly
-in two ways, each with as many connections as publishes in flight and one COMMIT per
-batch: the issue's INSERT batches (one ``INSERT ... VALUES`` of the batch's 500 rows,
-binary parameters) and a binary ``COPY`` of each batch. The workload is W1: 100-byte
-messages in batches of 500, ``--concurrency`` publishes in flight, durable. Reported:
-messages per second, and CPU-seconds per 100,000 messages of each Tidings process and
-of PostgreSQL (every ``postgres`` process), read from /proc before and after, and one
-instance's rate as a fraction of each direct rate of the same round. On a 2-core
-machine the machine is the limit; the CPU figures say what each part costs.
+instance standing by, which forwards to the leader). Beside them: one instance on LMDB
+(no ``--store``), and PostgreSQL used directly in two ways, each with as many
+connections as publishes in flight and one COMMIT per batch: the issue's INSERT
+batches (one ``INSERT ... VALUES`` of the batch's 500 rows, binary parameters) and a
+binary ``COPY`` of each batch. The workload is W1: 100-byte messages in batches of
+500, ``--concurrency`` publishes in flight, durable. Reported: messages per second,
+CPU-seconds per 100,000 messages of each Tidings process and of PostgreSQL (every
+``postgres`` process), read from /proc before and after, and one instance's rate as a
+fraction of each direct rate of the same round. On a 2-core machine the machine is
+the limit; the CPU figures say what each part costs.
 
 With two instances it also measures how soon a long-poll through the standby wakes
 after a publish through the leader commits (``--wakes`` trials, one at a time).
@@ -67,14 +68,15 @@ def _postgres_cpu() -> float:
 
 
 class Node:
-    """A ``tidings serve`` on the shared database."""
+    """A ``tidings serve`` on the shared database (``dsn`` None: on LMDB in a data
+    directory of its own)."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str | None) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         data = tempfile.mkdtemp(prefix="tidings-inst-")
         cmd = [sys.executable, "-m", "tidings", "serve", "--port", str(self.port),
-               "--data-dir", data, "--store", dsn]  # fmt: skip
+               "--data-dir", data, *(["--store", dsn] if dsn else [])]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd,
             stdout=subprocess.DEVNULL,
@@ -249,6 +251,20 @@ def run_shape(cluster: PgCluster, shape: int, args: argparse.Namespace, n: int) 
     return rate
 
 
+def run_lmdb(args: argparse.Namespace) -> float:
+    """The same workload on one instance on its embedded store (LMDB), for the same
+    run's comparison. Prints a line; returns msg/s."""
+    node = Node(None)
+    try:
+        before = _cpu(node.proc.pid)
+        rate = asyncio.run(_publish([node.url], args.messages, args.concurrency))
+        used = (_cpu(node.proc.pid) - before) * 100_000 / args.messages
+    finally:
+        node.stop()
+    print(f"1 instance on LMDB: {rate:,.0f} msg/s; CPU-s per 100k msgs: {used:.2f}", flush=True)
+    return rate
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=100_000)
@@ -262,9 +278,11 @@ def main() -> None:
             direct = {how: run_direct(cluster, args, n, how) for how in ("insert", "copy")}
             one = run_shape(cluster, 1, args, n)
             run_shape(cluster, 2, args, n)
+            lmdb = run_lmdb(args)
             print(
                 f"one instance / PostgreSQL directly: {one / direct['insert']:.2f} of INSERT "
-                f"batches, {one / direct['copy']:.2f} of COPY",
+                f"batches, {one / direct['copy']:.2f} of COPY; one instance on LMDB / "
+                f"INSERT batches: {lmdb / direct['insert']:.2f}",
                 flush=True,
             )
     finally:
