@@ -60,7 +60,6 @@ IDS_AT = _HEAD.size
 _ID = struct.Struct(MESSAGE_ID_LAYOUT)
 _LITTLE = sys.byteorder == "little"
 _new_id = partial(tuple.__new__, MessageId)
-_new_message = partial(tuple.__new__, Message)
 _FLIP = bytes([1, 0]) + bytes(254)  # presence byte -> 1 where a row has no key
 _CONTINUATION = bytes(range(0x80, 0xC0))
 
@@ -197,20 +196,30 @@ class ColumnPage:
         n, body = self.count, self.body
         if not n:
             return iter(())
-        ids = map(_new_id, _ID.iter_unpack(memoryview(body)[IDS_AT : IDS_AT + 20 * n]))
+        # map() over two iterables calls tuple.__new__ itself: through a partial each
+        # object cost ~15 ns more (455 against 392 ns per 100 B message, whole page).
+        new = tuple.__new__
+        ids = map(
+            new, repeat(MessageId), _ID.iter_unpack(memoryview(body)[IDS_AT : IDS_AT + 20 * n])
+        )
         at = self.offsets(self.payload_at, n + 1)
         payloads = map(body.__getitem__, map(slice, at, at[1:]))
-        keys: Sequence[bytes | None] | repeat[None] = repeat(None)
+        keys: Iterable[bytes | None] = repeat(None)
         if self.key_at is not None and self.present_at is not None:
             at = self.offsets(self.key_at, n + 1)
             present = body[self.present_at : self.present_at + n]
-            keys = [
-                body[a:b] if has else None for a, b, has in zip(at, at[1:], present, strict=False)
-            ]
+            if 0 in present:
+                keys = [
+                    body[a:b] if has else None
+                    for a, b, has in zip(at, at[1:], present, strict=False)
+                ]
+            else:  # every row keyed (a keyed topic's pages): no Python step per row
+                keys = map(body.__getitem__, map(slice, at, at[1:]))
         headers: Sequence[Mapping[str, bytes]] | repeat[Mapping[str, bytes]] = repeat(NO_HEADERS)
         if self.rows_at is not None:
             headers = self._headers()
-        return map(_new_message, zip(ids, payloads, keys, headers, repeat(None), repeat(0)))
+        rows = zip(ids, payloads, keys, headers, repeat(None), repeat(0))
+        return map(new, repeat(Message), rows)
 
     def message_id(self, index: int) -> MessageId:
         """The id of row ``index`` (negative: from the end)."""
