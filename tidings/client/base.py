@@ -78,13 +78,17 @@ def to_record(message: MessageLike) -> Outgoing:
     raise TypeError(f"a message is bytes, str or Record, not {type(message).__name__}")
 
 
+#: The types a message is sent as (to_record): a list of only these is sent as it is.
+_SENDABLE = frozenset({bytes, Record})
+
+
 def to_records(messages: MessageLike | Iterable[MessageLike]) -> list[Outgoing]:
     """What to send for one message or an iterable of them."""
     if isinstance(messages, bytes | bytearray | memoryview | str | Record):
         return [to_record(messages)]
-    if type(messages) is list and all(type(m) is bytes or type(m) is Record for m in messages):
+    if type(messages) is list and set(map(type, messages)) <= _SENDABLE:
         # Already in the form they are sent in (a copier's records, a transaction's
-        # buffer passed on): one pass of type checks, no call per message.
+        # buffer passed on): the types found in C, no call per message.
         return messages.copy()
     return [to_record(m) for m in messages]
 

@@ -193,6 +193,9 @@ def parse_payload_range(text: str) -> PayloadRange:
     return PayloadRange(*map(int, parts))
 
 
+_BYTES = frozenset({bytes})
+
+
 def _has_extras(r: Record) -> bool:
     return r.key is not None or bool(r.headers) or r.ttl is not None
 
@@ -207,7 +210,8 @@ def encode_publish_request(
     ``AVRO_EXT``).
     """
     extended = media is AVRO_EXT
-    if media is not JSON and all(type(r) is bytes for r in records):
+    # The records' types found in C (a generator's step per record cost ~25 ns).
+    if media is not JSON and set(map(type, records)) <= _BYTES:
         payloads = cast("Sequence[bytes]", records)
         return avro.write_publish(write_pointer, payloads, extended=extended)
     full = [Record(r) if isinstance(r, bytes) else r for r in records]
