@@ -1,4 +1,5 @@
-"""A client user's ``import tidings`` loads the client, not the server's machinery."""
+"""A client user's ``import tidings`` loads the client, not the server's machinery nor
+HTTP libraries its default transports do not use."""
 
 from __future__ import annotations
 
@@ -18,3 +19,14 @@ def test_import_tidings_loads_no_server_side_module() -> None:
     server_side = ("tidings.tx", "tidings.store", "tidings.server", "tidings.messaging")
     loaded = [m for m in out if m.startswith(server_side)]
     assert loaded == []
+
+
+def test_import_tidings_loads_no_http_library_the_defaults_do_not_use() -> None:
+    # The default transports are the project's own; urllib3 (a fifth of the import
+    # time) and aiohttp load only for whoever passes their transports.
+    code = "import sys, tidings\nprint(' '.join(sorted(sys.modules)))\n"
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout.split()
+    assert "tidings.client.transports" in out
+    assert "urllib3" not in out and "aiohttp" not in out
