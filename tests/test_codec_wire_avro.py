@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from tidings.codec import avro, wire
 from tidings.errors import BadRequest, TidingsError
-from tidings.structs import Message, MessageId
+from tidings.structs import Message, MessageId, Record
 
 ids = st.builds(
     MessageId,
@@ -211,3 +211,35 @@ def test_keyed_publish_encoder_matches_fastavro(
     assert avro.write_publish_ext(write_pointer, records) == avro.write(
         value, avro.PUBLISH_REQUEST_EXT
     )
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.none() | st.integers(-(2**63), 2**63 - 1),
+    st.lists(
+        st.tuples(
+            # Payload lengths on both sides of the one-byte and the table's limits.
+            st.binary(max_size=100)
+            | st.integers(16_380, 16_390).map(lambda n: bytes([n % 251]) * n),
+            # Keys of every length the fixed heads cover, and past them (255 / 256).
+            st.binary(max_size=70) | st.integers(250, 260).map(lambda n: b"k" * n),
+        ),
+        min_size=1,
+        max_size=20,
+    ),
+    st.booleans(),
+)
+def test_keyed_only_publish_encoder_matches_fastavro(
+    write_pointer: int | None, keyed: list[tuple[bytes, bytes]], as_records: bool
+) -> None:
+    # Every record keyed and nothing else: the encoder's two-items-per-record path.
+    records = [Record(p, k) if as_records else (p, k, {}, None) for p, k in keyed]
+    value = {
+        "transactionWritePointer": write_pointer,
+        "messages": [p for p, _ in keyed],
+        "extras": [{"key": k, "headers": {}, "ttl": None} for _, k in keyed],
+    }
+    expected = avro.write(value, avro.PUBLISH_REQUEST_EXT)
+    assert avro.write_publish_ext(write_pointer, records) == expected
+    if as_records:
+        assert wire.encode_publish_request(write_pointer, records, wire.AVRO_EXT) == expected

@@ -194,6 +194,7 @@ def parse_payload_range(text: str) -> PayloadRange:
 
 
 _BYTES = frozenset({bytes})
+_RECORDS = frozenset({Record})
 
 
 def _has_extras(r: Record) -> bool:
@@ -211,10 +212,15 @@ def encode_publish_request(
     """
     extended = media is AVRO_EXT
     # The records' types found in C (a generator's step per record cost ~25 ns).
-    if media is not JSON and set(map(type, records)) <= _BYTES:
+    kinds = set(map(type, records))
+    if media is not JSON and kinds <= _BYTES:
         payloads = cast("Sequence[bytes]", records)
         return avro.write_publish(write_pointer, payloads, extended=extended)
-    full = [Record(r) if isinstance(r, bytes) else r for r in records]
+    full: Sequence[Record]
+    if kinds <= _RECORDS:
+        full = cast("Sequence[Record]", records)
+    else:
+        full = [Record(r) if isinstance(r, bytes) else r for r in records]
     needs_extras = any(_has_extras(r) for r in full)
     if media is JSON:
         return jsonb.dump_publish_request(write_pointer, full, with_extras=needs_extras)
@@ -222,9 +228,8 @@ def encode_publish_request(
         return avro.write_publish(write_pointer, [r.payload for r in full], extended=extended)
     if not extended:
         raise ValueError("plain avro/binary cannot carry keys, headers or ttl; use AVRO_EXT")
-    return avro.write_publish_ext(
-        write_pointer, [(r.payload, r.key, r.headers, r.ttl) for r in full]
-    )
+    # A Record is the encoder's (payload, key, headers, ttl): passed as it is.
+    return avro.write_publish_ext(write_pointer, full)
 
 
 # --- publish response = rollback request ---
