@@ -239,3 +239,49 @@ def test_rows_with_one_header_of_one_layout_are_read_alike(
     assert (stored is None) == (odd == "ttl")
     for damaged in (body + b"\x00", body[:-1], body[:-2] + b"\x01" + body[-1:]):
         refused_or_read_alike(damaged, AVRO_EXT)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pointers,
+    st.lists(
+        st.tuples(payloads, st.binary(max_size=63) | st.binary(min_size=64, max_size=70)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.data(),
+)
+def test_keyed_rows_are_read_alike(
+    write_pointer: int | None, keyed: list[tuple[bytes, bytes]], data: st.DataObject
+) -> None:
+    # A keyed producer's rows: a key and nothing else (read in a loop of their own up to
+    # the first row of another kind), and the same with one row that differs.
+    records = [Record(p, k) for p, k in keyed]
+    odd = data.draw(st.sampled_from(["none", "no key", "header", "long key", "ttl"]))
+    row = data.draw(st.integers(0, len(records) - 1))
+    payload, key = records[row].payload, records[row].key
+    if odd == "no key":
+        records[row] = Record(payload)
+    elif odd == "header":
+        records[row] = Record(payload, key, {"h": b"v"})
+    elif odd == "long key":
+        records[row] = Record(payload, b"k" * 200)
+    elif odd == "ttl":
+        records[row] = Record(payload, key, ttl=1000)
+    body = wire.encode_publish_request(write_pointer, records, AVRO_EXT)
+    stored = check(body, AVRO_EXT)
+    assert (stored is None) == (odd == "ttl")
+    for damaged in (body + b"\x00", body[:-1], body[:-2] + b"\x01" + body[-1:]):
+        refused_or_read_alike(damaged, AVRO_EXT)
+    at = data.draw(st.integers(0, len(body) - 1))
+    flipped = bytearray(body)
+    flipped[at] = data.draw(st.integers(0, 255))
+    refused_or_read_alike(bytes(flipped), AVRO_EXT)
+    first = records[0]
+    if first.key is not None and len(first.key) < 64 and not first.headers:
+        # The first key's length made odd: a negative length, refused by both paths.
+        plain = avro.write_publish(write_pointer, [r.payload for r in records], extended=False)
+        at = len(plain) + 1 + len(avro.varint(len(records))) + 1
+        negative = bytearray(body)
+        negative[at] |= 1
+        refused_or_read_alike(bytes(negative), AVRO_EXT)
