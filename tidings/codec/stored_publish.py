@@ -186,8 +186,8 @@ def _keyed_rows(
 ) -> tuple[list[bytes], int]:
     """The stored values of the extras rows from ``pos`` on that hold a key under 64
     bytes and nothing else, up to the first row that does not (or the last), and the
-    position after them. BENCHMARKS.md, "Keyed rows in a loop of their own": about a
-    third less per row than the general loop's checks."""
+    position after them. BENCHMARKS.md, "Keyed rows in a loop of their own": a batch of
+    500 such rows read in ~9 % less time than through the general loop's checks."""
     heads = _KEYED_HEADS.get(head)
     if heads is None:
         if len(_KEYED_HEADS) >= 64:  # heads with pointers come and go
@@ -198,8 +198,8 @@ def _keyed_rows(
     for payload in payloads:
         size = body[pos + 1]
         end = pos + 2 + (size >> 1)
-        # The key's branch; its length even (not negative) and under 128 (one byte);
-        # then an empty headers map and a null TTL.
+        # The key's branch; its length a one-byte varint that is not negative (so
+        # the key is under 64 bytes); then an empty headers map and a null TTL.
         if body[pos] != 2 or size & 0x81 or body[end] or body[end + 1]:
             break
         add(heads[size >> 1] + body[pos + 2 : end] + payload)
