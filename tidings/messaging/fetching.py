@@ -301,7 +301,32 @@ def _append_columns(
     ids, payloads = columns.ids, columns.payloads
     add_id, add_payload, zero = ids.append, payloads.append, _NO_PAYLOAD_ROW
     plain, keyed = PLAIN, KEYED
-    for key, value in view.scan(_MESSAGES, scan_from, stop):
+    rows = iter(view.scan(_MESSAGES, scan_from, stop))
+    if columns.keys is None:
+        # Until the page's first keyed row, plain rows need no key column: the walk
+        # of a plain topic's page, with nothing per row but the row itself.
+        room = limit - len(ids)
+        for key, value in rows:
+            flags = value[0]
+            if flags == plain:
+                add_id(key[8:18] + zero)
+                add_payload(value[1:])
+            elif flags == tx_plain:
+                add_id(key[8:18] + zero)
+                add_payload(value[9:])
+            else:
+                if not _append_entry(key, value, columns, reader, out, limit):
+                    return
+                if len(ids) >= limit:
+                    return
+                if columns.keys is not None:
+                    break
+                room = limit - len(ids)
+                continue
+            room -= 1
+            if not room:
+                return
+    for key, value in rows:
         flags = value[0]
         if flags in (plain, tx_plain):
             add_id(key[8:18] + zero)
@@ -321,6 +346,28 @@ def _append_columns(
                 return
         if len(ids) >= limit:
             return
+
+
+def _append_entry(
+    key: bytes,
+    value: bytes,
+    columns: PageColumns,
+    reader: _Reader,
+    out: list[Message | bytes],
+    limit: int,
+) -> bool:
+    """One entry that is not a plain row into the columns, as the loop of
+    :func:`_append_columns` takes it; False where a transactional reader must stop."""
+    if value[0] == KEYED and value[1] < 0x80:
+        end = 2 + value[1]
+        columns.key_column().append(value[2:end])
+        columns.ids.append(key[8:18] + _NO_PAYLOAD_ROW)
+        columns.payloads.append(value[end:])
+        return True
+    reader.limit = limit - len(columns.ids)
+    go_on = reader.entry(key, value, None, True)
+    columns.take(out)
+    return go_on
 
 
 def _append_ids(
