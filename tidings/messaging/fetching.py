@@ -326,25 +326,35 @@ def _append_columns(
             room -= 1
             if not room:
                 return
+    keys = columns.keys
+    if keys is None:
+        return  # the loop above took every row
+    # The page has a key column: one key (or None) per row, appended in step.
+    add_key = keys.append
+    room = limit - len(ids)
     for key, value in rows:
         flags = value[0]
         if flags in (plain, tx_plain):
             add_id(key[8:18] + zero)
             add_payload(value[1:] if flags == plain else value[9:])
-            if columns.keys is not None:
-                columns.keys.append(None)
+            add_key(None)
         elif flags == keyed and value[1] < 0x80:
             end = 2 + value[1]
-            columns.key_column().append(value[2:end])
+            add_key(value[2:end])
             add_id(key[8:18] + zero)
             add_payload(value[end:])
         else:
             reader.limit = limit - len(ids)
             go_on = reader.entry(key, value, None, True)
-            columns.take(out)
+            columns.take(out)  # its keys go to the same list
             if not go_on:
                 return
-        if len(ids) >= limit:
+            room = limit - len(ids)
+            if room <= 0:
+                return
+            continue
+        room -= 1
+        if not room:
             return
 
 
