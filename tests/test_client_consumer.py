@@ -88,6 +88,31 @@ def test_resume_after_a_saved_position() -> None:
     assert [m.payload for m in resumed] == [b"2", b"3"]
 
 
+def test_loops_and_next_share_one_place_across_pages() -> None:
+    # A loop left with ``break`` keeps the place (and the position) of the last
+    # message it took; ``next()`` and a second loop go on from there, across pages.
+    client = FakeClient(messages(8))
+    consumer = Consumer(cast(Client, client), "t", batch_size=3, follow=False)
+    taken = []
+    for m in consumer:
+        taken.append(m.payload)
+        if m.payload == b"3":
+            break
+    assert consumer.position == mid(3)
+    taken.append(next(consumer).payload)
+    assert consumer.position == mid(4)
+    for m in consumer:
+        taken.append(m.payload)
+        if m.payload == b"5":
+            break
+    assert consumer.position == mid(5)
+    taken += [m.payload for m in consumer]
+    assert taken == [str(i).encode() for i in range(8)]
+    assert consumer.position == mid(7)
+    with pytest.raises(StopIteration):
+        next(consumer)
+
+
 def test_uncommitted_polls_carry_no_transaction() -> None:
     client = FakeClient(messages(2))
     list(Consumer(cast(Client, client), "t", transactional=False, follow=False))

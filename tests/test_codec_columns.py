@@ -129,6 +129,24 @@ def test_specific_damage_is_refused() -> None:
         columns.read_columns(bytes(damaged))
 
 
+def test_offsets_out_of_order_are_refused() -> None:
+    # The first and last offsets as they should be, two in between swapped: each
+    # slice still lies inside the body, but the rows would overlap.
+    n = 3
+    good = columns.write_messages(
+        [Message(MessageId(1, j), b"p" * (j + 1), b"k" * (j + 1)) for j in range(n)]
+    )
+    assert [m.payload for m in columns.read_columns(good).messages()] == [b"p", b"pp", b"ppp"]
+    payload_at = 16 + 20 * n
+    key_at = payload_at + 4 * (n + 1)
+    for at, what in ((payload_at, "bad payload offsets"), (key_at, "bad key column")):
+        damaged = bytearray(good)
+        first, second = damaged[at + 4 : at + 8], damaged[at + 8 : at + 12]
+        damaged[at + 4 : at + 8], damaged[at + 8 : at + 12] = second, first
+        with pytest.raises(ValueError, match=what):
+            columns.read_columns(bytes(damaged))
+
+
 def test_a_header_name_cut_inside_a_character_is_refused() -> None:
     good = columns.write_messages([Message(MessageId(1, 2), b"p", None, {"ab": b"1", "cd": b"2"})])
     at = good.index(b"abcd")

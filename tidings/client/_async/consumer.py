@@ -169,9 +169,29 @@ class AsyncConsumer(AsyncIterator[Message]):
         await sleep(min(5.0, 0.1 * 2**outage))
         return outage + 1
 
+    # ---- async only
     def __aiter__(self) -> AsyncConsumer:
         return self
 
+    # ---- sync only
+    # def __aiter__(self) -> AsyncIterator[Message]:
+    #     # A generator over the pages: a loop over the consumer takes each message
+    #     # without a call of ``__next__``, ~50 ns less per message (~8 % of a 100 B
+    #     # message's decoding). ``__next__`` takes from the same page, so the two mix.
+    #     # The async consumer stays its own iterator: an async generator measured slower.
+    #     return self._messages()
+    #
+    # def _messages(self) -> AsyncIterator[Message]:
+    #     while True:
+    #         for message in self._rest:
+    #             self._position = message.id
+    #             yield message
+    #         if self._cursor.exhausted:
+    #             self.close()
+    #             return
+    #         self._rest = self._fetch_rows()
+    #
+    # ---- end
     async def __anext__(self) -> Message:
         message = next(self._rest, None)
         while message is None:
