@@ -13,12 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tidings.codec import groups as gkeys
 from tidings.codec import wire
 from tidings.codec.columns import read_columns
 from tidings.codec.groups import partition_of
 from tidings.consumers import pages as pages_module
 from tidings.consumers.assignment import assign
-from tidings.consumers.groups import GroupCoordinator
+from tidings.consumers.groups import GroupCoordinator, _compact
 from tidings.errors import (
     BadRequest,
     GroupNotFound,
@@ -31,6 +32,7 @@ from tidings.messaging.fetching import PageColumns
 from tidings.store.backends.memory import MemoryStore
 from tidings.structs import Message, MessageId, Record, Transaction
 from tidings.tx import TransactionManager, TxConfig
+from tidings.tx.visibility import is_visible
 
 
 class Clock:
@@ -496,3 +498,59 @@ def test_a_page_has_the_ids_and_hashes_of_the_messages(
         expected[i] for i in rows
     ]
     assert read_columns(share.encode()).messages() == share.messages()
+
+
+_pointers = st.integers(min_value=0, max_value=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    records=st.sets(st.tuples(st.integers(0, 3), _pointers), max_size=24),
+    read_pointer=st.integers(0, 12),
+    invalid=st.sets(st.integers(1, 12), max_size=4),
+    in_progress=st.sets(st.integers(1, 12), max_size=4),
+    wanted=st.sets(st.integers(0, 4), max_size=5),
+)
+def test_compacting_positions_keeps_the_newest_visible_and_the_open(
+    records: set[tuple[int, int]],
+    read_pointer: int,
+    invalid: set[int],
+    in_progress: set[int],
+    wanted: set[int],
+) -> None:
+    # Each position record is (partition, write pointer). Compacting some partitions
+    # drops their records of invalid transactions and every visible one but the
+    # newest, answers the pointers of the ones not visible, and leaves the others.
+    in_progress -= invalid
+    snapshot = Transaction(read_pointer, 100, tuple(sorted(invalid)), tuple(sorted(in_progress)))
+    gid = (1, 1, "g")
+    other = (1, 1, "h")  # another group's records stay as they are
+    store = MemoryStore()
+
+    def put(view: Any) -> None:
+        for p, wp in records:
+            for g in (gid, other):
+                view.put("metadata", gkeys.position_key(*g, p, wp), b"x")
+
+    store.apply(put)
+    hidden = store.apply(lambda view: _compact(view, gid, wanted, snapshot))
+    start, stop = gkeys.positions_range(*gid)
+    left = {gkeys.write_pointer_of(k) for k, _ in store.scan_list("metadata", start, stop)}
+    expected: set[tuple[int, int]] = set()
+    expected_hidden: dict[int, set[int]] = {}
+    for p in range(4):
+        mine = sorted(wp for q, wp in records if q == p)
+        if p not in wanted:
+            expected |= {(p, wp) for wp in mine}
+            continue
+        visible = [wp for wp in mine if wp not in invalid and (wp == 0 or is_visible(snapshot, wp))]
+        if visible:
+            expected.add((p, visible[-1]))
+        for wp in mine:
+            if wp not in invalid and wp not in visible:
+                expected.add((p, wp))
+                expected_hidden.setdefault(p, set()).add(wp)
+    assert left == expected
+    assert hidden == expected_hidden
+    start, stop = gkeys.positions_range(*other)
+    assert len(store.scan_list("metadata", start, stop)) == len(records)
