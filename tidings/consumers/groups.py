@@ -974,28 +974,36 @@ def _compact(
     """Drop the records of ``partitions`` that can never count again: those of invalid
     transactions, and visible ones older than the newest visible one. Answers, per
     partition, the write pointers of the records left that are not visible (open
-    transactions). One walk over the group's records: a copier commits every
-    partition in each transaction, and a range per partition cost 32 cursors."""
+    transactions). Partitions close together are walked as one span: a copier commits
+    every partition in each transaction, and a range each cost 32 cursors; a commit
+    of a few partitions far apart (of up to 1,024) walks their ranges alone."""
     wanted = set(partitions)
-    start, stop = gkeys.positions_range(*gid)
+    if not wanted:
+        return {}
+    named = sorted(wanted)
+    lo, hi = named[0], named[-1]
+    spans = [(lo, hi)] if 4 * len(named) >= hi - lo + 1 else [(p, p) for p in named]
     doomed: list[bytes] = []
     newest: dict[int, bytes] = {}  # each partition's newest visible record so far
     hidden: dict[int, set[int]] = {}
     invalid = snapshot.invalid
-    for key, _ in view.scan(_META, start, stop):
-        p, wp = gkeys.write_pointer_of(key)
-        if p not in wanted:
-            continue
-        if wp in invalid:
-            doomed.append(key)
-        elif wp == 0 or is_visible(snapshot, wp):
-            # Keys sort by write pointer within a partition: a later one is newer.
-            older = newest.get(p)
-            if older is not None:
-                doomed.append(older)
-            newest[p] = key
-        else:
-            hidden.setdefault(p, set()).add(wp)
+    for first, last in spans:
+        start = gkeys.partition_range(*gid, first)[0]
+        stop = gkeys.partition_range(*gid, last)[1]
+        for key, _ in view.scan(_META, start, stop):
+            p, wp = gkeys.write_pointer_of(key)
+            if p not in wanted:
+                continue
+            if wp in invalid:
+                doomed.append(key)
+            elif wp == 0 or is_visible(snapshot, wp):
+                # Keys sort by write pointer within a partition: a later one is newer.
+                older = newest.get(p)
+                if older is not None:
+                    doomed.append(older)
+                newest[p] = key
+            else:
+                hidden.setdefault(p, set()).add(wp)
     for key in doomed:
         view.delete(_META, key)
     return hidden
