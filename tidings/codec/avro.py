@@ -314,6 +314,18 @@ def _add_payloads(parts: list[bytes], payloads: Sequence[bytes]) -> None:
         parts.append(payload)
 
 
+def _add_headers(add: Callable[[bytes], None], headers: Mapping[str, bytes]) -> None:
+    """A non-empty headers map's one block (its count, then each name and value), the
+    block's end left to the caller."""
+    add(varint(len(headers)))
+    for name, value in headers.items():
+        raw = name.encode()
+        add(varint(len(raw)))
+        add(raw)
+        add(varint(len(value)))
+        add(value)
+
+
 #: What comes before a key in the extras of a keyed record without headers or TTL: the
 #: previous record's empty headers map and null TTL, the key union's bytes branch, and
 #: the key's length (by the key's length; longer keys take the general loop).
@@ -359,13 +371,7 @@ def write_publish_ext(
             add(varint(len(key)))
             add(key)
         if entries:
-            add(varint(len(entries)))
-            for name, value in entries.items():
-                raw = name.encode()
-                add(varint(len(raw)))
-                add(raw)
-                add(varint(len(value)))
-                add(value)
+            _add_headers(add, entries)
         add(b"\x00")
         add(b"\x00" if ttl is None else b"\x02" + varint(ttl))
     parts.append(b"\x00")
@@ -439,13 +445,7 @@ def write_messages(messages: Sequence[Message | bytes], *, extended: bool) -> by
                 add(key)
             headers = m.headers
             if headers:
-                add(long_(len(headers)))
-                for name, value in headers.items():
-                    raw = name.encode()
-                    add(long_(len(raw)))
-                    add(raw)
-                    add(long_(len(value)))
-                    add(value)
+                _add_headers(add, headers)
             add(b"\x00")
     add(b"\x00")
     return b"".join(parts)

@@ -178,12 +178,7 @@ class ColumnPage:
 
     def offsets(self, at: int, count: int) -> Sequence[int]:
         """``count`` int32 values starting at byte ``at`` of the body."""
-        view = memoryview(self.body)[at : at + 4 * count]
-        if _LITTLE:
-            return view.cast("i")
-        values = array("i", view)  # pragma: no cover
-        values.byteswap()  # pragma: no cover
-        return values  # pragma: no cover
+        return _int32s(self.body, at, count)
 
     def messages(self) -> list[Message]:
         """The page's messages, oldest first."""
@@ -256,8 +251,19 @@ def _monotone(at: list[int], first: int, last: int) -> bool:
     return at[0] == first and at[-1] <= last and at == sorted(at)
 
 
-def _ints(values: Sequence[int]) -> list[int]:
-    return values.tolist() if isinstance(values, memoryview | array) else list(values)
+def _int32s(body: bytes, at: int, count: int) -> memoryview | array[int]:
+    view = memoryview(body)[at : at + 4 * count]
+    if _LITTLE:
+        return view.cast("i")
+    values = array("i", view)  # pragma: no cover
+    values.byteswap()  # pragma: no cover
+    return values  # pragma: no cover
+
+
+def _ints(body: bytes, at: int, count: int) -> list[int]:
+    """:func:`_int32s` as a list (made once, for a check and for slicing)."""
+    values: list[int] = _int32s(body, at, count).tolist()
+    return values
 
 
 def read_columns(body: bytes) -> ColumnPage:
@@ -282,14 +288,13 @@ def read_columns(body: bytes) -> ColumnPage:
         value_at, pos = pos, pos + 4 * (entries + 1)
     if pos > size:
         raise ValueError("columnar body too short for its columns")
-    page = ColumnPage(body, n, entries, payload_at, key_at, present_at, rows_at, name_at, value_at)
-    payload_offsets = at = _ints(page.offsets(payload_at, n + 1))
+    payload_offsets = at = _ints(body, payload_at, n + 1)
     if not _monotone(at, pos, size):
         raise ValueError("bad payload offsets")
     end = at[-1]
     key_offsets: list[int] | None = None
     if key_at is not None and present_at is not None:
-        key_offsets = at = _ints(page.offsets(key_at, n + 1))
+        key_offsets = at = _ints(body, key_at, n + 1)
         present = body[present_at : present_at + n]
         if not _monotone(at, end, size) or present.translate(None, b"\x00\x01"):
             raise ValueError("bad key column")
@@ -300,10 +305,10 @@ def read_columns(body: bytes) -> ColumnPage:
                 raise ValueError("a key on a row without one")
         end = at[-1]
     if rows_at is not None and name_at is not None and value_at is not None:
-        rows = _ints(page.offsets(rows_at, n + 1))
+        rows = _ints(body, rows_at, n + 1)
         if not _monotone(rows, 0, entries) or rows[-1] != entries:
             raise ValueError("bad header rows")
-        at = _ints(page.offsets(name_at, entries + 1))
+        at = _ints(body, name_at, entries + 1)
         if not _monotone(at, end, size):
             raise ValueError("bad header names")
         # The names region is UTF-8 as a whole, and no name starts inside a character
@@ -315,8 +320,8 @@ def read_columns(body: bytes) -> ColumnPage:
         firsts = bytes(map(body.__getitem__, compress(at[:-1], map(lt, at[:-1], at[1:]))))
         if firsts.translate(None, _CONTINUATION) != firsts:
             raise ValueError("a header name is not UTF-8")
-        at = _ints(page.offsets(value_at, entries + 1))
-        if not _monotone(at, at[0], size) or at[0] != page.offsets(name_at, entries + 1)[-1]:
+        at = _ints(body, value_at, entries + 1)
+        if not _monotone(at, at[0], size) or at[0] != _int32s(body, name_at, entries + 1)[-1]:
             raise ValueError("bad header values")
         end = at[-1]
     if end != size:

@@ -344,10 +344,8 @@ def _append_columns(
             add_id(key[8:18] + zero)
             add_payload(value[end:])
         else:
-            reader.limit = limit - len(ids)
-            go_on = reader.entry(key, value, None, True)
-            columns.take(out)  # its keys go to the same list
-            if not go_on:
+            # Its keys go to the same list.
+            if not _append_entry(key, value, columns, reader, out, limit):
                 return
             room = limit - len(ids)
             if room <= 0:
