@@ -9,6 +9,7 @@ from concurrent.futures import Future
 
 import pytest
 
+from tidings.server.alone import LoneRequest
 from tidings.server.inbox import LoopInbox
 from tidings.server.longpoll import LongPolls
 
@@ -147,3 +148,69 @@ async def test_close_releases_every_poll_now_and_later() -> None:
     polls.close()
     assert parked.done() and polls.closed
     assert polls.park("ns", "t").done()
+
+
+async def test_inbox_posts_from_the_loop_without_a_wake_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = asyncio.get_running_loop()
+    inbox = LoopInbox(loop)
+    first = loop.create_future()
+    await in_thread(inbox.post, first.set_result, None)  # from a thread: a wake-up
+    await first
+    wake_ups: list[object] = []
+    original = loop.call_soon_threadsafe
+
+    def counting(*args: object) -> asyncio.Handle:
+        if getattr(args[0], "__name__", None) == "_drain":  # not the executor's own
+            wake_ups.append(args)
+        return original(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counting)
+    ran: list[int] = []
+    done = loop.create_future()
+    inbox.post(ran.append, 1)  # on the loop (a write committed there): none
+    inbox.post(done.set_result, None)
+    assert ran == []  # still runs later, not inside post()
+    await done
+    assert ran == [1] and wake_ups == []
+    again = loop.create_future()
+    await in_thread(inbox.post, again.set_result, None)
+    await again
+    assert len(wake_ups) == 1
+
+
+async def test_parked_counts_the_requests_waiting() -> None:
+    polls = long_polls()
+    a = polls.park("ns", "t")
+    b = polls.park("ns", "t")
+    assert polls.parked == 0  # parked before the fetch, waiting only in wait()
+    waits = [asyncio.ensure_future(polls.wait(f, 10)) for f in (a, b)]
+    await asyncio.sleep(0)
+    assert polls.parked == 2
+    await in_thread(polls.on_commit, "ns", "t")
+    await asyncio.wait_for(asyncio.gather(*waits), 5)
+    assert polls.parked == 0
+    timed_out = polls.park("ns", "t")
+    await polls.wait(timed_out, 0.01)
+    polls.unpark(timed_out, "ns", "t")
+    assert polls.parked == 0
+
+
+async def test_lone_request_counts_tasks_but_not_parked_polls() -> None:
+    polls = long_polls()
+    tasks: set[object] = {"this request"}
+    alone = LoneRequest(tasks, polls)
+    assert alone()
+    tasks.add("a poll")
+    assert not alone()  # another request at work
+    parked = polls.park("ns", "t")
+    waiting = asyncio.ensure_future(polls.wait(parked, 10))
+    await asyncio.sleep(0)
+    assert alone()  # the other one waits in a long-poll: it needs nothing now
+    seen: list[bool] = []
+    await in_thread(lambda: seen.append(alone()))
+    assert seen == [False]  # never off the loop's thread
+    await in_thread(polls.on_commit, "ns", "t")
+    await asyncio.wait_for(waiting, 5)
+    assert not alone()

@@ -117,6 +117,128 @@ def test_cancelled_function_never_runs(store: LmdbStore) -> None:
     assert store.get(M, b"doomed") is None
 
 
+def test_inline_write_commits_in_the_callers_thread_when_nothing_else_runs(
+    store: LmdbStore,
+) -> None:
+    threads: list[int] = []
+
+    def put(view: WriteView) -> str:
+        threads.append(threading.get_ident())
+        view.put(M, b"here", b"v")
+        return "done"
+
+    # Without a check (the default) nothing commits in the caller's thread.
+    assert store.submit_inline(put).result() == "done"
+    assert threads[-1] != threading.get_ident()
+    store.set_inline_check(lambda: True)
+    before = store.commits
+    future = store.submit_inline(put)
+    assert future.done() and future.result() == "done"  # resolved before it returned
+    assert threads[-1] == threading.get_ident()
+    assert store.commits == before + 1
+    assert store.get(M, b"here") == b"v"
+    # Plain submit never does.
+    store.submit(put).result()
+    assert threads[-1] != threading.get_ident()
+    # Nor does submit_inline while the check says no.
+    store.set_inline_check(lambda: False)
+    store.submit_inline(put).result()
+    assert threads[-1] != threading.get_ident()
+
+
+def test_inline_write_queues_behind_a_running_commit(store: LmdbStore) -> None:
+    store.set_inline_check(lambda: True)
+    with writer_held(store):
+        queued = store.submit_inline(lambda v: v.put(M, b"queued", b"v"))
+        time.sleep(0.05)
+        # The writer's commit holds LMDB's one write transaction: this one waits.
+        assert not queued.done()
+    queued.result()
+    assert store.get(M, b"queued") == b"v"
+
+
+def test_no_inline_write_while_writes_have_company(store: LmdbStore) -> None:
+    store.set_inline_check(lambda: True)
+    threads: list[int] = []
+
+    def put(view: WriteView) -> None:
+        threads.append(threading.get_ident())
+
+    with writer_held(store):
+        grouped = [store.submit(put), store.submit(put)]
+    for f in grouped:
+        f.result()  # the writer just committed a group of two
+    store.submit_inline(put).result()
+    assert threads[-1] != threading.get_ident()  # concurrent writers: keep grouping
+    time.sleep(0.1)  # a while of lone writes only (see _COMPANY)
+    store.submit_inline(put).result()
+    assert threads[-1] == threading.get_ident()
+
+
+def test_writer_waits_for_an_inline_commit(store: LmdbStore) -> None:
+    store.set_inline_check(lambda: True)
+    inside = threading.Event()
+    release = threading.Event()
+    order: list[str] = []
+
+    def slow(view: WriteView) -> None:
+        inside.set()
+        release.wait(10)
+        view.put(M, b"k", b"inline")
+        order.append("inline")
+
+    def later(view: WriteView) -> None:
+        order.append("writer")
+        view.put(M, b"k", b"writer")
+
+    caller = threading.Thread(target=lambda: store.submit_inline(slow).result())
+    caller.start()
+    assert inside.wait(10)
+    queued = store.submit(later)
+    time.sleep(0.05)
+    assert not queued.done()  # no second write transaction beside the inline one
+    release.set()
+    caller.join(10)
+    queued.result()
+    assert order == ["inline", "writer"]
+    assert store.get(M, b"k") == b"writer"
+
+
+def test_inline_write_that_raises_leaves_nothing(store: LmdbStore) -> None:
+    store.set_inline_check(lambda: True)
+
+    def fail(view: WriteView) -> None:
+        view.put(M, b"bad", b"v")
+        raise Boom
+
+    future = store.submit_inline(fail)
+    assert future.done()
+    with pytest.raises(Boom):
+        future.result()
+    assert store.get(M, b"bad") is None
+    store.submit_inline(lambda v: v.put(M, b"after", b"v")).result()
+    assert store.scan_list(M, b"", END) == [(b"after", b"v")]
+
+
+def test_close_waits_for_an_inline_commit(path: Path) -> None:
+    store = LmdbStore(path)
+    store.set_inline_check(lambda: True)
+    inside = threading.Event()
+
+    def slow(view: WriteView) -> None:
+        inside.set()
+        time.sleep(0.1)
+        view.put(M, b"k", b"v")
+
+    caller = threading.Thread(target=lambda: store.submit_inline(slow).result())
+    caller.start()
+    assert inside.wait(10)
+    store.close()
+    caller.join(10)
+    with LmdbStore(path, readonly=True) as again:
+        assert again.get(M, b"k") == b"v"
+
+
 def test_reopen_keeps_the_data(path: Path) -> None:
     with LmdbStore(path) as s:
         s.apply(lambda v: v.put_many(M, [(b"a", b"1"), (b"b", b"2")]))

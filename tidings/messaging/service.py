@@ -264,7 +264,7 @@ class MessagingService:
             self._guard,
             producer,
         )
-        return self._submit(fn, namespace, topic, began, len(batch.values), batch.size)
+        return self._submit(fn, namespace, topic, began, len(batch.values), batch.size, inline=True)
 
     def publish_with_future(
         self,
@@ -361,7 +361,7 @@ class MessagingService:
                 then(view)
                 return infos
 
-        self._store.submit(write).add_done_callback(done)
+        self._store.submit_inline(write).add_done_callback(done)
         return result
 
     def store_payloads(
@@ -415,6 +415,7 @@ class MessagingService:
         began: float | None,
         messages: int,
         size: int,
+        inline: bool = False,
     ) -> Future[T]:
         # A future of our own, resolved after counting and notifying, so a caller that
         # wakes up on it sees the counters and long-polls already updated.
@@ -431,7 +432,10 @@ class MessagingService:
             self._notify(namespace, topic)
             result.set_result(inner.result())
 
-        self._store.submit(fn).add_done_callback(done)
+        # A publish may commit right here, on the server's event loop, when nothing
+        # else is going on (Store.submit_inline); the done callback then runs at once.
+        submit = self._store.submit_inline if inline else self._store.submit
+        submit(fn).add_done_callback(done)
         return result
 
     # --- consuming -----------------------------------------------------------------

@@ -16,6 +16,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -36,6 +37,7 @@ class LoopInbox:
             collections.deque()
         )
         self._scheduled = False
+        self._loop_thread: int | None = None  # learnt at the first drain
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -53,10 +55,15 @@ class LoopInbox:
         if self._scheduled:
             return
         self._scheduled = True
+        if threading.get_ident() == self._loop_thread:
+            # Posted on the loop itself (a write committed there): no wake-up to write.
+            self._loop.call_soon(self._drain)
+            return
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._drain)
 
     def _drain(self) -> None:
+        self._loop_thread = threading.get_ident()
         self._scheduled = False
         items = self._items
         while items:

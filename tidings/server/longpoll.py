@@ -53,6 +53,7 @@ class LongPolls:
         self._tx_waiting: dict[asyncio.Future[None], None] = {}
         self._tx_wake_pending = False
         self._closed = False
+        self._parked = 0
 
     def bind(self, inbox: LoopInbox) -> None:
         """Attach to the event loop that serves requests, through its inbox (before
@@ -62,6 +63,11 @@ class LongPolls:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def parked(self) -> int:
+        """How many requests are waiting in :meth:`wait` now (their tasks are idle)."""
+        return self._parked
 
     def on_commit(self, namespace: str, topic: str) -> None:
         """Listener for the messaging core; safe to call from any thread."""
@@ -117,9 +123,11 @@ class LongPolls:
         if future.done() or timeout <= 0:
             return
         timer = future.get_loop().call_later(timeout, _resolve, future)
+        self._parked += 1
         try:
             await future
         finally:
+            self._parked -= 1
             timer.cancel()
 
     def _wake(self, key: _Key) -> None:

@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import tidings
 from tidings.errors import ConfigError, ServiceUnavailable, TidingsError
+from tidings.server.alone import LoneRequest
 from tidings.server.app import create_app
 from tidings.server.auth import Authenticator
 from tidings.server.config import ServerConfig
@@ -344,12 +345,17 @@ async def _serve(
         ssl_keyfile=config.tls_key,
     )
     server = _Server(uv_config, on_signal, about)
+    store = holder.services.store if holder.services is not None else None
+    if store is not None:
+        store.set_inline_check(LoneRequest(server.server_state.tasks, longpolls[0]))
     try:
         await server.serve()
     except SystemExit:
         # uvicorn exits this way when it cannot bind; it has logged why.
         return False, None
     finally:
+        if store is not None:
+            store.set_inline_check(None)
         if takeover is not None:
             if holder.lease is not None:
                 holder.lease.stop_waiting()

@@ -119,6 +119,23 @@ class Store(abc.ABC):
         writes were applied), or the store's commit error.
         """
 
+    def submit_inline(self, fn: Callable[[WriteView], T]) -> Future[T]:
+        """:meth:`submit`, or, where the store allows it, ``fn`` run and committed in
+        the calling thread before this returns (its future then already resolved).
+
+        A backend with a writer thread commits in the caller's thread only when nothing
+        else is queued or being committed and the check given to
+        :meth:`set_inline_check` says the caller may wait that long: a lone write then
+        skips the hand-over to the writer and back. Call it only where nothing the
+        write function or the future's callbacks need is held. By default, and in
+        backends without the option, this is :meth:`submit`."""
+        return self.submit(fn)
+
+    def set_inline_check(self, check: Callable[[], bool] | None) -> None:
+        """Install the check :meth:`submit_inline` asks, in the calling thread, before
+        committing there (``None``: never). Backends without the option ignore it."""
+        del check  # nothing commits in a caller's thread here
+
     def apply(self, fn: Callable[[WriteView], T]) -> T:
         """:meth:`submit` and wait: returns once ``fn``'s writes are durable."""
         return self.submit(fn).result()

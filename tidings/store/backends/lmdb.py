@@ -23,6 +23,7 @@ import collections
 import fcntl
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, contextmanager
@@ -193,6 +194,11 @@ def _bad_key(key: bytes) -> ValueError:
     return ValueError(f"LMDB keys must be 1 to 511 bytes long{detail}")
 
 
+#: How long (seconds) after the writer's last group of several writes no write is
+#: committed in its caller's thread (see LmdbStore.submit_inline).
+_COMPANY = 0.05
+
+
 class LmdbStore(Store):
     """A durable :class:`Store` in an LMDB environment (the directory ``path``).
 
@@ -244,6 +250,12 @@ class LmdbStore(Store):
             collections.deque()
         )
         self._closed = False
+        # A commit is running (the writer's, or one in a caller's thread): one at a time.
+        self._busy = False
+        self._inline_check: Callable[[], bool] | None = None
+        # When the writer last committed a group of several: writes had company then,
+        # and a commit in a caller's thread would keep the next ones from grouping.
+        self._grouped_at = -_COMPANY
         self._commits = 0
         self._writes = 0
         self._thread: threading.Thread | None = None
@@ -303,6 +315,15 @@ class LmdbStore(Store):
             txn.abort()
 
     def submit(self, fn: Callable[[WriteView], T]) -> Future[T]:
+        return self._submit(fn, False)
+
+    def submit_inline(self, fn: Callable[[WriteView], T]) -> Future[T]:
+        return self._submit(fn, True)
+
+    def set_inline_check(self, check: Callable[[], bool] | None) -> None:
+        self._inline_check = check
+
+    def _submit(self, fn: Callable[[WriteView], T], inline: bool) -> Future[T]:
         if self.readonly:
             raise RuntimeError(
                 f"store at {self.path!r} was opened with readonly=True; it cannot write"
@@ -311,8 +332,30 @@ class LmdbStore(Store):
         with self._cond:
             if self._closed:
                 raise RuntimeError("store is closed")
-            self._queue.append((fn, future))
-            self._cond.notify()
+            check = self._inline_check
+            here = (
+                inline
+                and not self._busy
+                and not self._queue
+                and check is not None
+                and time.monotonic() - self._grouped_at > _COMPANY
+                and check()
+            )
+            if here:
+                self._busy = True
+            else:
+                self._queue.append((fn, future))
+                self._cond.notify()
+        if here:
+            # Nothing else to commit, and the caller may wait: committing here saves
+            # waking the writer and being woken by it (BENCHMARKS.md, "A lone write
+            # committed where it was made").
+            try:
+                self._commit_group([(fn, future)])
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify()
         return future
 
     def close(self) -> None:
@@ -337,7 +380,9 @@ class LmdbStore(Store):
     def _write_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
+                # Also while a caller commits in its own thread (submit_inline): LMDB
+                # takes one write transaction at a time.
+                while (not self._queue and not self._closed) or self._busy:
                     self._cond.wait()
                 if not self._queue:
                     return  # closed and drained
@@ -345,7 +390,14 @@ class LmdbStore(Store):
                 # into this one: that is the grouping, with no timer to tune.
                 count = min(len(self._queue), self._max_group)
                 group = [self._queue.popleft() for _ in range(count)]
-            self._commit_group(group)
+                self._busy = True
+            if count > 1:
+                self._grouped_at = time.monotonic()
+            try:
+                self._commit_group(group)
+            finally:
+                with self._cond:
+                    self._busy = False
 
     def _run_flat(
         self,
