@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import base64
+import itertools
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import orjson
 import pytest
 
 from tests.e2e.serverproc import ServerProcess
+from tidings import Client
 from tidings.codec import avro, wire
 from tidings.codec.wire import AVRO, AVRO_EXT, JSON, ConsumeRequest, Media
 from tidings.structs import Message, MessageId, Record, RollbackInfo
@@ -284,3 +288,58 @@ def test_body_too_large_is_413(start_server: object, tmp_path: object) -> None:
         )
         assert r.status_code == 413
         assert len(poll(api, f"{NS}/topics/big")) == 1
+
+
+def _store_commits(url: str) -> int:
+    text = httpx.get(url + "/metrics", timeout=5).text
+    lines = [ln for ln in text.splitlines() if ln.startswith("tidings_store_commits")]
+    assert lines, "the server reports its store commits"
+    return int(float(lines[0].split()[-1]))
+
+
+def test_concurrent_publishers_share_commits_and_lone_ones_are_answered(
+    tmp_path: Path,
+) -> None:
+    """Publishes from many clients at once still share group commits (a lone publish
+    may commit on the server's event loop, but not while others are at work), and
+    publishes sent one at a time, beside a waiting long-poll, are each acknowledged
+    durable and read back in order."""
+    own = ServerProcess(tmp_path / "data").start()
+    try:
+        with Client(own.url) as client:
+            client.create_topic("many")
+            client.create_topic("lone")
+            before = _store_commits(own.url)
+
+            def publisher(n: int) -> None:
+                with Client(own.url) as mine:
+                    for i in range(25):
+                        mine.publish("many", [b"%02d-%02d" % (n, i)])
+
+            threads = [threading.Thread(target=publisher, args=(n,)) for n in range(16)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            commits = _store_commits(own.url) - before
+            assert commits <= 0.75 * 400, commits  # groups formed
+            got = [m.payload for m in client.poll("many", limit=1000)]
+            assert sorted(got) == sorted(
+                b"%02d-%02d" % (n, i) for n in range(16) for i in range(25)
+            )
+            for n in range(16):  # each client's own order holds
+                mine = [p for p in got if p.startswith(b"%02d-" % n)]
+                assert mine == sorted(mine)
+
+            waiting = client.consume("lone", "earliest")
+            seen: list[bytes] = []
+            reader = threading.Thread(
+                target=lambda: seen.extend(m.payload for m in itertools.islice(waiting, 30))
+            )
+            reader.start()
+            for i in range(30):
+                client.publish("lone", [b"%02d" % i])
+            reader.join(30)
+            assert seen == [b"%02d" % i for i in range(30)]
+    finally:
+        own.stop()

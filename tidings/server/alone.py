@@ -7,9 +7,10 @@ two hand-overs between threads (and cores) on every request of a client that sen
 one at a time. :class:`LoneRequest` tells the store
 (:meth:`~tidings.store.backend.Store.submit_inline`) when committing on the loop costs
 nobody anything: on the loop's own thread, with no other request's task alive except
-those parked in a long-poll. Any other request in progress, or a commit already
-running or queued, and the write goes to the writer as before, so concurrent clients
-keep their group commits. A request whose bytes arrive while the loop commits waits
+those parked in a long-poll. Any other request in progress, a commit already
+running or queued, or a group of several committed by the writer in the last 50 ms,
+and the write goes to the writer as before, so concurrent clients keep their group
+commits. A request whose bytes arrive while the loop commits waits
 for that commit, at most one fsync.
 Justified by BENCHMARKS.md, "A lone write committed where it was made".
 """
