@@ -355,7 +355,8 @@ class LmdbStore(Store):
             finally:
                 with self._cond:
                     self._busy = False
-                    self._cond.notify()
+                    if self._queue or self._closed:  # else the writer has nothing to do
+                        self._cond.notify()
         return future
 
     def close(self) -> None:
