@@ -7,9 +7,15 @@ Client side: decoding that answer into messages (``wire.decode_messages``, what
 each message let go before the next; columns are made one at a time). Pages of
 10,000 messages of 100 B and 1 KiB, as the consumers and the Spark readers fetch them.
 
-    python -m benchmarks.poll_media [--repeat 5]
+    python -m benchmarks.poll_media [--repeat 5] [--msgspec]
 
 Prints the best of ``--repeat`` runs of each case in µs per message, and the ratio.
+
+With ``--msgspec`` (``pip install msgspec``; not a dependency of Tidings) it also
+iterates the same page sent as MessagePack and decoded by msgspec, in C, into the
+client's ``Message`` and ``MessageId`` NamedTuples (with the collector running, and
+paused for the whole page), and into msgspec Structs with collection off: the issue's
+question whether msgspec would decode a consumer's pages faster than the columns do.
 """
 
 from __future__ import annotations
@@ -41,14 +47,66 @@ def _best(fn: Callable[[], Any], repeat: int, rounds: int = 5) -> float:
 def _iterate(body: bytes, media: wire.Media) -> None:
     """What iterating a consumer does with a page: take each message and let it go
     (the collector running, as in an application)."""
-    _, _, messages = wire.iterate_messages(body, media)
-    for _ in messages:
+    for _ in wire.iterate_messages(body, media).messages:
         pass
+
+
+def _msgspec_cases(column_body: bytes, size: int) -> list[tuple[str, Callable[[], Any]]]:
+    """Iterating one page decoded by msgspec from MessagePack, three ways."""
+    import gc
+
+    import msgspec
+
+    from tidings.structs import Message
+
+    # Made with defstruct: this module's annotations are strings, which msgspec could
+    # not resolve for classes local to a function.
+    struct_id = msgspec.defstruct(
+        "StructId",
+        [("publish_ts", int), ("seq", int), ("write_ts", int), ("p_seq", int)],
+        array_like=True,
+        gc=False,
+        frozen=True,
+    )
+    struct_message = msgspec.defstruct(
+        "StructMessage", [("id", struct_id), ("payload", bytes)], array_like=True, gc=False
+    )
+
+    messages = wire.decode_messages(column_body, wire.COLUMNS)
+    body = msgspec.msgpack.encode([(tuple(m.id), m.payload) for m in messages])
+    as_tuples = msgspec.msgpack.Decoder(list[Message])
+    as_structs = msgspec.msgpack.Decoder(list[struct_message])  # type: ignore[valid-type]
+    assert as_tuples.decode(body)[:3] == messages[:3]
+
+    def tuples() -> None:
+        for _ in as_tuples.decode(body):
+            pass
+
+    def tuples_paused() -> None:
+        gc.disable()
+        try:
+            for _ in as_tuples.decode(body):
+                pass
+        finally:
+            gc.enable()
+
+    def structs() -> None:
+        for _ in as_structs.decode(body):
+            pass
+
+    return [
+        (f"msgspec: NamedTuples, {size} B", tuples),
+        (f"msgspec: NamedTuples, gc off, {size} B", tuples_paused),
+        (f"msgspec: Structs gc=False, {size} B", structs),
+    ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--msgspec", action="store_true", help="also iterate pages decoded by msgspec"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as where:
         service = MessagingService(LmdbStore(os.path.join(where, "data")))
@@ -86,6 +144,13 @@ def main() -> None:
                 a = _best(avro_case, args.repeat)
                 c = _best(column_case, args.repeat)
                 print(f"{name:40s} {a:10.3f} {c:10.3f} {c / a:7.2f}")
+            if args.msgspec:
+                iterate = _best(lambda b=column_body: _iterate(b, wire.COLUMNS), args.repeat)
+                print(f"{'case':40s} {'columns':>10s} {'msgspec':>10s} {'ratio':>7s}")
+                for name, case in _msgspec_cases(column_body, size):
+                    m = _best(case, args.repeat)
+                    # Columns: iterating the columnar page; then msgspec's, and the ratio.
+                    print(f"{name:40s} {iterate:10.3f} {m:10.3f} {m / iterate:7.2f}")
         service.close()
 
 
