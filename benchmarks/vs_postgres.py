@@ -18,6 +18,11 @@ W3  1 message per ms for 10 s from the background publisher to a consumer in ano
 W4  2,000 transactions one at a time, each 5 x 100 B to each of 2 topics (PostgreSQL:
     BEGIN, 10 INSERTs, COMMIT)
 
+Beside W3 the run also times the durable write alone, at W3's pace and with no
+consumer: a sync ``publish`` of one message (PostgreSQL: the INSERT + COMMIT W3 sends),
+for up to 2 s. Not a target: it shows, in the same run, how much of W3's median the
+acknowledged write takes before any consumer is involved.
+
 Rounds alternate which system goes first, since these machines drift from minute to
 minute; the ratios are taken within the run. The PostgreSQL cluster is a throwaway one
 (initdb as the ``postgres`` user on a free loopback port), stopped at the end.
@@ -37,6 +42,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from glob import glob
 from pathlib import Path
 from typing import Any
@@ -123,6 +129,10 @@ class System:
     def transaction(self, parts: list[tuple[str, list[bytes]]]) -> None:
         raise NotImplementedError
 
+    def write_one(self, topic: str, payload: bytes) -> None:
+        """One message, durable when this returns (W3's write, waited for)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -145,6 +155,9 @@ class TidingsSystem(System):
         with self.client.transaction() as tx:
             for topic, payloads in parts:
                 tx.publish(topic, payloads)
+
+    def write_one(self, topic: str, payload: bytes) -> None:
+        self.client.publish(topic, [payload])
 
     def close(self) -> None:
         self.client.close()
@@ -177,6 +190,10 @@ class PostgresSystem(System):
             for topic, payloads in parts:
                 for payload in payloads:
                     cur.execute(f'INSERT INTO "{topic}" (payload) VALUES (%s)', (payload,))
+        self.conn.commit()
+
+    def write_one(self, topic: str, payload: bytes) -> None:
+        self.conn.execute(f'INSERT INTO "{topic}" (payload) VALUES (%s)', (payload,))
         self.conn.commit()
 
     def close(self) -> None:
@@ -342,13 +359,7 @@ def w3(
             publishers[turn[0] % len(publishers)].send(topic, payload)
             turn[0] += 1
     else:
-        assert isinstance(system, PostgresSystem)
-        conn = system.conn
-        sql = f'INSERT INTO "{topic}" (payload) VALUES (%s)'
-
-        def send(payload: bytes) -> None:
-            conn.execute(sql, (payload,))
-            conn.commit()
+        send = partial(system.write_one, topic)
 
     interval = 1.0 / rate
     next_at = time.perf_counter()
@@ -365,6 +376,25 @@ def w3(
     proc.join(30)
     if len(latencies) < total:
         raise RuntimeError(f"W3 received {len(latencies)} of {total}")
+    return latencies
+
+
+def write_alone(system: System, rate: int, seconds: float) -> list[float]:
+    """W3's durable write on its own, waited for, at W3's pace: latencies (ms)."""
+    topic = _topic("w3w")
+    system.create(topic)
+    interval = 1.0 / rate
+    payload = b"x" * 100
+    latencies: list[float] = []
+    next_at = time.perf_counter()
+    for _ in range(int(rate * seconds)):
+        delay = next_at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        started = time.perf_counter()
+        system.write_one(topic, payload)
+        latencies.append((time.perf_counter() - started) * 1000)
+        next_at += interval
     return latencies
 
 
@@ -397,6 +427,9 @@ def run_system(kind: str, address: str, args: argparse.Namespace) -> dict[str, f
         assert best is not None
         out["W3 p50 ms"] = statistics.median(best)
         out["W3 p99 ms"] = _pct(best, 0.99)
+        alone = write_alone(system, args.w3_rate, min(args.w3_seconds, 2.0))
+        out["W3 write alone p50 ms"] = statistics.median(alone)
+        out["W3 write alone p99 ms"] = _pct(alone, 0.99)
         out["W4 tx/s"] = w4(system, args.w4_count)
     finally:
         system.close()
