@@ -105,3 +105,30 @@ def test_topic_record_round_trips(topic_id: int, properties: dict[str, str]) -> 
 
 def test_next_topic_id_round_trips() -> None:
     assert values.decode_next_topic_id(values.encode_next_topic_id(42)) == 42
+
+
+@given(
+    st.lists(st.tuples(st.binary(max_size=300), st.binary(max_size=127)), min_size=2, max_size=40),
+    st.booleans(),
+)
+def test_batch_entries_hold_each_message_as_given(
+    messages: list[tuple[bytes, bytes]], keyed: bool
+) -> None:
+    if keyed:
+        stored = [values.keyed_header() + bytes([len(k)]) + k + p for p, k in messages]
+    else:
+        stored = [values.payload_header() + p for p, _ in messages]
+    entry = values.encode_batch(stored, keyed)
+    assert entry[0] == (values.KEYED_BATCH if keyed else values.BATCH)
+    count, ends, starts = values.batch_layout(entry)
+    assert count == len(messages)
+    assert [entry[ends[i] : ends[i + 1]] for i in range(count)] == stored
+    assert [entry[starts[i] : ends[i + 1]] for i in range(count)] == [p for p, _ in messages]
+    if keyed:
+        assert [entry[ends[i] + 2 : starts[i]] for i in range(count)] == [k for _, k in messages]
+    assert values.batch_counts(entry) == (count, sum(len(p) for p, _ in messages))
+    # Older readers refuse it rather than take it for one message.
+    with pytest.raises(ValueError):
+        values.decode_value(entry)
+    with pytest.raises(ValueError):
+        values.batch_layout(entry[:-1])

@@ -1057,6 +1057,9 @@ def _inspect_topic(
     lo, hi = keys.generation_range(topic_id, state.generation)
     for key, value in view.scan("messages", lo, hi, limit):
         _, _, ts, seq = keys.parse_message_key(key)
+        if value[0] in (values.BATCH, values.KEYED_BATCH):
+            _inspect_batch(ts, seq, value)
+            continue
         stored = values.decode_value(value)
         wp = stored.write_pointer
         shown_wp = "-" if wp is None else str(wp)
@@ -1089,6 +1092,25 @@ def _inspect_topic(
                     f"{'':<14} {'':>5}  {keys.message_id_bytes(key, p_key).hex()}  {'':>20}"
                     f"    payload row {len(payload)} B: {_preview(payload)}"
                 )
+
+
+def _inspect_batch(ts: int, seq: int, value: bytes) -> None:
+    """A batch entry's line, then one per message it holds (each with its own id)."""
+    from tidings.codec import values
+    from tidings.structs import MessageId
+
+    count, ends, _ = values.batch_layout(value)
+    first = MessageId(ts, seq).hex
+    click.echo(f"{ts:<14} {seq:>5}  {first}  {'-':>20}  batch entry of {count} messages")
+    for i in range(count):
+        stored = values.decode_value(value[ends[i] : ends[i + 1]])
+        payload = stored.payload or b""
+        extras = "" if stored.key is None else f" key={_text(stored.key)!r}"
+        message_id = MessageId(ts, seq + i).hex
+        click.echo(
+            f"{'':<14} {seq + i:>5}  {message_id}  {'':>20}"
+            f"    message {len(payload)} B{extras}: {_preview(payload)}"
+        )
 
 
 def _preview(payload: bytes, width: int = 40) -> str:

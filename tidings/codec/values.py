@@ -22,13 +22,33 @@ range, only the rows whose ``write_ts | p_seq`` lies between its first and last
 position, both inclusive. A pointer publish naming ranges writes one such entry per
 range (docs/design.md, "Payload ranges"). The common pointer value is therefore
 ``POINTER | t`` (9 bytes) or ``POINTER | t | range`` (29 bytes).
+
+A **batch entry** holds several consecutive non-transactional messages of one publish
+in one Message Table row, keyed by the first one's ``publish_ts | seq``; message ``i``
+of it is ``seq + i`` (docs/design.md, "Batch entries")::
+
+    flags (1)             BATCH (version 2, FLAG_P), or KEYED_BATCH (and FLAG_KEY)
+    count (4)             unsigned little-endian, at least 2
+    ends ((count+1) x 4)  unsigned little-endian offsets into the values: value i is
+                          [ends[i], ends[i+1])
+    starts (count x 4)    KEYED_BATCH only: where each value's payload starts
+    values                each message's own stored value, back to back: PLAIN (a
+                          flags byte and the payload) in a BATCH, KEYED with a key
+                          shorter than 128 bytes (flags, length byte, key, payload) in
+                          a KEYED_BATCH
+
+The flags byte's version (2) keeps a reader that does not know batch entries from
+taking one for a message: :func:`decode_value` refuses it.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Mapping
+import sys
+from array import array
+from collections.abc import Mapping, Sequence
+from itertools import accumulate
 from typing import NamedTuple
 
 from tidings.structs import PayloadRange
@@ -39,7 +59,9 @@ __all__ = [
     "FLAG_KEY",
     "FLAG_P",
     "FLAG_T",
+    "BATCH",
     "KEYED",
+    "KEYED_BATCH",
     "PLAIN",
     "POINTER",
     "RANGE_SIZE",
@@ -51,6 +73,8 @@ __all__ = [
     "StoredValue",
     "Tally",
     "TopicState",
+    "batch_counts",
+    "batch_layout",
     "decode_next_topic_id",
     "decode_seal",
     "decode_state",
@@ -58,6 +82,7 @@ __all__ = [
     "decode_topic_record",
     "decode_value",
     "encode_next_topic_id",
+    "encode_batch",
     "encode_seal",
     "encode_state",
     "encode_tally",
@@ -92,12 +117,20 @@ KEYED = PLAIN | FLAG_KEY
 TX_KEYED = TX_PLAIN | FLAG_KEY
 #: Flags byte of a Payload Table pointer entry (``t`` only).
 POINTER = _VERSION_BITS | FLAG_T
+#: Flags byte of a batch entry: several plain messages in one row (see the module doc).
+BATCH = (2 << 5) | FLAG_P
+#: Flags byte of a batch entry of messages that each have a short key and nothing else.
+KEYED_BATCH = BATCH | FLAG_KEY
+#: Where a batch entry's offsets start (after its flags byte and count).
+BATCH_ENDS_AT = 5
 
 _I64 = struct.Struct(">q")
 _U64 = struct.Struct(">Q")
 _PLAIN_BYTE = bytes([PLAIN])
 _KEYED_BYTE = bytes([KEYED])
 _RANGE = struct.Struct(">QHQH")
+_BATCH_HEAD = struct.Struct("<BI")
+_BIG_ENDIAN = sys.byteorder == "big"
 #: Bytes of the optional range at the end of a pointer value.
 RANGE_SIZE = _RANGE.size
 
@@ -175,6 +208,62 @@ def encode_pointer(write_pointer: int, payload_range: PayloadRange | None = None
     if payload_range is None:
         return encode_value(None, write_pointer)
     return bytes([POINTER]) + _I64.pack(write_pointer) + _RANGE.pack(*payload_range)
+
+
+def encode_batch(stored: Sequence[bytes], keyed: bool = False) -> bytes:
+    """A batch entry holding ``stored`` (at least two stored values, in order): all
+    ``PLAIN``, or with ``keyed`` all ``KEYED`` with a key shorter than 128 bytes."""
+    if len(stored) < 2:
+        raise ValueError("a batch entry holds at least two messages")
+    ends = array("I", accumulate(map(len, stored), initial=0))
+    parts = [_BATCH_HEAD.pack(KEYED_BATCH if keyed else BATCH, len(stored)), b""]
+    if keyed:
+        # Where each payload starts: after the flags byte, the key's length and the key.
+        starts = array("I", [end + 2 + value[1] for end, value in zip(ends, stored, strict=False)])
+        parts.append(starts.tobytes() if not _BIG_ENDIAN else _swapped(starts))
+    parts[1] = ends.tobytes() if not _BIG_ENDIAN else _swapped(ends)
+    return b"".join((*parts, *stored))
+
+
+def _swapped(numbers: array[int]) -> bytes:
+    copy = array("I", numbers)
+    copy.byteswap()
+    return copy.tobytes()
+
+
+def _uint32s(value: bytes, at: int, count: int, base: int) -> array[int]:
+    numbers = array("I", value[at : at + 4 * count])
+    if _BIG_ENDIAN:
+        numbers.byteswap()
+    # Relative to the value: one pass in C instead of an addition per message later.
+    return array("I", map(base.__add__, numbers))
+
+
+def batch_layout(value: bytes) -> tuple[int, array[int], array[int]]:
+    """A batch entry's count, the ends of its stored values and where each payload
+    starts, as offsets into ``value`` itself: message ``i``'s stored value is
+    ``value[ends[i]:ends[i + 1]]``, its payload ``value[starts[i]:ends[i + 1]]``, and
+    in a keyed entry its key ``value[ends[i] + 2:starts[i]]``."""
+    flags, count = _BATCH_HEAD.unpack_from(value)
+    keyed = flags == KEYED_BATCH
+    base = BATCH_ENDS_AT + 4 * (count + 1) + (4 * count if keyed else 0)
+    ends = _uint32s(value, BATCH_ENDS_AT, count + 1, base)
+    if len(ends) != count + 1 or ends[-1] != len(value):
+        raise ValueError("malformed batch entry")
+    if keyed:
+        starts = _uint32s(value, BATCH_ENDS_AT + 4 * (count + 1), count, base)
+    else:
+        starts = array("I", map((1).__add__, ends[:count]))
+    return count, ends, starts
+
+
+def batch_counts(value: bytes) -> tuple[int, int]:
+    """A batch entry's message count and payload bytes."""
+    flags, count = _BATCH_HEAD.unpack_from(value)
+    if flags == BATCH:  # each value a flags byte and its payload: no need to read them
+        return count, len(value) - BATCH_ENDS_AT - 4 * (count + 1) - count
+    _, ends, starts = batch_layout(value)
+    return count, sum(ends) - ends[0] - sum(starts)
 
 
 def read_payload_range(value: bytes) -> PayloadRange | None:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import groupby
 
 from tidings.codec import keys, values
-from tidings.codec.values import FLAG_P, PLAIN, TX_PLAIN, Seal, Tally
+from tidings.codec.values import BATCH, FLAG_P, KEYED_BATCH, PLAIN, TX_PLAIN, Seal, Tally
 from tidings.messaging.topics import Topics
 from tidings.store.backend import ReadView, WriteView
 from tidings.structs import PayloadRange
@@ -40,6 +40,7 @@ __all__ = [
     "Counts",
     "direct_counts",
     "drop_seals",
+    "entry_counts",
     "forget_rows",
     "migrate_fn",
     "payload_size",
@@ -71,14 +72,25 @@ def payload_size(value: bytes) -> int:
     return 0 if payload is None else len(payload)
 
 
+def entry_counts(value: bytes) -> Counts:
+    """The messages a Message Table entry holds itself and their payload bytes: one for
+    a message, several for a batch entry, none for a pointer entry (whose messages
+    count through their seal marker)."""
+    if value[0] == BATCH or value[0] == KEYED_BATCH:
+        return values.batch_counts(value)
+    if value[0] & FLAG_P:
+        return 1, payload_size(value)
+    return 0, 0
+
+
 def direct_counts(rows: Iterable[tuple[bytes, bytes]]) -> Counts:
-    """The direct entries among Message Table ``rows`` and their payload bytes (pointer
-    entries count through their seal markers instead)."""
+    """The messages the direct entries among Message Table ``rows`` hold, and their
+    payload bytes (pointer entries count through their seal markers instead)."""
     messages = size = 0
     for _, value in rows:
-        if value[0] & FLAG_P:
-            messages += 1
-            size += payload_size(value)
+        n, b = entry_counts(value)
+        messages += n
+        size += b
     return messages, size
 
 
@@ -226,8 +238,9 @@ def forget_rows(view: WriteView, table: str, rows: Sequence[tuple[bytes, bytes]]
     deltas = _Deltas()
     if table == _MESSAGES:
         for key, value in rows:
-            if value[0] & FLAG_P:
-                deltas.add(key[:_TOPIC_GEN], 1, payload_size(value))
+            n, size = entry_counts(value)
+            if n:
+                deltas.add(key[:_TOPIC_GEN], n, size)
     else:
         for prefix, group in groupby(rows, key=lambda row: row[0][:_POINTER]):
             messages, size = _forget_payload_rows(view, prefix, list(group))
@@ -353,9 +366,10 @@ def _scan_entries(
     messages = size = 0
     named: dict[int, list[PayloadRange] | None] = {}
     for _, value in view.scan(_MESSAGES, *keys.generation_range(topic_id, generation)):
-        if value[0] & FLAG_P:
-            messages += 1
-            size += payload_size(value)
+        if value[0] & FLAG_P:  # a message, or a batch entry of them
+            n, b = entry_counts(value)
+            messages += n
+            size += b
             continue
         wp = values.read_write_pointer(value)
         if wp is None:

@@ -1,7 +1,8 @@
 """The read side: scan a topic's Message Table rows in order and expand them into messages.
 
 Consuming: scan the Message Table in ascending order from a start id or
-timestamp; a row with ``p`` is one message; a row without ``p`` stands for the Payload
+timestamp; a row with ``p`` is one message, a batch entry several in a row (message
+``i`` at ``seq + i``); a row without ``p`` stands for the Payload
 Table rows stored under its ``t`` (or, if the entry names a payload range, only those of
 them inside it), which expand in place. A transactional reader skips
 entries of invalid and rolled-back transactions and stops at the first entry whose
@@ -25,12 +26,14 @@ from itertools import repeat
 from tidings.codec import columns as columns_codec
 from tidings.codec import keys, values
 from tidings.codec.values import (
+    BATCH,
     FLAG_EXPIRY,
     FLAG_HEADERS,
     FLAG_KEY,
     FLAG_P,
     FLAG_T,
     KEYED,
+    KEYED_BATCH,
     PLAIN,
     TX_KEYED,
     TX_PLAIN,
@@ -61,6 +64,10 @@ _SKIP = Visibility.SKIP
 _BLOCK = Visibility.BLOCK
 _new = tuple.__new__
 _ID = struct.Struct(MESSAGE_ID_LAYOUT)
+#: The 20-byte id of a Message Table message (no Payload Table part) from ts and seq.
+_ENTRY_ID = struct.Struct(">QH10x")
+_BATCH_COUNT = struct.Struct("<I")
+_plus_two = (2).__add__
 
 
 def retention_cutoff(state: TopicState, now: int) -> int:
@@ -113,6 +120,9 @@ def fetch_messages(
                 if columns is not None:
                     columns.take(out)
                 return out
+            if value is None:
+                # Not an entry's key: perhaps a message inside a batch entry before it.
+                reader.inside_batch(prefix, first, start, inclusive)
             scan_from = first + b"\0"
         else:
             scan_from = prefix + keys.ts_seq(cutoff, 0)
@@ -300,7 +310,7 @@ def _append_columns(
     # transactional entries need the visibility check of the general reader.
     ids, payloads = columns.ids, columns.payloads
     add_id, add_payload, zero = ids.append, payloads.append, _NO_PAYLOAD_ROW
-    plain, keyed = PLAIN, KEYED
+    plain, keyed, batch, keyed_batch = PLAIN, KEYED, BATCH, KEYED_BATCH
     rows = iter(view.scan(_MESSAGES, scan_from, stop))
     if columns.keys is None:
         # Until the page's first keyed row, plain rows need no key column: the walk
@@ -314,6 +324,13 @@ def _append_columns(
             elif flags == tx_plain:
                 add_id(key[8:18] + zero)
                 add_payload(value[9:])
+            elif flags in (batch, keyed_batch):
+                room -= _take_batch(key, value, columns, room)
+                if room <= 0:
+                    return
+                if columns.keys is not None:
+                    break
+                continue
             else:
                 if not _append_entry(key, value, columns, reader, out, limit):
                     return
@@ -343,6 +360,11 @@ def _append_columns(
             add_key(value[2:end])
             add_id(key[8:18] + zero)
             add_payload(value[end:])
+        elif flags in (batch, keyed_batch):
+            room -= _take_batch(key, value, columns, room)
+            if room <= 0:
+                return
+            continue
         else:
             # Its keys go to the same list.
             if not _append_entry(key, value, columns, reader, out, limit):
@@ -354,6 +376,22 @@ def _append_columns(
         room -= 1
         if not room:
             return
+
+
+def _take_batch(key: bytes, value: bytes, columns: PageColumns, room: int) -> int:
+    """A batch entry's first ``room`` messages into the columns, keys too where the
+    page has a key column (made here for a keyed entry); returns how many."""
+    count, ends, starts = values.batch_layout(value)
+    n = count if count <= room else room
+    if value[0] == KEYED_BATCH:
+        key_column = columns.key_column()  # before the ids: it fills in the rows so far
+        key_column.extend(map(value.__getitem__, map(slice, map(_plus_two, ends[:n]), starts)))
+    elif columns.keys is not None:
+        columns.keys.extend(repeat(None, n))
+    ts, seq = _TAIL.unpack_from(key, 8)
+    columns.ids.extend(map(_ENTRY_ID.pack, repeat(ts, n), range(seq, seq + n)))
+    columns.payloads.extend(map(value.__getitem__, map(slice, starts[:n], ends[1 : n + 1])))
+    return n
 
 
 def _append_entry(
@@ -395,6 +433,11 @@ def _append_ids(
         flags = value[0]
         if flags in (plain, tx_plain):
             append(key[8:18] + zero)
+        elif flags in (BATCH, KEYED_BATCH):
+            (count,) = _BATCH_COUNT.unpack_from(value, 1)
+            n = min(count, limit - len(out))
+            ts, seq = _TAIL.unpack_from(key, 8)
+            out.extend(map(_ENTRY_ID.pack, repeat(ts, n), range(seq, seq + n)))
         elif not reader.entry(key, value, None, True):
             return
         if len(out) >= limit:
@@ -451,6 +494,11 @@ class _Reader:
                 if visibility == _BLOCK:
                     return False
         ts, seq = _TAIL.unpack_from(key, 8)
+        if flags in (BATCH, KEYED_BATCH):
+            # A start id on the entry's key is its first message (or just after it).
+            first = 0 if resume is None or (resume == (0, 0) and inclusive) else 1
+            self.batch(ts, seq, value, first)
+            return True
         if flags & FLAG_P:
             if resume is not None and (resume != (0, 0) or not inclusive):
                 return True  # the start id is at or after this entry's single message
@@ -487,6 +535,52 @@ class _Reader:
         if wp is not None:
             self._expand(ts, seq, wp, values.read_payload_range(value), resume, inclusive)
         return True
+
+    def inside_batch(self, prefix: bytes, key: bytes, start: MessageId, inclusive: bool) -> None:
+        """Append the messages at or after ``start`` (``inclusive``) of the batch entry
+        holding it, if ``key`` (its ``ts | seq``, not an entry's key) lies in one."""
+        below = self.view.last_below(_MESSAGES, key, prefix)
+        if below is None or below[1][0] not in (BATCH, KEYED_BATCH):
+            return
+        entry_key, value = below
+        ts, seq = _TAIL.unpack_from(entry_key, 8)
+        (count,) = _BATCH_COUNT.unpack_from(value, 1)
+        if ts != start.publish_ts or not seq < start.seq < seq + count:
+            return
+        exact = inclusive and start.write_ts == 0 and start.p_seq == 0
+        self.batch(ts, seq, value, start.seq - seq + (0 if exact else 1))
+
+    def batch(self, ts: int, seq: int, value: bytes, first: int) -> None:
+        """Append the messages of a batch entry from its ``first`` on (up to the limit)."""
+        count, ends, starts = values.batch_layout(value)
+        out, limit, now, avro = self.out, self.limit, self.now, self.avro
+        for i in range(first, count):
+            at, end = ends[i], ends[i + 1]
+            flags = value[at]
+            if self.ids:
+                item: Message | bytes | None = _ENTRY_ID.pack(ts, seq + i)
+                if flags != PLAIN and flags != KEYED:
+                    decoded = values.decode_value(value[at:end])
+                    if decoded.expires_at is not None and decoded.expires_at <= now:
+                        item = None
+            elif avro is not None:
+                item_id = b"\x28" + _ENTRY_ID.pack(ts, seq + i)
+                item = _row_item(item_id, value[at:end], avro, now)
+            elif flags in (PLAIN, KEYED):
+                # What the writer puts in batch entries: no decode.
+                message_id = _new(MessageId, (ts, seq + i, 0, 0))
+                key = value[at + 2 : starts[i]] if flags == KEYED else None
+                item = _new(Message, (message_id, value[starts[i] : end], key, NO_HEADERS, None, 0))
+            else:
+                decoded = values.decode_value(value[at:end])
+                item = None
+                if decoded.expires_at is None or decoded.expires_at > now:
+                    payload = decoded.payload if decoded.payload is not None else b""
+                    item = Message(MessageId(ts, seq + i), payload, decoded.key, decoded.headers)
+            if item is not None:
+                out.append(item)
+                if len(out) >= limit:
+                    return
 
     def _expand(
         self,

@@ -14,6 +14,7 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from operator import itemgetter
 
 from tidings.clock import Clock
 from tidings.codec import keys, values
@@ -240,10 +241,21 @@ def publish_fn(
         start_ts, start_seq, end_ts, end_seq = assign(
             state.last_ts, state.last_seq, clock.now_ms(), len(rows)
         )
-        row_keys = keys.message_keys(ref.topic_id, state.generation, start_ts, start_seq, len(rows))
-        view.put_many(_MESSAGES, zip(row_keys, rows, strict=True), append=True)
-        for index, expires_at in batch.expiries:
-            view.put(_META, keys.expiry_key(expires_at, _MESSAGES, row_keys[index]), b"")
+        keyed = _batchable(batch) if write_pointer is None and start_ts == end_ts else None
+        if keyed is not None:
+            # One row per batch entry (docs/design.md, "Batch entries"): the messages
+            # keep the ids they would have had as rows of their own.
+            entries = _batch_entries(
+                ref.topic_id, state.generation, start_ts, start_seq, rows, keyed
+            )
+            view.put_many(_MESSAGES, entries, append=True)
+        else:
+            row_keys = keys.message_keys(
+                ref.topic_id, state.generation, start_ts, start_seq, len(rows)
+            )
+            view.put_many(_MESSAGES, zip(row_keys, rows, strict=True), append=True)
+            for index, expires_at in batch.expiries:
+                view.put(_META, keys.expiry_key(expires_at, _MESSAGES, row_keys[index]), b"")
         added, size = len(rows), batch.size
         if not batch.values:
             assert write_pointer is not None
@@ -277,6 +289,54 @@ def publish_fn(
     return publish
 
 
+#: Most payload bytes in one batch entry: a publish larger than this becomes several
+#: entries, so that no row is much larger than a page of a consumer's poll.
+BATCH_ENTRY_BYTES = 1 << 20
+_first_byte = itemgetter(0)
+
+
+def _batchable(batch: EncodedBatch) -> bool | None:
+    """Whether the batch's messages can share batch entries, and how: False for plain
+    messages, True for messages that each have a short key and nothing else, None if
+    they cannot (fewer than two, or another shape among them)."""
+    rows = batch.values
+    if len(rows) < 2 or batch.expiries:
+        return None
+    shapes = set(map(_first_byte, rows))
+    if shapes == _PLAIN_ONLY:
+        return False
+    if shapes == _KEYED_ONLY and max(map(_second_byte, rows)) < 0x80:
+        return True
+    return None
+
+
+def _batch_entries(
+    topic_id: int, generation: int, ts: int, seq: int, rows: list[bytes], keyed: bool
+) -> list[tuple[bytes, bytes]]:
+    """The rows of batch entries for ``rows`` (stored values of messages ``ts | seq``
+    on, all in one millisecond), each at most :data:`BATCH_ENTRY_BYTES` of stored
+    values; a single message left over is a row of its own."""
+    out: list[tuple[bytes, bytes]] = []
+    start, size = 0, 0
+    for i, row in enumerate(rows):
+        if size and size + len(row) > BATCH_ENTRY_BYTES:
+            out.append(_entry(topic_id, generation, ts, seq + start, rows[start:i], keyed))
+            start, size = i, 0
+        size += len(row)
+    out.append(_entry(topic_id, generation, ts, seq + start, rows[start:], keyed))
+    return out
+
+
+def _entry(
+    topic_id: int, generation: int, ts: int, seq: int, rows: list[bytes], keyed: bool
+) -> tuple[bytes, bytes]:
+    key = keys.message_key(topic_id, generation, ts, seq)
+    return key, values.encode_batch(rows, keyed) if len(rows) > 1 else rows[0]
+
+
+_PLAIN_ONLY = {values.PLAIN}
+_KEYED_ONLY = {values.KEYED}
+_second_byte = itemgetter(1)
 _PRODUCER_STATE = struct.Struct(">qq")  # last sequence, last publish (ms)
 
 

@@ -42,7 +42,9 @@ class CleanupReport:
     """What one cleaner pass did."""
 
     topics: int
+    #: Message Table rows deleted: a message, a batch entry or a pointer entry each.
     messages_deleted: int
+    #: Payload Table rows deleted.
     payloads_deleted: int
     batches: int
     seconds: float

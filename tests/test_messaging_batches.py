@@ -1,0 +1,239 @@
+"""Batch entries: a publish of several plain messages is one Message Table row, and
+every reader sees exactly the messages, ids and order that rows of their own gave."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tidings.cli import main as cli_main
+from tidings.clock import FakeClock
+from tidings.codec import values, wire
+from tidings.codec.media import AVRO, AVRO_EXT, COLUMNS, JSON
+from tidings.messaging import MessagingService, publishing
+from tidings.store import LmdbStore, MemoryStore, Store
+from tidings.structs import Message, MessageId, Record, Transaction
+
+NOW = 1_700_000_000_000
+
+
+def rows(store: Store) -> list[tuple[bytes, bytes]]:
+    return store.scan_list("messages", b"", b"\xff" * 32)
+
+
+@pytest.fixture
+def service(store: Store) -> Iterator[MessagingService]:
+    s = MessagingService(store, clock=FakeClock(NOW))
+    s.create_topic("ns", "t")
+    yield s
+    s.close()
+
+
+def test_a_publish_of_several_plain_messages_is_one_row(
+    service: MessagingService, store: Store
+) -> None:
+    service.publish("ns", "t", [b"a", b"bb", b"ccc"])
+    (entry,) = rows(store)
+    assert entry[1][0] == values.BATCH
+    assert values.batch_counts(entry[1]) == (3, 6)
+    got = service.fetch("ns", "t", limit=10)
+    assert [m.payload for m in got] == [b"a", b"bb", b"ccc"]
+    # The ids rows of their own would have had: consecutive seqs, no Payload Table part.
+    assert [m.id for m in got] == [MessageId(NOW, s) for s in range(3)]
+    stats = service.stats("ns", "t")
+    assert (stats.message_count, stats.bytes) == (3, 6)
+    assert stats.newest_id == MessageId(NOW, 2)
+    assert stats.oldest_id == MessageId(NOW, 0)
+
+
+def test_which_publishes_stay_rows_of_their_own(service: MessagingService, store: Store) -> None:
+    service.publish("ns", "t", [b"alone"])  # one message
+    service.publish("ns", "t", [b"x", Record(b"y", key=b"k")])  # a key
+    service.publish("ns", "t", [b"x", Record(b"y", ttl=60)])  # an expiry
+    service.publish("ns", "t", [b"tx1", b"tx2"], write_pointer=9)  # transactional
+    assert [v[0] == values.BATCH for _, v in rows(store)] == [False] * 7
+    assert service.stats("ns", "t").message_count == 7
+
+
+def test_a_publish_of_several_keyed_messages_is_one_keyed_row(
+    service: MessagingService, store: Store
+) -> None:
+    service.publish("ns", "t", [Record(b"p%d" % i, key=b"k" * i) for i in range(4)])
+    (entry,) = rows(store)
+    assert entry[1][0] == values.KEYED_BATCH
+    assert values.batch_counts(entry[1]) == (4, 8)
+    got = service.fetch("ns", "t", limit=10)
+    assert [(m.payload, m.key) for m in got] == [(b"p%d" % i, b"k" * i) for i in range(4)]
+    body, _, _ = service.fetch_columns("ns", "t", limit=10)
+    assert wire.decode_messages(body, COLUMNS) == got
+    # A key of 128 bytes or more is not a short key: rows of their own.
+    service.publish("ns", "t", [Record(b"a", key=b"x" * 128), Record(b"b", key=b"y")])
+    assert [v[0] for _, v in rows(store)][1:] == [values.KEYED, values.KEYED]
+
+
+def test_a_large_publish_is_split_into_entries_of_bounded_size(
+    service: MessagingService, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(publishing, "BATCH_ENTRY_BYTES", 100)
+    batch = [bytes([i]) * 30 for i in range(10)]  # 31 stored bytes each: 3 per entry
+    service.publish("ns", "t", batch)
+    counts = [values.batch_counts(v)[0] if v[0] == values.BATCH else 1 for _, v in rows(store)]
+    assert counts == [3, 3, 3, 1]
+    got = service.fetch("ns", "t", limit=100)
+    assert [m.payload for m in got] == batch
+    assert [m.id.seq for m in got] == list(range(10))
+
+
+def test_retention_deletes_a_batch_entry_and_its_counts(store: Store) -> None:
+    clock = FakeClock(NOW)
+    service = MessagingService(store, clock=clock)
+    service.create_topic("ns", "t", {"ttl": 5})
+    service.publish("ns", "t", [b"old"] * 4)
+    clock.advance(3_000)
+    service.publish("ns", "t", [b"new", b"newer"])
+    clock.advance(2_500)
+    assert [m.payload for m in service.fetch("ns", "t")] == [b"new", b"newer"]
+    service.clean_once()
+    assert len(rows(store)) == 1
+    stats = service.stats("ns", "t")
+    assert (stats.message_count, stats.bytes) == (2, 8)
+    service.close()
+
+
+def test_a_topic_counted_by_a_scan_counts_the_messages_of_batch_entries(
+    service: MessagingService,
+) -> None:
+    from tidings.messaging import accounting
+
+    service.publish("ns", "t", [b"a", b"b", b"c"])
+    service.publish("ns", "t", [b"d"])
+    with service._store.read() as view:  # the scan that counts a topic of unknown count
+        ref = service._topics.resolve(view, "ns", "t")
+        assert accounting._scan_entries(view, ref.topic_id, ref.state.generation)[:2] == (4, 4)
+
+
+def test_inspect_lists_every_message_of_a_batch_entry(tmp_path: object) -> None:
+    from pathlib import Path
+
+    where = Path(str(tmp_path)) / "data"
+    store = LmdbStore(str(where / "store"))
+    service = MessagingService(store, clock=FakeClock(NOW))
+    service.create_topic("default", "t")
+    service.publish("default", "t", [b"first", b"second"])
+    service.close()
+    store.close()
+    result = CliRunner().invoke(cli_main, ["inspect", str(where), "--topic", "t"])
+    assert result.exit_code == 0, result.output
+    assert "batch entry of 2 messages" in result.output
+    assert MessageId(NOW, 1).hex in result.output
+    assert "second" in result.output
+
+
+# --- property: every reader, every start, every page size ----------------------------
+
+_publishes = st.lists(
+    st.tuples(
+        st.sampled_from(["plain", "keyed", "tx"]),
+        st.integers(1, 7),
+        st.integers(0, 1),  # milliseconds until the next publish
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+def _read_all(
+    service: MessagingService, medium: str, start: MessageId | int | None, inclusive: bool,
+    page: int, tx: Transaction | None,
+) -> list[Message]:  # fmt: skip
+    """Page through the topic from ``start`` in ``medium`` (each page after the last id)."""
+    out: list[Message] = []
+    while True:
+        if medium == "columns":
+            body, count, _ = service.fetch_columns(
+                "ns", "t", start=start, inclusive=inclusive, limit=page, transaction=tx
+            )
+            chunk = wire.decode_messages(body, COLUMNS)
+            assert len(chunk) == count
+        elif medium in ("avro", "avro-ext", "json"):
+            media = {"avro": AVRO, "avro-ext": AVRO_EXT, "json": JSON}[medium]
+            body, count, last = service.fetch_encoded(
+                "ns", "t", media, start=start, inclusive=inclusive, limit=page, transaction=tx
+            )
+            chunk = wire.decode_messages(body, media)
+            assert len(chunk) == count and (last is None or last == chunk[-1].id)
+        elif medium == "ids":
+            ids = service.fetch_ids(
+                "ns", "t", start=start, inclusive=inclusive, limit=page, transaction=tx
+            )
+            chunk = [Message(i, b"") for i in ids]
+        else:
+            chunk = service.fetch(
+                "ns", "t", start=start, inclusive=inclusive, limit=page, transaction=tx
+            )
+        assert len(chunk) <= page
+        if not chunk:
+            return out
+        out.extend(chunk)
+        start, inclusive = chunk[-1].id, False
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    _publishes,
+    st.sampled_from(["messages", "columns", "avro", "avro-ext", "json", "ids"]),
+    st.integers(1, 9),
+    st.booleans(),
+    st.data(),
+)
+def test_every_reader_pages_through_batch_entries_as_through_rows(
+    publishes: list[tuple[str, int, int]],
+    medium: str,
+    page: int,
+    transactional: bool,
+    data: st.DataObject,
+) -> None:
+    clock = FakeClock(NOW)
+    service = MessagingService(MemoryStore(), clock=clock)
+    service.create_topic("ns", "t")
+    expected: list[tuple[bytes, bytes | None]] = []
+    for n, (kind, count, pause) in enumerate(publishes):
+        batch = [b"%d-%d" % (n, i) for i in range(count)]
+        if kind == "keyed":
+            service.publish("ns", "t", [Record(p, b"k") for p in batch])
+            expected += [(p, b"k") for p in batch]
+        elif kind == "tx":
+            service.publish("ns", "t", batch, write_pointer=100 + n)
+            expected += [(p, None) for p in batch]
+        else:
+            service.publish("ns", "t", batch)
+            expected += [(p, None) for p in batch]
+        clock.advance(pause)
+    tx = Transaction(read_pointer=10_000, write_pointer=10_001) if transactional else None
+    everything = service.fetch("ns", "t", limit=1_000, transaction=tx)
+    assert [(m.payload, m.key) for m in everything] == expected
+    ids = [m.id for m in everything]
+    assert ids == sorted(set(ids))
+
+    def seen(messages: list[Message]) -> list[object]:
+        if medium == "ids":
+            return [m.id for m in messages]
+        if medium in ("avro", "json"):  # no key in the plain schemas
+            return [(m.id, m.payload) for m in messages]
+        return [(m.id, m.payload, m.key) for m in messages]
+
+    assert seen(_read_all(service, medium, None, True, page, tx)) == seen(everything)
+    # From any message, inclusive and not; and from ids that are no message's.
+    i = data.draw(st.integers(0, len(everything) - 1))
+    at = everything[i].id
+    assert seen(_read_all(service, medium, at, True, page, tx)) == seen(everything[i:])
+    assert seen(_read_all(service, medium, at, False, page, tx)) == seen(everything[i + 1 :])
+    between = MessageId(at.publish_ts, at.seq, 0, 1)  # after ``at``, before the next
+    assert seen(_read_all(service, medium, between, True, page, tx)) == seen(everything[i + 1 :])
+    by_time = data.draw(st.integers(NOW - 1, NOW + len(publishes)))
+    later = [m for m in everything if m.id.publish_ts >= by_time]
+    assert seen(_read_all(service, medium, by_time, True, page, tx)) == seen(later)
