@@ -554,16 +554,16 @@ class _Reader:
         """Append the messages of a batch entry from its ``first`` on (up to the limit)."""
         count, ends, starts = values.batch_layout(value)
         out, limit, now, avro = self.out, self.limit, self.now, self.avro
+        if self.ids:
+            # Every message of an entry is plain or short-keyed, without an expiry.
+            n = min(count - first, limit - len(out))
+            out.extend(map(_ENTRY_ID.pack, repeat(ts, n), range(seq + first, seq + first + n)))
+            return
         for i in range(first, count):
             at, end = ends[i], ends[i + 1]
             flags = value[at]
-            if self.ids:
-                item: Message | bytes | None = _ENTRY_ID.pack(ts, seq + i)
-                if flags != PLAIN and flags != KEYED:
-                    decoded = values.decode_value(value[at:end])
-                    if decoded.expires_at is not None and decoded.expires_at <= now:
-                        item = None
-            elif avro is not None:
+            item: Message | bytes | None
+            if avro is not None:
                 item_id = b"\x28" + _ENTRY_ID.pack(ts, seq + i)
                 item = _row_item(item_id, value[at:end], avro, now)
             elif flags in (PLAIN, KEYED):
