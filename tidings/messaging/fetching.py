@@ -66,6 +66,8 @@ _new = tuple.__new__
 _ID = struct.Struct(MESSAGE_ID_LAYOUT)
 #: The 20-byte id of a Message Table message (no Payload Table part) from ts and seq.
 _ENTRY_ID = struct.Struct(">QH10x")
+#: The same as an Avro item's id: its length (20, zig-zag encoded), then the id.
+_AVRO_ID = struct.Struct(">BQH10x")
 _BATCH_COUNT = struct.Struct("<I")
 _plus_two = (2).__add__
 
@@ -551,36 +553,42 @@ class _Reader:
         self.batch(ts, seq, value, start.seq - seq + (0 if exact else 1))
 
     def batch(self, ts: int, seq: int, value: bytes, first: int) -> None:
-        """Append the messages of a batch entry from its ``first`` on (up to the limit)."""
+        """Append the messages of a batch entry from its ``first`` on (up to the limit).
+        Its messages are all plain, or all short-keyed, without anything else."""
         count, ends, starts = values.batch_layout(value)
-        out, limit, now, avro = self.out, self.limit, self.now, self.avro
+        out = self.out
+        stop = min(count, first + self.limit - len(out))
         if self.ids:
-            # Every message of an entry is plain or short-keyed, without an expiry.
-            n = min(count - first, limit - len(out))
-            out.extend(map(_ENTRY_ID.pack, repeat(ts, n), range(seq + first, seq + first + n)))
+            out.extend(
+                map(_ENTRY_ID.pack, repeat(ts, stop - first), range(seq + first, seq + stop))
+            )
             return
-        for i in range(first, count):
-            at, end = ends[i], ends[i + 1]
-            flags = value[at]
-            item: Message | bytes | None
-            if avro is not None:
-                item_id = b"\x28" + _ENTRY_ID.pack(ts, seq + i)
-                item = _row_item(item_id, value[at:end], avro, now)
-            elif flags in (PLAIN, KEYED):
-                # What the writer puts in batch entries: no decode.
+        row = memoryview(value)
+        keyed = value[0] == KEYED_BATCH
+        avro = self.avro
+        if avro is None:
+            for i in range(first, stop):
+                at, start, end = ends[i], starts[i], ends[i + 1]
                 message_id = _new(MessageId, (ts, seq + i, 0, 0))
-                key = value[at + 2 : starts[i]] if flags == KEYED else None
-                item = _new(Message, (message_id, value[starts[i] : end], key, NO_HEADERS, None, 0))
+                key = value[at + 2 : start] if keyed else None
+                out.append(_new(Message, (message_id, value[start:end], key, NO_HEADERS, None, 0)))
+            return
+        # As Avro poll-response items, as the scan writes a plain or short-keyed row's:
+        # the id, the payload's length and bytes, and for the extended schema the key
+        # (or none) and no headers.
+        small, zigzag, suffix, join = avro.small, avro.zigzag, avro.suffix, b"".join
+        keyed = keyed and bool(suffix)
+        for i in range(first, stop):
+            at, start, end = ends[i], starts[i], ends[i + 1]
+            size = end - start
+            length = small[size] if size < 16384 else zigzag(size)
+            item_id = _AVRO_ID.pack(0x28, ts, seq + i)
+            if keyed:
+                key_length = small[start - at - 2]
+                out.append(join((item_id, length, row[start:end], b"\x02", key_length,
+                                 row[at + 2 : start], b"\x00")))  # fmt: skip
             else:
-                decoded = values.decode_value(value[at:end])
-                item = None
-                if decoded.expires_at is None or decoded.expires_at > now:
-                    payload = decoded.payload if decoded.payload is not None else b""
-                    item = Message(MessageId(ts, seq + i), payload, decoded.key, decoded.headers)
-            if item is not None:
-                out.append(item)
-                if len(out) >= limit:
-                    return
+                out.append(join((item_id, length, row[start:end], suffix)))
 
     def _expand(
         self,
