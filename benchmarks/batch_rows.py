@@ -1,17 +1,14 @@
-"""Sizing a layout Tidings does not use: one stored row per publish batch.
+"""One stored row per publish batch (docs/design.md, "Batch entries"), sized on both sides.
 
-Today every message is one row of the Message Table (docs/design.md). This measures,
-on LMDB directly and in one process, what storing a batch of 500 messages as one row
-(a count, the payloads' offsets, the payloads) would save, on both sides:
+What storing a batch of 500 messages as one row saves, in one process:
 
-- write: 500 puts and a durable commit, against one put of the same bytes and a
-  durable commit, ``--commits`` times each (median ms per batch);
+- write, on LMDB directly: 500 puts and a durable commit, against one put of the same
+  bytes and a durable commit, ``--commits`` times each (median ms per batch);
 - read: a page of 10,000 messages turned into a columnar poll body by
-  ``MessagingService.fetch_columns`` (10,000 rows, as today), against reading 20 batch
-  rows into the id and payload blocks such a body is made of (µs per message).
-
-Not measured: what the rest of the system would need (transactional visibility, keys,
-headers and per-message expiry inside a batch row, groups, queues, retention).
+  ``MessagingService.fetch_columns``, from a topic of 10,000 rows (as before batch
+  entries) and from one of 20 batch entries; and, as the floor, reading 20 rows of
+  LMDB directly into the id and payload blocks such a body is made of, without making
+  the body (µs per message).
 
     python -m benchmarks.batch_rows [--commits 200] [--rounds 3]
 """
@@ -25,16 +22,15 @@ import struct
 import tempfile
 import time
 from array import array
-from collections.abc import Callable
 from typing import Any
 
 import lmdb
 
+from benchmarks.poll_media import PAGE, _best
 from tidings.messaging import MessagingService
 from tidings.store import LmdbStore
 
 BATCH = 500
-PAGE = 10_000
 _KEY = struct.Struct(">QH")  # publish_ts | seq of a row's first message
 _ID = struct.Struct(">QHQH")
 
@@ -77,16 +73,6 @@ def _read_batch_rows(env: lmdb.Environment) -> tuple[list[bytes], list[bytes], l
     return ids, payloads, offsets
 
 
-def _best_us(fn: Callable[[], Any], repeat: int = 7, rounds: int = 10) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        started = time.perf_counter()
-        for _ in range(rounds):
-            fn()
-        best = min(best, (time.perf_counter() - started) / rounds)
-    return best / PAGE * 1e6
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commits", type=int, default=200)
@@ -96,13 +82,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as where:
         service = MessagingService(LmdbStore(os.path.join(where, "service")))
         service.create_topic("bench", "t")
+        service.create_topic("bench", "rows")
         for _ in range(PAGE // BATCH):
-            service.publish("bench", "t", payloads)
+            service.publish("bench", "t", payloads)  # one batch entry each
+        for payload in payloads * (PAGE // BATCH):
+            service.publish("bench", "rows", [payload])  # a row each
         batch_env = lmdb.open(os.path.join(where, "batches"), map_size=1 << 30)
         with batch_env.begin(write=True) as txn:
             for i in range(PAGE // BATCH):
                 txn.put(_KEY.pack(i, 0), _batch_value(payloads))
         assert service.fetch_columns("bench", "t", limit=PAGE)[1] == PAGE
+        assert service.fetch_columns("bench", "rows", limit=PAGE)[1] == PAGE
         assert sum(len(o) - 1 for o in _read_batch_rows(batch_env)[2]) == PAGE
         for r in range(args.rounds):
             rows_env = lmdb.open(os.path.join(where, f"rows{r}"), map_size=1 << 30)
@@ -111,12 +101,14 @@ def main() -> None:
             one_ms = _write_ms(one_env, payloads, args.commits, as_one=True)
             rows_env.close()
             one_env.close()
-            read_rows = _best_us(lambda: service.fetch_columns("bench", "t", limit=PAGE))
-            read_batches = _best_us(lambda: _read_batch_rows(batch_env))
+            read_rows = _best(lambda: service.fetch_columns("bench", "rows", limit=PAGE), 7, 10)
+            read_entries = _best(lambda: service.fetch_columns("bench", "t", limit=PAGE), 7, 10)
+            read_raw = _best(lambda: _read_batch_rows(batch_env), 7, 10)
             print(
                 f"round {r + 1}: write 500 x 100 B, durable: {rows_ms:.3f} ms as 500 rows, "
-                f"{one_ms:.3f} ms as one row; read a page: {read_rows:.3f} us/msg from "
-                f"rows (fetch_columns), {read_batches:.3f} us/msg from batch rows"
+                f"{one_ms:.3f} ms as one row; read a page (us/msg): fetch_columns "
+                f"{read_rows:.3f} from rows, {read_entries:.3f} from batch entries; "
+                f"{read_raw:.3f} from batch rows on LMDB, without a body"
             )
         batch_env.close()
         service.close()
