@@ -50,6 +50,35 @@ def test_a_publish_of_several_plain_messages_is_one_row(
     assert stats.oldest_id == MessageId(NOW, 0)
 
 
+def test_reading_resumes_inside_a_batch_entry_on_every_store(
+    service: MessagingService,
+) -> None:
+    service.publish("ns", "t", [b"before"])
+    service.publish("ns", "t", [b"m%d" % i for i in range(6)])
+    service.publish("ns", "t", [b"after"])
+    everything = service.fetch("ns", "t", limit=100)
+    ids = [m.id for m in everything]
+    for i in range(1, 7):  # the messages of the batch entry
+        assert service.fetch("ns", "t", start=ids[i], limit=100) == everything[i:]
+        assert (
+            service.fetch("ns", "t", start=ids[i], inclusive=False, limit=2)
+            == everything[i + 1 : i + 3]
+        )
+        assert (
+            service.fetch_ids("ns", "t", start=ids[i], inclusive=False, limit=100) == ids[i + 1 :]
+        )
+    # Page by page, two at a time, in the columnar medium.
+    paged: list[Message] = []
+    start: MessageId | None = None
+    while True:
+        body, count, last = service.fetch_columns("ns", "t", start=start, inclusive=False, limit=2)
+        if not count:
+            break
+        paged += wire.decode_messages(body, COLUMNS)
+        start = last
+    assert paged == everything
+
+
 def test_which_publishes_stay_rows_of_their_own(service: MessagingService, store: Store) -> None:
     service.publish("ns", "t", [b"alone"])  # one message
     service.publish("ns", "t", [b"x", Record(b"y", key=b"k")])  # a key
