@@ -29,9 +29,9 @@ of it is ``seq + i`` (docs/design.md, "Batch entries")::
 
     flags (1)             BATCH (version 2, FLAG_P), or KEYED_BATCH (and FLAG_KEY)
     count (4)             unsigned little-endian, at least 2
-    ends ((count+1) x 4)  unsigned little-endian offsets into the values: value i is
-                          [ends[i], ends[i+1])
-    starts (count x 4)    KEYED_BATCH only: where each value's payload starts
+    ends ((count+1) x 4)  unsigned little-endian positions in the entry: stored value
+                          i is [ends[i], ends[i+1])
+    starts (count x 4)    the same: where each stored value's payload starts
     values                each message's own stored value, back to back: PLAIN (a
                           flags byte and the payload) in a BATCH, KEYED with a key
                           shorter than 128 bytes (flags, length byte, key, payload) in
@@ -121,7 +121,7 @@ POINTER = _VERSION_BITS | FLAG_T
 BATCH = (2 << 5) | FLAG_P
 #: Flags byte of a batch entry of messages that each have a short key and nothing else.
 KEYED_BATCH = BATCH | FLAG_KEY
-#: Where a batch entry's offsets start (after its flags byte and count).
+#: Where a batch entry's positions start (after its flags byte and count).
 BATCH_ENDS_AT = 5
 
 _I64 = struct.Struct(">q")
@@ -213,47 +213,41 @@ def encode_pointer(write_pointer: int, payload_range: PayloadRange | None = None
 def encode_batch(stored: Sequence[bytes], keyed: bool = False) -> bytes:
     """A batch entry holding ``stored`` (at least two stored values, in order): all
     ``PLAIN``, or with ``keyed`` all ``KEYED`` with a key shorter than 128 bytes."""
-    if len(stored) < 2:
+    count = len(stored)
+    if count < 2:
         raise ValueError("a batch entry holds at least two messages")
-    ends = array("I", accumulate(map(len, stored), initial=0))
-    parts = [_BATCH_HEAD.pack(KEYED_BATCH if keyed else BATCH, len(stored)), b""]
+    base = BATCH_ENDS_AT + 4 * (2 * count + 1)  # where the first stored value starts
+    ends = array("I", accumulate(map(len, stored), initial=base))
     if keyed:
-        # Where each payload starts: after the flags byte, the key's length and the key.
+        # A payload starts after its flags byte, its key's length and its key.
         starts = array("I", [end + 2 + value[1] for end, value in zip(ends, stored, strict=False)])
-        parts.append(starts.tobytes() if not _BIG_ENDIAN else _swapped(starts))
-    parts[1] = ends.tobytes() if not _BIG_ENDIAN else _swapped(ends)
-    return b"".join((*parts, *stored))
+    else:
+        starts = array("I", map((1).__add__, ends[:count]))
+    if _BIG_ENDIAN:
+        ends.byteswap()
+        starts.byteswap()
+    head = _BATCH_HEAD.pack(KEYED_BATCH if keyed else BATCH, count)
+    return b"".join((head, ends.tobytes(), starts.tobytes(), *stored))
 
 
-def _swapped(numbers: array[int]) -> bytes:
-    copy = array("I", numbers)
-    copy.byteswap()
-    return copy.tobytes()
-
-
-def _uint32s(value: bytes, at: int, count: int, base: int) -> array[int]:
+def _uint32s(value: bytes, at: int, count: int) -> array[int]:
     numbers = array("I", value[at : at + 4 * count])
     if _BIG_ENDIAN:
         numbers.byteswap()
-    # Relative to the value: one pass in C instead of an addition per message later.
-    return array("I", map(base.__add__, numbers))
+    return numbers
 
 
 def batch_layout(value: bytes) -> tuple[int, array[int], array[int]]:
     """A batch entry's count, the ends of its stored values and where each payload
-    starts, as offsets into ``value`` itself: message ``i``'s stored value is
-    ``value[ends[i]:ends[i + 1]]``, its payload ``value[starts[i]:ends[i + 1]]``, and
-    in a keyed entry its key ``value[ends[i] + 2:starts[i]]``."""
-    flags, count = _BATCH_HEAD.unpack_from(value)
-    keyed = flags == KEYED_BATCH
-    base = BATCH_ENDS_AT + 4 * (count + 1) + (4 * count if keyed else 0)
-    ends = _uint32s(value, BATCH_ENDS_AT, count + 1, base)
-    if len(ends) != count + 1 or ends[-1] != len(value):
+    starts, as positions in ``value`` (stored so: a reader adds nothing per message):
+    message ``i``'s stored value is ``value[ends[i]:ends[i + 1]]``, its payload
+    ``value[starts[i]:ends[i + 1]]``, and in a keyed entry its key
+    ``value[ends[i] + 2:starts[i]]``."""
+    _, count = _BATCH_HEAD.unpack_from(value)
+    ends = _uint32s(value, BATCH_ENDS_AT, count + 1)
+    starts = _uint32s(value, BATCH_ENDS_AT + 4 * (count + 1), count)
+    if len(starts) != count or ends[-1] != len(value):
         raise ValueError("malformed batch entry")
-    if keyed:
-        starts = _uint32s(value, BATCH_ENDS_AT + 4 * (count + 1), count, base)
-    else:
-        starts = array("I", map((1).__add__, ends[:count]))
     return count, ends, starts
 
 
@@ -261,7 +255,7 @@ def batch_counts(value: bytes) -> tuple[int, int]:
     """A batch entry's message count and payload bytes."""
     flags, count = _BATCH_HEAD.unpack_from(value)
     if flags == BATCH:  # each value a flags byte and its payload: no need to read them
-        return count, len(value) - BATCH_ENDS_AT - 4 * (count + 1) - count
+        return count, len(value) - BATCH_ENDS_AT - 4 * (2 * count + 1) - count
     _, ends, starts = batch_layout(value)
     return count, sum(ends) - ends[0] - sum(starts)
 
