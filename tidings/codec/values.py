@@ -73,6 +73,7 @@ __all__ = [
     "StoredValue",
     "Tally",
     "TopicState",
+    "batch_count",
     "batch_counts",
     "batch_layout",
     "decode_next_topic_id",
@@ -249,6 +250,11 @@ def batch_layout(value: bytes) -> tuple[int, array[int], array[int]]:
     if len(starts) != count or ends[-1] != len(value):
         raise ValueError("malformed batch entry")
     return count, ends, starts
+
+
+def batch_count(value: bytes) -> int:
+    """How many messages a batch entry holds (its header only)."""
+    return int(_BATCH_HEAD.unpack_from(value)[1])
 
 
 def batch_counts(value: bytes) -> tuple[int, int]:

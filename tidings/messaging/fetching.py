@@ -68,7 +68,6 @@ _ID = struct.Struct(MESSAGE_ID_LAYOUT)
 _ENTRY_ID = struct.Struct(">QH10x")
 #: The same as an Avro item's id: its length (20, zig-zag encoded), then the id.
 _AVRO_ID = struct.Struct(">BQH10x")
-_BATCH_COUNT = struct.Struct("<I")
 _plus_two = (2).__add__
 
 
@@ -435,11 +434,6 @@ def _append_ids(
         flags = value[0]
         if flags in (plain, tx_plain):
             append(key[8:18] + zero)
-        elif flags in (BATCH, KEYED_BATCH):
-            (count,) = _BATCH_COUNT.unpack_from(value, 1)
-            n = min(count, limit - len(out))
-            ts, seq = _TAIL.unpack_from(key, 8)
-            out.extend(map(_ENTRY_ID.pack, repeat(ts, n), range(seq, seq + n)))
         elif not reader.entry(key, value, None, True):
             return
         if len(out) >= limit:
@@ -546,7 +540,7 @@ class _Reader:
             return
         entry_key, value = below
         ts, seq = _TAIL.unpack_from(entry_key, 8)
-        (count,) = _BATCH_COUNT.unpack_from(value, 1)
+        count = values.batch_count(value)
         if ts != start.publish_ts or not seq < start.seq < seq + count:
             return
         exact = inclusive and start.write_ts == 0 and start.p_seq == 0
@@ -555,14 +549,14 @@ class _Reader:
     def batch(self, ts: int, seq: int, value: bytes, first: int) -> None:
         """Append the messages of a batch entry from its ``first`` on (up to the limit).
         Its messages are all plain, or all short-keyed, without anything else."""
-        count, ends, starts = values.batch_layout(value)
         out = self.out
-        stop = min(count, first + self.limit - len(out))
-        if self.ids:
-            out.extend(
-                map(_ENTRY_ID.pack, repeat(ts, stop - first), range(seq + first, seq + stop))
-            )
+        if self.ids:  # from the key and the count alone
+            stop = min(values.batch_count(value), first + self.limit - len(out))
+            ids = range(seq + first, seq + stop)
+            out.extend(map(_ENTRY_ID.pack, repeat(ts, len(ids)), ids))
             return
+        count, ends, starts = values.batch_layout(value)
+        stop = min(count, first + self.limit - len(out))
         row = memoryview(value)
         keyed = value[0] == KEYED_BATCH
         avro = self.avro

@@ -225,6 +225,9 @@ def publish_fn(
             rows = [values.encode_pointer(write_pointer, r) for r in payload_ranges]
     else:
         assert payload_ranges is None
+    # The batch entries' values do not depend on the positions the write assigns: made
+    # here, on the caller's thread, so the store's writer only keys them.
+    entries = _batch_entries(batch) if write_pointer is None else None
 
     def publish(view: WriteView) -> RollbackInfo | None:
         ref = topics.resolve(view, namespace, topic)
@@ -241,14 +244,12 @@ def publish_fn(
         start_ts, start_seq, end_ts, end_seq = assign(
             state.last_ts, state.last_seq, clock.now_ms(), len(rows)
         )
-        keyed = _batchable(batch) if write_pointer is None and start_ts == end_ts else None
-        if keyed is not None:
+        if entries is not None and start_ts == end_ts:
             # One row per batch entry (docs/design.md, "Batch entries"): the messages
             # keep the ids they would have had as rows of their own.
-            entries = _batch_entries(
-                ref.topic_id, state.generation, start_ts, start_seq, rows, keyed
-            )
-            view.put_many(_MESSAGES, entries, append=True)
+            prefix = (ref.topic_id, state.generation, start_ts)
+            keyed = [(keys.message_key(*prefix, start_seq + at), value) for at, value in entries]
+            view.put_many(_MESSAGES, keyed, append=True)
         else:
             row_keys = keys.message_keys(
                 ref.topic_id, state.generation, start_ts, start_seq, len(rows)
@@ -310,28 +311,27 @@ def _batchable(batch: EncodedBatch) -> bool | None:
     return None
 
 
-def _batch_entries(
-    topic_id: int, generation: int, ts: int, seq: int, rows: list[bytes], keyed: bool
-) -> list[tuple[bytes, bytes]]:
-    """The rows of batch entries for ``rows`` (stored values of messages ``ts | seq``
-    on, all in one millisecond), each at most :data:`BATCH_ENTRY_BYTES` of stored
-    values; a single message left over is a row of its own."""
-    out: list[tuple[bytes, bytes]] = []
+def _batch_entries(batch: EncodedBatch) -> list[tuple[int, bytes]] | None:
+    """The batch entries of ``batch``, each as the index of its first message and its
+    value, at most :data:`BATCH_ENTRY_BYTES` of stored values each (a single message
+    left over is a row of its own); None if the batch is not :func:`_batchable`."""
+    keyed = _batchable(batch)
+    if keyed is None:
+        return None
+    rows = batch.values
+    out: list[tuple[int, bytes]] = []
     start, size = 0, 0
     for i, row in enumerate(rows):
         if size and size + len(row) > BATCH_ENTRY_BYTES:
-            out.append(_entry(topic_id, generation, ts, seq + start, rows[start:i], keyed))
+            out.append((start, _entry(rows[start:i], keyed)))
             start, size = i, 0
         size += len(row)
-    out.append(_entry(topic_id, generation, ts, seq + start, rows[start:], keyed))
+    out.append((start, _entry(rows[start:], keyed)))
     return out
 
 
-def _entry(
-    topic_id: int, generation: int, ts: int, seq: int, rows: list[bytes], keyed: bool
-) -> tuple[bytes, bytes]:
-    key = keys.message_key(topic_id, generation, ts, seq)
-    return key, values.encode_batch(rows, keyed) if len(rows) > 1 else rows[0]
+def _entry(rows: list[bytes], keyed: bool) -> bytes:
+    return values.encode_batch(rows, keyed) if len(rows) > 1 else rows[0]
 
 
 _PLAIN_ONLY = {values.PLAIN}
