@@ -132,3 +132,24 @@ def test_batch_entries_hold_each_message_as_given(
         values.decode_value(entry)
     with pytest.raises(ValueError):
         values.batch_layout(entry[:-1])
+
+
+@given(st.lists(st.binary(max_size=300), min_size=2, max_size=40))
+def test_plain_batch_entries_hold_bare_payloads_read_as_the_flagged_form(
+    payloads: list[bytes],
+) -> None:
+    entry = values.encode_plain_batch(payloads)
+    assert entry[0] == values.BATCH
+    count, ends, starts = values.batch_layout(entry)
+    assert count == len(payloads)
+    # Each message is its payload alone: it starts where its bytes start.
+    assert list(starts) == list(ends[:count])
+    assert [entry[starts[i] : ends[i + 1]] for i in range(count)] == payloads
+    assert values.batch_counts(entry) == (count, sum(map(len, payloads)))
+    # The same messages in the first form (a flags byte each) count and read the same.
+    flagged = values.encode_batch([values.payload_header() + p for p in payloads])
+    assert values.batch_counts(flagged) == values.batch_counts(entry)
+    with pytest.raises(ValueError):
+        values.decode_value(entry)
+    with pytest.raises(ValueError):
+        values.encode_plain_batch(payloads[:1])

@@ -14,6 +14,7 @@ from tidings.cli import main as cli_main
 from tidings.clock import FakeClock
 from tidings.codec import values, wire
 from tidings.codec.media import AVRO, AVRO_EXT, COLUMNS, JSON
+from tidings.codec.stored_publish import StoredBatch
 from tidings.messaging import MessagingService, publishing
 from tidings.store import LmdbStore, MemoryStore, Store
 from tidings.structs import Message, MessageId, Record, Transaction
@@ -166,7 +167,7 @@ def test_inspect_lists_every_message_of_a_batch_entry(tmp_path: object) -> None:
 
 _publishes = st.lists(
     st.tuples(
-        st.sampled_from(["plain", "keyed", "tx"]),
+        st.sampled_from(["plain", "stored", "keyed", "tx"]),
         st.integers(1, 7),
         st.integers(0, 1),  # milliseconds until the next publish
     ),
@@ -235,6 +236,12 @@ def test_every_reader_pages_through_batch_entries_as_through_rows(
         if kind == "keyed":
             service.publish("ns", "t", [Record(p, b"k") for p in batch])
             expected += [(p, b"k") for p in batch]
+        elif kind == "stored":
+            # A body read straight into stored values: a batch entry of the first form,
+            # each message with a flags byte of its own.
+            stored = [values.payload_header() + p for p in batch]
+            service.publish("ns", "t", StoredBatch(None, None, stored, sum(map(len, batch))))
+            expected += [(p, None) for p in batch]
         elif kind == "tx":
             service.publish("ns", "t", batch, write_pointer=100 + n)
             expected += [(p, None) for p in batch]

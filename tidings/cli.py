@@ -1099,13 +1099,15 @@ def _inspect_batch(ts: int, seq: int, value: bytes) -> None:
     from tidings.codec import values
     from tidings.structs import MessageId
 
-    count, ends, _ = values.batch_layout(value)
+    count, ends, starts = values.batch_layout(value)
+    keyed = value[0] == values.KEYED_BATCH
     first = MessageId(ts, seq).hex
     click.echo(f"{ts:<14} {seq:>5}  {first}  {'-':>20}  batch entry of {count} messages")
     for i in range(count):
-        stored = values.decode_value(value[ends[i] : ends[i + 1]])
-        payload = stored.payload or b""
-        extras = "" if stored.key is None else f" key={_text(stored.key)!r}"
+        # Through the positions, as every reader: a plain message may be its payload
+        # alone, without a flags byte of its own.
+        payload = value[starts[i] : ends[i + 1]]
+        extras = f" key={_text(value[ends[i] + 2 : starts[i]])!r}" if keyed else ""
         message_id = MessageId(ts, seq + i).hex
         click.echo(
             f"{'':<14} {seq + i:>5}  {message_id}  {'':>20}"

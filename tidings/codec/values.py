@@ -29,13 +29,19 @@ of it is ``seq + i`` (docs/design.md, "Batch entries")::
 
     flags (1)             BATCH (version 2, FLAG_P), or KEYED_BATCH (and FLAG_KEY)
     count (4)             unsigned little-endian, at least 2
-    ends ((count+1) x 4)  unsigned little-endian positions in the entry: stored value
-                          i is [ends[i], ends[i+1])
-    starts (count x 4)    the same: where each stored value's payload starts
-    values                each message's own stored value, back to back: PLAIN (a
-                          flags byte and the payload) in a BATCH, KEYED with a key
-                          shorter than 128 bytes (flags, length byte, key, payload) in
-                          a KEYED_BATCH
+    ends ((count+1) x 4)  unsigned little-endian positions in the entry: message i's
+                          bytes are [ends[i], ends[i+1])
+    starts (count x 4)    the same: where each message's payload starts, which ends at
+                          ends[i+1]
+    values                each message's bytes, back to back: in a BATCH its payload
+                          alone (starts[i] == ends[i]), or, as the first version of
+                          batch entries wrote them, its PLAIN stored value (a flags
+                          byte, then the payload); in a KEYED_BATCH its KEYED stored
+                          value with a key shorter than 128 bytes (flags, length byte,
+                          key, payload)
+
+Readers take payloads and keys through the positions alone, so both forms of a BATCH
+read the same.
 
 The flags byte's version (2) keeps a reader that does not know batch entries from
 taking one for a message: :func:`decode_value` refuses it.
@@ -49,6 +55,7 @@ import sys
 from array import array
 from collections.abc import Mapping, Sequence
 from itertools import accumulate
+from operator import add, itemgetter
 from typing import NamedTuple
 
 from tidings.structs import PayloadRange
@@ -88,6 +95,7 @@ __all__ = [
     "encode_state",
     "encode_tally",
     "encode_topic_record",
+    "encode_plain_batch",
     "encode_pointer",
     "encode_value",
     "keyed_header",
@@ -132,6 +140,7 @@ _KEYED_BYTE = bytes([KEYED])
 _RANGE = struct.Struct(">QHQH")
 _BATCH_HEAD = struct.Struct("<BI")
 _BIG_ENDIAN = sys.byteorder == "big"
+_second = itemgetter(1)  # a keyed stored value's key length (one varint byte)
 #: Bytes of the optional range at the end of a pointer value.
 RANGE_SIZE = _RANGE.size
 
@@ -218,17 +227,38 @@ def encode_batch(stored: Sequence[bytes], keyed: bool = False) -> bytes:
     if count < 2:
         raise ValueError("a batch entry holds at least two messages")
     base = BATCH_ENDS_AT + 4 * (2 * count + 1)  # where the first stored value starts
-    ends = array("I", accumulate(map(len, stored), initial=base))
+    # Running sums over a list of lengths, each in C: no Python step per message.
+    lengths = list(map(len, stored))
+    ends = array("I", list(accumulate(lengths, initial=base)))
     if keyed:
         # A payload starts after its flags byte, its key's length and its key.
-        starts = array("I", [end + 2 + value[1] for end, value in zip(ends, stored, strict=False)])
+        starts = array(
+            "I", list(map(add, accumulate(lengths, initial=base + 2), map(_second, stored)))
+        )
     else:
-        starts = array("I", map((1).__add__, ends[:count]))
+        starts = array("I", list(accumulate(lengths, initial=base + 1)))
+        starts.pop()
     if _BIG_ENDIAN:
         ends.byteswap()
         starts.byteswap()
     head = _BATCH_HEAD.pack(KEYED_BATCH if keyed else BATCH, count)
     return b"".join((head, ends.tobytes(), starts.tobytes(), *stored))
+
+
+def encode_plain_batch(payloads: Sequence[bytes]) -> bytes:
+    """A ``BATCH`` entry of the plain messages ``payloads`` (at least two, in order),
+    each stored as its payload alone: one join, and positions summed in C."""
+    count = len(payloads)
+    if count < 2:
+        raise ValueError("a batch entry holds at least two messages")
+    base = BATCH_ENDS_AT + 4 * (2 * count + 1)
+    ends = array("I", list(accumulate(map(len, payloads), initial=base)))
+    starts = ends[:count]
+    if _BIG_ENDIAN:
+        ends.byteswap()
+        starts.byteswap()
+    head = _BATCH_HEAD.pack(BATCH, count)
+    return b"".join((head, ends.tobytes(), starts.tobytes(), *payloads))
 
 
 def _uint32s(value: bytes, at: int, count: int) -> array[int]:
@@ -259,10 +289,7 @@ def batch_count(value: bytes) -> int:
 
 def batch_counts(value: bytes) -> tuple[int, int]:
     """A batch entry's message count and payload bytes."""
-    flags, count = _BATCH_HEAD.unpack_from(value)
-    if flags == BATCH:  # each value a flags byte and its payload: no need to read them
-        return count, len(value) - BATCH_ENDS_AT - 4 * (2 * count + 1) - count
-    _, ends, starts = batch_layout(value)
+    count, ends, starts = batch_layout(value)
     return count, sum(ends) - ends[0] - sum(starts)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from itertools import pairwise
 from operator import itemgetter
 
@@ -48,13 +47,41 @@ _PAYLOADS = "payloads"
 MAX_PAYLOAD_RANGES = 10_000
 
 
-@dataclass(frozen=True, slots=True)
 class EncodedBatch:
-    """A batch's stored values (in order), which of them expire early, and its size."""
+    """A batch's stored values (in order), which of them expire early, and its size.
 
-    values: list[bytes]
-    expiries: list[tuple[int, int]]  # (index in values, expires_at ms)
-    size: int
+    A batch of plain payloads without a write pointer keeps the payloads themselves
+    (``payloads``): a batch entry stores them as they are, and their stored values are
+    made only if something asks for them (a publish that stays rows of its own).
+    """
+
+    __slots__ = ("_values", "expiries", "payloads", "size")
+
+    def __init__(
+        self,
+        values: list[bytes] | None,
+        expiries: list[tuple[int, int]],
+        size: int,
+        payloads: list[bytes] | None = None,
+    ) -> None:
+        if values is None and payloads is None:
+            raise ValueError("an encoded batch needs its values or its plain payloads")
+        self._values = values
+        self.expiries = expiries  # (index in values, expires_at ms)
+        self.size = size
+        self.payloads = payloads
+
+    @property
+    def values(self) -> list[bytes]:
+        """Every message's stored value, in order."""
+        if self._values is None:
+            assert self.payloads is not None
+            header = values.payload_header(None)
+            self._values = [header + p for p in self.payloads]
+        return self._values
+
+    def __len__(self) -> int:
+        return len(self.payloads) if self.payloads is not None else len(self.values)
 
 
 def check_write_pointer(write_pointer: object) -> int:
@@ -122,12 +149,13 @@ def encode_batch(
             )
         return EncodedBatch(messages.values, [], messages.size)
     header = values.payload_header(write_pointer)
-    try:
-        # The common case, plain payloads: one concatenation per message, no branches.
-        encoded = [header + m for m in messages]  # type: ignore[operator]
-        return EncodedBatch(encoded, [], sum(map(len, messages)))
-    except TypeError:
-        pass
+    if _BYTES_ONLY.issuperset(map(type, messages)):
+        # The common case, plain payloads: kept as they are without a write pointer
+        # (a batch entry stores them so), else one concatenation per message.
+        size = sum(map(len, messages))
+        if write_pointer is None:
+            return EncodedBatch(None, [], size, list(messages))  # type: ignore[arg-type]
+        return EncodedBatch([header + m for m in messages], [], size)  # type: ignore[operator]
     encoded = []
     expiries: list[tuple[int, int]] = []
     size = 0
@@ -215,8 +243,9 @@ def publish_fn(
     one pointer entry per range, in ascending order, each standing for only its rows.
     ``guard(write_pointer)`` runs inside the write transaction, before the entries are
     written; if it raises, the write function fails and nothing of it is kept."""
-    rows = batch.values
-    if not rows:
+    direct = len(batch)  # messages written here (none: a pointer publish)
+    rows: list[bytes] | None = None  # the entries of a publish that is not batch entries
+    if not direct:
         assert write_pointer is not None
         if payload_ranges is None:
             rows = [values.encode_value(None, write_pointer)]
@@ -228,6 +257,8 @@ def publish_fn(
     # The batch entries' values do not depend on the positions the write assigns: made
     # here, on the caller's thread, so the store's writer only keys them.
     entries = _batch_entries(batch) if write_pointer is None else None
+    if entries is None and direct:
+        batch.values  # noqa: B018 - the stored values made here too, not in the write
 
     def publish(view: WriteView) -> RollbackInfo | None:
         ref = topics.resolve(view, namespace, topic)
@@ -236,13 +267,14 @@ def publish_fn(
             view, ref.topic_id, state.generation, producer, clock.now_ms()
         ):
             return None  # a retry of a batch already written: its outcome, not a copy
-        if not batch.values:
+        if not direct:
             _check_unsealed(view, ref.topic_id, state.generation, write_pointer, topic)
         if guard is not None and write_pointer is not None:
             # After the seal check: a second publish of stored payloads says so (409).
             guard(write_pointer)
+        n = direct or len(rows or ())
         start_ts, start_seq, end_ts, end_seq = assign(
-            state.last_ts, state.last_seq, clock.now_ms(), len(rows)
+            state.last_ts, state.last_seq, clock.now_ms(), n
         )
         if entries is not None and start_ts == end_ts:
             # One row per batch entry (docs/design.md, "Batch entries"): the messages
@@ -251,14 +283,12 @@ def publish_fn(
             keyed = [(keys.message_key(*prefix, start_seq + at), value) for at, value in entries]
             view.put_many(_MESSAGES, keyed, append=True)
         else:
-            row_keys = keys.message_keys(
-                ref.topic_id, state.generation, start_ts, start_seq, len(rows)
-            )
-            view.put_many(_MESSAGES, zip(row_keys, rows, strict=True), append=True)
+            row_keys = keys.message_keys(ref.topic_id, state.generation, start_ts, start_seq, n)
+            view.put_many(_MESSAGES, zip(row_keys, rows or batch.values, strict=True), append=True)
             for index, expires_at in batch.expiries:
                 view.put(_META, keys.expiry_key(expires_at, _MESSAGES, row_keys[index]), b"")
-        added, size = len(rows), batch.size
-        if not batch.values:
+        added, size = n, batch.size
+        if not direct:
             assert write_pointer is not None
             added, size = _seal(
                 view, ref.topic_id, state.generation, write_pointer, payload_ranges, end_ts
@@ -303,6 +333,8 @@ def _batchable(batch: EncodedBatch) -> bool | None:
     rows = batch.values
     if len(rows) < 2 or batch.expiries:
         return None
+    if batch.payloads is not None:
+        return False
     shapes = set(map(_first_byte, rows))
     if shapes == _PLAIN_ONLY:
         return False
@@ -318,7 +350,12 @@ def _batch_entries(batch: EncodedBatch) -> list[tuple[int, bytes]] | None:
     keyed = _batchable(batch)
     if keyed is None:
         return None
+    payloads = batch.payloads
+    if payloads is not None and batch.size + len(payloads) <= BATCH_ENTRY_BYTES:
+        return [(0, values.encode_plain_batch(payloads))]
     rows = batch.values
+    if sum(map(len, rows)) <= BATCH_ENTRY_BYTES:
+        return [(0, values.encode_batch(rows, keyed))]
     out: list[tuple[int, bytes]] = []
     start, size = 0, 0
     for i, row in enumerate(rows):
@@ -335,6 +372,7 @@ def _entry(rows: list[bytes], keyed: bool) -> bytes:
 
 
 _PLAIN_ONLY = {values.PLAIN}
+_BYTES_ONLY = frozenset((bytes,))
 _KEYED_ONLY = {values.KEYED}
 _second_byte = itemgetter(1)
 _PRODUCER_STATE = struct.Struct(">qq")  # last sequence, last publish (ms)
@@ -392,7 +430,7 @@ def store_fn(
         state = ref.state
         if view.get(_META, keys.sealed_key(ref.topic_id, state.generation, write_pointer)):
             raise _already_published(write_pointer, topic)
-        count = len(batch.values)
+        count = len(batch)
         start_ts, start_seq, end_ts, end_seq = assign(
             state.last_write_ts, state.last_p_seq, clock.now_ms(), count
         )

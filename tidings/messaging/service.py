@@ -264,7 +264,7 @@ class MessagingService:
             self._guard,
             producer,
         )
-        return self._submit(fn, namespace, topic, began, len(batch.values), batch.size, inline=True)
+        return self._submit(fn, namespace, topic, began, len(batch), batch.size, inline=True)
 
     def publish_with_future(
         self,
@@ -288,7 +288,7 @@ class MessagingService:
             publish(view)
             return also(view)
 
-        return self._submit(both, namespace, topic, began, len(batch.values), batch.size)
+        return self._submit(both, namespace, topic, began, len(batch), batch.size)
 
     def publish_all_future(
         self,
@@ -337,7 +337,7 @@ class MessagingService:
                     self._guard if then is None else None,
                 )
             )
-            counts.append(((namespace, topic), len(batch.values), batch.size))
+            counts.append(((namespace, topic), len(batch), batch.size))
         result: Future[list[RollbackInfo | None]] = Future()
 
         def done(inner: Future[list[RollbackInfo | None]]) -> None:
@@ -391,7 +391,7 @@ class MessagingService:
             raise EmptyPublish("a store needs at least one message")
         batch = publishing.encode_batch(messages, None, self._clock.now_ms())
         fn = publishing.store_fn(self._topics, self._clock, namespace, topic, batch, write_pointer)
-        return self._submit(fn, namespace, topic, began, len(batch.values), batch.size)
+        return self._submit(fn, namespace, topic, began, len(batch), batch.size)
 
     def rollback(self, namespace: str, topic: str, info: RollbackInfo) -> int:
         """Invert the sign of ``t`` on exactly the entries ``info`` names; returns how many
