@@ -10,10 +10,10 @@ import pytest
 
 from tidings.client import AsyncClient, Client, RetryPolicy
 from tidings.client.transports import AiohttpTransport, Request, Response, Urllib3Transport
-from tidings.codec import wire
+from tidings.codec import payload_frames, wire
 from tidings.codec.transaction import decode_transaction
 from tidings.errors import RequestTimeout, ServiceUnavailable, TidingsConnectionError, TopicNotFound
-from tidings.structs import RollbackInfo, Transaction
+from tidings.structs import Record, RollbackInfo, Transaction
 
 RETRY = RetryPolicy(attempts=3, initial_backoff=0, jitter=0)
 Handler = Callable[[Request], Response]
@@ -100,6 +100,68 @@ def test_publish_with_a_write_pointer_returns_rollback_info() -> None:
     client = Client("http://h:1", transport=transport)
     assert client.publish("t", [b"a"], write_pointer=9) == info
     assert client.publish("t", "a") is None
+
+
+def refusing_payloads(request: Request) -> Response:
+    """A server before the payloads medium: 415 for it, Avro and JSON taken."""
+    if request.content_type == payload_frames.CONTENT_TYPE:
+        return Response(415, b'{"error": "no", "type": "UnsupportedMediaType"}', "application/json")
+    if request.url.endswith("/store"):
+        return Response(200, b"", None, headers={"tidings-payload-range": "1.0-1.1"})
+    return Response(200, b"", None)
+
+
+def test_plain_payloads_go_in_the_payloads_medium() -> None:
+    transport = FakeTransport(lambda r: Response(200, b"", None))
+    client = Client("http://h:1", transport=transport)
+    client.publish("t", [b"a", b"bc"])
+    client.publish("t", [Record(b"k", key=b"key")])  # a key: Avro, which carries it
+    first, keyed = transport.sent
+    assert first.content_type == payload_frames.CONTENT_TYPE
+    assert payload_frames.read_frames(first.body).payloads() == [b"a", b"bc"]
+    assert keyed.content_type == wire.AVRO_EXT.value
+    json_client = Client("http://h:1", transport=transport, media=wire.JSON)
+    json_client.publish("t", [b"a"])
+    assert transport.sent[-1].content_type == wire.JSON.value
+
+
+def test_a_server_refusing_the_payloads_medium_gets_avro_from_then_on() -> None:
+    transport = FakeTransport(refusing_payloads)
+    client = Client("http://h:1", transport=transport)
+    client.publish("t", [b"a", b"bc"])
+    refused, again = transport.sent
+    assert refused.content_type == payload_frames.CONTENT_TYPE
+    assert again.content_type == wire.AVRO_EXT.value
+    assert wire.decode_publish_request(again.body, wire.AVRO_EXT).records == [b"a", b"bc"]
+    # Nothing was written by the refused one: the same producer sequence again.
+    assert dict(again.headers) == dict(refused.headers)
+    client.publish("t", [b"d"])
+    client.store("t", [b"s"], write_pointer=7)
+    assert [r.content_type for r in transport.sent[2:]] == [wire.AVRO_EXT.value] * 2
+
+
+def test_a_store_refused_in_the_payloads_medium_is_sent_again_in_avro() -> None:
+    transport = FakeTransport(refusing_payloads)
+    client = Client("http://h:1", transport=transport)
+    client.store("t", [b"s1", b"s2"], write_pointer=7)
+    assert [r.content_type for r in transport.sent] == [
+        payload_frames.CONTENT_TYPE,
+        wire.AVRO_EXT.value,
+    ]
+    stored = wire.decode_publish_request(transport.sent[1].body, wire.AVRO_EXT)
+    assert (stored.write_pointer, stored.records) == (7, [b"s1", b"s2"])
+
+
+async def test_the_async_client_falls_back_to_avro_too() -> None:
+    transport = AsyncFakeTransport(refusing_payloads)
+    async with AsyncClient("http://h:1", transport=transport) as client:
+        await client.publish("t", [b"a"])
+        await client.publish("t", [b"b"])
+    assert [r.content_type for r in transport.sent] == [
+        payload_frames.CONTENT_TYPE,
+        wire.AVRO_EXT.value,
+        wire.AVRO_EXT.value,
+    ]
 
 
 def test_poll_encodes_a_snapshot() -> None:

@@ -14,7 +14,8 @@ import pytest
 
 from tests.e2e.serverproc import ServerProcess
 from tidings import Client
-from tidings.codec import avro, wire
+from tidings.codec import avro, payload_frames, wire
+from tidings.codec.payload_frames import CONTENT_TYPE
 from tidings.codec.wire import AVRO, AVRO_EXT, JSON, ConsumeRequest, Media
 from tidings.structs import Message, MessageId, Record, RollbackInfo
 
@@ -228,6 +229,61 @@ def test_bad_avro_bodies_are_400(
     r = post(api, live + path, body, media)
     assert r.status_code == 400, r.text
     assert poll(api, live) == []
+
+
+def frames(
+    api: httpx.Client, path: str, payloads: list[bytes], write_pointer: int | None = None
+) -> httpx.Response:
+    body = payload_frames.write_frames(write_pointer, payloads)
+    return api.post(path, content=body, headers={"content-type": payload_frames.CONTENT_TYPE})
+
+
+def test_publish_and_store_in_the_payloads_medium(api: httpx.Client, live: str) -> None:
+    r = frames(api, live + "/publish", [b"one", b"", b"three"])
+    assert (r.status_code, r.content) == (200, b""), r.text
+    assert frames(api, live + "/publish", [b"four"]).status_code == 200
+    assert [m.payload for m in poll(api, live)] == [b"one", b"", b"three", b"four"]
+    # With a write pointer: answered in JSON, as the request has no answers of its own.
+    wp = api.post("/v1/transactions").json()["writePointer"]
+    r = frames(api, live + "/publish", [b"t1", b"t2"], wp)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "application/json"
+    assert wire.decode_rollback_info(r.content, JSON).write_pointer == wp
+    # A store, then the pointer publish of what it stored.
+    stored_wp = api.post("/v1/transactions").json()["writePointer"]
+    r = frames(api, live + "/store", [b"s1", b"s2"], stored_wp)
+    assert (r.status_code, r.content) == (200, b""), r.text
+    assert wire.parse_payload_range(r.headers["tidings-payload-range"]) is not None
+    assert frames(api, live + "/publish", [], stored_wp).status_code == 200
+    for pointer in (wp, stored_wp):
+        assert api.post(f"/v1/transactions/{pointer}/commit", json={}).status_code == 200
+    assert [m.payload for m in poll(api, live)][4:] == [b"t1", b"t2", b"s1", b"s2"]
+
+
+def test_bad_payloads_bodies_are_400_and_change_nothing(api: httpx.Client, live: str) -> None:
+    good = payload_frames.write_frames(None, [b"a", b"bc"])
+    bad_bodies = [
+        b"",  # no head
+        b"TDC1" + good[4:],  # another magic
+        good[:-1],  # the last position past the body's end
+        good + b"x",  # a byte after the last payload
+        good[:8] + (-1).to_bytes(8, "little", signed=True) + good[16:],  # a negative pointer
+        good[:4] + (10**6).to_bytes(4, "little") + good[8:],  # more payloads than bytes
+    ]
+    for path in ("/publish", "/store"):
+        for body in bad_bodies:
+            r = api.post(live + path, content=body, headers={"content-type": CONTENT_TYPE})
+            assert r.status_code == 400, (path, body, r.text)
+            assert set(r.json()) == {"error", "type"}
+    r = frames(api, live + "/publish", [])
+    assert (r.status_code, r.json()["type"]) == (400, "EmptyPublish")
+    r = frames(api, live + "/store", [b"a"])
+    assert r.status_code == 400 and "write" in r.json()["error"].lower()
+    assert poll(api, live) == []
+    # Only a publish and a store take it.
+    for path in ("/poll", "/rollback"):
+        r = api.post(live + path, content=good, headers={"content-type": CONTENT_TYPE})
+        assert (r.status_code, r.json()["type"]) == (415, "UnsupportedMediaType")
 
 
 def test_unknown_topic_is_404(api: httpx.Client, topic: str) -> None:

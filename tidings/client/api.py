@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 from urllib.parse import quote, urlsplit
 
 import orjson
 
 from tidings.client.transports import Request, Response
-from tidings.codec import admin, queue_bodies, tx_publish, wire
+from tidings.codec import admin, payload_frames, queue_bodies, tx_publish, wire
 from tidings.codec.wire import AVRO_EXT, COLUMNS, JSON, ConsumeRequest, Media
 from tidings.errors import (
     EmptyPublish,
@@ -60,6 +60,7 @@ READ_UNCOMMITTED = "read_uncommitted"
 ISOLATION_LEVELS = (READ_COMMITTED, READ_UNCOMMITTED)
 
 T = TypeVar("T")
+_BYTES = frozenset((bytes,))
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,9 @@ class Call(Generic[T]):
     decode: Callable[[Response], T]
     #: Errors never retried for this call, whatever the retry policy says.
     final: tuple[type[BaseException], ...] = ()
+    #: The call to send instead if the server does not take this request's medium
+    #: (415): a server older than the payloads medium gets the same request in Avro.
+    fallback: Callable[[], Call[T]] | None = None
 
     def result(self, response: Response) -> T:
         """The decoded value, or the server's error raised as its Tidings class."""
@@ -344,6 +348,9 @@ class RestApi:
         self.namespace = check_name(namespace, "namespace")
         self.timeout = timeout
         self.media = media
+        #: Plain payloads go in the payloads medium (docs/api.md), unless the client
+        #: speaks JSON or a server refused that medium once.
+        self.payload_frames = media is not JSON
         self._ns_url = f"{self.url}/v1/namespaces/{namespace}"
         self._tx_url = f"{(transactions_url or url).rstrip('/')}/v1/transactions"
         #: True if the transaction service is addressed at the messaging server itself,
@@ -415,8 +422,29 @@ class RestApi:
 
     # --- publishing ---
 
-    def _publish_body(self, write_pointer: int | None, records: Sequence[Record | bytes]) -> bytes:
-        return wire.encode_publish_request(write_pointer, records, self.media)
+    def _publish_body(
+        self, write_pointer: int | None, records: Sequence[Record | bytes]
+    ) -> tuple[bytes, str]:
+        """A publish or store body and its Content-Type: the payloads medium for plain
+        payloads (its positions up front spare the server a walk), else the client's."""
+        if self.payload_frames and records and _BYTES.issuperset(map(type, records)):
+            payloads = cast("Sequence[bytes]", records)
+            return payload_frames.write_frames(write_pointer, payloads), payload_frames.CONTENT_TYPE
+        return wire.encode_publish_request(write_pointer, records, self.media), self.media.value
+
+    def _unless_refused(
+        self, content_type: str, again: Callable[[], Call[T]]
+    ) -> Callable[[], Call[T]] | None:
+        """For a body in the payloads medium, what to send if the server answers 415:
+        ``again()`` with that medium off for this client from then on."""
+        if content_type != payload_frames.CONTENT_TYPE:
+            return None
+
+        def refused() -> Call[T]:
+            self.payload_frames = False
+            return again()
+
+        return refused
 
     def publish(
         self,
@@ -431,17 +459,22 @@ class RestApi:
         headers: tuple[tuple[str, str], ...] = ()
         if producer is not None:
             headers = (("Tidings-Producer-Id", producer[0]), ("Tidings-Sequence", str(producer[1])))
+        body, content_type = self._publish_body(None, records)
         return Call(
             Request(
                 "POST",
                 self._topic_url(topic, "/publish"),
-                self._publish_body(None, records),
-                self.media.value,
+                body,
+                content_type,
                 self.timeout,
                 idempotent=producer is not None,
                 headers=headers,
             ),
             _ignore,
+            # Refused, nothing was written: the same producer sequence again is right.
+            fallback=self._unless_refused(
+                content_type, lambda: self.publish(topic, records, producer)
+            ),
         )
 
     def publish_transactional(
@@ -453,7 +486,7 @@ class RestApi:
     ) -> Call[RollbackInfo]:
         media = self.media
         if payload_ranges is None:
-            body = self._publish_body(write_pointer, records)
+            body, content_type = self._publish_body(write_pointer, records)
         else:
             # payloadRanges exist in the JSON body only (docs/api.md), so a publish
             # naming ranges is sent as JSON whatever the client's media.
@@ -462,28 +495,31 @@ class RestApi:
                 wire.encode_publish_request(write_pointer, records, JSON)
             )
             obj["payloadRanges"] = wire.payload_ranges_json(payload_ranges)
-            body = orjson.dumps(obj)
+            body, content_type = orjson.dumps(obj), JSON.value
 
         def decode(response: Response) -> RollbackInfo:
+            # A payloads body is answered in JSON, which the answer's Content-Type says.
             return wire.decode_rollback_info(response.body, _response_media(response, media))
 
         return Call(
-            Request("POST", self._topic_url(topic, "/publish"), body, media.value, self.timeout),
+            Request("POST", self._topic_url(topic, "/publish"), body, content_type, self.timeout),
             decode,
+            fallback=self._unless_refused(
+                content_type,
+                lambda: self.publish_transactional(topic, records, write_pointer, payload_ranges),
+            ),
         )
 
     def store(
         self, topic: str, records: Sequence[Record | bytes], write_pointer: int
     ) -> Call[PayloadRange]:
+        body, content_type = self._publish_body(write_pointer, records)
         return Call(
-            Request(
-                "POST",
-                self._topic_url(topic, "/store"),
-                self._publish_body(write_pointer, records),
-                self.media.value,
-                self.timeout,
-            ),
+            Request("POST", self._topic_url(topic, "/store"), body, content_type, self.timeout),
             _payload_range,
+            fallback=self._unless_refused(
+                content_type, lambda: self.store(topic, records, write_pointer)
+            ),
         )
 
     def store_encoded(self, topic: str, body: bytes, write_pointer: int) -> Call[PayloadRange]:

@@ -96,6 +96,7 @@ __all__ = [
     "encode_tally",
     "encode_topic_record",
     "encode_plain_batch",
+    "encode_plain_batch_in",
     "encode_pointer",
     "encode_value",
     "keyed_header",
@@ -259,6 +260,23 @@ def encode_plain_batch(payloads: Sequence[bytes]) -> bytes:
         starts.byteswap()
     head = _BATCH_HEAD.pack(BATCH, count)
     return b"".join((head, ends.tobytes(), starts.tobytes(), *payloads))
+
+
+def encode_plain_batch_in(body: bytes, positions: Sequence[int]) -> bytes:
+    """The ``BATCH`` entry of the payloads ``body[positions[i]:positions[i + 1]]`` (at
+    least two, back to back in ``body``): their bytes copied once, as one block."""
+    count = len(positions) - 1
+    if count < 2:
+        raise ValueError("a batch entry holds at least two messages")
+    base = BATCH_ENDS_AT + 4 * (2 * count + 1)
+    ends = array("I", list(map((base - positions[0]).__add__, positions)))
+    starts = ends[:count]
+    if _BIG_ENDIAN:
+        ends.byteswap()
+        starts.byteswap()
+    head = _BATCH_HEAD.pack(BATCH, count)
+    payloads = memoryview(body)[positions[0] : positions[-1]]
+    return b"".join((head, ends.tobytes(), starts.tobytes(), payloads))
 
 
 def _uint32s(value: bytes, at: int, count: int) -> array[int]:

@@ -26,6 +26,7 @@ from tidings.codec import json_bodies as jsonb
 from tidings.codec.avro import SCHEMAS, AvroItems
 from tidings.codec.json_bodies import b64decode, b64encode, payload_ranges_json
 from tidings.codec.media import AVRO, AVRO_EXT, COLUMNS, JSON, Media, media_for, response_media_for
+from tidings.codec.payload_frames import PayloadFrames, read_frames
 from tidings.codec.stored_publish import StoredBatch, read_stored_batch
 from tidings.errors import BadRequest
 from tidings.names import INT64_MAX
@@ -48,6 +49,7 @@ __all__ = [
     "decode_consume_request",
     "decode_message_ids",
     "decode_messages",
+    "decode_payloads_request",
     "decode_publish_request",
     "decode_rollback_info",
     "encode_consume_request",
@@ -80,8 +82,9 @@ class PublishRequest:
     """
 
     write_pointer: int | None
-    #: The messages; already as stored values when the body was read that way.
-    records: Sequence[Record | bytes] | StoredBatch
+    #: The messages; already as stored values, or as a payloads body's positions,
+    #: when the body was read that way.
+    records: Sequence[Record | bytes] | StoredBatch | PayloadFrames
     #: ``payloadRanges`` of a JSON pointer publish (None if absent); only ever set
     #: together with a write pointer and no messages.
     payload_ranges: list[PayloadRange] | None = None
@@ -121,6 +124,13 @@ def _check_extras_avro(raw: list[dict[str, Any]] | None, n: int) -> None:
         ttl = item.get("ttl")
         if ttl is not None and ttl < 1:
             raise BadRequest(f"extras[{i}].ttl must be a positive number of seconds")
+
+
+def decode_payloads_request(body: bytes) -> PublishRequest:
+    """Decode a ``publish``/``store`` body in the payloads medium
+    (:mod:`tidings.codec.payload_frames`): its payloads stay where they are in it."""
+    frames = read_frames(body)
+    return PublishRequest(frames.write_pointer, frames)
 
 
 def decode_publish_request(

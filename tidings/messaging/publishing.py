@@ -17,6 +17,7 @@ from operator import itemgetter
 
 from tidings.clock import Clock
 from tidings.codec import keys, values
+from tidings.codec.payload_frames import PayloadFrames
 from tidings.codec.stored_publish import StoredBatch
 from tidings.codec.values import TopicState
 from tidings.errors import BadRequest, OutOfOrderSequence, PayloadsAlreadyPublished
@@ -30,6 +31,7 @@ from tidings.structs import PayloadRange, Record, RollbackInfo
 __all__ = [
     "MAX_PAYLOAD_RANGES",
     "EncodedBatch",
+    "Messages",
     "check_payload_ranges",
     "check_rollback_info",
     "check_write_pointer",
@@ -38,6 +40,10 @@ __all__ = [
     "rollback_fn",
     "store_fn",
 ]
+
+#: What a publish or a store takes: messages, or a body read straight into stored
+#: values or into payload positions.
+Messages = Sequence[Record | bytes] | StoredBatch | PayloadFrames
 
 _META = "metadata"
 _MESSAGES = "messages"
@@ -51,37 +57,40 @@ class EncodedBatch:
     """A batch's stored values (in order), which of them expire early, and its size.
 
     A batch of plain payloads without a write pointer keeps the payloads themselves
-    (``payloads``): a batch entry stores them as they are, and their stored values are
-    made only if something asks for them (a publish that stays rows of its own).
+    (``plain``: a list of them, or a payloads body): a batch entry stores them as they
+    are, and their stored values are made only if something asks for them (a publish
+    that stays rows of its own).
     """
 
-    __slots__ = ("_values", "expiries", "payloads", "size")
+    __slots__ = ("_values", "expiries", "plain", "size")
 
     def __init__(
         self,
         values: list[bytes] | None,
         expiries: list[tuple[int, int]],
         size: int,
-        payloads: list[bytes] | None = None,
+        plain: list[bytes] | PayloadFrames | None = None,
     ) -> None:
-        if values is None and payloads is None:
+        if values is None and plain is None:
             raise ValueError("an encoded batch needs its values or its plain payloads")
         self._values = values
         self.expiries = expiries  # (index in values, expires_at ms)
         self.size = size
-        self.payloads = payloads
+        self.plain = plain
 
     @property
     def values(self) -> list[bytes]:
         """Every message's stored value, in order."""
         if self._values is None:
-            assert self.payloads is not None
+            plain = self.plain
+            payloads = plain.payloads() if isinstance(plain, PayloadFrames) else plain
+            assert payloads is not None
             header = values.payload_header(None)
-            self._values = [header + p for p in self.payloads]
+            self._values = [header + p for p in payloads]
         return self._values
 
     def __len__(self) -> int:
-        return len(self.payloads) if self.payloads is not None else len(self.values)
+        return len(self.plain) if self.plain is not None else len(self.values)
 
 
 def check_write_pointer(write_pointer: object) -> int:
@@ -133,15 +142,18 @@ def check_payload_ranges(ranges: object) -> list[PayloadRange]:
 _KEY_LENGTHS = [bytes([n]) for n in range(0x80)]
 
 
-def encode_batch(
-    messages: Sequence[Record | bytes] | StoredBatch, write_pointer: int | None, now: int
-) -> EncodedBatch:
+def encode_batch(messages: Messages, write_pointer: int | None, now: int) -> EncodedBatch:
     """Encode every message's stored value; BadRequest for anything malformed.
 
     ``now`` (ms) anchors per-message TTLs: an expiry is absolute, measured on the wall
     clock from when the message was accepted. A :class:`StoredBatch` (a body read
-    straight into stored values) is taken as it is.
+    straight into stored values) is taken as it is, and so is a payloads body without
+    a write pointer (its batch entry copies the body's payloads as one block).
     """
+    if isinstance(messages, PayloadFrames):
+        if write_pointer is None:
+            return EncodedBatch(None, [], messages.size, messages)
+        messages = messages.payloads()
     if isinstance(messages, StoredBatch):
         if messages.stored_pointer != write_pointer:
             raise ValueError(
@@ -333,7 +345,7 @@ def _batchable(batch: EncodedBatch) -> bool | None:
     rows = batch.values
     if len(rows) < 2 or batch.expiries:
         return None
-    if batch.payloads is not None:
+    if batch.plain is not None:
         return False
     shapes = set(map(_first_byte, rows))
     if shapes == _PLAIN_ONLY:
@@ -350,9 +362,11 @@ def _batch_entries(batch: EncodedBatch) -> list[tuple[int, bytes]] | None:
     keyed = _batchable(batch)
     if keyed is None:
         return None
-    payloads = batch.payloads
-    if payloads is not None and batch.size + len(payloads) <= BATCH_ENTRY_BYTES:
-        return [(0, values.encode_plain_batch(payloads))]
+    plain = batch.plain
+    if plain is not None and batch.size + len(plain) <= BATCH_ENTRY_BYTES:
+        if isinstance(plain, PayloadFrames):
+            return [(0, values.encode_plain_batch_in(plain.body, plain.positions))]
+        return [(0, values.encode_plain_batch(plain))]
     rows = batch.values
     if sum(map(len, rows)) <= BATCH_ENTRY_BYTES:
         return [(0, values.encode_batch(rows, keyed))]
@@ -424,6 +438,7 @@ def store_fn(
     """The write function of a store: Payload Table rows under ``write_pointer``, their
     ``(write_ts, p_seq)`` assigned by the same monotonic rule as publish keys. Returns
     the positions assigned: one contiguous range holding exactly this store's rows."""
+    batch.values  # noqa: B018 - made here, on the caller's thread, not in the write
 
     def store(view: WriteView) -> PayloadRange:
         ref = topics.resolve(view, namespace, topic)

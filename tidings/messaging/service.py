@@ -21,7 +21,6 @@ from typing import TypeVar, cast
 
 from tidings.clock import Clock, SystemClock
 from tidings.codec import keys, values, wire
-from tidings.codec.stored_publish import StoredBatch
 from tidings.codec.values import TopicState
 from tidings.codec.wire import JSON, AvroItems, Media
 from tidings.errors import BadRequest, EmptyPublish, InvalidMessageId
@@ -209,7 +208,7 @@ class MessagingService:
         self,
         namespace: str,
         topic: str,
-        messages: Sequence[Record | bytes] | StoredBatch,
+        messages: publishing.Messages,
         write_pointer: int | None = None,
         payload_ranges: Sequence[PayloadRange] | None = None,
         producer: tuple[bytes, int] | None = None,
@@ -231,7 +230,7 @@ class MessagingService:
         self,
         namespace: str,
         topic: str,
-        messages: Sequence[Record | bytes] | StoredBatch,
+        messages: publishing.Messages,
         write_pointer: int | None = None,
         payload_ranges: Sequence[PayloadRange] | None = None,
         producer: tuple[bytes, int] | None = None,
@@ -293,7 +292,7 @@ class MessagingService:
     def publish_all_future(
         self,
         namespace: str,
-        batches: Sequence[tuple[str, Sequence[Record | bytes] | StoredBatch]],
+        batches: Sequence[tuple[str, publishing.Messages]],
         write_pointer: int | None = None,
         payload_ranges: Mapping[str, Sequence[PayloadRange]] | None = None,
         then: Callable[[WriteView], None] | None = None,
@@ -369,7 +368,7 @@ class MessagingService:
         namespace: str,
         topic: str,
         write_pointer: int,
-        messages: Sequence[Record | bytes] | StoredBatch,
+        messages: publishing.Messages,
     ) -> PayloadRange:
         """Store payloads under ``write_pointer`` in the Payload Table; returns once
         durable. They become visible when that pointer is published. Returns the range
@@ -381,7 +380,7 @@ class MessagingService:
         namespace: str,
         topic: str,
         write_pointer: int,
-        messages: Sequence[Record | bytes] | StoredBatch,
+        messages: publishing.Messages,
     ) -> Future[PayloadRange]:
         """:meth:`store_payloads` without waiting (bad input raises at once)."""
         began = time.perf_counter()
@@ -801,7 +800,7 @@ class MessagingService:
 def _ranges(
     payload_ranges: Sequence[PayloadRange] | None,
     write_pointer: int | None,
-    messages: Sequence[Record | bytes] | StoredBatch,
+    messages: publishing.Messages,
 ) -> list[PayloadRange] | None:
     # Ranges only narrow a pointer publish; with messages they would mean nothing.
     if payload_ranges is None:

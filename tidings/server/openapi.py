@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tidings.codec import wire
+from tidings.codec import payload_frames, wire
 from tidings.consumers.queues import MAX_ACK_TIMEOUT_MS, MAX_DELIVERIES_LIMIT
 from tidings.messaging.names import MAX_TTL
 from tidings.names import INT64_MAX
@@ -27,6 +27,18 @@ _COLUMNS_BODY = {
         "format": "binary",
         "description": (
             "the columnar poll response (docs/api.md, 'The columnar poll response'); addition"
+        ),
+    }
+}
+
+PAYLOADS = payload_frames.CONTENT_TYPE
+_PAYLOADS_BODY = {
+    "schema": {
+        "type": "string",
+        "format": "binary",
+        "description": (
+            "plain payloads with their positions up front (docs/api.md, 'The payloads "
+            "request body'); answered as the same request in JSON; addition"
         ),
     }
 }
@@ -669,7 +681,9 @@ def _messaging_paths() -> dict[str, Any]:
         "content": {JSON: {}, AVRO: {}, AVRO_EXT: {}},
     }
     publish_body = _content(_ref("PublishRequest"), "PublishRequest", "PublishRequestExt")
+    publish_body[PAYLOADS] = _PAYLOADS_BODY
     store_body = _content(_ref("StoreRequest"), "PublishRequest", "PublishRequestExt")
+    store_body[PAYLOADS] = _PAYLOADS_BODY
     base = "/v1/namespaces/{ns}"
     topic = base + "/topics/{topic}"
     return {

@@ -37,7 +37,7 @@ from tidings.client.txbuffer import DEFAULT_PAYLOAD_THRESHOLD
 from tidings.codec.admin import TransactionGroupCommit
 from tidings.codec.queue_bodies import TransactionAck
 from tidings.codec.wire import Media
-from tidings.errors import BadRequest
+from tidings.errors import BadRequest, UnsupportedMediaType
 from tidings.names import DEFAULT_URL
 from tidings.structs import (
     GroupInfo,
@@ -159,6 +159,11 @@ class AsyncClient(BaseClient):
         while True:
             try:
                 return call.result(await self._transport.send(call.request))
+            except UnsupportedMediaType:
+                if call.fallback is None:
+                    raise
+                call = call.fallback()  # the same request in a medium the server takes
+                continue
             except Exception as exc:
                 if isinstance(exc, call.final) or not policy.should_retry(exc, attempt):
                     raise

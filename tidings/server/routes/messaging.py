@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Literal
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from tidings.codec import admin, columns, wire
+from tidings.codec.media import JSON, Media
+from tidings.codec.payload_frames import names_frames
 from tidings.codec.transaction import decode_transaction
 from tidings.errors import BadRequest, ServiceUnavailable
 from tidings.names import check_name
@@ -117,6 +120,18 @@ def _read_committed(request: Request) -> bool:
     raise BadRequest(f"isolation must be one of {', '.join(ISOLATION_LEVELS)}, got {raw[:64]!r}")
 
 
+async def _publish_request(
+    request: Request, max_body: int, stored_for: Literal["publish", "store"]
+) -> tuple[Media, wire.PublishRequest]:
+    """A publish or store body in any medium they take, and the medium to answer in:
+    the request's, or JSON for the payloads medium (which has no answers of its own)."""
+    if names_frames(request.headers.get("content-type")):
+        return JSON, wire.decode_payloads_request(await read_body(request, max_body))
+    media = request_media(request)
+    body = await read_body(request, max_body)
+    return media, wire.decode_publish_request(body, media, stored_for=stored_for)
+
+
 def routes(api: Api) -> list[Route]:
     """Every messaging route; the hot ones (publish, poll) first, as Starlette tries in order."""
     max_body = api.config.max_body_bytes
@@ -148,10 +163,7 @@ def routes(api: Api) -> list[Route]:
     async def publish(request: Request) -> Response:
         messaging = api.messaging
         ns, topic = _names(request)
-        media = request_media(request)
-        req = wire.decode_publish_request(
-            await read_body(request, max_body), media, stored_for="publish"
-        )
+        media, req = await _publish_request(request, max_body, "publish")
         producer = _producer(request)
         info = await inbox.wait(
             messaging.publish_future(
@@ -237,10 +249,7 @@ def routes(api: Api) -> list[Route]:
     async def store(request: Request) -> Response:
         messaging = api.messaging
         ns, topic = _names(request)
-        media = request_media(request)
-        req = wire.decode_publish_request(
-            await read_body(request, max_body), media, stored_for="store"
-        )
+        media, req = await _publish_request(request, max_body, "store")
         if req.write_pointer is None:
             raise BadRequest("store requires a transactionWritePointer")
         if req.payload_ranges is not None:

@@ -32,6 +32,7 @@ from starlette.routing import Route
 
 from tidings.codec import admin, queue_bodies, tx_publish, wire
 from tidings.codec.media import AVRO_EXT, JSON
+from tidings.codec.payload_frames import PayloadFrames
 from tidings.codec.stored_publish import StoredBatch
 from tidings.codec.transaction import encode_transaction
 from tidings.consumers.groups import PositionsWrite
@@ -106,6 +107,7 @@ def _batches(obj: dict[str, Any], *, empty_ok: bool = False, binary: bool = Fals
         if request.write_pointer is not None:
             raise BadRequest("the server assigns the write pointer; do not send one")
         records = request.records
+        assert not isinstance(records, PayloadFrames)  # only a payloads body gives those
         if not records:
             raise EmptyPublish(f"topics[{i}] ({topic}) has no messages")
         batches.append((topic, records if isinstance(records, StoredBatch) else list(records)))
