@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tidings.cli import main as cli_main
 from tidings.clock import FakeClock
-from tidings.codec import values, wire
+from tidings.codec import payload_frames, values, wire
 from tidings.codec.media import AVRO, AVRO_EXT, COLUMNS, JSON
 from tidings.codec.stored_publish import StoredBatch
 from tidings.messaging import MessagingService, publishing
@@ -49,6 +49,20 @@ def test_a_publish_of_several_plain_messages_is_one_row(
     assert (stats.message_count, stats.bytes) == (3, 6)
     assert stats.newest_id == MessageId(NOW, 2)
     assert stats.oldest_id == MessageId(NOW, 0)
+
+
+def test_plain_payloads_reach_their_batch_entry_without_a_stored_value_each(
+    service: MessagingService, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(self: publishing.EncodedBatch) -> list[bytes]:
+        raise AssertionError("a stored value made per message")
+
+    monkeypatch.setattr(publishing.EncodedBatch, "values", property(refuse))
+    body = payload_frames.write_frames(None, [b"c", b"dd"])
+    service.publish("ns", "t", [b"a", b"bb"])
+    service.publish("ns", "t", payload_frames.read_frames(body))
+    assert [v[0] for _, v in rows(store)] == [values.BATCH] * 2
+    assert [m.payload for m in service.fetch("ns", "t")] == [b"a", b"bb", b"c", b"dd"]
 
 
 def test_reading_resumes_inside_a_batch_entry_on_every_store(

@@ -342,11 +342,11 @@ def _batchable(batch: EncodedBatch) -> bool | None:
     """Whether the batch's messages can share batch entries, and how: False for plain
     messages, True for messages that each have a short key and nothing else, None if
     they cannot (fewer than two, or another shape among them)."""
-    rows = batch.values
-    if len(rows) < 2 or batch.expiries:
+    if len(batch) < 2 or batch.expiries:
         return None
     if batch.plain is not None:
-        return False
+        return False  # plain payloads kept as they are: no stored value to look at
+    rows = batch.values
     shapes = set(map(_first_byte, rows))
     if shapes == _PLAIN_ONLY:
         return False
