@@ -29,7 +29,7 @@ def test_a_body_reads_back_as_written(payloads: list[bytes], write_pointer: int 
 @given(st.lists(st.binary(max_size=200), min_size=2, max_size=30))
 def test_its_batch_entry_is_the_one_a_list_of_the_payloads_makes(payloads: list[bytes]) -> None:
     frames = read_frames(write_frames(None, payloads))
-    entry = values.encode_plain_batch_in(frames.body, frames.positions)
+    entry = values.encode_plain_batch_in(frames.body, payload_frames.POSITIONS_AT, len(frames))
     assert entry == values.encode_plain_batch(payloads)
 
 

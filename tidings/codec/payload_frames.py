@@ -34,7 +34,14 @@ from itertools import accumulate
 
 from tidings.errors import BadRequest
 
-__all__ = ["CONTENT_TYPE", "PayloadFrames", "names_frames", "read_frames", "write_frames"]
+__all__ = [
+    "CONTENT_TYPE",
+    "POSITIONS_AT",
+    "PayloadFrames",
+    "names_frames",
+    "read_frames",
+    "write_frames",
+]
 
 CONTENT_TYPE = "application/vnd.tidings.payloads"
 MAGIC = b"TDP1"

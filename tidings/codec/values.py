@@ -262,21 +262,25 @@ def encode_plain_batch(payloads: Sequence[bytes]) -> bytes:
     return b"".join((head, ends.tobytes(), starts.tobytes(), *payloads))
 
 
-def encode_plain_batch_in(body: bytes, positions: Sequence[int]) -> bytes:
-    """The ``BATCH`` entry of the payloads ``body[positions[i]:positions[i + 1]]`` (at
-    least two, back to back in ``body``): their bytes copied once, as one block."""
-    count = len(positions) - 1
+def encode_plain_batch_in(body: bytes, positions_at: int, count: int) -> bytes:
+    """The ``BATCH`` entry of ``count`` payloads (at least two) back to back in ``body``,
+    whose ``count + 1`` positions in it are unsigned 32-bit little-endian integers from
+    ``positions_at`` on, never decreasing: the payloads copied once, as one block."""
     if count < 2:
         raise ValueError("a batch entry holds at least two messages")
+    size = 4 * (count + 1)
+    raw = body[positions_at : positions_at + size]
+    first = int.from_bytes(raw[:4], "little")
+    last = int.from_bytes(raw[-4:], "little")
     base = BATCH_ENDS_AT + 4 * (2 * count + 1)
-    ends = array("I", list(map((base - positions[0]).__add__, positions)))
-    starts = ends[:count]
-    if _BIG_ENDIAN:
-        ends.byteswap()
-        starts.byteswap()
+    # Every position moved by the same amount in one addition of two big integers whose
+    # 32-bit lanes are the positions, instead of an addition per message: no lane
+    # carries into the next, since every moved position lies inside the entry.
+    lanes = int.from_bytes(b"\x01\x00\x00\x00" * (count + 1), "little")
+    moved = int.from_bytes(raw, "little") + (base - first) * lanes
+    ends = moved.to_bytes(size, "little")
     head = _BATCH_HEAD.pack(BATCH, count)
-    payloads = memoryview(body)[positions[0] : positions[-1]]
-    return b"".join((head, ends.tobytes(), starts.tobytes(), payloads))
+    return b"".join((head, ends, ends[: 4 * count], memoryview(body)[first:last]))
 
 
 def _uint32s(value: bytes, at: int, count: int) -> array[int]:

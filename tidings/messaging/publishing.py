@@ -17,7 +17,7 @@ from operator import itemgetter
 
 from tidings.clock import Clock
 from tidings.codec import keys, values
-from tidings.codec.payload_frames import PayloadFrames
+from tidings.codec.payload_frames import POSITIONS_AT, PayloadFrames
 from tidings.codec.stored_publish import StoredBatch
 from tidings.codec.values import TopicState
 from tidings.errors import BadRequest, OutOfOrderSequence, PayloadsAlreadyPublished
@@ -365,7 +365,8 @@ def _batch_entries(batch: EncodedBatch) -> list[tuple[int, bytes]] | None:
     plain = batch.plain
     if plain is not None and batch.size + len(plain) <= BATCH_ENTRY_BYTES:
         if isinstance(plain, PayloadFrames):
-            return [(0, values.encode_plain_batch_in(plain.body, plain.positions))]
+            entry = values.encode_plain_batch_in(plain.body, POSITIONS_AT, len(plain))
+            return [(0, entry)]
         return [(0, values.encode_plain_batch(plain))]
     rows = batch.values
     if sum(map(len, rows)) <= BATCH_ENTRY_BYTES:
