@@ -75,7 +75,12 @@ def test_operations_endpoints(server: ServerProcess) -> None:
             assert path in paths, path
         assert set(
             paths["/v1/namespaces/{ns}/topics/{topic}/publish"]["post"]["requestBody"]["content"]
-        ) == {"application/json", "avro/binary", "avro/binary; schema=tidings"}
+        ) == {
+            "application/json",
+            "avro/binary",
+            "avro/binary; schema=tidings",
+            "application/vnd.tidings.payloads",
+        }
 
         api.put(f"{NS}/topics/metrics")
         api.post(f"{NS}/topics/metrics/publish", json={"messages": ["YWJj"]})
