@@ -62,6 +62,7 @@ _U64 = struct.Struct(">Q")
 _NO_PAYLOAD_ROW = bytes(10)
 _SKIP = Visibility.SKIP
 _BLOCK = Visibility.BLOCK
+_VISIBLE = Visibility.VISIBLE
 _new = tuple.__new__
 _ID = struct.Struct(MESSAGE_ID_LAYOUT)
 #: The 20-byte id of a Message Table message (no Payload Table part) from ts and seq.
@@ -133,8 +134,7 @@ def fetch_messages(
     if columns is not None:
         columns.take(out)
         if len(columns.ids) < limit:
-            tx_plain = TX_PLAIN if transaction is None else -1
-            _append_columns(view, scan_from, stop, out, reader, columns, tx_plain, limit)
+            _append_columns(view, scan_from, stop, out, reader, columns, limit)
         return out
     if len(out) >= limit:
         return out
@@ -295,6 +295,29 @@ class PageColumns:
         return columns_codec.write_columns(self.ids, self.payloads, self.keys, headers)
 
 
+class _SeenPointer:
+    """Whether a transactional row is visible to a reader, remembering the last write
+    pointer found visible: a transaction's rows come together, so a page of them needs
+    one visibility check, not one per row. A reader without a snapshot sees every row
+    (rolled-back ones too, as seed 000 readers do)."""
+
+    __slots__ = ("last", "tx")
+
+    def __init__(self, tx: Transaction | None) -> None:
+        self.tx = tx
+        self.last = b""  # the raw ``t`` (8 bytes) of the pointer last found visible
+
+    def __call__(self, value: bytes) -> bool:
+        raw = value[1:9]
+        if raw == self.last:
+            return True
+        tx = self.tx
+        if tx is not None and classify(tx, _I64.unpack(raw)[0]) != _VISIBLE:
+            return False  # skipped or blocking: the general reader says which
+        self.last = raw
+        return True
+
+
 def _append_columns(
     view: ReadView,
     scan_from: bytes,
@@ -302,16 +325,15 @@ def _append_columns(
     out: list[Message | bytes],
     reader: _Reader,
     columns: PageColumns,
-    tx_plain: int,
     limit: int,
 ) -> None:
-    # The Message loop's walk again, each plain or short-keyed entry straight into the
-    # columns; any other entry goes through the general reader, then into the columns.
-    # ``tx_plain`` is -1 (no entry's flags) for a transactional reader, whose
-    # transactional entries need the visibility check of the general reader.
+    # The Message loop's walk again, each plain or short-keyed entry (a transactional
+    # one once its write pointer is found visible) straight into the columns; any other
+    # entry goes through the general reader, then into the columns.
     ids, payloads = columns.ids, columns.payloads
     add_id, add_payload, zero = ids.append, payloads.append, _NO_PAYLOAD_ROW
     plain, keyed, batch, keyed_batch = PLAIN, KEYED, BATCH, KEYED_BATCH
+    tx_plain, tx_keyed, visible = TX_PLAIN, TX_KEYED, _SeenPointer(reader.tx)
     rows = iter(view.scan(_MESSAGES, scan_from, stop))
     if columns.keys is None:
         # Until the page's first keyed row, plain rows need no key column: the walk
@@ -322,9 +344,22 @@ def _append_columns(
             if flags == plain:
                 add_id(key[8:18] + zero)
                 add_payload(value[1:])
-            elif flags == tx_plain:
+            elif flags == tx_plain and (value[1:9] == visible.last or visible(value)):
                 add_id(key[8:18] + zero)
                 add_payload(value[9:])
+            elif (
+                flags == tx_keyed
+                and value[9] < 0x80
+                and (value[1:9] == visible.last or visible(value))
+            ):
+                end = 10 + value[9]
+                columns.key_column().append(value[10:end])  # before the id: see there
+                add_id(key[8:18] + zero)
+                add_payload(value[end:])
+                room -= 1
+                if not room:
+                    return
+                break  # the page has a key column from here on
             elif flags in (batch, keyed_batch):
                 room -= _take_batch(key, value, columns, room)
                 if room <= 0:
@@ -352,15 +387,26 @@ def _append_columns(
     room = limit - len(ids)
     for key, value in rows:
         flags = value[0]
-        if flags in (plain, tx_plain):
+        if flags == plain:
             add_id(key[8:18] + zero)
-            add_payload(value[1:] if flags == plain else value[9:])
+            add_payload(value[1:])
             add_key(None)
         elif flags == keyed and value[1] < 0x80:
             end = 2 + value[1]
             add_key(value[2:end])
             add_id(key[8:18] + zero)
             add_payload(value[end:])
+        elif (
+            flags == tx_keyed and value[9] < 0x80 and (value[1:9] == visible.last or visible(value))
+        ):
+            end = 10 + value[9]
+            add_key(value[10:end])
+            add_id(key[8:18] + zero)
+            add_payload(value[end:])
+        elif flags == tx_plain and (value[1:9] == visible.last or visible(value)):
+            add_id(key[8:18] + zero)
+            add_payload(value[9:])
+            add_key(None)
         elif flags in (batch, keyed_batch):
             room -= _take_batch(key, value, columns, room)
             if room <= 0:
