@@ -33,8 +33,10 @@ def test_its_batch_entry_is_the_one_a_list_of_the_payloads_makes(payloads: list[
     assert entry == values.encode_plain_batch(payloads)
 
 
-def _body(count: int, write_pointer: int, positions: list[int], data: bytes) -> bytes:
-    head = struct.pack("<4sIq", b"TDP1", count, write_pointer)
+def _body(
+    count: int, write_pointer: int, positions: list[int], data: bytes, flags: int = 0
+) -> bytes:
+    head = struct.pack("<4sIIq", b"TDP1", count, flags, write_pointer)
     return head + struct.pack(f"<{len(positions)}I", *positions) + data
 
 
@@ -42,15 +44,16 @@ def _body(count: int, write_pointer: int, positions: list[int], data: bytes) -> 
     ("body", "why"),
     [
         (b"", "shorter than its head"),
-        (b"TDP1" + bytes(15), "shorter than its head"),
-        (_body(0, 0, [20], b"").replace(b"TDP1", b"TDC1"), "starts"),
-        (_body(1, -5, [24, 25], b"a"), "positive"),
-        (_body(1000, 0, [20], b""), "1000 payloads need"),
-        (_body(2**32 - 1, 0, [20], b""), "payloads need"),
-        (_body(1, 0, [23, 25], b"a"), "from the end of their column"),
-        (_body(1, 0, [24, 26], b"a"), "to the body's end"),
-        (_body(2, 0, [28, 30, 29], b"ab"), "from the end"),
-        (_body(3, 0, [32, 34, 33, 34], b"ab"), "decrease"),
+        (b"TDP1" + bytes(19), "shorter than its head"),
+        (_body(0, 0, [24], b"").replace(b"TDP1", b"TDC1"), "starts"),
+        (_body(0, 0, [24], b"", flags=1), "no flag is defined"),
+        (_body(1, -5, [28, 29], b"a"), "positive"),
+        (_body(1000, 0, [24], b""), "1000 payloads need"),
+        (_body(2**32 - 1, 0, [24], b""), "payloads need"),
+        (_body(1, 0, [27, 29], b"a"), "from the end of their column"),
+        (_body(1, 0, [28, 30], b"a"), "to the body's end"),
+        (_body(2, 0, [32, 34, 33], b"ab"), "from the end"),
+        (_body(3, 0, [36, 38, 37, 38], b"ab"), "decrease"),
     ],
 )
 def test_a_malformed_body_is_a_bad_request(body: bytes, why: str) -> None:

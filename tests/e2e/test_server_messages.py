@@ -267,7 +267,8 @@ def test_bad_payloads_bodies_are_400_and_change_nothing(api: httpx.Client, live:
         b"TDC1" + good[4:],  # another magic
         good[:-1],  # the last position past the body's end
         good + b"x",  # a byte after the last payload
-        good[:8] + (-1).to_bytes(8, "little", signed=True) + good[16:],  # a negative pointer
+        good[:8] + b"\x01" + good[9:],  # a flag set: none is defined yet
+        good[:12] + (-1).to_bytes(8, "little", signed=True) + good[20:],  # a negative pointer
         good[:4] + (10**6).to_bytes(4, "little") + good[8:],  # more payloads than bytes
     ]
     for path in ("/publish", "/store"):

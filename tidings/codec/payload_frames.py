@@ -12,10 +12,12 @@ All integers are little-endian; ``n`` payloads::
 
     offset 0   b"TDP1"
            4   u32 n
-           8   i64 the transaction write pointer, 0 for none (write pointers are
+           8   u32 flags: 0 (the bits are kept for columns to come, such as keys, as
+               the columnar poll response has them; a body with any set is refused)
+          12   i64 the transaction write pointer, 0 for none (write pointers are
                positive)
-          16   positions: (n + 1) x u32, absolute in the body: payload i is
-               body[positions[i]:positions[i + 1]]; positions[0] is 20 + 4n, the end
+          20   positions: (n + 1) x u32, absolute in the body: payload i is
+               body[positions[i]:positions[i + 1]]; positions[0] is 24 + 4n, the end
                of this column, and positions[n] the body's length
                the payloads, back to back
 
@@ -45,7 +47,7 @@ __all__ = [
 
 CONTENT_TYPE = "application/vnd.tidings.payloads"
 MAGIC = b"TDP1"
-_HEAD = struct.Struct("<4sIq")
+_HEAD = struct.Struct("<4sIIq")
 #: Where the positions start: right after the fixed head.
 POSITIONS_AT = _HEAD.size
 _BIG_ENDIAN = sys.byteorder == "big"
@@ -88,7 +90,7 @@ def write_frames(write_pointer: int | None, payloads: Sequence[bytes]) -> bytes:
     positions = array("I", list(accumulate(map(len, payloads), initial=first)))
     if _BIG_ENDIAN:  # pragma: no cover - the format is little-endian everywhere
         positions.byteswap()
-    head = _HEAD.pack(MAGIC, count, write_pointer or 0)
+    head = _HEAD.pack(MAGIC, count, 0, write_pointer or 0)
     return b"".join((head, positions.tobytes(), *payloads))
 
 
@@ -97,9 +99,11 @@ def read_frames(body: bytes) -> PayloadFrames:
     every part of it is exactly as the module docstring lays out."""
     if len(body) < POSITIONS_AT + 4:
         raise BadRequest("malformed payloads body: shorter than its head")
-    magic, count, write_pointer = _HEAD.unpack_from(body)
+    magic, count, flags, write_pointer = _HEAD.unpack_from(body)
     if magic != MAGIC:
         raise BadRequest(f"malformed payloads body: it starts {magic!r}, not {MAGIC!r}")
+    if flags:
+        raise BadRequest(f"payloads body flags {flags:#x}: no flag is defined yet")
     if write_pointer < 0:
         raise BadRequest(f"a write pointer is positive (0 for none), got {write_pointer}")
     first = POSITIONS_AT + 4 * (count + 1)
