@@ -1,6 +1,7 @@
 """What a publish body costs on each side before the store write, per batch of 500.
 
-In one process, for plain payloads of 100 B and of 1 KiB:
+In one process, for plain payloads of 100 B and of 1 KiB, and for 100 B payloads with
+a key each:
 
 - client: the body of a publish, in the extended Avro schema the clients used before
   (``wire.encode_publish_request``) and in the payloads body they send now
@@ -25,6 +26,7 @@ from functools import partial
 from tidings.codec import payload_frames, values, wire
 from tidings.codec.media import AVRO_EXT
 from tidings.messaging import publishing
+from tidings.structs import Record
 
 BATCH = 500
 
@@ -68,24 +70,28 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     print(f"µs per batch of {BATCH}, best of {args.rounds} x {args.calls} calls")
-    print(f"{'payload':>8}  {'side':<7} {'Avro (schema=tidings)':>22} {'payloads body':>14}")
-    for size in (100, 1024):
+    print(f"{'messages':>14}  {'side':<7} {'Avro (schema=tidings)':>22} {'payloads body':>14}")
+    for size, keyed in ((100, False), (1024, False), (100, True)):
         payloads = [os.urandom(size) for _ in range(BATCH)]
-        avro_body = wire.encode_publish_request(None, payloads, AVRO_EXT)
-        frames_body = payload_frames.write_frames(None, payloads)
+        messages: list[Record | bytes] = list(payloads)
+        if keyed:  # a key each, of a hundred keys, as a keyed topic's producers send
+            messages = [Record(p, b"key-%d" % (i % 100)) for i, p in enumerate(payloads)]
+        avro_body = wire.encode_publish_request(None, messages, AVRO_EXT)
+        frames_body = payload_frames.write_frames(None, messages)
         # Both must store the same messages, or the comparison means nothing.
         assert _stored(_avro_server(avro_body)) == _stored(_payloads_server(frames_body))
         calls, rounds = args.calls, args.rounds
         client = (
-            _best(partial(wire.encode_publish_request, None, payloads, AVRO_EXT), calls, rounds),
-            _best(partial(payload_frames.write_frames, None, payloads), calls, rounds),
+            _best(partial(wire.encode_publish_request, None, messages, AVRO_EXT), calls, rounds),
+            _best(partial(payload_frames.write_frames, None, messages), calls, rounds),
         )
         server = (
             _best(partial(_avro_server, avro_body), calls, rounds),
             _best(partial(_payloads_server, frames_body), calls, rounds),
         )
+        what = f"{size} B" + (", keyed" if keyed else "")
         for side, (avro, frames) in (("client", client), ("server", server)):
-            print(f"{size:>6} B  {side:<7} {avro:>22.1f} {frames:>14.1f}")
+            print(f"{what:>14}  {side:<7} {avro:>22.1f} {frames:>14.1f}")
 
 
 if __name__ == "__main__":

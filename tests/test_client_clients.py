@@ -115,11 +115,13 @@ def test_plain_payloads_go_in_the_payloads_medium() -> None:
     transport = FakeTransport(lambda r: Response(200, b"", None))
     client = Client("http://h:1", transport=transport)
     client.publish("t", [b"a", b"bc"])
-    client.publish("t", [Record(b"k", key=b"key")])  # a key: Avro, which carries it
-    first, keyed = transport.sent
-    assert first.content_type == payload_frames.CONTENT_TYPE
+    client.publish("t", [Record(b"k", key=b"key"), b"m"])  # keys go in it too
+    client.publish("t", [Record(b"h", headers={"a": b"b"})])  # headers: Avro carries them
+    first, keyed, headers = transport.sent
+    assert first.content_type == keyed.content_type == payload_frames.CONTENT_TYPE
     assert payload_frames.read_frames(first.body).payloads() == [b"a", b"bc"]
-    assert keyed.content_type == wire.AVRO_EXT.value
+    assert payload_frames.read_frames(keyed.body).records() == [Record(b"k", b"key"), b"m"]
+    assert headers.content_type == wire.AVRO_EXT.value
     json_client = Client("http://h:1", transport=transport, media=wire.JSON)
     json_client.publish("t", [b"a"])
     assert transport.sent[-1].content_type == wire.JSON.value

@@ -14,6 +14,7 @@ from tidings.cli import main as cli_main
 from tidings.clock import FakeClock
 from tidings.codec import payload_frames, values, wire
 from tidings.codec.media import AVRO, AVRO_EXT, COLUMNS, JSON
+from tidings.codec.payload_frames import write_frames
 from tidings.codec.stored_publish import StoredBatch
 from tidings.messaging import MessagingService, publishing
 from tidings.store import LmdbStore, MemoryStore, Store
@@ -63,6 +64,29 @@ def test_plain_payloads_reach_their_batch_entry_without_a_stored_value_each(
     service.publish("ns", "t", payload_frames.read_frames(body))
     assert [v[0] for _, v in rows(store)] == [values.BATCH] * 2
     assert [m.payload for m in service.fetch("ns", "t")] == [b"a", b"bb", b"c", b"dd"]
+
+
+def test_a_keyed_payloads_body_is_a_keyed_batch_entry_when_it_can_be_one(
+    service: MessagingService, store: Store
+) -> None:
+    def publish(messages: list[Record | bytes], write_pointer: int | None = None) -> None:
+        body = payload_frames.write_frames(write_pointer, messages)
+        service.publish("ns", "t", payload_frames.read_frames(body), write_pointer=write_pointer)
+
+    publish([Record(b"a", b"k1"), Record(b"b", b"")])  # every message keyed, keys short
+    publish([Record(b"c", b"k1"), b"d"])  # one without a key: rows of their own
+    publish([Record(b"e", b"x" * 200), Record(b"f", b"k2")])  # a long key: rows
+    publish([Record(b"g", b"k3"), Record(b"h", b"k3")], write_pointer=7)  # in a transaction
+    flags = [v[0] for _, v in rows(store)]
+    assert flags[0] == values.KEYED_BATCH and values.BATCH not in flags[1:]
+    assert values.KEYED_BATCH not in flags[1:] and len(flags) == 7
+    got = service.fetch("ns", "t", limit=20)
+    assert [(m.payload, m.key) for m in got] == [
+        (b"a", b"k1"), (b"b", b""), (b"c", b"k1"), (b"d", None),
+        (b"e", b"x" * 200), (b"f", b"k2"), (b"g", b"k3"), (b"h", b"k3"),
+    ]  # fmt: skip
+    assert [m.write_pointer for m in got][-2:] == [7, 7]
+    assert service.stats("ns", "t").message_count == 8
 
 
 def test_reading_resumes_inside_a_batch_entry_on_every_store(
@@ -181,7 +205,7 @@ def test_inspect_lists_every_message_of_a_batch_entry(tmp_path: object) -> None:
 
 _publishes = st.lists(
     st.tuples(
-        st.sampled_from(["plain", "stored", "keyed", "tx"]),
+        st.sampled_from(["plain", "stored", "keyed", "tx", "body", "keyed body"]),
         st.integers(1, 7),
         st.integers(0, 1),  # milliseconds until the next publish
     ),
@@ -256,6 +280,13 @@ def test_every_reader_pages_through_batch_entries_as_through_rows(
             stored = [values.payload_header() + p for p in batch]
             service.publish("ns", "t", StoredBatch(None, None, stored, sum(map(len, batch))))
             expected += [(p, None) for p in batch]
+        elif kind == "body":  # a payloads request body, read as the server reads it
+            service.publish("ns", "t", payload_frames.read_frames(write_frames(None, batch)))
+            expected += [(p, None) for p in batch]
+        elif kind == "keyed body":
+            body = write_frames(None, [Record(p, b"k%d" % (n % 2)) for p in batch])
+            service.publish("ns", "t", payload_frames.read_frames(body))
+            expected += [(p, b"k%d" % (n % 2)) for p in batch]
         elif kind == "tx":
             service.publish("ns", "t", batch, write_pointer=100 + n)
             expected += [(p, None) for p in batch]

@@ -258,11 +258,24 @@ def test_publish_and_store_in_the_payloads_medium(api: httpx.Client, live: str) 
     for pointer in (wp, stored_wp):
         assert api.post(f"/v1/transactions/{pointer}/commit", json={}).status_code == 200
     assert [m.payload for m in poll(api, live)][4:] == [b"t1", b"t2", b"s1", b"s2"]
+    # With keys (a keys column), read back with them.
+    keyed = [Record(b"k1", b"a"), Record(b"k2", b""), b"k3"]
+    r = api.post(
+        live + "/publish",
+        content=payload_frames.write_frames(None, keyed),
+        headers={"content-type": CONTENT_TYPE},
+    )
+    assert r.status_code == 200, r.text
+    got = poll(api, live, AVRO_EXT)[-3:]
+    assert [(m.payload, m.key) for m in got] == [(b"k1", b"a"), (b"k2", b""), (b"k3", None)]
 
 
 def test_bad_payloads_bodies_are_400_and_change_nothing(api: httpx.Client, live: str) -> None:
     good = payload_frames.write_frames(None, [b"a", b"bc"])
+    keyed = payload_frames.write_frames(None, [Record(b"a", b"k"), b"b"])
+    at = keyed.index(b"\x01\x00", 20 + 24)  # the presence bytes, after both columns
     bad_bodies = [
+        keyed[:at] + b"\x02" + keyed[at + 1 :],  # a presence byte of 2
         b"",  # no head
         b"TDC1" + good[4:],  # another magic
         good[:-1],  # the last position past the body's end

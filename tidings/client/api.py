@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote, urlsplit
 
 import orjson
@@ -60,7 +60,6 @@ READ_UNCOMMITTED = "read_uncommitted"
 ISOLATION_LEVELS = (READ_COMMITTED, READ_UNCOMMITTED)
 
 T = TypeVar("T")
-_BYTES = frozenset((bytes,))
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,11 +424,16 @@ class RestApi:
     def _publish_body(
         self, write_pointer: int | None, records: Sequence[Record | bytes]
     ) -> tuple[bytes, str]:
-        """A publish or store body and its Content-Type: the payloads medium for plain
-        payloads (its positions up front spare the server a walk), else the client's."""
-        if self.payload_frames and records and _BYTES.issuperset(map(type, records)):
-            payloads = cast("Sequence[bytes]", records)
-            return payload_frames.write_frames(write_pointer, payloads), payload_frames.CONTENT_TYPE
+        """A publish or store body and its Content-Type: the payloads medium for
+        payloads and keys (its positions up front spare the server a walk), else (with
+        headers or a TTL) the client's."""
+        if self.payload_frames and records:
+            try:
+                return payload_frames.write_frames(
+                    write_pointer, records
+                ), payload_frames.CONTENT_TYPE
+            except ValueError:
+                pass  # headers or a TTL, which only the client's medium carries
         return wire.encode_publish_request(write_pointer, records, self.media), self.media.value
 
     def _unless_refused(

@@ -55,7 +55,7 @@ import sys
 from array import array
 from collections.abc import Mapping, Sequence
 from itertools import accumulate
-from operator import add, itemgetter
+from operator import add, itemgetter, sub
 from typing import NamedTuple
 
 from tidings.structs import PayloadRange
@@ -96,6 +96,7 @@ __all__ = [
     "encode_tally",
     "encode_topic_record",
     "encode_plain_batch",
+    "encode_keyed_batch_in",
     "encode_plain_batch_in",
     "encode_pointer",
     "encode_value",
@@ -141,6 +142,7 @@ _KEYED_BYTE = bytes([KEYED])
 _RANGE = struct.Struct(">QHQH")
 _BATCH_HEAD = struct.Struct("<BI")
 _BIG_ENDIAN = sys.byteorder == "big"
+_KEYED_PREFIXES = [bytes([KEYED, n]) for n in range(0x80)]
 _second = itemgetter(1)  # a keyed stored value's key length (one varint byte)
 #: Bytes of the optional range at the end of a pointer value.
 RANGE_SIZE = _RANGE.size
@@ -281,6 +283,36 @@ def encode_plain_batch_in(body: bytes, positions_at: int, count: int) -> bytes:
     ends = moved.to_bytes(size, "little")
     head = _BATCH_HEAD.pack(BATCH, count)
     return b"".join((head, ends, ends[: 4 * count], memoryview(body)[first:last]))
+
+
+def encode_keyed_batch_in(
+    body: bytes, payload_positions: Sequence[int], key_positions: Sequence[int]
+) -> bytes | None:
+    """The ``KEYED_BATCH`` entry of the messages whose payloads and keys lie in ``body``
+    at these positions (``count + 1`` each, never decreasing; at least two messages):
+    their ``KEYED`` stored values, made by loops that run in C. None if a key is 128
+    bytes or longer, which only a row of its own holds."""
+    count = len(payload_positions) - 1
+    if count < 2:
+        raise ValueError("a batch entry holds at least two messages")
+    key_lengths = list(map(sub, key_positions[1:], key_positions[:-1]))
+    if max(key_lengths) >= 0x80:
+        return None
+    cut = body.__getitem__
+    # Each stored value as three parts: flags and key length, key, payload.
+    parts: list[bytes] = [b""] * (3 * count)
+    parts[0::3] = map(_KEYED_PREFIXES.__getitem__, key_lengths)
+    parts[1::3] = map(cut, map(slice, key_positions[:-1], key_positions[1:]))
+    parts[2::3] = map(cut, map(slice, payload_positions[:-1], payload_positions[1:]))
+    base = BATCH_ENDS_AT + 4 * (2 * count + 1)
+    # Where each part starts: a value starts at every third, its payload two after.
+    at = list(accumulate(map(len, parts), initial=base))
+    ends, starts = array("I", at[0::3]), array("I", at[2::3])
+    if _BIG_ENDIAN:
+        ends.byteswap()
+        starts.byteswap()
+    head = _BATCH_HEAD.pack(KEYED_BATCH, count)
+    return b"".join((head, ends.tobytes(), starts.tobytes(), *parts))
 
 
 def _uint32s(value: bytes, at: int, count: int) -> array[int]:

@@ -299,7 +299,7 @@ class _SeenPointer:
     """Whether a transactional row is visible to a reader, remembering the last write
     pointer found visible: a transaction's rows come together, so a page of them needs
     one visibility check, not one per row. A reader without a snapshot sees every row
-    (rolled-back ones too, as seed 000 readers do)."""
+    (rolled-back ones too, as CDAP TMS readers do)."""
 
     __slots__ = ("last", "tx")
 

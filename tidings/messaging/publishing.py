@@ -57,9 +57,9 @@ class EncodedBatch:
     """A batch's stored values (in order), which of them expire early, and its size.
 
     A batch of plain payloads without a write pointer keeps the payloads themselves
-    (``plain``: a list of them, or a payloads body): a batch entry stores them as they
-    are, and their stored values are made only if something asks for them (a publish
-    that stays rows of its own).
+    (``plain``: a list of them, or a payloads body, whose messages may also all have a
+    key): a batch entry stores them as they are, and their stored values are made only
+    if something asks for them (a publish that stays rows of its own).
     """
 
     __slots__ = ("_values", "expiries", "plain", "size")
@@ -83,6 +83,9 @@ class EncodedBatch:
         """Every message's stored value, in order."""
         if self._values is None:
             plain = self.plain
+            if isinstance(plain, PayloadFrames) and plain.key_positions is not None:
+                self._values = encode_batch(plain.records(), None, 0).values
+                return self._values
             payloads = plain.payloads() if isinstance(plain, PayloadFrames) else plain
             assert payloads is not None
             header = values.payload_header(None)
@@ -151,9 +154,9 @@ def encode_batch(messages: Messages, write_pointer: int | None, now: int) -> Enc
     a write pointer (its batch entry copies the body's payloads as one block).
     """
     if isinstance(messages, PayloadFrames):
-        if write_pointer is None:
+        if write_pointer is None and (messages.key_positions is None or messages.all_keyed):
             return EncodedBatch(None, [], messages.size, messages)
-        messages = messages.payloads()
+        messages = messages.records()
     if isinstance(messages, StoredBatch):
         if messages.stored_pointer != write_pointer:
             raise ValueError(
@@ -344,8 +347,10 @@ def _batchable(batch: EncodedBatch) -> bool | None:
     they cannot (fewer than two, or another shape among them)."""
     if len(batch) < 2 or batch.expiries:
         return None
-    if batch.plain is not None:
-        return False  # plain payloads kept as they are: no stored value to look at
+    plain = batch.plain
+    if plain is not None:  # kept as they are: no stored value to look at
+        # Keyed ones all have a key; one too long for an entry shows when it is made.
+        return isinstance(plain, PayloadFrames) and plain.key_positions is not None
     rows = batch.values
     shapes = set(map(_first_byte, rows))
     if shapes == _PLAIN_ONLY:
@@ -363,10 +368,14 @@ def _batch_entries(batch: EncodedBatch) -> list[tuple[int, bytes]] | None:
     if keyed is None:
         return None
     plain = batch.plain
-    if plain is not None and batch.size + len(plain) <= BATCH_ENTRY_BYTES:
-        if isinstance(plain, PayloadFrames):
-            entry = values.encode_plain_batch_in(plain.body, POSITIONS_AT, len(plain))
-            return [(0, entry)]
+    if isinstance(plain, PayloadFrames) and len(plain.body) + 2 * len(plain) <= BATCH_ENTRY_BYTES:
+        # The body bounds its stored values: keyed ones add two bytes each.
+        if not keyed:
+            return [(0, values.encode_plain_batch_in(plain.body, POSITIONS_AT, len(plain)))]
+        assert plain.key_positions is not None
+        made = values.encode_keyed_batch_in(plain.body, plain.positions, plain.key_positions)
+        return None if made is None else [(0, made)]  # None: a long key, rows of their own
+    if isinstance(plain, list) and batch.size + len(plain) <= BATCH_ENTRY_BYTES:
         return [(0, values.encode_plain_batch(plain))]
     rows = batch.values
     if sum(map(len, rows)) <= BATCH_ENTRY_BYTES:

@@ -37,8 +37,8 @@ _PAYLOADS_BODY = {
         "type": "string",
         "format": "binary",
         "description": (
-            "plain payloads with their positions up front (docs/api.md, 'The payloads "
-            "request body'); answered as the same request in JSON; addition"
+            "payloads (and keys) with their positions up front (docs/api.md, 'The "
+            "payloads request body'); answered as the same request in JSON; addition"
         ),
     }
 }
