@@ -18,7 +18,7 @@ import orjson
 
 from tidings.client.transports import Request, Response
 from tidings.codec import admin, payload_frames, queue_bodies, tx_publish, wire
-from tidings.codec.wire import AVRO_EXT, COLUMNS, JSON, ConsumeRequest, Media
+from tidings.codec.wire import AVRO, AVRO_EXT, COLUMNS, JSON, ConsumeRequest, Media
 from tidings.errors import (
     EmptyPublish,
     ServerError,
@@ -60,6 +60,11 @@ READ_UNCOMMITTED = "read_uncommitted"
 ISOLATION_LEVELS = (READ_COMMITTED, READ_UNCOMMITTED)
 
 T = TypeVar("T")
+_BYTES = frozenset((bytes,))
+
+
+def _plain(records: Sequence[Record | bytes]) -> bool:
+    return _BYTES.issuperset(map(type, records))
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,7 +432,8 @@ class RestApi:
         """A publish or store body and its Content-Type: the payloads medium for
         payloads and keys (its positions up front spare the server a walk), else (with
         headers or a TTL) the client's."""
-        if self.payload_frames and records:
+        # CDAP TMS's own Avro carries no keys: such a client sends records as before.
+        if self.payload_frames and records and (self.media is not AVRO or _plain(records)):
             try:
                 return payload_frames.write_frames(
                     write_pointer, records
