@@ -352,8 +352,8 @@ class RestApi:
         self.namespace = check_name(namespace, "namespace")
         self.timeout = timeout
         self.media = media
-        #: Plain payloads go in the payloads medium (docs/api.md), unless the client
-        #: speaks JSON or a server refused that medium once.
+        #: Messages without headers or TTL go in the payloads medium (docs/api.md),
+        #: unless the client speaks JSON or a server refused that medium once.
         self.payload_frames = media is not JSON
         self._ns_url = f"{self.url}/v1/namespaces/{namespace}"
         self._tx_url = f"{(transactions_url or url).rstrip('/')}/v1/transactions"
@@ -435,11 +435,11 @@ class RestApi:
         # CDAP TMS's own Avro carries no keys: such a client sends records as before.
         if self.payload_frames and records and (self.media is not AVRO or _plain(records)):
             try:
-                return payload_frames.write_frames(
-                    write_pointer, records
-                ), payload_frames.CONTENT_TYPE
+                body = payload_frames.write_frames(write_pointer, records)
             except ValueError:
                 pass  # headers or a TTL, which only the client's medium carries
+            else:
+                return body, payload_frames.CONTENT_TYPE
         return wire.encode_publish_request(write_pointer, records, self.media), self.media.value
 
     def _unless_refused(

@@ -79,7 +79,7 @@ class PayloadFrames:
     write_pointer: int | None
     #: The keys' positions, or None for a body without a keys column.
     key_positions: array[int] | None = None
-    #: Per message 1 if it has a key, 0 if not (all 1 without a keys column: unused).
+    #: Per message 1 if it has a key, 0 if not (empty without a keys column).
     presence: bytes = b""
 
     def __len__(self) -> int:
