@@ -76,10 +76,11 @@ def test_a_keyed_payloads_body_is_a_keyed_batch_entry_when_it_can_be_one(
     publish([Record(b"a", b"k1"), Record(b"b", b"")])  # every message keyed, keys short
     publish([Record(b"c", b"k1"), b"d"])  # one without a key: rows of their own
     publish([Record(b"e", b"x" * 200), Record(b"f", b"k2")])  # a long key: rows
-    publish([Record(b"g", b"k3"), Record(b"h", b"k3")], write_pointer=7)  # in a transaction
-    flags = [v[0] for _, v in rows(store)]
-    assert flags[0] == values.KEYED_BATCH and values.BATCH not in flags[1:]
-    assert values.KEYED_BATCH not in flags[1:] and len(flags) == 7
+    publish([Record(b"g", b"k3"), Record(b"h", b"k3")], write_pointer=7)  # a transaction's
+    assert [v[0] for _, v in rows(store)] == [
+        values.KEYED_BATCH, values.KEYED, values.PLAIN, values.KEYED, values.KEYED,
+        values.TX_KEYED_BATCH,
+    ]  # fmt: skip
     got = service.fetch("ns", "t", limit=20)
     assert [(m.payload, m.key) for m in got] == [
         (b"a", b"k1"), (b"b", b""), (b"c", b"k1"), (b"d", None),
@@ -122,9 +123,38 @@ def test_which_publishes_stay_rows_of_their_own(service: MessagingService, store
     service.publish("ns", "t", [b"alone"])  # one message
     service.publish("ns", "t", [b"x", Record(b"y", key=b"k")])  # a key
     service.publish("ns", "t", [b"x", Record(b"y", ttl=60)])  # an expiry
-    service.publish("ns", "t", [b"tx1", b"tx2"], write_pointer=9)  # transactional
-    assert [v[0] == values.BATCH for _, v in rows(store)] == [False] * 7
+    service.publish("ns", "t", [b"tx1", Record(b"tx2", ttl=60)], write_pointer=9)
+    assert [v[0] in values.BATCH_FLAGS for _, v in rows(store)] == [False] * 7
     assert service.stats("ns", "t").message_count == 7
+
+
+def test_a_transactions_publish_is_one_entry_that_a_rollback_flips(
+    service: MessagingService, store: Store
+) -> None:
+    info = service.publish("ns", "t", [b"a", b"b", b"c"], write_pointer=9)
+    keyed = service.publish("ns", "t", [Record(b"d", b"k"), Record(b"e", b"")], write_pointer=9)
+    assert info is not None and keyed is not None
+    assert [v[0] for _, v in rows(store)] == [values.TX_BATCH, values.TX_KEYED_BATCH]
+    snapshot = Transaction(read_pointer=10, write_pointer=11)
+    seen = service.fetch("ns", "t", transaction=snapshot)
+    assert [(m.payload, m.key, m.write_pointer) for m in seen] == [
+        (b"a", None, 9), (b"b", None, 9), (b"c", None, 9), (b"d", b"k", 9), (b"e", b"", 9),
+    ]  # fmt: skip
+    # A rollback rewrites the entry's write pointer once, and counts its messages.
+    assert service.rollback("ns", "t", info) == 3
+    assert [values.read_write_pointer(v) for _, v in rows(store)] == [-9, 9]
+    assert [m.payload for m in service.fetch("ns", "t", transaction=snapshot)] == [b"d", b"e"]
+    # Readers without a snapshot still see what was rolled back (as CDAP TMS's do).
+    assert len(service.fetch("ns", "t")) == 5
+    # A reader whose snapshot has the transaction in progress stops before it, from a
+    # start inside the entry too.
+    open_tx = Transaction(read_pointer=10, write_pointer=11, in_progress=(9,))
+    assert service.fetch("ns", "t", transaction=open_tx) == []
+    inside = MessageId(seen[3].id.publish_ts, seen[3].id.seq + 1)
+    assert service.fetch("ns", "t", start=inside, transaction=open_tx) == []
+    assert [m.payload for m in service.fetch("ns", "t", start=inside, transaction=snapshot)] == [
+        b"e"
+    ]
 
 
 def test_a_publish_of_several_keyed_messages_is_one_keyed_row(
@@ -318,3 +348,67 @@ def test_every_reader_pages_through_batch_entries_as_through_rows(
     by_time = data.draw(st.integers(NOW - 1, NOW + len(publishes)))
     later = [m for m in everything if m.id.publish_ts >= by_time]
     assert seen(_read_all(service, medium, by_time, True, page, tx)) == seen(later)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.none() | st.sampled_from([3, 5, 8, 9, 12]),  # the publish's write pointer
+            st.integers(1, 4),  # messages
+            st.booleans(),  # keyed
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.sets(st.sampled_from([3, 8])),  # rolled back
+    st.sampled_from(["messages", "columns", "avro-ext", "ids"]),
+    st.integers(1, 5),
+    st.data(),
+)
+def test_transactions_batch_entries_are_seen_as_the_visibility_rule_says(
+    publishes: list[tuple[int | None, int, bool]],
+    rolled_back: set[int],
+    medium: str,
+    page: int,
+    data: st.DataObject,
+) -> None:
+    # The rule spelled out here, not taken from the readers: a snapshot with 5 invalid,
+    # 9 in progress and 12 begun after it skips 5 and what was rolled back, and stops
+    # at the first message of 9 or 12.
+    service = MessagingService(MemoryStore(), clock=FakeClock(NOW))
+    service.create_topic("ns", "t")
+    published: list[tuple[bytes, bytes | None, int | None]] = []
+    infos = []
+    for n, (wp, count, keyed) in enumerate(publishes):
+        batch = [Record(b"%d-%d" % (n, i), b"k" if keyed else None) for i in range(count)]
+        info = service.publish("ns", "t", batch, write_pointer=wp)
+        if wp in rolled_back and info is not None:
+            infos.append(info)
+        published += [(r.payload, r.key, wp) for r in batch]
+    for info in infos:
+        service.rollback("ns", "t", info)
+    tx = Transaction(read_pointer=10, write_pointer=11, invalid=(5,), in_progress=(9,))
+    everything = service.fetch("ns", "t", limit=1_000)
+    assert [(m.payload, m.key) for m in everything] == [(p, k) for p, k, _ in published]
+    ids = {m.payload: m.id for m in everything}
+
+    def rule(messages: list[tuple[bytes, bytes | None, int | None]]) -> list[object]:
+        out: list[object] = []
+        for payload, key, wp in messages:
+            if wp in (9, 12):
+                break
+            if wp is None or (wp != 5 and wp not in rolled_back):
+                out.append(ids[payload] if medium == "ids" else (payload, key))
+        return out
+
+    def seen(messages: list[Message]) -> list[object]:
+        if medium == "ids":
+            return [m.id for m in messages]
+        return [(m.payload, m.key) for m in messages]
+
+    assert seen(_read_all(service, medium, None, True, page, tx)) == rule(published)
+    # From any message, inside an entry too, whatever its transaction: inclusive.
+    j = data.draw(st.integers(0, len(published) - 1))
+    got = _read_all(service, medium, everything[j].id, True, page, tx)
+    assert seen(got) == rule(published[j:])

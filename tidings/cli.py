@@ -1057,7 +1057,7 @@ def _inspect_topic(
     lo, hi = keys.generation_range(topic_id, state.generation)
     for key, value in view.scan("messages", lo, hi, limit):
         _, _, ts, seq = keys.parse_message_key(key)
-        if value[0] in (values.BATCH, values.KEYED_BATCH):
+        if value[0] in values.BATCH_FLAGS:
             _inspect_batch(ts, seq, value)
             continue
         stored = values.decode_value(value)
@@ -1100,14 +1100,18 @@ def _inspect_batch(ts: int, seq: int, value: bytes) -> None:
     from tidings.structs import MessageId
 
     count, ends, starts = values.batch_layout(value)
-    keyed = value[0] == values.KEYED_BATCH
+    keyed = bool(value[0] & values.FLAG_KEY)
+    skip = values.batch_key_skip(value[0])
+    wp = values.read_write_pointer(value)
+    shown_wp = "-" if wp is None else str(wp)
+    note = " (rolled back)" if wp is not None and wp < 0 else ""
     first = MessageId(ts, seq).hex
-    click.echo(f"{ts:<14} {seq:>5}  {first}  {'-':>20}  batch entry of {count} messages")
+    click.echo(f"{ts:<14} {seq:>5}  {first}  {shown_wp:>20}  batch entry of {count} messages{note}")
     for i in range(count):
         # Through the positions, as every reader: a plain message may be its payload
         # alone, without a flags byte of its own.
         payload = value[starts[i] : ends[i + 1]]
-        extras = f" key={_text(value[ends[i] + 2 : starts[i]])!r}" if keyed else ""
+        extras = f" key={_text(value[ends[i] + skip : starts[i]])!r}" if keyed else ""
         message_id = MessageId(ts, seq + i).hex
         click.echo(
             f"{'':<14} {seq + i:>5}  {message_id}  {'':>20}"

@@ -67,12 +67,15 @@ __all__ = [
     "FLAG_P",
     "FLAG_T",
     "BATCH",
+    "BATCH_FLAGS",
     "KEYED",
     "KEYED_BATCH",
     "PLAIN",
     "POINTER",
     "RANGE_SIZE",
+    "TX_BATCH",
     "TX_KEYED",
+    "TX_KEYED_BATCH",
     "TX_PLAIN",
     "UNKNOWN",
     "VERSION",
@@ -81,6 +84,7 @@ __all__ = [
     "Tally",
     "TopicState",
     "batch_count",
+    "batch_key_skip",
     "batch_counts",
     "batch_layout",
     "decode_next_topic_id",
@@ -132,6 +136,12 @@ POINTER = _VERSION_BITS | FLAG_T
 BATCH = (2 << 5) | FLAG_P
 #: Flags byte of a batch entry of messages that each have a short key and nothing else.
 KEYED_BATCH = BATCH | FLAG_KEY
+#: The same, of messages published in a transaction: the entry's ``t`` follows its
+#: flags byte, as in every transactional value, so a rollback rewrites it alone.
+TX_BATCH = BATCH | FLAG_T
+TX_KEYED_BATCH = KEYED_BATCH | FLAG_T
+#: Every batch entry's flags byte.
+BATCH_FLAGS = frozenset((BATCH, KEYED_BATCH, TX_BATCH, TX_KEYED_BATCH))
 #: Where a batch entry's positions start (after its flags byte and count).
 BATCH_ENDS_AT = 5
 
@@ -141,6 +151,7 @@ _PLAIN_BYTE = bytes([PLAIN])
 _KEYED_BYTE = bytes([KEYED])
 _RANGE = struct.Struct(">QHQH")
 _BATCH_HEAD = struct.Struct("<BI")
+_COUNT = struct.Struct("<I")
 _BIG_ENDIAN = sys.byteorder == "big"
 _KEYED_PREFIXES = [bytes([KEYED, n]) for n in range(0x80)]
 _second = itemgetter(1)  # a keyed stored value's key length (one varint byte)
@@ -223,29 +234,53 @@ def encode_pointer(write_pointer: int, payload_range: PayloadRange | None = None
     return bytes([POINTER]) + _I64.pack(write_pointer) + _RANGE.pack(*payload_range)
 
 
-def encode_batch(stored: Sequence[bytes], keyed: bool = False) -> bytes:
+def encode_batch(
+    stored: Sequence[bytes], keyed: bool = False, write_pointer: int | None = None
+) -> bytes:
     """A batch entry holding ``stored`` (at least two stored values, in order): all
-    ``PLAIN``, or with ``keyed`` all ``KEYED`` with a key shorter than 128 bytes."""
+    ``PLAIN``, or with ``keyed`` all ``KEYED`` with a key shorter than 128 bytes; with
+    ``write_pointer``, the same of a transaction (``TX_PLAIN`` or ``TX_KEYED`` values,
+    each with that ``t``), in an entry whose own ``t`` is the one a rollback flips."""
     count = len(stored)
     if count < 2:
         raise ValueError("a batch entry holds at least two messages")
-    base = BATCH_ENDS_AT + 4 * (2 * count + 1)  # where the first stored value starts
+    # Where the first stored value starts, and how far into each its payload or key is.
+    head_size = BATCH_ENDS_AT if write_pointer is None else BATCH_ENDS_AT + 8
+    base = head_size + 4 * (2 * count + 1)
+    skip = 1 if write_pointer is None else 9  # the flags byte, and ``t``
     # Running sums over a list of lengths, each in C: no Python step per message.
     lengths = list(map(len, stored))
     ends = array("I", list(accumulate(lengths, initial=base)))
     if keyed:
-        # A payload starts after its flags byte, its key's length and its key.
+        # A payload starts after the key's length byte and the key.
         starts = array(
-            "I", list(map(add, accumulate(lengths, initial=base + 2), map(_second, stored)))
+            "I",
+            list(
+                map(
+                    add,
+                    accumulate(lengths, initial=base + skip + 1),
+                    map(itemgetter(skip), stored),
+                )
+            ),
         )
     else:
-        starts = array("I", list(accumulate(lengths, initial=base + 1)))
+        starts = array("I", list(accumulate(lengths, initial=base + skip)))
         starts.pop()
     if _BIG_ENDIAN:
         ends.byteswap()
         starts.byteswap()
-    head = _BATCH_HEAD.pack(KEYED_BATCH if keyed else BATCH, count)
+    flags = KEYED_BATCH if keyed else BATCH
+    if write_pointer is None:
+        head = _BATCH_HEAD.pack(flags, count)
+    else:
+        head = bytes([flags | FLAG_T]) + _I64.pack(write_pointer) + _COUNT.pack(count)
     return b"".join((head, ends.tobytes(), starts.tobytes(), *stored))
+
+
+def batch_key_skip(flags: int) -> int:
+    """How far into a keyed batch entry's stored value its key starts: after the flags
+    byte and the key's length, and in a transaction's entry the ``t`` too."""
+    return 10 if flags & FLAG_T else 2
 
 
 def encode_plain_batch(payloads: Sequence[bytes]) -> bytes:
@@ -327,10 +362,11 @@ def batch_layout(value: bytes) -> tuple[int, array[int], array[int]]:
     starts, as positions in ``value`` (stored so: a reader adds nothing per message):
     message ``i``'s stored value is ``value[ends[i]:ends[i + 1]]``, its payload
     ``value[starts[i]:ends[i + 1]]``, and in a keyed entry its key
-    ``value[ends[i] + 2:starts[i]]``."""
-    _, count = _BATCH_HEAD.unpack_from(value)
-    ends = _uint32s(value, BATCH_ENDS_AT, count + 1)
-    starts = _uint32s(value, BATCH_ENDS_AT + 4 * (count + 1), count)
+    ``value[ends[i] + batch_key_skip(value[0]):starts[i]]``."""
+    at = 9 if value[0] & FLAG_T else 1  # a transaction's entry: its ``t`` first
+    (count,) = _COUNT.unpack_from(value, at)
+    ends = _uint32s(value, at + 4, count + 1)
+    starts = _uint32s(value, at + 4 + 4 * (count + 1), count)
     if len(starts) != count or ends[-1] != len(value):
         raise ValueError("malformed batch entry")
     return count, ends, starts
@@ -338,7 +374,7 @@ def batch_layout(value: bytes) -> tuple[int, array[int], array[int]]:
 
 def batch_count(value: bytes) -> int:
     """How many messages a batch entry holds (its header only)."""
-    return int(_BATCH_HEAD.unpack_from(value)[1])
+    return int(_COUNT.unpack_from(value, 9 if value[0] & FLAG_T else 1)[0])
 
 
 def batch_counts(value: bytes) -> tuple[int, int]:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import groupby
 
 from tidings.codec import keys, values
-from tidings.codec.values import BATCH, FLAG_P, KEYED_BATCH, PLAIN, TX_PLAIN, Seal, Tally
+from tidings.codec.values import BATCH_FLAGS, FLAG_P, PLAIN, TX_PLAIN, Seal, Tally
 from tidings.messaging.topics import Topics
 from tidings.store.backend import ReadView, WriteView
 from tidings.structs import PayloadRange
@@ -76,7 +76,7 @@ def entry_counts(value: bytes) -> Counts:
     """The messages a Message Table entry holds itself and their payload bytes: one for
     a message, several for a batch entry, none for a pointer entry (whose messages
     count through their seal marker)."""
-    if value[0] == BATCH or value[0] == KEYED_BATCH:
+    if value[0] in BATCH_FLAGS:
         return values.batch_counts(value)
     if value[0] & FLAG_P:
         return 1, payload_size(value)

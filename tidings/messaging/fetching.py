@@ -27,6 +27,7 @@ from tidings.codec import columns as columns_codec
 from tidings.codec import keys, values
 from tidings.codec.values import (
     BATCH,
+    BATCH_FLAGS,
     FLAG_EXPIRY,
     FLAG_HEADERS,
     FLAG_KEY,
@@ -35,7 +36,9 @@ from tidings.codec.values import (
     KEYED,
     KEYED_BATCH,
     PLAIN,
+    TX_BATCH,
     TX_KEYED,
+    TX_KEYED_BATCH,
     TX_PLAIN,
     TopicState,
     read_varint,
@@ -69,7 +72,6 @@ _ID = struct.Struct(MESSAGE_ID_LAYOUT)
 _ENTRY_ID = struct.Struct(">QH10x")
 #: The same as an Avro item's id: its length (20, zig-zag encoded), then the id.
 _AVRO_ID = struct.Struct(">BQH10x")
-_plus_two = (2).__add__
 
 
 def retention_cutoff(state: TopicState, now: int) -> int:
@@ -122,9 +124,11 @@ def fetch_messages(
                 if columns is not None:
                     columns.take(out)
                 return out
-            if value is None:
-                # Not an entry's key: perhaps a message inside a batch entry before it.
-                reader.inside_batch(prefix, first, start, inclusive)
+            if value is None and not reader.inside_batch(prefix, first, start, inclusive):
+                # Inside a transaction's batch entry that a transactional reader stops at.
+                if columns is not None:
+                    columns.take(out)
+                return out
             scan_from = first + b"\0"
         else:
             scan_from = prefix + keys.ts_seq(cutoff, 0)
@@ -333,6 +337,7 @@ def _append_columns(
     ids, payloads = columns.ids, columns.payloads
     add_id, add_payload, zero = ids.append, payloads.append, _NO_PAYLOAD_ROW
     plain, keyed, batch, keyed_batch = PLAIN, KEYED, BATCH, KEYED_BATCH
+    tx_batches = (TX_BATCH, TX_KEYED_BATCH)
     tx_plain, tx_keyed, visible = TX_PLAIN, TX_KEYED, _SeenPointer(reader.tx)
     rows = iter(view.scan(_MESSAGES, scan_from, stop))
     if columns.keys is None:
@@ -360,7 +365,9 @@ def _append_columns(
                 if not room:
                     return
                 break  # the page has a key column from here on
-            elif flags in (batch, keyed_batch):
+            elif flags in (batch, keyed_batch) or (
+                flags in tx_batches and (value[1:9] == visible.last or visible(value))
+            ):
                 room -= _take_batch(key, value, columns, room)
                 if room <= 0:
                     return
@@ -407,7 +414,9 @@ def _append_columns(
             add_id(key[8:18] + zero)
             add_payload(value[9:])
             add_key(None)
-        elif flags in (batch, keyed_batch):
+        elif flags in (batch, keyed_batch) or (
+            flags in tx_batches and (value[1:9] == visible.last or visible(value))
+        ):
             room -= _take_batch(key, value, columns, room)
             if room <= 0:
                 return
@@ -430,9 +439,10 @@ def _take_batch(key: bytes, value: bytes, columns: PageColumns, room: int) -> in
     page has a key column (made here for a keyed entry); returns how many."""
     count, ends, starts = values.batch_layout(value)
     n = count if count <= room else room
-    if value[0] == KEYED_BATCH:
+    if value[0] & FLAG_KEY:
         key_column = columns.key_column()  # before the ids: it fills in the rows so far
-        key_column.extend(map(value.__getitem__, map(slice, map(_plus_two, ends[:n]), starts)))
+        skip = values.batch_key_skip(value[0]).__add__
+        key_column.extend(map(value.__getitem__, map(slice, map(skip, ends[:n]), starts)))
     elif columns.keys is not None:
         columns.keys.extend(repeat(None, n))
     ts, seq = _TAIL.unpack_from(key, 8)
@@ -536,10 +546,10 @@ class _Reader:
                 if visibility == _BLOCK:
                     return False
         ts, seq = _TAIL.unpack_from(key, 8)
-        if flags in (BATCH, KEYED_BATCH):
+        if flags in BATCH_FLAGS:
             # A start id on the entry's key is its first message (or just after it).
             first = 0 if resume is None or (resume == (0, 0) and inclusive) else 1
-            self.batch(ts, seq, value, first)
+            self.batch(ts, seq, value, first, wp)
             return True
         if flags & FLAG_P:
             if resume is not None and (resume != (0, 0) or not inclusive):
@@ -578,23 +588,31 @@ class _Reader:
             self._expand(ts, seq, wp, values.read_payload_range(value), resume, inclusive)
         return True
 
-    def inside_batch(self, prefix: bytes, key: bytes, start: MessageId, inclusive: bool) -> None:
+    def inside_batch(self, prefix: bytes, key: bytes, start: MessageId, inclusive: bool) -> bool:
         """Append the messages at or after ``start`` (``inclusive``) of the batch entry
-        holding it, if ``key`` (its ``ts | seq``, not an entry's key) lies in one."""
+        holding it, if ``key`` (its ``ts | seq``, not an entry's key) lies in one; False
+        if it is a transaction's that a transactional reader must stop at."""
         below = self.view.last_below(_MESSAGES, key, prefix)
-        if below is None or below[1][0] not in (BATCH, KEYED_BATCH):
-            return
+        if below is None or below[1][0] not in BATCH_FLAGS:
+            return True
         entry_key, value = below
         ts, seq = _TAIL.unpack_from(entry_key, 8)
         count = values.batch_count(value)
         if ts != start.publish_ts or not seq < start.seq < seq + count:
-            return
+            return True
+        wp = values.read_write_pointer(value)
+        if wp is not None and self.tx is not None:
+            visibility = classify(self.tx, wp)
+            if visibility != _VISIBLE:
+                return visibility != _BLOCK  # skipped: the scan goes on after it
         exact = inclusive and start.write_ts == 0 and start.p_seq == 0
-        self.batch(ts, seq, value, start.seq - seq + (0 if exact else 1))
+        self.batch(ts, seq, value, start.seq - seq + (0 if exact else 1), wp)
+        return True
 
-    def batch(self, ts: int, seq: int, value: bytes, first: int) -> None:
-        """Append the messages of a batch entry from its ``first`` on (up to the limit).
-        Its messages are all plain, or all short-keyed, without anything else."""
+    def batch(self, ts: int, seq: int, value: bytes, first: int, wp: int | None = None) -> None:
+        """Append the messages of a batch entry from its ``first`` on (up to the limit),
+        a transaction's with its write pointer ``wp``. Its messages are all plain, or
+        all short-keyed, without anything else."""
         out = self.out
         if self.ids:  # from the key and the count alone
             stop = min(values.batch_count(value), first + self.limit - len(out))
@@ -604,14 +622,15 @@ class _Reader:
         count, ends, starts = values.batch_layout(value)
         stop = min(count, first + self.limit - len(out))
         row = memoryview(value)
-        keyed = value[0] == KEYED_BATCH
+        keyed = bool(value[0] & FLAG_KEY)
+        skip = values.batch_key_skip(value[0])  # where a key starts in its stored value
         avro = self.avro
         if avro is None:
             for i in range(first, stop):
                 at, start, end = ends[i], starts[i], ends[i + 1]
                 message_id = _new(MessageId, (ts, seq + i, 0, 0))
-                key = value[at + 2 : start] if keyed else None
-                out.append(_new(Message, (message_id, value[start:end], key, NO_HEADERS, None, 0)))
+                key = value[at + skip : start] if keyed else None
+                out.append(_new(Message, (message_id, value[start:end], key, NO_HEADERS, wp, 0)))
             return
         # As Avro poll-response items, as the scan writes a plain or short-keyed row's:
         # the id, the payload's length and bytes, and for the extended schema the key
@@ -624,9 +643,9 @@ class _Reader:
             length = small[size] if size < 16384 else zigzag(size)
             item_id = _AVRO_ID.pack(0x28, ts, seq + i)
             if keyed:
-                key_length = small[start - at - 2]
+                key_length = small[start - at - skip]
                 out.append(join((item_id, length, row[start:end], b"\x02", key_length,
-                                 row[at + 2 : start], b"\x00")))  # fmt: skip
+                                 row[at + skip : start], b"\x00")))  # fmt: skip
             else:
                 out.append(join((item_id, length, row[start:end], suffix)))
 

@@ -271,7 +271,7 @@ def publish_fn(
         assert payload_ranges is None
     # The batch entries' values do not depend on the positions the write assigns: made
     # here, on the caller's thread, so the store's writer only keys them.
-    entries = _batch_entries(batch) if write_pointer is None else None
+    entries = _batch_entries(batch, write_pointer) if direct else None
     if entries is None and direct:
         batch.values  # noqa: B018 - the stored values made here too, not in the write
 
@@ -353,20 +353,27 @@ def _batchable(batch: EncodedBatch) -> bool | None:
         return isinstance(plain, PayloadFrames) and plain.key_positions is not None
     rows = batch.values
     shapes = set(map(_first_byte, rows))
-    if shapes == _PLAIN_ONLY:
+    if shapes in (_PLAIN_ONLY, _TX_PLAIN_ONLY):
         return False
     if shapes == _KEYED_ONLY and max(map(_second_byte, rows)) < 0x80:
+        return True
+    if shapes == _TX_KEYED_ONLY and max(map(_tx_key_length, rows)) < 0x80:
         return True
     return None
 
 
-def _batch_entries(batch: EncodedBatch) -> list[tuple[int, bytes]] | None:
+def _batch_entries(
+    batch: EncodedBatch, write_pointer: int | None = None
+) -> list[tuple[int, bytes]] | None:
     """The batch entries of ``batch``, each as the index of its first message and its
     value, at most :data:`BATCH_ENTRY_BYTES` of stored values each (a single message
-    left over is a row of its own); None if the batch is not :func:`_batchable`."""
+    left over is a row of its own); None if the batch is not :func:`_batchable`. With
+    ``write_pointer``, a transaction's entries, whose values carry it."""
     keyed = _batchable(batch)
     if keyed is None:
         return None
+    if write_pointer is not None:
+        return _chunked(batch.values, keyed, write_pointer)
     plain = batch.plain
     if isinstance(plain, PayloadFrames) and len(plain.body) + 2 * len(plain) <= BATCH_ENTRY_BYTES:
         # The body bounds its stored values: keyed ones add two bytes each.
@@ -377,27 +384,35 @@ def _batch_entries(batch: EncodedBatch) -> list[tuple[int, bytes]] | None:
         return None if made is None else [(0, made)]  # None: a long key, rows of their own
     if isinstance(plain, list) and batch.size + len(plain) <= BATCH_ENTRY_BYTES:
         return [(0, values.encode_plain_batch(plain))]
-    rows = batch.values
+    return _chunked(batch.values, keyed, None)
+
+
+def _chunked(rows: list[bytes], keyed: bool, write_pointer: int | None) -> list[tuple[int, bytes]]:
+    """Stored values ``rows`` as batch entries of at most :data:`BATCH_ENTRY_BYTES`."""
     if sum(map(len, rows)) <= BATCH_ENTRY_BYTES:
-        return [(0, values.encode_batch(rows, keyed))]
+        return [(0, values.encode_batch(rows, keyed, write_pointer))]
     out: list[tuple[int, bytes]] = []
     start, size = 0, 0
     for i, row in enumerate(rows):
         if size and size + len(row) > BATCH_ENTRY_BYTES:
-            out.append((start, _entry(rows[start:i], keyed)))
+            out.append((start, _entry(rows[start:i], keyed, write_pointer)))
             start, size = i, 0
         size += len(row)
-    out.append((start, _entry(rows[start:], keyed)))
+    out.append((start, _entry(rows[start:], keyed, write_pointer)))
     return out
 
 
-def _entry(rows: list[bytes], keyed: bool) -> bytes:
-    return values.encode_batch(rows, keyed) if len(rows) > 1 else rows[0]
+def _entry(rows: list[bytes], keyed: bool, write_pointer: int | None) -> bytes:
+    return values.encode_batch(rows, keyed, write_pointer) if len(rows) > 1 else rows[0]
 
 
 _PLAIN_ONLY = {values.PLAIN}
 _BYTES_ONLY = frozenset((bytes,))
 _KEYED_ONLY = {values.KEYED}
+_TX_PLAIN_ONLY = {values.TX_PLAIN}
+_BATCHES = values.BATCH_FLAGS
+_TX_KEYED_ONLY = {values.TX_KEYED}
+_tx_key_length = itemgetter(9)  # a TX_KEYED value's key length byte, after ``t``
 _second_byte = itemgetter(1)
 _PRODUCER_STATE = struct.Struct(">qq")  # last sequence, last publish (ms)
 
@@ -557,6 +572,7 @@ def rollback_fn(
         ]
         if changed:
             view.put_many(_MESSAGES, changed)
-        return len(changed)
+        # Entries, a batch entry counting its messages: as many as rows of their own.
+        return sum(values.batch_count(v) if v[0] in _BATCHES else 1 for _, v in changed)
 
     return rollback
