@@ -23,11 +23,14 @@ position, both inclusive. A pointer publish naming ranges writes one such entry 
 range (docs/design.md, "Payload ranges"). The common pointer value is therefore
 ``POINTER | t`` (9 bytes) or ``POINTER | t | range`` (29 bytes).
 
-A **batch entry** holds several consecutive non-transactional messages of one publish
-in one Message Table row, keyed by the first one's ``publish_ts | seq``; message ``i``
-of it is ``seq + i`` (docs/design.md, "Batch entries")::
+A **batch entry** holds several consecutive messages of one publish in one Message
+Table row, keyed by the first one's ``publish_ts | seq``; message ``i`` of it is
+``seq + i`` (docs/design.md, "Batch entries")::
 
-    flags (1)             BATCH (version 2, FLAG_P), or KEYED_BATCH (and FLAG_KEY)
+    flags (1)             BATCH (version 2, FLAG_P), or KEYED_BATCH (and FLAG_KEY); a
+                          transaction's TX_BATCH or TX_KEYED_BATCH (and FLAG_T)
+    t (8)                 in a transaction's entry only: its write pointer, as in
+                          every transactional value
     count (4)             unsigned little-endian, at least 2
     ends ((count+1) x 4)  unsigned little-endian positions in the entry: message i's
                           bytes are [ends[i], ends[i+1])
@@ -38,7 +41,8 @@ of it is ``seq + i`` (docs/design.md, "Batch entries")::
                           batch entries wrote them, its PLAIN stored value (a flags
                           byte, then the payload); in a KEYED_BATCH its KEYED stored
                           value with a key shorter than 128 bytes (flags, length byte,
-                          key, payload)
+                          key, payload); in a transaction's entry its own TX_PLAIN or
+                          TX_KEYED stored value
 
 Readers take payloads and keys through the positions alone, so both forms of a BATCH
 read the same.
@@ -154,7 +158,6 @@ _BATCH_HEAD = struct.Struct("<BI")
 _COUNT = struct.Struct("<I")
 _BIG_ENDIAN = sys.byteorder == "big"
 _KEYED_PREFIXES = [bytes([KEYED, n]) for n in range(0x80)]
-_second = itemgetter(1)  # a keyed stored value's key length (one varint byte)
 #: Bytes of the optional range at the end of a pointer value.
 RANGE_SIZE = _RANGE.size
 
@@ -266,15 +269,12 @@ def encode_batch(
     else:
         starts = array("I", list(accumulate(lengths, initial=base + skip)))
         starts.pop()
-    if _BIG_ENDIAN:
-        ends.byteswap()
-        starts.byteswap()
     flags = KEYED_BATCH if keyed else BATCH
     if write_pointer is None:
         head = _BATCH_HEAD.pack(flags, count)
     else:
         head = bytes([flags | FLAG_T]) + _I64.pack(write_pointer) + _COUNT.pack(count)
-    return b"".join((head, ends.tobytes(), starts.tobytes(), *stored))
+    return b"".join((head, _le32(ends), _le32(starts), *stored))
 
 
 def batch_key_skip(flags: int) -> int:
@@ -292,11 +292,8 @@ def encode_plain_batch(payloads: Sequence[bytes]) -> bytes:
     base = BATCH_ENDS_AT + 4 * (2 * count + 1)
     ends = array("I", list(accumulate(map(len, payloads), initial=base)))
     starts = ends[:count]
-    if _BIG_ENDIAN:
-        ends.byteswap()
-        starts.byteswap()
     head = _BATCH_HEAD.pack(BATCH, count)
-    return b"".join((head, ends.tobytes(), starts.tobytes(), *payloads))
+    return b"".join((head, _le32(ends), _le32(starts), *payloads))
 
 
 def encode_plain_batch_in(body: bytes, positions_at: int, count: int) -> bytes:
@@ -343,11 +340,21 @@ def encode_keyed_batch_in(
     # Where each part starts: a value starts at every third, its payload two after.
     at = list(accumulate(map(len, parts), initial=base))
     ends, starts = array("I", at[0::3]), array("I", at[2::3])
-    if _BIG_ENDIAN:
-        ends.byteswap()
-        starts.byteswap()
     head = _BATCH_HEAD.pack(KEYED_BATCH, count)
-    return b"".join((head, ends.tobytes(), starts.tobytes(), *parts))
+    return b"".join((head, _le32(ends), _le32(starts), *parts))
+
+
+def _le32(numbers: array[int]) -> bytes:
+    """An ``array("I")`` as the unsigned little-endian integers a batch entry holds."""
+    if _BIG_ENDIAN:
+        numbers = array("I", numbers)
+        numbers.byteswap()
+    return numbers.tobytes()
+
+
+def _count_at(flags: int) -> int:
+    """Where a batch entry's count is: after its flags byte, and ``t`` in a transaction's."""
+    return 9 if flags & FLAG_T else 1
 
 
 def _uint32s(value: bytes, at: int, count: int) -> array[int]:
@@ -363,7 +370,7 @@ def batch_layout(value: bytes) -> tuple[int, array[int], array[int]]:
     message ``i``'s stored value is ``value[ends[i]:ends[i + 1]]``, its payload
     ``value[starts[i]:ends[i + 1]]``, and in a keyed entry its key
     ``value[ends[i] + batch_key_skip(value[0]):starts[i]]``."""
-    at = 9 if value[0] & FLAG_T else 1  # a transaction's entry: its ``t`` first
+    at = _count_at(value[0])
     (count,) = _COUNT.unpack_from(value, at)
     ends = _uint32s(value, at + 4, count + 1)
     starts = _uint32s(value, at + 4 + 4 * (count + 1), count)
@@ -374,7 +381,7 @@ def batch_layout(value: bytes) -> tuple[int, array[int], array[int]]:
 
 def batch_count(value: bytes) -> int:
     """How many messages a batch entry holds (its header only)."""
-    return int(_COUNT.unpack_from(value, 9 if value[0] & FLAG_T else 1)[0])
+    return int(_COUNT.unpack_from(value, _count_at(value[0]))[0])
 
 
 def batch_counts(value: bytes) -> tuple[int, int]:

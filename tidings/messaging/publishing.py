@@ -410,7 +410,6 @@ _PLAIN_ONLY = {values.PLAIN}
 _BYTES_ONLY = frozenset((bytes,))
 _KEYED_ONLY = {values.KEYED}
 _TX_PLAIN_ONLY = {values.TX_PLAIN}
-_BATCHES = values.BATCH_FLAGS
 _TX_KEYED_ONLY = {values.TX_KEYED}
 _tx_key_length = itemgetter(9)  # a TX_KEYED value's key length byte, after ``t``
 _second_byte = itemgetter(1)
@@ -573,6 +572,6 @@ def rollback_fn(
         if changed:
             view.put_many(_MESSAGES, changed)
         # Entries, a batch entry counting its messages: as many as rows of their own.
-        return sum(values.batch_count(v) if v[0] in _BATCHES else 1 for _, v in changed)
+        return sum(values.batch_count(v) if v[0] in values.BATCH_FLAGS else 1 for _, v in changed)
 
     return rollback
