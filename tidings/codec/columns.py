@@ -46,6 +46,7 @@ __all__ = [
     "CONTENT_TYPE",
     "IDS_AT",
     "ColumnPage",
+    "page_head",
     "read_columns",
     "write_columns",
     "write_messages",
@@ -76,6 +77,11 @@ def _offsets(lengths: Iterable[int], start: int) -> array[int]:
     # array() filled from an iterator grows one item at a time, about twice as slow as
     # from a list: 240 against 110 us for the 2,500 rows of a group member's page.
     return array("i", list(accumulate(lengths, initial=start)))
+
+
+def page_head(count: int) -> bytes:
+    """The fixed head of a body of ``count`` messages without keys or headers."""
+    return _HEAD.pack(MAGIC, count, 0, 0)
 
 
 def write_columns(

@@ -44,6 +44,7 @@ from tidings.codec.values import (
     read_varint,
 )
 from tidings.codec.wire import AvroItems
+from tidings.messaging.plain_pages import PlainPage, append_plain
 from tidings.store.backend import ReadView
 from tidings.structs import (
     MESSAGE_ID_LAYOUT,
@@ -91,7 +92,7 @@ def fetch_messages(
     avro: AvroItems | None = None,
     *,
     ids: bool = False,
-    columns: PageColumns | None = None,
+    columns: PageColumns | PlainPage | None = None,
 ) -> list[Message | bytes]:
     """At most ``limit`` messages of one topic generation, in id order.
 
@@ -101,7 +102,8 @@ def fetch_messages(
     With ``ids``, every message comes back as its 20-byte id only (for ids-only polls),
     taken from the keys without building a message. With ``columns``, the messages go
     into its columns instead (for a columnar poll response) and the list comes back
-    empty.
+    empty; a :class:`~tidings.messaging.plain_pages.PlainPage` takes plain messages
+    only, and is given up at any other.
 
     ``start`` is a message id, a timestamp (ms), or None for the oldest live message;
     ``inclusive`` says whether a message at exactly ``start`` is returned. A limit may
@@ -137,7 +139,10 @@ def fetch_messages(
         scan_from = prefix + keys.ts_seq(ts, 0)
     if columns is not None:
         columns.take(out)
-        if len(columns.ids) < limit:
+        if isinstance(columns, PlainPage):
+            if columns.complete and len(columns) < limit:
+                append_plain(view, scan_from, stop, columns, limit)
+        elif len(columns.ids) < limit:
             _append_columns(view, scan_from, stop, out, reader, columns, limit)
         return out
     if len(out) >= limit:
@@ -241,6 +246,9 @@ class PageColumns:
         self.payloads: list[bytes] = []
         self.keys: list[bytes | None] | None = None
         self.headers: dict[int, Mapping[str, bytes]] = {}
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
     def take(self, messages: list[Message | bytes]) -> None:
         """Move messages the general reader appended into the columns."""

@@ -28,6 +28,7 @@ from tidings.messaging import accounting, publishing
 from tidings.messaging.counters import Counters, TopicCounters
 from tidings.messaging.fetching import PageColumns, fetch_messages
 from tidings.messaging.names import parse_ttl
+from tidings.messaging.plain_pages import PlainPage
 from tidings.messaging.retention import Cleaner, CleanupReport
 from tidings.messaging.topics import Topics
 from tidings.names import check_name
@@ -563,7 +564,12 @@ class MessagingService:
     ) -> tuple[bytes, int, MessageId | None]:
         """:meth:`fetch_encoded` as a columnar poll response
         (:mod:`tidings.codec.columns`): plain and short-keyed messages go from the store
-        into the columns without a :class:`Message` each."""
+        into the columns without a :class:`Message` each, and a page of plain messages
+        only goes a batch entry at a time (:mod:`tidings.messaging.plain_pages`)."""
+        plain = PlainPage()
+        self._fetch(namespace, topic, start, inclusive, limit, transaction, None, columns=plain)
+        if plain.complete:
+            return plain.encode(), len(plain), plain.last_id()
         columns = self.fetch_page_columns(
             namespace, topic, start=start, inclusive=inclusive, limit=limit,
             transaction=transaction,
@@ -598,7 +604,7 @@ class MessagingService:
         transaction: Transaction | None,
         avro: AvroItems | None,
         ids: bool = False,
-        columns: PageColumns | None = None,
+        columns: PageColumns | PlainPage | None = None,
     ) -> list[Message | bytes]:
         check_name(namespace, "namespace")
         check_name(topic, "topic")
@@ -621,7 +627,9 @@ class MessagingService:
                 ids=ids,
                 columns=columns,
             )
-        fetched = len(out) if columns is None else len(columns.ids)
+        if isinstance(columns, PlainPage) and not columns.complete:
+            return out  # given up: the page is fetched again, and counted then
+        fetched = len(out) if columns is None else len(columns)
         self._counters.fetched((namespace, topic), fetched)
         return out
 
