@@ -10,7 +10,7 @@ import pytest
 
 from tidings.client import AsyncClient, Client, RetryPolicy
 from tidings.client.transports import AiohttpTransport, Request, Response, Urllib3Transport
-from tidings.codec import payload_frames, wire
+from tidings.codec import payload_frames, tx_publish, wire
 from tidings.codec.transaction import decode_transaction
 from tidings.errors import RequestTimeout, ServiceUnavailable, TidingsConnectionError, TopicNotFound
 from tidings.structs import Record, RollbackInfo, Transaction
@@ -164,6 +164,73 @@ async def test_the_async_client_falls_back_to_avro_too() -> None:
         wire.AVRO_EXT.value,
         wire.AVRO_EXT.value,
     ]
+
+
+_SNAPSHOT = b'{"writePointer": 5, "readPointer": 4, "invalid": [], "inProgress": []}'
+
+
+def transacting(refuse_payloads: bool) -> Callable[[Request], Response]:
+    """A server answering one-request transactions (refusing the payloads medium, as
+    one before it did, with ``refuse_payloads``)."""
+
+    def answer(request: Request) -> Response:
+        if refuse_payloads and request.content_type == payload_frames.CONTENT_TYPE:
+            return refusing_payloads(request)
+        return Response(200, _SNAPSHOT, "application/json")
+
+    return answer
+
+
+def _transaction_topics(request: Request) -> dict[str, list[Record | bytes]]:
+    envelope = tx_publish.read_transaction_publish(request.body)
+    if request.content_type == payload_frames.CONTENT_TYPE:
+        read = payload_frames.read_frames
+        return {t["topic"]: list(read(t["body"]).records()) for t in envelope["topics"]}
+    decode = wire.decode_publish_request
+    return {t["topic"]: list(decode(t["body"], wire.AVRO_EXT).records) for t in envelope["topics"]}
+
+
+def test_a_transaction_in_one_request_sends_payloads_and_keys_in_the_payloads_medium() -> None:
+    transport = FakeTransport(transacting(refuse_payloads=False))
+    client = Client("http://h:1", transport=transport)
+    with client.transaction() as tx:
+        tx.publish("a", [b"x", b"yz"])
+        tx.publish("b", [Record(b"v", b"k"), Record(b"w")])
+    with client.transaction() as tx:  # a header: Avro carries it
+        tx.publish("a", [Record(b"h", headers={"n": b"v"})])
+    keyed, headers = transport.sent
+    assert keyed.content_type == payload_frames.CONTENT_TYPE
+    assert _transaction_topics(keyed) == {"a": [b"x", b"yz"], "b": [Record(b"v", b"k"), b"w"]}
+    assert headers.content_type == wire.AVRO_EXT.value
+    assert _transaction_topics(headers) == {"a": [Record(b"h", headers={"n": b"v"})]}
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+async def test_a_transaction_refused_in_the_payloads_medium_is_sent_again_in_avro(
+    asynchronous: bool,
+) -> None:
+    if asynchronous:
+        async_transport = AsyncFakeTransport(transacting(refuse_payloads=True))
+        async with AsyncClient("http://h:1", transport=async_transport) as async_client:
+            async with async_client.transaction() as atx:
+                await atx.publish("a", [b"x"])
+            async with async_client.transaction() as atx:
+                await atx.publish("a", [b"y"])
+        sent = async_transport.sent
+    else:
+        transport = FakeTransport(transacting(refuse_payloads=True))
+        client = Client("http://h:1", transport=transport)
+        with client.transaction() as tx:
+            tx.publish("a", [b"x"])
+        with client.transaction() as tx:
+            tx.publish("a", [b"y"])
+        sent = transport.sent
+    assert [r.content_type for r in sent] == [
+        payload_frames.CONTENT_TYPE,
+        wire.AVRO_EXT.value,
+        wire.AVRO_EXT.value,
+    ]
+    assert [_transaction_topics(r) for r in sent] == [{"a": [b"x"]}] * 2 + [{"a": [b"y"]}]
 
 
 def test_poll_encodes_a_snapshot() -> None:

@@ -128,12 +128,23 @@ def test_which_publishes_stay_rows_of_their_own(service: MessagingService, store
     assert service.stats("ns", "t").message_count == 7
 
 
+@pytest.mark.parametrize("framed", [False, True], ids=["records", "payloads body"])
 def test_a_transactions_publish_is_one_entry_that_a_rollback_flips(
-    service: MessagingService, store: Store
+    service: MessagingService, store: Store, framed: bool
 ) -> None:
-    info = service.publish("ns", "t", [b"a", b"b", b"c"], write_pointer=9)
-    keyed = service.publish("ns", "t", [Record(b"d", b"k"), Record(b"e", b"")], write_pointer=9)
-    assert info is not None and keyed is not None
+    plain: list[Record | bytes] = [b"a", b"b", b"c"]
+    keyed: list[Record | bytes] = [Record(b"d", b"k"), Record(b"e", b"")]
+    if framed:  # as a one-request transaction's payloads body comes
+        info = service.publish(
+            "ns", "t", payload_frames.read_frames(write_frames(None, plain)), write_pointer=9
+        )
+        second = service.publish(
+            "ns", "t", payload_frames.read_frames(write_frames(None, keyed)), write_pointer=9
+        )
+    else:
+        info = service.publish("ns", "t", plain, write_pointer=9)
+        second = service.publish("ns", "t", keyed, write_pointer=9)
+    assert info is not None and second is not None
     assert [v[0] for _, v in rows(store)] == [values.TX_BATCH, values.TX_KEYED_BATCH]
     snapshot = Transaction(read_pointer=10, write_pointer=11)
     seen = service.fetch("ns", "t", transaction=snapshot)

@@ -1,6 +1,7 @@
-"""The one-request transaction's Avro body (``avro/binary; schema=tidings``), through the
-real server: it publishes what the JSON body publishes, its acks and group positions
-count as theirs do, and a bad body is a 4xx that changes nothing."""
+"""The one-request transaction's Avro body (``avro/binary; schema=tidings``), and the
+same body with each topic's messages in the payloads medium, through the real server:
+they publish what the JSON body publishes, their acks and group positions count as its
+do, and a bad body is a 4xx that changes nothing."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from tests.e2e.serverproc import ServerProcess
 from tidings import Client
-from tidings.codec import avro
+from tidings.codec import avro, payload_frames
 from tidings.codec.media import AVRO, AVRO_EXT, JSON
 from tidings.codec.wire import encode_publish_request
 from tidings.structs import Record
@@ -196,3 +197,77 @@ def test_plain_avro_and_other_media_are_415(server: ServerProcess, topic: str) -
     for media in (AVRO.value, "text/plain"):
         answer = _post_avro(server, body, media)
         assert (answer.status_code, answer.json()["type"]) == (415, "UnsupportedMediaType")
+
+
+PAYLOADS = payload_frames.CONTENT_TYPE
+#: What the payloads medium carries: payloads and keys (long ones too), no headers or TTL.
+FRAMED = [
+    b"plain",
+    Record(b"keyed", key=b"k-1"),
+    Record(b"long key", key=b"k" * 200),
+    Record(b"x" * 20_000, key=b"big"),
+    Record(b"", key=b""),
+]
+
+
+def _framed(topic: str, records: list[Record | bytes], write_pointer: int | None = None) -> bytes:
+    body = payload_frames.write_frames(write_pointer, records)
+    return avro.write(
+        _envelope(topics=[{"topic": topic, "body": body}]), avro.TRANSACTION_PUBLISH_REQUEST
+    )
+
+
+@pytest.mark.parametrize(
+    "records",
+    [FRAMED, [b"a", b"b", b"c"], [Record(b"a", b"k1"), Record(b"b", b"k2")], FRAMED[2:4]],
+    ids=["mixed", "plain", "keyed", "a long key"],
+)
+def test_a_payloads_body_publishes_what_an_avro_body_does(
+    server: ServerProcess, client: Client, topic: str, records: list[Record | bytes]
+) -> None:
+    by_avro, by_frames = topic + "-avro", topic + "-frames"
+    for t in (by_avro, by_frames):
+        client.create_topic(t)
+    body = avro.write(
+        _envelope(
+            topics=[{"topic": by_avro, "body": encode_publish_request(None, records, AVRO_EXT)}]
+        ),
+        avro.TRANSACTION_PUBLISH_REQUEST,
+    )
+    assert _post_avro(server, body).status_code == 200
+    answer = _post_avro(server, _framed(by_frames, records), PAYLOADS)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"].startswith("application/json")
+    state = client.transactions()
+    assert answer.json()["writePointer"] not in state.in_progress
+    assert _seen(client, by_frames) == _seen(client, by_avro)
+    assert len(_seen(client, by_frames)) == len(records)
+
+
+def test_bad_payloads_bodies_are_400_and_change_nothing(
+    server: ServerProcess, client: Client, topic: str
+) -> None:
+    client.create_topic(topic)
+    good = payload_frames.write_frames(None, [b"x", b"y"])
+
+    def env(body: bytes) -> bytes:
+        return avro.write(
+            _envelope(topics=[{"topic": topic, "body": body}]), avro.TRANSACTION_PUBLISH_REQUEST
+        )
+
+    bad = [
+        ("not a payloads body", env(encode_publish_request(None, [b"x"], AVRO_EXT))),
+        ("a write pointer in the body", _framed(topic, [b"x"], write_pointer=7)),
+        ("no messages", env(payload_frames.write_frames(None, []))),
+        ("cut short", env(good[:-1])),
+        ("a position past the end", env(good[:20] + b"\xff" + good[21:])),
+        ("an envelope cut short", _framed(topic, [b"x"])[:-2]),
+    ]
+    before = client.transactions()
+    for what, body in bad:
+        answer = _post_avro(server, body, PAYLOADS)
+        assert answer.status_code == 400, (what, answer.status_code, answer.text)
+        assert answer.json()["error"], what
+    after = client.transactions()
+    assert after.last_write_pointer == before.last_write_pointer
+    assert client.poll(topic) == []

@@ -294,7 +294,7 @@ def test_bad_payloads_bodies_are_400_and_change_nothing(api: httpx.Client, live:
     r = frames(api, live + "/store", [b"a"])
     assert r.status_code == 400 and "write" in r.json()["error"].lower()
     assert poll(api, live) == []
-    # Only a publish and a store take it.
+    # Of a topic's endpoints only a publish and a store take it.
     for path in ("/poll", "/rollback"):
         r = api.post(live + path, content=good, headers={"content-type": CONTENT_TYPE})
         assert (r.status_code, r.json()["type"]) == (415, "UnsupportedMediaType")

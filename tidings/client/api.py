@@ -333,6 +333,33 @@ def _avro_transaction(
     )
 
 
+def _frames_transaction(
+    batches: Sequence[tuple[str, Sequence[Record | bytes]]],
+    timeout: float | None,
+    transactional_id: str | None,
+    epoch: int | None,
+    acks: Sequence[queue_bodies.TransactionAck],
+    group_commits: Sequence[admin.TransactionGroupCommit],
+) -> bytes | None:
+    """The same body with each topic's messages in the payloads medium; None if one
+    has headers or a TTL, which only Avro carries."""
+    bodies = []
+    for topic, records in batches:
+        check_name(topic)
+        try:
+            bodies.append((topic, payload_frames.write_frames(None, records)))
+        except ValueError:
+            return None
+    return tx_publish.write_transaction_publish(
+        bodies,
+        None if timeout is None else float(timeout),
+        transactional_id,
+        epoch,
+        acks,
+        group_commits,
+    )
+
+
 class RestApi:
     """docs/api.md as :class:`Call` builders for one server and namespace."""
 
@@ -673,9 +700,20 @@ class RestApi:
         batch, commit: one request (Avro unless the client speaks JSON)."""
         url = f"{self._ns_url}/transactions/publish"
         if self.media is not JSON:
-            raw = _avro_transaction(batches, timeout, transactional_id, epoch, acks, group_commits)
-            request = Request("POST", url, raw, AVRO_EXT.value, self.timeout, idempotent=False)
-            return Call(request, _begun)
+            args = (batches, timeout, transactional_id, epoch, acks, group_commits)
+            raw = _frames_transaction(*args) if self.payload_frames and batches else None
+            content_type = payload_frames.CONTENT_TYPE
+            if raw is None:
+                raw, content_type = _avro_transaction(*args), AVRO_EXT.value
+            request = Request("POST", url, raw, content_type, self.timeout, idempotent=False)
+            # Refused before anything began: the same transaction again, in Avro.
+            return Call(
+                request,
+                _begun,
+                fallback=self._unless_refused(
+                    content_type, lambda: self.publish_transaction(*args)
+                ),
+            )
         body = admin.begin_request(timeout, transactional_id, epoch)
         body["topics"] = [_json_batch(topic, records) for topic, records in batches]
         if acks:

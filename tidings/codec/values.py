@@ -106,6 +106,7 @@ __all__ = [
     "encode_plain_batch",
     "encode_keyed_batch_in",
     "encode_plain_batch_in",
+    "encode_tx_batch_in",
     "encode_pointer",
     "encode_value",
     "keyed_header",
@@ -341,6 +342,49 @@ def encode_keyed_batch_in(
     at = list(accumulate(map(len, parts), initial=base))
     ends, starts = array("I", at[0::3]), array("I", at[2::3])
     head = _BATCH_HEAD.pack(KEYED_BATCH, count)
+    return b"".join((head, _le32(ends), _le32(starts), *parts))
+
+
+def encode_tx_batch_in(
+    body: bytes,
+    payload_positions: Sequence[int],
+    key_positions: Sequence[int] | None,
+    write_pointer: int,
+) -> bytes | None:
+    """The ``TX_BATCH`` (or with ``key_positions``, ``TX_KEYED_BATCH``) entry of the
+    messages whose payloads (and keys) lie in ``body`` at these positions (``count + 1``
+    each, never decreasing; at least two messages), published under ``write_pointer``:
+    each message's ``TX_PLAIN`` (``TX_KEYED``) stored value made by loops that run in C.
+    None if a key is 128 bytes or longer, which only a row of its own holds."""
+    count = len(payload_positions) - 1
+    if count < 2:
+        raise ValueError("a batch entry holds at least two messages")
+    t = _I64.pack(write_pointer)
+    cut = body.__getitem__
+    payloads = map(cut, map(slice, payload_positions[:-1], payload_positions[1:]))
+    base = BATCH_ENDS_AT + 8 + 4 * (2 * count + 1)
+    if key_positions is None:
+        # Each stored value as two parts: flags and ``t``, then the payload.
+        parts: list[bytes] = [bytes([TX_PLAIN]) + t] * (2 * count)
+        parts[1::2] = payloads
+        at = list(accumulate(map(len, parts), initial=base))
+        ends, starts = array("I", at[0::2]), array("I", at[1::2])
+        flags = TX_BATCH
+    else:
+        key_lengths = list(map(sub, key_positions[1:], key_positions[:-1]))
+        if max(key_lengths) >= 0x80:
+            return None
+        prefix = bytes([TX_KEYED]) + t
+        prefixes = {n: prefix + bytes((n,)) for n in set(key_lengths)}
+        # Three parts each: flags, ``t`` and the key's length; the key; the payload.
+        parts = [b""] * (3 * count)
+        parts[0::3] = map(prefixes.__getitem__, key_lengths)
+        parts[1::3] = map(cut, map(slice, key_positions[:-1], key_positions[1:]))
+        parts[2::3] = payloads
+        at = list(accumulate(map(len, parts), initial=base))
+        ends, starts = array("I", at[0::3]), array("I", at[2::3])
+        flags = TX_KEYED_BATCH
+    head = bytes((flags,)) + t + _COUNT.pack(count)
     return b"".join((head, _le32(ends), _le32(starts), *parts))
 
 

@@ -59,10 +59,11 @@ class EncodedBatch:
     A batch of plain payloads without a write pointer keeps the payloads themselves
     (``plain``: a list of them, or a payloads body, whose messages may also all have a
     key): a batch entry stores them as they are, and their stored values are made only
-    if something asks for them (a publish that stays rows of its own).
+    if something asks for them (a publish that stays rows of its own). A payloads body
+    published in a transaction is kept so too, with its ``write_pointer``.
     """
 
-    __slots__ = ("_values", "expiries", "plain", "size")
+    __slots__ = ("_values", "expiries", "plain", "size", "write_pointer")
 
     def __init__(
         self,
@@ -70,6 +71,7 @@ class EncodedBatch:
         expiries: list[tuple[int, int]],
         size: int,
         plain: list[bytes] | PayloadFrames | None = None,
+        write_pointer: int | None = None,
     ) -> None:
         if values is None and plain is None:
             raise ValueError("an encoded batch needs its values or its plain payloads")
@@ -77,6 +79,7 @@ class EncodedBatch:
         self.expiries = expiries  # (index in values, expires_at ms)
         self.size = size
         self.plain = plain
+        self.write_pointer = write_pointer  # of a kept payloads body's stored values
 
     @property
     def values(self) -> list[bytes]:
@@ -84,11 +87,11 @@ class EncodedBatch:
         if self._values is None:
             plain = self.plain
             if isinstance(plain, PayloadFrames) and plain.key_positions is not None:
-                self._values = encode_batch(plain.records(), None, 0).values
+                self._values = encode_batch(plain.records(), self.write_pointer, 0).values
                 return self._values
             payloads = plain.payloads() if isinstance(plain, PayloadFrames) else plain
             assert payloads is not None
-            header = values.payload_header(None)
+            header = values.payload_header(self.write_pointer)
             self._values = [header + p for p in payloads]
         return self._values
 
@@ -154,8 +157,8 @@ def encode_batch(messages: Messages, write_pointer: int | None, now: int) -> Enc
     a write pointer (its batch entry copies the body's payloads as one block).
     """
     if isinstance(messages, PayloadFrames):
-        if write_pointer is None and (messages.key_positions is None or messages.all_keyed):
-            return EncodedBatch(None, [], messages.size, messages)
+        if messages.key_positions is None or messages.all_keyed:
+            return EncodedBatch(None, [], messages.size, messages, write_pointer)
         messages = messages.records()
     if isinstance(messages, StoredBatch):
         if messages.stored_pointer != write_pointer:
@@ -372,9 +375,18 @@ def _batch_entries(
     keyed = _batchable(batch)
     if keyed is None:
         return None
-    if write_pointer is not None:
-        return _chunked(batch.values, keyed, write_pointer)
     plain = batch.plain
+    if write_pointer is not None:
+        # Stored values of a transaction's messages add ten bytes each at most.
+        if (
+            isinstance(plain, PayloadFrames)
+            and len(plain.body) + 11 * len(plain) <= BATCH_ENTRY_BYTES
+        ):
+            made = values.encode_tx_batch_in(
+                plain.body, plain.positions, plain.key_positions, write_pointer
+            )
+            return None if made is None else [(0, made)]  # None: a long key
+        return _chunked(batch.values, keyed, write_pointer)
     if isinstance(plain, PayloadFrames) and len(plain.body) + 2 * len(plain) <= BATCH_ENTRY_BYTES:
         # The body bounds its stored values: keyed ones add two bytes each.
         if not keyed:

@@ -1338,6 +1338,18 @@ def _transaction_paths() -> dict[str, Any]:
                     JSON: {"schema": _ref("TransactionalPublishRequest")},
                     # Each topic's messages as a PublishRequestExt body (docs/api.md).
                     AVRO_EXT: {"schema": _avro("TransactionPublishRequest")},
+                    # The same, each topic's messages as a payloads body.
+                    PAYLOADS: {
+                        "schema": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": (
+                                "the Avro TransactionPublishRequest with each topic's body in "
+                                "the payloads medium (docs/api.md, 'A transaction in one "
+                                "request'); addition"
+                            ),
+                        }
+                    },
                 },
                 required=True,
                 tags=tags,

@@ -30,9 +30,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tidings.codec import admin, queue_bodies, tx_publish, wire
+from tidings.codec import admin, payload_frames, queue_bodies, tx_publish, wire
 from tidings.codec.media import AVRO_EXT, JSON
-from tidings.codec.payload_frames import PayloadFrames
+from tidings.codec.payload_frames import PayloadFrames, names_frames
 from tidings.codec.stored_publish import StoredBatch
 from tidings.codec.transaction import encode_transaction
 from tidings.consumers.groups import PositionsWrite
@@ -60,7 +60,7 @@ PREFIX = "/v1/transactions"
 PUBLISH = "/v1/namespaces/{ns}/transactions/publish"
 
 _T = TypeVar("_T")
-_Batch = tuple[str, list[Record | bytes] | StoredBatch]
+_Batch = tuple[str, list[Record | bytes] | StoredBatch | PayloadFrames]
 
 
 def _may_use(request: Request, transactional_id: str | None) -> None:
@@ -77,11 +77,14 @@ def _write_pointer(request: Request) -> int:
     return int(raw)
 
 
-def _batches(obj: dict[str, Any], *, empty_ok: bool = False, binary: bool = False) -> list[_Batch]:
+def _batches(
+    obj: dict[str, Any], *, empty_ok: bool = False, binary: bool = False, frames: bool = False
+) -> list[_Batch]:
     """The ``topics`` of a transactional publish: names checked, messages decoded
     (``empty_ok``: the field may be left out, as in a transaction that only acks; an
     empty list is a transaction that publishes nothing; ``binary``: of the Avro body,
-    each topic's messages a publish body of their own)."""
+    each topic's messages a publish body of their own, in the payloads medium with
+    ``frames``)."""
     items = obj.get("topics", [] if empty_ok else None)
     if not isinstance(items, list):
         raise BadRequest("topics must be a list of {topic, messages[, extras]} objects")
@@ -97,7 +100,9 @@ def _batches(obj: dict[str, Any], *, empty_ok: bool = False, binary: bool = Fals
         if topic in seen:
             raise BadRequest(f"topic {topic!r} appears more than once")
         seen.add(topic)
-        if binary:
+        if frames:
+            request = wire.decode_payloads_request(item["body"])
+        elif binary:
             request = wire.decode_publish_request(item["body"], AVRO_EXT, stored_for="publish")
         else:
             if "transactionWritePointer" in item:
@@ -107,10 +112,12 @@ def _batches(obj: dict[str, Any], *, empty_ok: bool = False, binary: bool = Fals
         if request.write_pointer is not None:
             raise BadRequest("the server assigns the write pointer; do not send one")
         records = request.records
-        assert not isinstance(records, PayloadFrames)  # only a payloads body gives those
-        if not records:
+        if not len(records):
             raise EmptyPublish(f"topics[{i}] ({topic}) has no messages")
-        batches.append((topic, records if isinstance(records, StoredBatch) else list(records)))
+        if isinstance(records, StoredBatch | PayloadFrames):
+            batches.append((topic, records))
+        else:
+            batches.append((topic, list(records)))
     return batches
 
 
@@ -188,19 +195,22 @@ def routes(api: Api) -> list[Route]:
     async def publish(request: Request) -> Response:
         messaging, tx = api.messaging, api.tx  # 503 unless this process runs both
         ns = check_name(request.path_params["ns"], "namespace")
-        media = request_media(request)
+        # The payloads medium: the Avro body with each topic's messages in that medium.
+        frames = names_frames(request.headers.get("content-type"))
+        media = AVRO_EXT if frames else request_media(request)
         if media is JSON:
             obj = json_object(await read_body(request, max_body), "transactional publish")
         elif media is AVRO_EXT:
             obj = tx_publish.read_transaction_publish(await read_body(request, max_body))
         else:
             raise UnsupportedMediaType(
-                "a transaction in one request is application/json or avro/binary; schema=tidings"
+                "a transaction in one request is application/json, avro/binary; "
+                f"schema=tidings or {payload_frames.CONTENT_TYPE}"
             )
         binary = media is AVRO_EXT
         acks = queue_bodies.read_transaction_acks(obj, binary=binary)
         group_commits = admin.read_transaction_group_commits(obj, binary=binary)
-        batches = _batches(obj, empty_ok=bool(acks or group_commits), binary=binary)
+        batches = _batches(obj, empty_ok=bool(acks or group_commits), binary=binary, frames=frames)
         timeout, (transactional_id, epoch) = admin.read_begin_request(obj)
         principal = principal_of(request)
         if principal is not None:
