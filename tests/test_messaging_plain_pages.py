@@ -13,6 +13,7 @@ from tidings.codec import payload_frames, values, wire
 from tidings.codec.media import COLUMNS
 from tidings.codec.stored_publish import StoredBatch
 from tidings.messaging import MessagingService
+from tidings.messaging.plain_pages import PlainPage
 from tidings.store import MemoryStore
 from tidings.structs import MessageId, Record, Transaction
 
@@ -139,3 +140,30 @@ def test_a_transactions_messages_are_read_the_general_way() -> None:
     assert count == 3  # stops at the open transaction's entry
     _, count, _ = service.fetch_columns("ns", "t", limit=100)
     assert count == 5
+
+
+def test_after_a_page_given_up_the_topics_next_pages_go_the_general_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tidings.messaging import service as service_module
+
+    service = _fill([("list", 3, 1)])
+    service.publish("ns", "t", [Record(b"keyed", b"k")])
+    tried: list[int] = []
+
+    class Counted(PlainPage):
+        def __init__(self) -> None:
+            super().__init__()
+            tried.append(1)
+
+    monkeypatch.setattr(service_module, "PlainPage", Counted)
+    for _ in range(1 + 16 + 1):
+        _, count, _ = service.fetch_columns("ns", "t", limit=100)
+        assert count == 4
+    # Given up once, then 16 pages the general way, then tried again.
+    assert len(tried) == 2
+    # Another topic is not affected.
+    service.create_topic("ns", "other")
+    service.publish("ns", "other", [b"a", b"b"])
+    service.fetch_columns("ns", "other", limit=100)
+    assert len(tried) == 3

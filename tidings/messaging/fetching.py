@@ -114,7 +114,10 @@ def fetch_messages(
     cutoff = retention_cutoff(state, now)
     prefix, stop = keys.generation_range(topic_id, generation)
     out: list[Message | bytes] = []
-    reader = _Reader(view, topic_id, generation, cutoff, now, transaction, out, limit, ids, avro)
+    plain_page = columns if isinstance(columns, PlainPage) else None
+    reader = _Reader(
+        view, topic_id, generation, cutoff, now, transaction, out, limit, ids, avro, plain_page
+    )
     if isinstance(start, MessageId):
         if start.publish_ts >= cutoff:
             first = prefix + keys.ts_seq(start.publish_ts, start.seq)
@@ -508,7 +511,8 @@ class _Reader:
     """Expands one Message Table entry at a time into the output list."""
 
     __slots__ = (
-        "avro", "cutoff", "generation", "ids", "limit", "now", "out", "topic_id", "tx", "view",
+        "avro", "cutoff", "generation", "ids", "limit", "now", "out", "plain", "topic_id", "tx",
+        "view",
     )  # fmt: skip
 
     def __init__(
@@ -523,8 +527,10 @@ class _Reader:
         limit: int,
         ids: bool = False,
         avro: AvroItems | None = None,
+        plain: PlainPage | None = None,
     ) -> None:
         self.view = view
+        self.plain = plain  # a plain page being fetched: plain batch entries go there
         self.ids = ids  # append 20-byte ids instead of messages
         self.avro = avro  # append Payload Table rows as poll-response items
         self.topic_id = topic_id
@@ -622,6 +628,11 @@ class _Reader:
         a transaction's with its write pointer ``wp``. Its messages are all plain, or
         all short-keyed, without anything else."""
         out = self.out
+        plain = self.plain
+        if plain is not None and value[0] == BATCH and not out:
+            # A plain page resuming inside an entry: from there on, as a block.
+            plain.add_entry(ts, seq, value, first, self.limit - len(plain))
+            return
         if self.ids:  # from the key and the count alone
             stop = min(values.batch_count(value), first + self.limit - len(out))
             ids = range(seq + first, seq + stop)

@@ -11,11 +11,13 @@ first id. Per message that is about 0.05 us against about 0.5 us through
 :class:`~tidings.messaging.fetching.PageColumns` (a slice and an id per message, then
 lengths summed again).
 
-A page meets anything else (a key, a transaction's entry, a pointer, an expiry, an
-entry of the first batch form whose payloads each follow a flags byte) and it is given
-up: :attr:`PlainPage.complete` turns False and the caller fetches the page the general
-way. The walk up to there is lost, at most one page of plain rows, and only where a
-topic mixes shapes.
+A poll that resumes inside an entry takes the rest of it as a block too. A page that
+meets anything else (a key, a transaction's entry, a pointer, an expiry, an entry of
+the first batch form whose payloads each follow a flags byte) is given up:
+:attr:`PlainPage.complete` turns False and the caller fetches the page the general way.
+The walk up to there is lost; so that a topic that is not plain does not pay it on
+every page, the service then reads that topic's next pages the general way for a while
+(``MessagingService.fetch_columns``).
 """
 
 from __future__ import annotations
@@ -92,14 +94,18 @@ class PlainPage:
         self.count += 1
         self.last = message_id
 
-    def add_entry(self, key: bytes, value: bytes, room: int) -> None:
-        """The first ``room`` messages of the ``BATCH`` entry ``value`` stored at
-        ``key``; gives the page up if its payloads are not back to back."""
+    def add_entry(self, ts: int, seq: int, value: bytes, first: int, room: int) -> None:
+        """Up to ``room`` messages of the ``BATCH`` entry ``value`` whose first message
+        is ``(ts, seq)``, from its message ``first`` on; gives the page up if its
+        payloads are not back to back."""
         (count,) = _COUNT.unpack_from(value, 1)
-        n = count if count <= room else room
-        ends = value[BATCH_ENDS_AT : BATCH_ENDS_AT + 4 * (n + 1)]
-        starts_at = BATCH_ENDS_AT + 4 * (count + 1)
-        ts, seq = _TAIL.unpack_from(key, 8)
+        n = min(count - first, room)
+        if n <= 0:
+            return
+        at = BATCH_ENDS_AT + 4 * first
+        ends = value[at : at + 4 * (n + 1)]
+        starts_at = at + 4 * (count + 1)
+        seq += first
         if value[starts_at : starts_at + 4 * n] != ends[: 4 * n] or seq + n - 1 > MAX_SEQ:
             self.complete = False  # the first form (a flags byte before each payload)
             return
@@ -152,7 +158,8 @@ def append_plain(
     for key, value in view.scan(_MESSAGES, scan_from, stop):
         flags = value[0]
         if flags == batch:
-            page.add_entry(key, value, limit - page.count)
+            ts, seq = _TAIL.unpack_from(key, 8)
+            page.add_entry(ts, seq, value, 0, limit - page.count)
         elif flags == plain:
             page.add_row(key, value)
         else:

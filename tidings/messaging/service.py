@@ -57,6 +57,9 @@ _MAX_U64 = 2**64 - 1
 _NEWEST_SCAN = 1_000_000
 _META = "metadata"
 _MESSAGES = "messages"
+#: Columnar pages of a topic that go the general way after a plain page was given up
+#: on it (a topic's shape seldom changes; the walk given up costs a second read).
+_GENERAL_PAGES = 16
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,9 @@ class MessagingService:
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._topics = Topics(store, self._config.default_ttl)
         self._counters = Counters()
+        #: Topics whose last plain page was given up: how many more of their columnar
+        #: pages go the general way before plain pages are tried again.
+        self._general_pages: dict[tuple[str, str], int] = {}
         self._listeners: list[Callable[[str, str], None]] = []
         self._guard: Callable[[int], None] | None = None
         self._cleaner = Cleaner(
@@ -566,10 +572,20 @@ class MessagingService:
         (:mod:`tidings.codec.columns`): plain and short-keyed messages go from the store
         into the columns without a :class:`Message` each, and a page of plain messages
         only goes a batch entry at a time (:mod:`tidings.messaging.plain_pages`)."""
-        plain = PlainPage()
-        self._fetch(namespace, topic, start, inclusive, limit, transaction, None, columns=plain)
-        if plain.complete:
-            return plain.encode(), len(plain), plain.last_id()
+        topic_key = (namespace, topic)
+        general = self._general_pages.get(topic_key, 0)
+        if general:
+            # A plain page was given up here lately: the topic is likely not plain.
+            if general == 1:
+                self._general_pages.pop(topic_key, None)
+            else:
+                self._general_pages[topic_key] = general - 1
+        else:
+            plain = PlainPage()
+            self._fetch(namespace, topic, start, inclusive, limit, transaction, None, columns=plain)
+            if plain.complete:
+                return plain.encode(), len(plain), plain.last_id()
+            self._general_pages[topic_key] = _GENERAL_PAGES
         columns = self.fetch_page_columns(
             namespace, topic, start=start, inclusive=inclusive, limit=limit,
             transaction=transaction,
