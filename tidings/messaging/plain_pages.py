@@ -34,7 +34,7 @@ from tidings.structs import Message, MessageId
 __all__ = ["PlainPage", "append_plain"]
 
 _MESSAGES = "messages"
-_COUNT = struct.Struct("<I")
+_U32 = struct.Struct("<I")
 _TAIL = struct.Struct(">QH")
 _ENTRY_ID = struct.Struct(">QH10x")
 _SEQ_ONLY = struct.Struct(">8xH10x")
@@ -88,7 +88,7 @@ class PlainPage:
 
     def _row(self, message_id: bytes, payload: bytes | memoryview) -> None:
         self.ids.append(message_id)
-        self.positions.append(_COUNT.pack(self.size))
+        self.positions.append(_U32.pack(self.size))
         self.data.append(payload)
         self.size += len(payload)
         self.count += 1
@@ -98,7 +98,7 @@ class PlainPage:
         """Up to ``room`` messages of the ``BATCH`` entry ``value`` whose first message
         is ``(ts, seq)``, from its message ``first`` on; gives the page up if its
         payloads are not back to back."""
-        (count,) = _COUNT.unpack_from(value, 1)
+        (count,) = _U32.unpack_from(value, 1)
         n = min(count - first, room)
         if n <= 0:
             return
@@ -109,18 +109,18 @@ class PlainPage:
         if value[starts_at : starts_at + 4 * n] != ends[: 4 * n] or seq + n - 1 > MAX_SEQ:
             self.complete = False  # the first form (a flags byte before each payload)
             return
-        first = int.from_bytes(ends[:4], "little")
+        begin = int.from_bytes(ends[:4], "little")
         end = int.from_bytes(ends[-4:], "little")
         # Every position moved to where the page's payloads have got to, in one
         # addition: no lane carries into the next, as each moved position is a
         # position in the page (non-negative, below 2**31).
-        moved = int.from_bytes(ends[: 4 * n], "little") + (self.size - first) * _lanes(n)
+        moved = int.from_bytes(ends[: 4 * n], "little") + (self.size - begin) * _lanes(n)
         self.positions.append(moved.to_bytes(4 * n, "little"))
         ids = int.from_bytes(_ENTRY_ID.pack(ts, seq) * n, "big") + _seq_steps(n)
         block = ids.to_bytes(20 * n, "big")
         self.ids.append(block)
-        self.data.append(memoryview(value)[first:end])
-        self.size += end - first
+        self.data.append(memoryview(value)[begin:end])
+        self.size += end - begin
         self.count += n
         self.last = block[-20:]
 
@@ -140,7 +140,7 @@ class PlainPage:
         if fixed + self.size > _MAX_POSITION:
             raise OverflowError("a columnar page's positions are 32-bit")
         # Every position moved past the fixed part at once, as in add_entry.
-        raw = b"".join(self.positions) + _COUNT.pack(self.size)
+        raw = b"".join(self.positions) + _U32.pack(self.size)
         moved = (int.from_bytes(raw, "little") + fixed * _lanes(n + 1)).to_bytes(
             4 * (n + 1), "little"
         )
