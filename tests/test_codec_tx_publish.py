@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidings.client.api import _avro_transaction
+from tidings.client.api import _transaction_body
 from tidings.codec import admin, avro, queue_bodies, tx_publish
 from tidings.codec.stored_publish import StoredBatch
 from tidings.errors import BadRequest
@@ -70,7 +70,8 @@ def test_the_server_reads_what_the_client_wrote(
     write_pointer: int,
 ) -> None:
     batches = list(topics.items())
-    body = _avro_transaction(batches, timeout, "tid", 3, ack_list, commits)
+    body = _transaction_body(batches, timeout, "tid", 3, ack_list, commits)
+    assert body is not None
     obj = tx_publish.read_transaction_publish(body)
     assert obj == avro.read(body, avro.TRANSACTION_PUBLISH_REQUEST, "transactional publish")
     assert admin.read_begin_request(obj) == (timeout, ("tid", 3))
@@ -100,7 +101,7 @@ def test_values_read_without_a_pointer_take_the_transactions() -> None:
         Record(b"headed", key=b"k2", headers={"h": b"v"}),
     ]
     obj = tx_publish.read_transaction_publish(
-        _avro_transaction([("t", sent)], None, None, None, (), ())
+        _transaction_body([("t", sent)], None, None, None, (), ()) or b""
     )
     [(_, batch)] = _batches(obj, binary=True)
     assert isinstance(batch, StoredBatch) and batch.stored_pointer is None
@@ -166,4 +167,6 @@ def test_a_damaged_body_reads_as_fastavro_reads_it(
         with pytest.raises(BadRequest):
             tx_publish.read_transaction_publish(damaged)
         return
-    assert tx_publish.read_transaction_publish(damaged) == expected
+    got = tx_publish.read_transaction_publish(damaged)
+    # A damaged timeout may read as NaN, which equals nothing, itself included.
+    assert got == expected or repr(got) == repr(expected)

@@ -310,42 +310,25 @@ def _json_batch(topic: str, records: Sequence[Record | bytes]) -> dict[str, Any]
     return part
 
 
-def _avro_transaction(
+def _transaction_body(
     batches: Sequence[tuple[str, Sequence[Record | bytes]]],
     timeout: float | None,
     transactional_id: str | None,
     epoch: int | None,
     acks: Sequence[queue_bodies.TransactionAck],
     group_commits: Sequence[admin.TransactionGroupCommit],
-) -> bytes:
-    """A one-request transaction's Avro body: each topic's messages as a publish body."""
-    bodies = []
-    for topic, records in batches:
-        check_name(topic)
-        bodies.append((topic, wire.encode_publish_request(None, records, AVRO_EXT)))
-    return tx_publish.write_transaction_publish(
-        bodies,
-        None if timeout is None else float(timeout),
-        transactional_id,
-        epoch,
-        acks,
-        group_commits,
-    )
-
-
-def _frames_transaction(
-    batches: Sequence[tuple[str, Sequence[Record | bytes]]],
-    timeout: float | None,
-    transactional_id: str | None,
-    epoch: int | None,
-    acks: Sequence[queue_bodies.TransactionAck],
-    group_commits: Sequence[admin.TransactionGroupCommit],
+    *,
+    frames: bool = False,
 ) -> bytes | None:
-    """The same body with each topic's messages in the payloads medium; None if one
-    has headers or a TTL, which only Avro carries."""
+    """A one-request transaction's Avro body: each topic's messages as a publish body,
+    or with ``frames`` as a payloads body (None if a message has headers or a TTL, which
+    only Avro carries)."""
     bodies = []
     for topic, records in batches:
         check_name(topic)
+        if not frames:
+            bodies.append((topic, wire.encode_publish_request(None, records, AVRO_EXT)))
+            continue
         try:
             bodies.append((topic, payload_frames.write_frames(None, records)))
         except ValueError:
@@ -701,10 +684,13 @@ class RestApi:
         url = f"{self._ns_url}/transactions/publish"
         if self.media is not JSON:
             args = (batches, timeout, transactional_id, epoch, acks, group_commits)
-            raw = _frames_transaction(*args) if self.payload_frames and batches else None
+            raw = None
+            if self.payload_frames and batches:
+                raw = _transaction_body(*args, frames=True)
             content_type = payload_frames.CONTENT_TYPE
             if raw is None:
-                raw, content_type = _avro_transaction(*args), AVRO_EXT.value
+                raw, content_type = _transaction_body(*args), AVRO_EXT.value
+            assert raw is not None  # Avro carries every record
             request = Request("POST", url, raw, content_type, self.timeout, idempotent=False)
             # Refused before anything began: the same transaction again, in Avro.
             return Call(
