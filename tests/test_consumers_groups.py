@@ -498,6 +498,17 @@ def test_a_page_has_the_ids_and_hashes_of_the_messages(
         expected[i] for i in rows
     ]
     assert read_columns(share.encode()).messages() == share.messages()
+    # A run of rows (a member that owns every partition) the same, alone and after
+    # rows taken one by one.
+    half = len(page) // 2
+    tail = PageColumns()
+    tail.extend_rows(page.columns, range(half, len(page)))
+    whole = PageColumns()
+    whole.extend_rows(page.columns, [0])
+    whole.extend_rows(page.columns, range(1, len(page)))
+    for run, want in ((tail, expected[half:]), (whole, expected)):
+        assert [(m.id, m.payload, m.key, dict(m.headers)) for m in run.messages()] == want
+        assert read_columns(run.encode()).messages() == run.messages()
 
 
 _pointers = st.integers(min_value=0, max_value=12)

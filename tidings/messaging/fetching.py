@@ -274,6 +274,10 @@ class PageColumns:
 
     def extend_rows(self, other: PageColumns, rows: Sequence[int]) -> None:
         """Append rows ``rows`` (ascending indices) of ``other``."""
+        if isinstance(rows, range) and rows.step == 1:
+            # A run of rows (a member that owns every partition): list slices.
+            self._extend_run(other, rows.start, rows.stop)
+            return
         if other.keys is not None or self.keys is not None:
             added = self.key_column()  # before the ids: it fills in the rows so far
             if other.keys is not None:
@@ -288,6 +292,21 @@ class PageColumns:
                     self.headers[base + j] = entry
         self.ids.extend(map(other.ids.__getitem__, rows))
         self.payloads.extend(map(other.payloads.__getitem__, rows))
+
+    def _extend_run(self, other: PageColumns, start: int, stop: int) -> None:
+        if other.keys is not None or self.keys is not None:
+            added = self.key_column()  # before the ids: it fills in the rows so far
+            if other.keys is not None:
+                added += other.keys[start:stop]
+            else:
+                added.extend(repeat(None, len(range(start, stop))))
+        if other.headers:
+            base = len(self.ids) - start
+            for i, entry in other.headers.items():
+                if start <= i < stop:
+                    self.headers[base + i] = entry
+        self.ids += other.ids[start:stop]
+        self.payloads += other.payloads[start:stop]
 
     def messages(self) -> list[Message]:
         """The rows as messages (without write pointers, as a columnar answer has
