@@ -197,6 +197,26 @@ def test_a_large_publish_is_split_into_entries_of_bounded_size(
     assert [m.id.seq for m in got] == list(range(10))
 
 
+@pytest.mark.parametrize("keyed", [False, True])
+def test_a_large_payloads_body_in_a_transaction_is_split_too(
+    service: MessagingService, store: Store, monkeypatch: pytest.MonkeyPatch, keyed: bool
+) -> None:
+    monkeypatch.setattr(publishing, "BATCH_ENTRY_BYTES", 100)
+    batch: list[Record | bytes] = [
+        Record(bytes([i]) * 30, b"k") if keyed else bytes([i]) * 30 for i in range(10)
+    ]
+    frames = payload_frames.read_frames(write_frames(None, batch))
+    info = service.publish("ns", "t", frames, write_pointer=7)
+    assert info is not None
+    entries = [v for _, v in rows(store)]
+    assert len(entries) > 1 and all(values.read_write_pointer(v) == 7 for v in entries)
+    seen = service.fetch("ns", "t", limit=100, transaction=Transaction(8, 9))
+    assert [(m.payload, m.key, m.write_pointer) for m in seen] == [
+        (r.payload, r.key, 7) if isinstance(r, Record) else (r, None, 7) for r in batch
+    ]
+    assert service.rollback("ns", "t", info) == 10
+
+
 def test_retention_deletes_a_batch_entry_and_its_counts(store: Store) -> None:
     clock = FakeClock(NOW)
     service = MessagingService(store, clock=clock)
