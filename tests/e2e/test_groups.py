@@ -218,13 +218,19 @@ def test_reset_list_and_delete(server: ServerProcess, topic: str) -> None:
         assert client.groups(topic) == []
 
 
+@pytest.mark.parametrize("keyless", [False, True])
 def test_a_member_iterated_part_way_commits_after_what_it_returned(
-    server: ServerProcess, topic: str
+    server: ServerProcess, topic: str, keyless: bool
 ) -> None:
-    # Iterating files each returned message under its partition, as poll() does for
-    # a page: a commit then moves each partition past its last returned message.
+    # Iterating files each returned message under its partition (a keyless message's
+    # is its id's), as poll() does for a page: a commit then moves each partition past
+    # its last returned message.
     with Client(server.url) as client:
-        fill(client, topic, 40, keys=4)
+        if keyless:
+            client.create_topic(topic)
+            client.publish(topic, [b"v%d" % i for i in range(40)])
+        else:
+            fill(client, topic, 40, keys=4)
         everything = client.poll(topic, limit=100)
         member = client.consume(topic, group="it", follow=False, partitions=4, batch_size=15)
         got = [next(member) for _ in range(7)]
@@ -240,6 +246,82 @@ def test_a_member_iterated_part_way_commits_after_what_it_returned(
         again = client.consume(topic, group="it", follow=False, batch_size=100)
         assert [m.id for m in drain(again)] == [m.id for m in everything[7:]]
         again.close()
+
+
+@pytest.mark.parametrize("keyless", [False, True])
+def test_a_member_mixing_the_iterator_and_poll_commits_after_the_last_it_returned(
+    server: ServerProcess, topic: str, keyless: bool
+) -> None:
+    # What the iterator returned and a poll's page after it are filed by partition (a
+    # keyless message's is its id's), so a commit covers the last returned of each.
+    with Client(server.url) as client:
+        if keyless:
+            client.create_topic(topic)
+            client.publish(topic, [b"v%d" % i for i in range(40)])
+        else:
+            fill(client, topic, 40, keys=4)
+        everything = client.poll(topic, limit=100)
+        member = client.consume(topic, group="mix", follow=False, partitions=4, batch_size=15)
+        got = [next(member) for _ in range(3)]
+        got += member.poll()  # the rest of the page
+        assert [m.id for m in got] == [m.id for m in everything[:15]]
+        member.commit()
+        info = client.describe_group(topic, "mix")
+        assert {p.partition: p.position for p in info.partitions if p.position} == {
+            partition_of(m, 4): m.id for m in got
+        }
+        member.close()
+
+
+def test_what_the_iterator_returned_before_a_rebalance_commits_in_owned_partitions_only(
+    server: ServerProcess, topic: str
+) -> None:
+    with Client(server.url) as client:
+        fill(client, topic, 40, keys=8)
+        a = client.consume(topic, group="rb", follow=False, partitions=8, batch_size=40)
+        got = [next(a) for _ in range(20)]  # every partition is a's so far
+        b = client.consume(topic, group="rb", follow=False, batch_size=40)
+        b.heartbeat()  # b joins: a rebalance
+        a.heartbeat()  # a learns what it kept
+        assert a.assignment is not None
+        owned = set(a.assignment.partitions)
+        assert 0 < len(owned) < 8
+        a.commit()  # what it returned of the partitions it lost is not its to commit
+        info = client.describe_group(topic, "rb")
+        last = {partition_of(m, 8): m.id for m in got}
+        assert {p.partition: p.position for p in info.partitions if p.position} == {
+            p: i for p, i in last.items() if p in owned
+        }
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("iterate", [True, False], ids=["iterator", "poll"])
+def test_auto_commit_commits_what_was_returned_before_each_fetch_and_at_close(
+    server: ServerProcess, topic: str, iterate: bool
+) -> None:
+    with Client(server.url) as client:
+        fill(client, topic, 30, keys=3)
+        everything = client.poll(topic, limit=100)
+        member = client.consume(
+            topic, group="auto", follow=False, partitions=4, batch_size=10, auto_commit=True
+        )
+
+        def committed() -> dict[int, object]:
+            info = client.describe_group(topic, "auto")
+            return {p.partition: p.position for p in info.partitions if p.position}
+
+        first = [next(member) for _ in range(10)] if iterate else member.poll()
+        assert [m.id for m in first] == [m.id for m in everything[:10]]
+        assert committed() == {}  # nothing before the next fetch
+        if iterate:
+            next(member)  # the next page's fetch commits the first page
+        else:
+            member.poll()
+        assert committed() == {partition_of(m, 4): m.id for m in first}
+        member.close()  # and what was returned since, at close
+        returned = everything[:11] if iterate else everything[:20]
+        assert committed() == {partition_of(m, 4): m.id for m in returned}
 
 
 async def test_async_member(server: ServerProcess, topic: str) -> None:
