@@ -45,6 +45,22 @@ def drain(consumer: object, rounds: int = 50) -> list[Message]:
     return out
 
 
+def fill_40(client: Client, topic: str, keyless: bool) -> list[Message]:
+    """40 messages, with 4 keys or none; all of them as a poll reads them."""
+    if keyless:
+        client.create_topic(topic)
+        client.publish(topic, [b"v%d" % i for i in range(40)])
+    else:
+        fill(client, topic, 40, keys=4)
+    return client.poll(topic, limit=100)
+
+
+def committed(client: Client, topic: str, group: str) -> dict[int, object]:
+    """The group's committed position of each partition that has one."""
+    info = client.describe_group(topic, group)
+    return {p.partition: p.position for p in info.partitions if p.position}
+
+
 def test_two_members_split_keys_in_order_and_see_everything(
     server: ServerProcess, topic: str
 ) -> None:
@@ -226,21 +242,12 @@ def test_a_member_iterated_part_way_commits_after_what_it_returned(
     # is its id's), as poll() does for a page: a commit then moves each partition past
     # its last returned message.
     with Client(server.url) as client:
-        if keyless:
-            client.create_topic(topic)
-            client.publish(topic, [b"v%d" % i for i in range(40)])
-        else:
-            fill(client, topic, 40, keys=4)
-        everything = client.poll(topic, limit=100)
+        everything = fill_40(client, topic, keyless)
         member = client.consume(topic, group="it", follow=False, partitions=4, batch_size=15)
         got = [next(member) for _ in range(7)]
         assert [m.id for m in got] == [m.id for m in everything[:7]]
         member.commit()
-        last: dict[int, Message] = {partition_of(m, 4): m for m in got}
-        info = client.describe_group(topic, "it")
-        assert {p.partition: p.position for p in info.partitions if p.position} == {
-            p: m.id for p, m in last.items()
-        }
+        assert committed(client, topic, "it") == {partition_of(m, 4): m.id for m in got}
         member.close()
         # A new member takes up after them, in every partition.
         again = client.consume(topic, group="it", follow=False, batch_size=100)
@@ -255,21 +262,13 @@ def test_a_member_mixing_the_iterator_and_poll_commits_after_the_last_it_returne
     # What the iterator returned and a poll's page after it are filed by partition (a
     # keyless message's is its id's), so a commit covers the last returned of each.
     with Client(server.url) as client:
-        if keyless:
-            client.create_topic(topic)
-            client.publish(topic, [b"v%d" % i for i in range(40)])
-        else:
-            fill(client, topic, 40, keys=4)
-        everything = client.poll(topic, limit=100)
+        everything = fill_40(client, topic, keyless)
         member = client.consume(topic, group="mix", follow=False, partitions=4, batch_size=15)
         got = [next(member) for _ in range(3)]
         got += member.poll()  # the rest of the page
         assert [m.id for m in got] == [m.id for m in everything[:15]]
         member.commit()
-        info = client.describe_group(topic, "mix")
-        assert {p.partition: p.position for p in info.partitions if p.position} == {
-            partition_of(m, 4): m.id for m in got
-        }
+        assert committed(client, topic, "mix") == {partition_of(m, 4): m.id for m in got}
         member.close()
 
 
@@ -287,11 +286,8 @@ def test_what_the_iterator_returned_before_a_rebalance_commits_in_owned_partitio
         owned = set(a.assignment.partitions)
         assert 0 < len(owned) < 8
         a.commit()  # what it returned of the partitions it lost is not its to commit
-        info = client.describe_group(topic, "rb")
         last = {partition_of(m, 8): m.id for m in got}
-        assert {p.partition: p.position for p in info.partitions if p.position} == {
-            p: i for p, i in last.items() if p in owned
-        }
+        assert committed(client, topic, "rb") == {p: i for p, i in last.items() if p in owned}
         a.close()
         b.close()
 
@@ -307,21 +303,17 @@ def test_auto_commit_commits_what_was_returned_before_each_fetch_and_at_close(
             topic, group="auto", follow=False, partitions=4, batch_size=10, auto_commit=True
         )
 
-        def committed() -> dict[int, object]:
-            info = client.describe_group(topic, "auto")
-            return {p.partition: p.position for p in info.partitions if p.position}
-
         first = [next(member) for _ in range(10)] if iterate else member.poll()
         assert [m.id for m in first] == [m.id for m in everything[:10]]
-        assert committed() == {}  # nothing before the next fetch
+        assert committed(client, topic, "auto") == {}  # nothing before the next fetch
         if iterate:
             next(member)  # the next page's fetch commits the first page
         else:
             member.poll()
-        assert committed() == {partition_of(m, 4): m.id for m in first}
+        assert committed(client, topic, "auto") == {partition_of(m, 4): m.id for m in first}
         member.close()  # and what was returned since, at close
         returned = everything[:11] if iterate else everything[:20]
-        assert committed() == {partition_of(m, 4): m.id for m in returned}
+        assert committed(client, topic, "auto") == {partition_of(m, 4): m.id for m in returned}
 
 
 async def test_async_member(server: ServerProcess, topic: str) -> None:
