@@ -58,6 +58,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from itertools import accumulate
 from operator import add, itemgetter, sub
 from typing import NamedTuple
@@ -106,6 +107,7 @@ __all__ = [
     "encode_plain_batch",
     "encode_keyed_batch_in",
     "encode_plain_batch_in",
+    "encode_batch_in",
     "encode_tx_batch_in",
     "encode_pointer",
     "encode_value",
@@ -115,6 +117,7 @@ __all__ = [
     "read_varint",
     "read_write_pointer",
     "seal_time",
+    "u32_lanes",
     "with_write_pointer",
     "write_varint",
 ]
@@ -158,7 +161,6 @@ _RANGE = struct.Struct(">QHQH")
 _BATCH_HEAD = struct.Struct("<BI")
 _COUNT = struct.Struct("<I")
 _BIG_ENDIAN = sys.byteorder == "big"
-_KEYED_PREFIXES = [bytes([KEYED, n]) for n in range(0x80)]
 #: Bytes of the optional range at the end of a pointer value.
 RANGE_SIZE = _RANGE.size
 
@@ -297,6 +299,14 @@ def encode_plain_batch(payloads: Sequence[bytes]) -> bytes:
     return b"".join((head, _le32(ends), _le32(starts), *payloads))
 
 
+@lru_cache(maxsize=16)
+def u32_lanes(count: int) -> int:
+    """1 in each of ``count`` little-endian 32-bit lanes of one integer: ``d`` times it,
+    added to ``count`` positions read as one integer, moves each by ``d`` (no lane
+    carries into the next while every moved position stays in 0..2**32)."""
+    return int.from_bytes(b"\x01\x00\x00\x00" * count, "little")
+
+
 def encode_plain_batch_in(body: bytes, positions_at: int, count: int) -> bytes:
     """The ``BATCH`` entry of ``count`` payloads (at least two) back to back in ``body``,
     whose ``count + 1`` positions in it are unsigned 32-bit little-endian integers from
@@ -308,11 +318,9 @@ def encode_plain_batch_in(body: bytes, positions_at: int, count: int) -> bytes:
     first = int.from_bytes(raw[:4], "little")
     last = int.from_bytes(raw[-4:], "little")
     base = BATCH_ENDS_AT + 4 * (2 * count + 1)
-    # Every position moved by the same amount in one addition of two big integers whose
-    # 32-bit lanes are the positions, instead of an addition per message: no lane
-    # carries into the next, since every moved position lies inside the entry.
-    lanes = int.from_bytes(b"\x01\x00\x00\x00" * (count + 1), "little")
-    moved = int.from_bytes(raw, "little") + (base - first) * lanes
+    # Every position moved by the same amount in one addition of two big integers,
+    # instead of an addition per message: every moved position lies inside the entry.
+    moved = int.from_bytes(raw, "little") + (base - first) * u32_lanes(count + 1)
     ends = moved.to_bytes(size, "little")
     head = _BATCH_HEAD.pack(BATCH, count)
     return b"".join((head, ends, ends[: 4 * count], memoryview(body)[first:last]))
@@ -322,27 +330,8 @@ def encode_keyed_batch_in(
     body: bytes, payload_positions: Sequence[int], key_positions: Sequence[int]
 ) -> bytes | None:
     """The ``KEYED_BATCH`` entry of the messages whose payloads and keys lie in ``body``
-    at these positions (``count + 1`` each, never decreasing; at least two messages):
-    their ``KEYED`` stored values, made by loops that run in C. None if a key is 128
-    bytes or longer, which only a row of its own holds."""
-    count = len(payload_positions) - 1
-    if count < 2:
-        raise ValueError("a batch entry holds at least two messages")
-    key_lengths = list(map(sub, key_positions[1:], key_positions[:-1]))
-    if max(key_lengths) >= 0x80:
-        return None
-    cut = body.__getitem__
-    # Each stored value as three parts: flags and key length, key, payload.
-    parts: list[bytes] = [b""] * (3 * count)
-    parts[0::3] = map(_KEYED_PREFIXES.__getitem__, key_lengths)
-    parts[1::3] = map(cut, map(slice, key_positions[:-1], key_positions[1:]))
-    parts[2::3] = map(cut, map(slice, payload_positions[:-1], payload_positions[1:]))
-    base = BATCH_ENDS_AT + 4 * (2 * count + 1)
-    # Where each part starts: a value starts at every third, its payload two after.
-    at = list(accumulate(map(len, parts), initial=base))
-    ends, starts = array("I", at[0::3]), array("I", at[2::3])
-    head = _BATCH_HEAD.pack(KEYED_BATCH, count)
-    return b"".join((head, _le32(ends), _le32(starts), *parts))
+    at these positions: :func:`encode_batch_in` without a write pointer."""
+    return encode_batch_in(body, payload_positions, key_positions, None)
 
 
 def encode_tx_batch_in(
@@ -352,18 +341,32 @@ def encode_tx_batch_in(
     write_pointer: int,
 ) -> bytes | None:
     """The ``TX_BATCH`` (or with ``key_positions``, ``TX_KEYED_BATCH``) entry of the
-    messages whose payloads (and keys) lie in ``body`` at these positions (``count + 1``
-    each, never decreasing; at least two messages), published under ``write_pointer``:
-    each message's ``TX_PLAIN`` (``TX_KEYED``) stored value made by loops that run in C.
-    None if a key is 128 bytes or longer, which only a row of its own holds."""
+    messages in ``body`` published under ``write_pointer``: :func:`encode_batch_in`."""
+    return encode_batch_in(body, payload_positions, key_positions, write_pointer)
+
+
+def encode_batch_in(
+    body: bytes,
+    payload_positions: Sequence[int],
+    key_positions: Sequence[int] | None,
+    write_pointer: int | None,
+) -> bytes | None:
+    """The batch entry of the messages whose payloads (and keys) lie in ``body`` at these
+    positions (``count + 1`` each, never decreasing; at least two messages), each
+    message's stored value (``KEYED``; with ``write_pointer``, ``TX_PLAIN`` or
+    ``TX_KEYED``) made by loops that run in C. None if a key is 128 bytes or longer,
+    which only a row of its own holds. Plain payloads without a write pointer are
+    :func:`encode_plain_batch_in`'s (one block, no value per message)."""
     count = len(payload_positions) - 1
     if count < 2:
         raise ValueError("a batch entry holds at least two messages")
-    t = _I64.pack(write_pointer)
+    t = b"" if write_pointer is None else _I64.pack(write_pointer)
     cut = body.__getitem__
     payloads = map(cut, map(slice, payload_positions[:-1], payload_positions[1:]))
-    base = BATCH_ENDS_AT + 8 + 4 * (2 * count + 1)
+    base = BATCH_ENDS_AT + len(t) + 4 * (2 * count + 1)
     if key_positions is None:
+        if write_pointer is None:
+            raise ValueError("plain payloads without a write pointer: encode_plain_batch_in")
         # Each stored value as two parts: flags and ``t``, then the payload.
         parts: list[bytes] = [bytes([TX_PLAIN]) + t] * (2 * count)
         parts[1::2] = payloads
@@ -374,16 +377,16 @@ def encode_tx_batch_in(
         key_lengths = list(map(sub, key_positions[1:], key_positions[:-1]))
         if max(key_lengths) >= 0x80:
             return None
-        prefix = bytes([TX_KEYED]) + t
+        prefix = bytes([KEYED if write_pointer is None else TX_KEYED]) + t
         prefixes = {n: prefix + bytes((n,)) for n in set(key_lengths)}
-        # Three parts each: flags, ``t`` and the key's length; the key; the payload.
+        # Three parts each: flags (``t``) and the key's length; the key; the payload.
         parts = [b""] * (3 * count)
         parts[0::3] = map(prefixes.__getitem__, key_lengths)
         parts[1::3] = map(cut, map(slice, key_positions[:-1], key_positions[1:]))
         parts[2::3] = payloads
         at = list(accumulate(map(len, parts), initial=base))
         ends, starts = array("I", at[0::3]), array("I", at[2::3])
-        flags = TX_KEYED_BATCH
+        flags = KEYED_BATCH if write_pointer is None else TX_KEYED_BATCH
     head = bytes((flags,)) + t + _COUNT.pack(count)
     return b"".join((head, _le32(ends), _le32(starts), *parts))
 

@@ -27,7 +27,7 @@ from functools import lru_cache
 
 from tidings.codec import columns as columns_codec
 from tidings.codec.keys import MAX_SEQ
-from tidings.codec.values import BATCH, BATCH_ENDS_AT, PLAIN
+from tidings.codec.values import BATCH, BATCH_ENDS_AT, PLAIN, u32_lanes
 from tidings.store.backend import ReadView
 from tidings.structs import Message, MessageId
 
@@ -41,12 +41,6 @@ _SEQ_ONLY = struct.Struct(">8xH10x")
 _NO_PAYLOAD_ROW = bytes(10)
 #: Positions in a columnar body are int32.
 _MAX_POSITION = (1 << 31) - 1
-
-
-@lru_cache(maxsize=16)
-def _lanes(count: int) -> int:
-    """1 in each of ``count`` little-endian 32-bit lanes: times ``d``, adds ``d`` to each."""
-    return int.from_bytes(b"\x01\x00\x00\x00" * count, "little")
 
 
 @lru_cache(maxsize=16)
@@ -114,7 +108,7 @@ class PlainPage:
         # Every position moved to where the page's payloads have got to, in one
         # addition: no lane carries into the next, as each moved position is a
         # position in the page (non-negative, below 2**31).
-        moved = int.from_bytes(ends[: 4 * n], "little") + (self.size - begin) * _lanes(n)
+        moved = int.from_bytes(ends[: 4 * n], "little") + (self.size - begin) * u32_lanes(n)
         self.positions.append(moved.to_bytes(4 * n, "little"))
         ids = int.from_bytes(_ENTRY_ID.pack(ts, seq) * n, "big") + _seq_steps(n)
         block = ids.to_bytes(20 * n, "big")
@@ -141,7 +135,7 @@ class PlainPage:
             raise OverflowError("a columnar page's positions are 32-bit")
         # Every position moved past the fixed part at once, as in add_entry.
         raw = b"".join(self.positions) + _U32.pack(self.size)
-        moved = (int.from_bytes(raw, "little") + fixed * _lanes(n + 1)).to_bytes(
+        moved = (int.from_bytes(raw, "little") + fixed * u32_lanes(n + 1)).to_bytes(
             4 * (n + 1), "little"
         )
         head = columns_codec.page_head(n)

@@ -382,7 +382,7 @@ def _batch_entries(
             isinstance(plain, PayloadFrames)
             and len(plain.body) + 11 * len(plain) <= BATCH_ENTRY_BYTES
         ):
-            made = values.encode_tx_batch_in(
+            made = values.encode_batch_in(
                 plain.body, plain.positions, plain.key_positions, write_pointer
             )
             return None if made is None else [(0, made)]  # None: a long key
@@ -392,7 +392,7 @@ def _batch_entries(
         if not keyed:
             return [(0, values.encode_plain_batch_in(plain.body, POSITIONS_AT, len(plain)))]
         assert plain.key_positions is not None
-        made = values.encode_keyed_batch_in(plain.body, plain.positions, plain.key_positions)
+        made = values.encode_batch_in(plain.body, plain.positions, plain.key_positions, None)
         return None if made is None else [(0, made)]  # None: a long key, rows of their own
     if isinstance(plain, list) and batch.size + len(plain) <= BATCH_ENTRY_BYTES:
         return [(0, values.encode_plain_batch(plain))]
