@@ -113,6 +113,24 @@ class PollPage:
         return wire.iterate_messages(self.body, self.media)
 
 
+def check_max_bytes(max_bytes: int | None) -> int | None:
+    """``max_bytes`` if it is None or a positive integer; ValueError otherwise."""
+    if max_bytes is not None and (
+        isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1
+    ):
+        raise ValueError(f"max_bytes must be a positive integer, got {max_bytes!r}")
+    return max_bytes
+
+
+def _wait_and_bytes(wait_ms: int, max_bytes: int | None) -> str:
+    """The query string of a group poll or a pop: ``waitMs`` and ``maxBytes`` where
+    set."""
+    query = [f"waitMs={wait_ms}"] if wait_ms else []
+    if check_max_bytes(max_bytes) is not None:
+        query.append(f"maxBytes={max_bytes}")
+    return "?" + "&".join(query) if query else ""
+
+
 def _poll_page(response: Response, sent: Media) -> PollPage:
     headers = response.headers
     count: int | None = None
@@ -575,10 +593,11 @@ class RestApi:
         transaction: bytes | None,
         wait: float | None,
         isolation: str | None = None,
+        max_bytes: int | None = None,
     ) -> Call[list[Message]]:
         media = self.media
         request, final = self._poll_request(
-            topic, start, inclusive, limit, transaction, wait, isolation
+            topic, start, inclusive, limit, transaction, wait, isolation, max_bytes=max_bytes
         )
 
         def decode(response: Response) -> list[Message]:
@@ -598,11 +617,12 @@ class RestApi:
         transaction: bytes | None,
         wait: float | None,
         isolation: str | None = None,
+        max_bytes: int | None = None,
     ) -> Call[PollPage]:
         """:meth:`poll`, answered undecoded (:class:`PollPage`) with the page's extent."""
         media = self.media
         request, final = self._poll_request(
-            topic, start, inclusive, limit, transaction, wait, isolation
+            topic, start, inclusive, limit, transaction, wait, isolation, max_bytes=max_bytes
         )
         return Call(request, lambda response: _poll_page(response, media), final)
 
@@ -639,10 +659,13 @@ class RestApi:
         isolation: str | None,
         *,
         ids_only: bool = False,
+        max_bytes: int | None = None,
     ) -> tuple[Request, tuple[type[BaseException], ...]]:
         url = self._topic_url(topic, "/poll")
         timeout = self.timeout
         query = ["fields=id"] if ids_only else []
+        if check_max_bytes(max_bytes) is not None:
+            query.append(f"maxBytes={max_bytes}")
         if wait:
             wait_ms = max(0, round(wait * 1000))
             query.append(f"waitMs={wait_ms}")
@@ -783,14 +806,18 @@ class RestApi:
         return self._json_call("POST", self._group_url(topic, group, "/leave"), _ignore, body)
 
     def group_poll(
-        self, topic: str, group: str, member_id: str, limit: int, wait: float | None
+        self,
+        topic: str,
+        group: str,
+        member_id: str,
+        limit: int,
+        wait: float | None,
+        max_bytes: int | None = None,
     ) -> Call[GroupPage]:
         """A member's poll: its messages, answered in the client's medium."""
         media = self.media
-        url = self._group_url(topic, group, "/poll")
         wait_ms = 0 if not wait else max(0, round(wait * 1000))
-        if wait_ms:
-            url += f"?waitMs={wait_ms}"
+        url = self._group_url(topic, group, "/poll") + _wait_and_bytes(wait_ms, max_bytes)
         timeout = None if self.timeout is None else self.timeout + wait_ms / 1000
         body = orjson.dumps(admin.member_request(member_id, limit))
         # The columnar medium first, as for a poll (and the client's own medium, which
@@ -855,14 +882,13 @@ class RestApi:
         dead_letter_topic: str | None = None,
         start: str | None = None,
         ack_ids: Sequence[MessageId] = (),
+        max_bytes: int | None = None,
     ) -> Call[list[Message]]:
         """Lease messages of a queue, answered in the client's medium, after acking
         ``ack_ids`` (this consumer's) in the same request."""
         media = self.media
-        url = self._queue_url(topic, queue, "/pop")
         wait_ms = 0 if not wait else max(0, round(wait * 1000))
-        if wait_ms:
-            url += f"?waitMs={wait_ms}"
+        url = self._queue_url(topic, queue, "/pop") + _wait_and_bytes(wait_ms, max_bytes)
         timeout = None if self.timeout is None else self.timeout + wait_ms / 1000
         body = queue_bodies.pop_request(
             consumer,

@@ -46,6 +46,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 
 from tidings.codec import groups as gkeys
 from tidings.codec.groups import GroupRecord, Member, partition_of
@@ -225,13 +226,17 @@ class GroupCoordinator:
         *,
         limit: int,
         snapshot: Transaction,
+        max_bytes: int | None = None,
     ) -> tuple[list[Message], GroupAssignment]:
-        """The member's next messages (at most ``limit``), read-committed in
-        ``snapshot``, and its current assignment, as a poll answer gives them (without
-        write pointers). Polling counts as a heartbeat."""
+        """The member's next messages (at most ``limit``, and none past the message
+        that brings their payloads and keys to ``max_bytes``: default and most, the
+        server's ``fetch_max_bytes``), read-committed in ``snapshot``, and its current
+        assignment, as a poll answer gives them (without write pointers). Polling
+        counts as a heartbeat."""
         rows, _, assignment = self.poll_columns(
-            namespace, topic, group, member_id, limit=limit, snapshot=snapshot
-        )
+            namespace, topic, group, member_id, limit=limit, snapshot=snapshot,
+            max_bytes=max_bytes,
+        )  # fmt: skip
         return rows.messages(), assignment
 
     def poll_columns(
@@ -243,9 +248,11 @@ class GroupCoordinator:
         *,
         limit: int,
         snapshot: Transaction,
+        max_bytes: int | None = None,
     ) -> tuple[PageColumns, MessageId | None, GroupAssignment]:
         """:meth:`poll` as the columns of a columnar poll response (the selected rows
         of the pages the member scanned), and the last message's id."""
+        budget = self._messaging.max_bytes(max_bytes)
         gid = self._gid(namespace, topic, group)
         with self._lock:
             record = self._require_member(namespace, topic, gid, member_id)
@@ -263,7 +270,7 @@ class GroupCoordinator:
         if not owned:
             return PageColumns(), None, assignment
         out, last, scanned = self._scan(
-            namespace, topic, gid[:2], record.partitions, cursors, limit, snapshot
+            namespace, topic, gid[:2], record.partitions, cursors, limit, budget, snapshot
         )
         with self._lock:
             # Only where nothing moved meanwhile (a rebalance resets cursors).
@@ -284,6 +291,7 @@ class GroupCoordinator:
         partitions: int,
         cursors: Mapping[int, MessageId | None],
         limit: int,
+        budget: int,
         snapshot: Transaction,
     ) -> tuple[PageColumns, MessageId | None, dict[int, MessageId | None]]:
         starts = list(cursors.values())
@@ -335,10 +343,23 @@ class GroupCoordinator:
             examined += size - first
             if len(chosen) >= room:
                 chosen = chosen[:room]
+            cut = False
+            if chosen:
+                sizes = page.sizes
+                if isinstance(chosen, range):
+                    spent = sum(sizes[chosen.start : chosen.stop])
+                else:
+                    spent = sum(map(sizes.__getitem__, chosen))
+                if spent >= budget:
+                    # The message that reaches the budget is the member's last.
+                    running = list(accumulate(map(sizes.__getitem__, chosen)))
+                    chosen = chosen[: bisect.bisect_left(running, budget) + 1]
+                    cut = True
+                budget -= spent
             out.extend_rows(page.columns, chosen)
             if chosen:
                 returned = id_at(chosen[-1])
-            if len(chosen) >= room:
+            if cut or len(chosen) >= room:
                 last = returned
                 break
             if size:
@@ -361,7 +382,7 @@ class GroupCoordinator:
             namespace, topic, start=start, inclusive=start is None, limit=size,
             transaction=snapshot,
         )  # fmt: skip
-        return Page(start, columns, len(columns.ids) == size)
+        return Page(start, columns, len(columns.ids) == size or columns.cut)
 
     # --- positions -------------------------------------------------------------------
 
@@ -649,8 +670,10 @@ class GroupCoordinator:
         start = None if None in firsts else min(f for f in firsts if f)
         examined = 0
         page_size = self._messaging.config.fetch_max_limit
+        # Floors in the 20-byte form, which sorts as the ids do.
+        raw_floors = {p: None if f is None else f.to_bytes() for p, f in floors.items()}
         while examined < budget:
-            page = self._messaging.fetch(
+            columns = self._messaging.fetch_page_columns(
                 namespace,
                 topic,
                 start=start,
@@ -658,15 +681,18 @@ class GroupCoordinator:
                 limit=page_size,
                 transaction=snapshot,
             )
-            for message in page:
-                p = partition_of(message, record.partitions)
-                floor = floors[p]
-                if floor is None or message.id > floor:
+            page = Page(start, columns, False)
+            for h, message_id in zip(page.hashes, columns.ids, strict=True):
+                p = h % record.partitions
+                floor = raw_floors[p]
+                if floor is None or message_id > floor:
                     lags[p] += 1
             examined += len(page)
-            if len(page) < page_size:
+            # A page ends short at the topic's end or an open transaction, or at its
+            # byte bound (then there is more).
+            if len(page) < page_size and not columns.cut:
                 return lags, True
-            start = page[-1].id
+            start = page.last
         return lags, False
 
     def lags(

@@ -8,6 +8,7 @@ the indices of each partition's messages, serves every member that scans through
 from __future__ import annotations
 
 import bisect
+import operator
 import threading
 import time
 import zlib
@@ -54,6 +55,7 @@ class Page:
     #: Roughly what it holds in memory (bytes), for the bound on the kept pages.
     size: int = 0
     _hashes: list[int] | None = None
+    _sizes: list[int] | None = None
     #: Held while the hashes and an index are made: members reach a new page together,
     #: and each making them at once cost four times the work under four members.
     _making: threading.Lock = field(default_factory=threading.Lock)
@@ -110,6 +112,22 @@ class Page:
                         ]
                     self._hashes = hashes
         return hashes
+
+    @property
+    def sizes(self) -> list[int]:
+        """Each message's bytes as a member's page counts them: payload and key."""
+        sizes = self._sizes
+        if sizes is None:
+            with self._making:
+                sizes = self._sizes
+                if sizes is None:
+                    columns = self.columns
+                    sizes = list(map(len, columns.payloads))
+                    if columns.keys is not None:
+                        key_sizes = [0 if k is None else len(k) for k in columns.keys]
+                        sizes = list(map(operator.add, sizes, key_sizes))
+                    self._sizes = sizes
+        return sizes
 
     def by_partition(self, partitions: int) -> dict[int, list[int]]:
         """The indices of each partition's messages, in order, for ``partitions``."""

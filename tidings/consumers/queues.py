@@ -339,11 +339,14 @@ class QueueCoordinator:
         max_deliveries: int | None = None,
         dead_letter: str | None = None,
         start: str = "earliest",
+        max_bytes: int | None = None,
     ) -> list[Message]:
         """Lease up to ``max_messages`` of the oldest available messages to
-        ``consumer`` for ``ack_timeout_ms``; the queue is created by its first pop (with
-        ``max_deliveries``, ``dead_letter`` and ``start``; given later, the first two
-        change it). Returns at once, maybe with nothing (the route long-polls)."""
+        ``consumer`` for ``ack_timeout_ms``, none past the message that brings them to
+        ``max_bytes`` (default and most, the server's ``fetch_max_bytes``); the queue
+        is created by its first pop (with ``max_deliveries``, ``dead_letter`` and
+        ``start``; given later, the first two change it). Returns at once, maybe with
+        nothing (the route long-polls)."""
         return self.pop_items(
             namespace,
             topic,
@@ -355,6 +358,7 @@ class QueueCoordinator:
             max_deliveries=max_deliveries,
             dead_letter=dead_letter,
             start=start,
+            max_bytes=max_bytes,
         ).messages()
 
     def pop_items(
@@ -370,12 +374,14 @@ class QueueCoordinator:
         max_deliveries: int | None = None,
         dead_letter: str | None = None,
         start: str = "earliest",
+        max_bytes: int | None = None,
     ) -> Popped:
         """:meth:`pop`, answered as :class:`Popped` (for the route: it writes the
         answer from the items as they are)."""
         self.check_pop(consumer, max_messages, ack_timeout_ms)
+        budget = self._messaging.max_bytes(max_bytes)
         q = self._open(namespace, topic, queue, max_deliveries, dead_letter, start)
-        out, done = self._pop(q, consumer, max_messages, ack_timeout_ms, snapshot, True)
+        out, done = self._pop(q, consumer, max_messages, budget, ack_timeout_ms, snapshot, True)
         if done is not None:
             self._await(q, done)
         return out
@@ -392,17 +398,19 @@ class QueueCoordinator:
         snapshot: Transaction,
         max_deliveries: int | None = None,
         dead_letter: str | None = None,
+        max_bytes: int | None = None,
     ) -> Popped | None:
         """:meth:`pop_items` for the event loop: None, having changed nothing, where it would
         wait for the store (the queue is not in memory, its settings change, or a
         message is due for its dead-letter topic); call :meth:`pop_items` on a worker
         then."""
         self.check_pop(consumer, max_messages, ack_timeout_ms)
+        budget = self._messaging.max_bytes(max_bytes)
         q = self._in_memory(namespace, topic, queue)
         if q is None or not _same_settings(q.record, max_deliveries, dead_letter):
             return None
         try:
-            return self._pop(q, consumer, max_messages, ack_timeout_ms, snapshot, False)[0]
+            return self._pop(q, consumer, max_messages, budget, ack_timeout_ms, snapshot, False)[0]
         except WouldWait:
             return None
 
@@ -437,6 +445,7 @@ class QueueCoordinator:
         q: _Queue,
         consumer: str,
         max_messages: int,
+        budget: int,
         ack_timeout_ms: int,
         snapshot: Transaction,
         may_wait: bool,
@@ -448,7 +457,7 @@ class QueueCoordinator:
             chosen: list[tuple[MessageId, _Entry]] = []
             dead: list[tuple[MessageId, _Entry]] = []
             taken: set[MessageId] = set()
-            while q.available and len(chosen) < max_messages:
+            while q.available and len(chosen) < max_messages and budget > 0:
                 message_id = heapq.heappop(q.available)
                 entry = q.entries.get(message_id)
                 if entry is None or message_id in taken or not q.is_available(entry):
@@ -466,8 +475,9 @@ class QueueCoordinator:
                     dead.append((message_id, entry))
                 else:
                     chosen.append((message_id, entry))
+                    budget -= _item_bytes(entry.item)
             fresh: list[Message | bytes] = []
-            if len(chosen) < max_messages:
+            if len(chosen) < max_messages and budget > 0:
                 read = q.record.read
                 fresh = self._messaging.fetch_items(
                     namespace,
@@ -477,6 +487,7 @@ class QueueCoordinator:
                     inclusive=read is None,
                     limit=max_messages - len(chosen),
                     transaction=snapshot,
+                    max_bytes=budget,
                 )
             if not chosen and not dead and not fresh:
                 return Popped([], [], []), None
@@ -1105,6 +1116,16 @@ class QueueCoordinator:
     def _notify(self, namespace: str, topic: str) -> None:
         for fn in self._listeners:
             fn(namespace, topic)
+
+
+def _item_bytes(item: Message | bytes) -> int:
+    """About the bytes a leased message counts for in a pop's ``max_bytes``: an
+    answer item's payload, key and headers as it encodes them (all but its id), or a
+    message's payload and key."""
+    if type(item) is bytes:
+        return len(item) - 21  # the id: its length byte and 20 bytes
+    assert isinstance(item, Message)
+    return len(item.payload) + (len(item.key) if item.key is not None else 0)
 
 
 def _same_settings(

@@ -19,6 +19,7 @@ other I/O.
 
 from __future__ import annotations
 
+import bisect
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
@@ -56,7 +57,7 @@ from tidings.structs import (
 )
 from tidings.tx.visibility import Visibility, classify
 
-__all__ = ["PageColumns", "fetch_messages", "retention_cutoff"]
+__all__ = ["UNBOUNDED", "PageColumns", "fetch_messages", "retention_cutoff"]
 
 _MESSAGES = "messages"
 _PAYLOADS = "payloads"
@@ -73,6 +74,8 @@ _ID = struct.Struct(MESSAGE_ID_LAYOUT)
 _ENTRY_ID = struct.Struct(">QH10x")
 #: The same as an Avro item's id: its length (20, zig-zag encoded), then the id.
 _AVRO_ID = struct.Struct(">BQH10x")
+#: A byte bound that never binds (the server's own scans, ids-only pages).
+UNBOUNDED = 1 << 62
 
 
 def retention_cutoff(state: TopicState, now: int) -> int:
@@ -93,8 +96,10 @@ def fetch_messages(
     *,
     ids: bool = False,
     columns: PageColumns | PlainPage | None = None,
+    max_bytes: int = UNBOUNDED,
 ) -> list[Message | bytes]:
-    """At most ``limit`` messages of one topic generation, in id order.
+    """At most ``limit`` messages of one topic generation, in id order, and no more
+    than ``max_bytes`` of them past the message that reaches ``max_bytes``.
 
     With ``avro``, plain messages (the common case) come back already encoded as Avro
     poll-response items (see :func:`tidings.codec.wire.avro_messages`) rather than as
@@ -109,6 +114,12 @@ def fetch_messages(
     ``inclusive`` says whether a message at exactly ``start`` is returned. A limit may
     stop inside a Payload Table expansion; fetching again exclusively from the last id
     returned resumes right after it.
+
+    A message's bytes are its stored size: payload, key and headers, and a few bytes
+    of framing (a plain message in a row of its own: its payload and one byte). The
+    page stops after the message that brings it to ``max_bytes`` or past, so it holds
+    at least one message; a page that stopped so says it in ``columns.cut`` (for
+    ``columns``). Ids-only pages (``ids``) are not bounded by bytes.
     """
     generation = state.generation
     cutoff = retention_cutoff(state, now)
@@ -116,8 +127,9 @@ def fetch_messages(
     out: list[Message | bytes] = []
     plain_page = columns if isinstance(columns, PlainPage) else None
     reader = _Reader(
-        view, topic_id, generation, cutoff, now, transaction, out, limit, ids, avro, plain_page
-    )
+        view, topic_id, generation, cutoff, now, transaction, out, limit, ids, avro, plain_page,
+        UNBOUNDED if ids else max_bytes,
+    )  # fmt: skip
     if isinstance(start, MessageId):
         if start.publish_ts >= cutoff:
             first = prefix + keys.ts_seq(start.publish_ts, start.seq)
@@ -142,13 +154,17 @@ def fetch_messages(
         scan_from = prefix + keys.ts_seq(ts, 0)
     if columns is not None:
         columns.take(out)
-        if isinstance(columns, PlainPage):
-            if columns.complete and len(columns) < limit:
-                append_plain(view, scan_from, stop, columns, limit)
-        elif len(columns.ids) < limit:
-            _append_columns(view, scan_from, stop, out, reader, columns, limit)
+        if reader.budget > 0:
+            if isinstance(columns, PlainPage):
+                if columns.complete and len(columns) < limit:
+                    columns.budget = reader.budget
+                    append_plain(view, scan_from, stop, columns, limit)
+                    reader.budget = columns.budget
+            elif len(columns.ids) < limit:
+                _append_columns(view, scan_from, stop, out, reader, columns, limit)
+        columns.cut = reader.budget <= 0
         return out
-    if len(out) >= limit:
+    if len(out) >= limit or reader.budget <= 0:
         return out
 
     # Locals, not globals, in the per-message loop: this is the consumer hot path.
@@ -164,6 +180,7 @@ def fetch_messages(
     if ids:
         _append_ids(view, scan_from, stop, out, reader, plain, tx_plain, limit)
         return out
+    budget = reader.budget
     for key, value in view.scan(_MESSAGES, scan_from, stop):
         flags = value[0]
         # Fast paths for the two common shapes; everything else goes through entry().
@@ -179,9 +196,16 @@ def fetch_messages(
             end = 2 + value[1]
             message_id = new(id_cls, unpack_tail(key, 8) + no_payload_table)
             append(new(message_cls, (message_id, value[end:], value[2:end], no_headers, None, 0)))
-        elif not reader.entry(key, value, None, True):
-            break
-        if len(out) >= limit:
+        else:
+            reader.budget = budget
+            if not reader.entry(key, value, None, True):
+                break
+            budget = reader.budget
+            if len(out) >= limit or budget <= 0:
+                break
+            continue
+        budget -= len(value)
+        if len(out) >= limit or budget <= 0:
             break
     return out
 
@@ -205,6 +229,7 @@ def _append_avro(
     # A key alone (under 128 bytes) is written as it is stored: the extended schema's
     # key branch, its length and bytes, and no headers; the plain schema drops it.
     keyed, extended = KEYED, bool(suffix)
+    budget = reader.budget
     for key, value in view.scan(_MESSAGES, scan_from, stop):
         flags = value[0]
         if flags == plain:
@@ -223,28 +248,34 @@ def _append_avro(
                              small[value[1]], row[2:end], b"\x00")))  # fmt: skip
             else:
                 append(join((id_len, key[8:18], zero, length, row[end:])))
-            if len(out) >= limit:
-                return
-            continue
-        elif reader.entry(key, value, None, True):
-            if len(out) >= limit:
+            budget -= len(value)
+            if len(out) >= limit or budget <= 0:
                 return
             continue
         else:
-            return
+            reader.budget = budget
+            if not reader.entry(key, value, None, True):
+                return
+            budget = reader.budget
+            if len(out) >= limit or budget <= 0:
+                return
+            continue
         length = small[n] if n < 16384 else zigzag(n)
         append(join((id_len, key[8:18], zero, length, payload, suffix)))
-        if len(out) >= limit:
+        budget -= len(value)
+        if len(out) >= limit or budget <= 0:
             return
 
 
 class PageColumns:
     """The columns of a page being fetched (see :mod:`tidings.codec.columns`): ids,
-    payloads, keys from the first row that has one, and the rows that have headers."""
+    payloads, keys from the first row that has one, and the rows that have headers;
+    ``cut`` once the fetch stopped at its byte bound."""
 
-    __slots__ = ("headers", "ids", "keys", "payloads")
+    __slots__ = ("cut", "headers", "ids", "keys", "payloads")
 
     def __init__(self) -> None:
+        self.cut = False
         self.ids: list[bytes] = []
         self.payloads: list[bytes] = []
         self.keys: list[bytes | None] | None = None
@@ -361,15 +392,29 @@ def _append_columns(
     columns: PageColumns,
     limit: int,
 ) -> None:
+    reader.budget = _columns_walk(view, scan_from, stop, out, reader, columns, limit)
+
+
+def _columns_walk(
+    view: ReadView,
+    scan_from: bytes,
+    stop: bytes,
+    out: list[Message | bytes],
+    reader: _Reader,
+    columns: PageColumns,
+    limit: int,
+) -> int:
     # The Message loop's walk again, each plain or short-keyed entry (a transactional
     # one once its write pointer is found visible) straight into the columns; any other
-    # entry goes through the general reader, then into the columns.
+    # entry goes through the general reader, then into the columns. Returns the byte
+    # budget left.
     ids, payloads = columns.ids, columns.payloads
     add_id, add_payload, zero = ids.append, payloads.append, _NO_PAYLOAD_ROW
     plain, keyed, batch, keyed_batch = PLAIN, KEYED, BATCH, KEYED_BATCH
     tx_batches = (TX_BATCH, TX_KEYED_BATCH)
     tx_plain, tx_keyed, visible = TX_PLAIN, TX_KEYED, _SeenPointer(reader.tx)
     rows = iter(view.scan(_MESSAGES, scan_from, stop))
+    budget = reader.budget
     if columns.keys is None:
         # Until the page's first keyed row, plain rows need no key column: the walk
         # of a plain topic's page, with nothing per row but the row itself.
@@ -392,33 +437,39 @@ def _append_columns(
                 add_id(key[8:18] + zero)
                 add_payload(value[end:])
                 room -= 1
-                if not room:
-                    return
+                budget -= len(value)
+                if not room or budget <= 0:
+                    return budget
                 break  # the page has a key column from here on
             elif flags in (batch, keyed_batch) or (
                 flags in tx_batches and (value[1:9] == visible.last or visible(value))
             ):
-                room -= _take_batch(key, value, columns, room)
-                if room <= 0:
-                    return
+                n, spent = _take_batch(key, value, columns, room, budget)
+                room -= n
+                budget -= spent
+                if room <= 0 or budget <= 0:
+                    return budget
                 if columns.keys is not None:
                     break
                 continue
             else:
+                reader.budget = budget
                 if not _append_entry(key, value, columns, reader, out, limit):
-                    return
-                if len(ids) >= limit:
-                    return
+                    return reader.budget
+                budget = reader.budget
+                if len(ids) >= limit or budget <= 0:
+                    return budget
                 if columns.keys is not None:
                     break
                 room = limit - len(ids)
                 continue
             room -= 1
-            if not room:
-                return
+            budget -= len(value)
+            if not room or budget <= 0:
+                return budget
     keys = columns.keys
     if keys is None:
-        return  # the loop above took every row
+        return budget  # the loop above took every row
     # The page has a key column: one key (or None) per row, appended in step.
     add_key = keys.append
     room = limit - len(ids)
@@ -447,28 +498,47 @@ def _append_columns(
         elif flags in (batch, keyed_batch) or (
             flags in tx_batches and (value[1:9] == visible.last or visible(value))
         ):
-            room -= _take_batch(key, value, columns, room)
-            if room <= 0:
-                return
+            n, spent = _take_batch(key, value, columns, room, budget)
+            room -= n
+            budget -= spent
+            if room <= 0 or budget <= 0:
+                return budget
             continue
         else:
             # Its keys go to the same list.
+            reader.budget = budget
             if not _append_entry(key, value, columns, reader, out, limit):
-                return
+                return reader.budget
+            budget = reader.budget
             room = limit - len(ids)
-            if room <= 0:
-                return
+            if room <= 0 or budget <= 0:
+                return budget
             continue
         room -= 1
-        if not room:
-            return
+        budget -= len(value)
+        if not room or budget <= 0:
+            return budget
+    return budget
 
 
-def _take_batch(key: bytes, value: bytes, columns: PageColumns, room: int) -> int:
-    """A batch entry's first ``room`` messages into the columns, keys too where the
-    page has a key column (made here for a keyed entry); returns how many."""
+def _bytes_stop(ends: Sequence[int], first: int, stop: int, budget: int) -> int:
+    """Where a batch entry's messages ``first`` to ``stop`` (exclusive) end within a
+    byte ``budget``: after the message that brings them to it or past (so after
+    ``first`` at least), or at ``stop``; ``ends`` as :func:`values.batch_layout`
+    gives them."""
+    if ends[stop] - ends[first] < budget:
+        return stop
+    return bisect.bisect_left(ends, ends[first] + budget, first + 1, stop)
+
+
+def _take_batch(
+    key: bytes, value: bytes, columns: PageColumns, room: int, budget: int
+) -> tuple[int, int]:
+    """A batch entry's first ``room`` messages, or fewer within a byte ``budget``
+    (:func:`_bytes_stop`), into the columns, keys too where the page has a key column
+    (made here for a keyed entry); returns how many, and their bytes."""
     count, ends, starts = values.batch_layout(value)
-    n = count if count <= room else room
+    n = _bytes_stop(ends, 0, count if count <= room else room, budget)
     if value[0] & FLAG_KEY:
         key_column = columns.key_column()  # before the ids: it fills in the rows so far
         skip = values.batch_key_skip(value[0]).__add__
@@ -478,7 +548,7 @@ def _take_batch(key: bytes, value: bytes, columns: PageColumns, room: int) -> in
     ts, seq = _TAIL.unpack_from(key, 8)
     columns.ids.extend(map(_ENTRY_ID.pack, repeat(ts, n), range(seq, seq + n)))
     columns.payloads.extend(map(value.__getitem__, map(slice, starts[:n], ends[1 : n + 1])))
-    return n
+    return n, ends[n] - ends[0]
 
 
 def _append_entry(
@@ -490,12 +560,14 @@ def _append_entry(
     limit: int,
 ) -> bool:
     """One entry that is not a plain row into the columns, as the loop of
-    :func:`_append_columns` takes it; False where a transactional reader must stop."""
+    :func:`_append_columns` takes it (its bytes taken from ``reader.budget``); False
+    where a transactional reader must stop."""
     if value[0] == KEYED and value[1] < 0x80:
         end = 2 + value[1]
         columns.key_column().append(value[2:end])
         columns.ids.append(key[8:18] + _NO_PAYLOAD_ROW)
         columns.payloads.append(value[end:])
+        reader.budget -= len(value)
         return True
     reader.limit = limit - len(columns.ids)
     go_on = reader.entry(key, value, None, True)
@@ -530,8 +602,8 @@ class _Reader:
     """Expands one Message Table entry at a time into the output list."""
 
     __slots__ = (
-        "avro", "cutoff", "generation", "ids", "limit", "now", "out", "plain", "topic_id", "tx",
-        "view",
+        "avro", "budget", "cutoff", "generation", "ids", "limit", "now", "out", "plain",
+        "topic_id", "tx", "view",
     )  # fmt: skip
 
     def __init__(
@@ -547,6 +619,7 @@ class _Reader:
         ids: bool = False,
         avro: AvroItems | None = None,
         plain: PlainPage | None = None,
+        budget: int = UNBOUNDED,
     ) -> None:
         self.view = view
         self.plain = plain  # a plain page being fetched: plain batch entries go there
@@ -559,11 +632,14 @@ class _Reader:
         self.tx = tx
         self.out = out
         self.limit = limit
+        #: Bytes the page may still take (see :func:`fetch_messages`).
+        self.budget = budget
 
     def entry(
         self, key: bytes, value: bytes, resume: tuple[int, int] | None, inclusive: bool
     ) -> bool:
-        """Append the messages of one entry; False if a transactional reader must stop.
+        """Append the messages of one entry (their bytes taken from :attr:`budget`);
+        False if a transactional reader must stop.
 
         ``resume`` is the ``(write_ts, p_seq)`` of a start id inside this entry: only
         messages at (``inclusive``) or after it are appended.
@@ -587,6 +663,7 @@ class _Reader:
         if flags & FLAG_P:
             if resume is not None and (resume != (0, 0) or not inclusive):
                 return True  # the start id is at or after this entry's single message
+            self.budget -= len(value)
             if self.ids and flags in (PLAIN, TX_PLAIN):
                 self.out.append(key[8:18] + _NO_PAYLOAD_ROW)
                 return True
@@ -610,6 +687,7 @@ class _Reader:
                     return True
             stored = values.decode_value(value)
             if stored.expires_at is not None and stored.expires_at <= self.now:
+                self.budget += len(value)  # not on the page after all
                 return True
             if self.ids:
                 self.out.append(key[8:18] + _NO_PAYLOAD_ROW)
@@ -650,7 +728,9 @@ class _Reader:
         plain = self.plain
         if plain is not None and value[0] == BATCH and not out:
             # A plain page resuming inside an entry: from there on, as a block.
+            plain.budget = self.budget
             plain.add_entry(ts, seq, value, first, self.limit - len(plain))
+            self.budget = plain.budget
             return
         if self.ids:  # from the key and the count alone
             stop = min(values.batch_count(value), first + self.limit - len(out))
@@ -658,7 +738,8 @@ class _Reader:
             out.extend(map(_ENTRY_ID.pack, repeat(ts, len(ids)), ids))
             return
         count, ends, starts = values.batch_layout(value)
-        stop = min(count, first + self.limit - len(out))
+        stop = _bytes_stop(ends, first, min(count, first + self.limit - len(out)), self.budget)
+        self.budget -= ends[stop] - ends[first]
         row = memoryview(value)
         keyed = bool(value[0] & FLAG_KEY)
         skip = values.batch_key_skip(value[0])  # where a key starts in its stored value
@@ -720,13 +801,16 @@ class _Reader:
             write_ts, p_seq = _TAIL.unpack_from(pkey, 16)
             if write_ts < cutoff:
                 continue
+            self.budget -= len(pvalue)
             if avro is not None:
                 # What a Spark sink or any store wrote: each row straight into its item.
                 item = _row_item(item_id + pkey[16:26], pvalue, avro, now)
-                if item is not None:
-                    out.append(item)
-                    if len(out) >= limit:
-                        return
+                if item is None:
+                    self.budget += len(pvalue)  # expired: not on the page
+                    continue
+                out.append(item)
+                if len(out) >= limit or self.budget <= 0:
+                    return
                 continue
             if ids:
                 if pvalue[0] != PLAIN:
@@ -743,10 +827,11 @@ class _Reader:
             else:
                 stored = values.decode_value(pvalue)
                 if stored.expires_at is not None and stored.expires_at <= now:
+                    self.budget += len(pvalue)  # expired: not on the page
                     continue
                 payload = stored.payload if stored.payload is not None else b""
                 out.append(Message(message_id, payload, stored.key, stored.headers, wp))
-            if len(out) >= limit:
+            if len(out) >= limit or self.budget <= 0:
                 return
 
 

@@ -22,12 +22,13 @@ every page, the service then reads that topic's next pages the general way for a
 
 from __future__ import annotations
 
+import bisect
 import struct
 from functools import lru_cache
 
 from tidings.codec import columns as columns_codec
 from tidings.codec.keys import MAX_SEQ
-from tidings.codec.values import BATCH, BATCH_ENDS_AT, PLAIN, u32_lanes
+from tidings.codec.values import BATCH, BATCH_ENDS_AT, PLAIN, batch_layout, u32_lanes
 from tidings.store.backend import ReadView
 from tidings.structs import Message, MessageId
 
@@ -41,6 +42,8 @@ _SEQ_ONLY = struct.Struct(">8xH10x")
 _NO_PAYLOAD_ROW = bytes(10)
 #: Positions in a columnar body are int32.
 _MAX_POSITION = (1 << 31) - 1
+#: A byte budget that never binds (as :data:`tidings.messaging.fetching.UNBOUNDED`).
+UNBOUNDED = 1 << 62
 
 
 @lru_cache(maxsize=16)
@@ -53,11 +56,15 @@ def _seq_steps(count: int) -> int:
 class PlainPage:
     """A columnar page of plain messages being fetched: its ids, its payloads'
     positions (counted from the start of the payloads, moved into place by
-    :meth:`encode`) and its payloads, as blocks."""
+    :meth:`encode`) and its payloads, as blocks; ``budget``, the bytes it may still
+    take (as :func:`~tidings.messaging.fetching.fetch_messages` counts them), and
+    ``cut`` once it stopped there."""
 
-    __slots__ = ("complete", "count", "data", "ids", "last", "positions", "size")
+    __slots__ = ("budget", "complete", "count", "cut", "data", "ids", "last", "positions", "size")
 
     def __init__(self) -> None:
+        self.budget = UNBOUNDED
+        self.cut = False
         self.complete = True
         self.count = 0
         self.size = 0  # payload bytes so far: where the next payload starts
@@ -90,21 +97,27 @@ class PlainPage:
 
     def add_entry(self, ts: int, seq: int, value: bytes, first: int, room: int) -> None:
         """Up to ``room`` messages of the ``BATCH`` entry ``value`` whose first message
-        is ``(ts, seq)``, from its message ``first`` on; gives the page up if its
-        payloads are not back to back."""
+        is ``(ts, seq)``, from its message ``first`` on, fewer where the byte budget
+        ends first; gives the page up if its payloads are not back to back."""
         (count,) = _U32.unpack_from(value, 1)
         n = min(count - first, room)
         if n <= 0:
             return
         at = BATCH_ENDS_AT + 4 * first
         ends = value[at : at + 4 * (n + 1)]
-        starts_at = at + 4 * (count + 1)
+        begin = int.from_bytes(ends[:4], "little")
+        end = int.from_bytes(ends[-4:], "little")
+        if end - begin >= self.budget:
+            # The message that reaches the budget is the page's last.
+            positions = batch_layout(value)[1]
+            n = bisect.bisect_left(positions, begin + self.budget, first + 1, first + n) - first
+            ends = ends[: 4 * (n + 1)]
+            end = positions[first + n]
+        starts_at = BATCH_ENDS_AT + 4 * (count + 1) + 4 * first
         seq += first
         if value[starts_at : starts_at + 4 * n] != ends[: 4 * n] or seq + n - 1 > MAX_SEQ:
             self.complete = False  # the first form (a flags byte before each payload)
             return
-        begin = int.from_bytes(ends[:4], "little")
-        end = int.from_bytes(ends[-4:], "little")
         # Every position moved to where the page's payloads have got to, in one
         # addition: no lane carries into the next, as each moved position is a
         # position in the page (non-negative, below 2**31).
@@ -115,12 +128,14 @@ class PlainPage:
         self.ids.append(block)
         self.data.append(memoryview(value)[begin:end])
         self.size += end - begin
+        self.budget -= end - begin
         self.count += n
         self.last = block[-20:]
 
     def add_row(self, key: bytes, value: bytes) -> None:
         """A ``PLAIN`` row: its payload follows the flags byte."""
         self._row(key[8:18] + _NO_PAYLOAD_ROW, memoryview(value)[1:])
+        self.budget -= len(value)
 
     def last_id(self) -> MessageId | None:
         """The id of the page's last message (None for an empty page)."""
@@ -146,8 +161,8 @@ def append_plain(
     view: ReadView, scan_from: bytes, stop: bytes, page: PlainPage, limit: int
 ) -> None:
     """Walk the Message Table from ``scan_from`` into ``page`` until it holds ``limit``
-    messages or the walk reaches ``stop``; at any entry but a ``PLAIN`` row or a
-    ``BATCH`` entry, give the page up (:attr:`PlainPage.complete`)."""
+    messages, its byte budget runs out, or the walk reaches ``stop``; at any entry but
+    a ``PLAIN`` row or a ``BATCH`` entry, give the page up (:attr:`PlainPage.complete`)."""
     plain, batch = PLAIN, BATCH
     for key, value in view.scan(_MESSAGES, scan_from, stop):
         flags = value[0]
@@ -158,5 +173,5 @@ def append_plain(
             page.add_row(key, value)
         else:
             page.complete = False
-        if not page.complete or page.count >= limit:
+        if not page.complete or page.count >= limit or page.budget <= 0:
             return

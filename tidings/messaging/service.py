@@ -69,6 +69,9 @@ class MessagingConfig:
     default_ttl: int = 7 * 24 * 3600
     fetch_default_limit: int = 1000
     fetch_max_limit: int = 10_000
+    #: Most bytes of messages one page holds (past the message that reaches it): a
+    #: fetch's ``max_bytes`` when it sets none, and its ceiling.
+    fetch_max_bytes: int = 16 << 20
     cleanup_interval: float = 60.0
     cleanup_batch: int = 5_000
     #: Seconds an idempotent producer's sequence state outlives its last publish.
@@ -78,6 +81,8 @@ class MessagingConfig:
         parse_ttl(self.default_ttl)
         if not 1 <= self.fetch_default_limit <= self.fetch_max_limit:
             raise ValueError("need 1 <= fetch_default_limit <= fetch_max_limit")
+        if self.fetch_max_bytes < 1:
+            raise ValueError("fetch_max_bytes must be positive")
         if self.cleanup_interval <= 0 or self.cleanup_batch < 1:
             raise ValueError("cleanup_interval and cleanup_batch must be positive")
         if self.producer_expiry <= 0:
@@ -455,15 +460,20 @@ class MessagingService:
         inclusive: bool = True,
         limit: int | None = None,
         transaction: Transaction | None = None,
+        max_bytes: int | None = None,
     ) -> list[Message]:
         """Messages in id order from ``start`` (an id, a timestamp in ms, or None for
-        the oldest live message), at most ``limit`` (default and maximum configured).
+        the oldest live message), at most ``limit`` (default and maximum configured),
+        and none past the message that brings them to ``max_bytes`` (default and
+        maximum ``fetch_max_bytes``; how bytes count: :func:`fetch_messages`).
 
         With ``transaction`` only entries visible in that snapshot are returned and the
         fetch stops before the first entry of a transaction in progress; without it,
         everything written is returned, rolled-back entries included.
         """
-        items = self._fetch(namespace, topic, start, inclusive, limit, transaction, None)
+        items = self._fetch(
+            namespace, topic, start, inclusive, limit, transaction, None, max_bytes=max_bytes
+        )
         return cast("list[Message]", items)
 
     def fetch_ids(
@@ -508,6 +518,7 @@ class MessagingService:
         limit: int | None,
         transaction: Transaction | None,
     ) -> list[bytes]:
+        # Not bounded by bytes: an id is 20 of them, whatever its message holds.
         items = self._fetch(namespace, topic, start, inclusive, limit, transaction, None, True)
         return cast("list[bytes]", items)  # with ids=True every item is a 20-byte id
 
@@ -521,12 +532,15 @@ class MessagingService:
         inclusive: bool = True,
         limit: int | None = None,
         transaction: Transaction | None = None,
+        max_bytes: int | None = None,
     ) -> list[Message | bytes]:
         """:meth:`fetch`, with plain messages as their items of an Avro poll response in
         ``media`` (``bytes``, see :func:`tidings.codec.wire.avro_messages`) and the
         others as :class:`Message`; all of them :class:`Message` for JSON."""
         avro = AvroItems.for_media(media)
-        return self._fetch(namespace, topic, start, inclusive, limit, transaction, avro)
+        return self._fetch(
+            namespace, topic, start, inclusive, limit, transaction, avro, max_bytes=max_bytes
+        )
 
     def fetch_encoded(
         self,
@@ -538,6 +552,7 @@ class MessagingService:
         inclusive: bool = True,
         limit: int | None = None,
         transaction: Transaction | None = None,
+        max_bytes: int | None = None,
     ) -> tuple[bytes, int, MessageId | None]:
         """:meth:`fetch`, answered as a poll response body in ``media`` directly: the
         body, the number of messages in it and the last one's id (None if empty, for
@@ -545,7 +560,7 @@ class MessagingService:
         the body without a :class:`Message` each (the consumer's hot path)."""
         items = self.fetch_items(
             namespace, topic, media, start=start, inclusive=inclusive, limit=limit,
-            transaction=transaction,
+            transaction=transaction, max_bytes=max_bytes,
         )  # fmt: skip
         last: MessageId | None = None
         if items:
@@ -567,6 +582,7 @@ class MessagingService:
         inclusive: bool = True,
         limit: int | None = None,
         transaction: Transaction | None = None,
+        max_bytes: int | None = None,
     ) -> tuple[bytes, int, MessageId | None]:
         """:meth:`fetch_encoded` as a columnar poll response
         (:mod:`tidings.codec.columns`): plain and short-keyed messages go from the store
@@ -582,13 +598,16 @@ class MessagingService:
                 self._general_pages[topic_key] = general - 1
         else:
             plain = PlainPage()
-            self._fetch(namespace, topic, start, inclusive, limit, transaction, None, columns=plain)
+            self._fetch(
+                namespace, topic, start, inclusive, limit, transaction, None,
+                columns=plain, max_bytes=max_bytes,
+            )  # fmt: skip
             if plain.complete:
                 return plain.encode(), len(plain), plain.last_id()
             self._general_pages[topic_key] = _GENERAL_PAGES
         columns = self.fetch_page_columns(
             namespace, topic, start=start, inclusive=inclusive, limit=limit,
-            transaction=transaction,
+            transaction=transaction, max_bytes=max_bytes,
         )  # fmt: skip
         ids = columns.ids
         last = MessageId.from_bytes(ids[-1]) if ids else None
@@ -603,11 +622,16 @@ class MessagingService:
         inclusive: bool = True,
         limit: int | None = None,
         transaction: Transaction | None = None,
+        max_bytes: int | None = None,
     ) -> PageColumns:
         """:meth:`fetch_columns` not encoded yet: the page's columns (what group pages
-        hold, each member's answer a selection of its rows)."""
+        hold, each member's answer a selection of its rows; ``cut`` says the page
+        stopped at ``max_bytes``)."""
         columns = PageColumns()
-        self._fetch(namespace, topic, start, inclusive, limit, transaction, None, columns=columns)
+        self._fetch(
+            namespace, topic, start, inclusive, limit, transaction, None,
+            columns=columns, max_bytes=max_bytes,
+        )  # fmt: skip
         return columns
 
     def _fetch(
@@ -621,10 +645,12 @@ class MessagingService:
         avro: AvroItems | None,
         ids: bool = False,
         columns: PageColumns | PlainPage | None = None,
+        max_bytes: int | None = None,
     ) -> list[Message | bytes]:
         check_name(namespace, "namespace")
         check_name(topic, "topic")
         checked_limit = self._limit(limit)
+        checked_bytes = self.max_bytes(max_bytes)
         _check_start(start)
         if transaction is not None and not isinstance(transaction, Transaction):
             raise BadRequest(f"transaction must be a Transaction, got {type(transaction)}")
@@ -642,12 +668,25 @@ class MessagingService:
                 avro,
                 ids=ids,
                 columns=columns,
+                max_bytes=checked_bytes,
             )
         if isinstance(columns, PlainPage) and not columns.complete:
             return out  # given up: the page is fetched again, and counted then
         fetched = len(out) if columns is None else len(columns)
         self._counters.fetched((namespace, topic), fetched)
         return out
+
+    def max_bytes(self, max_bytes: object) -> int:
+        """A fetch's byte bound: ``max_bytes`` checked and capped at
+        ``fetch_max_bytes`` (which None means); BadRequest if it is not a positive
+        integer."""
+        if max_bytes is None:
+            return self._config.fetch_max_bytes
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
+            raise BadRequest(f"max_bytes must be an integer, got {max_bytes!r}")
+        if max_bytes < 1:
+            raise BadRequest(f"max_bytes must be at least 1, got {max_bytes}")
+        return min(max_bytes, self._config.fetch_max_bytes)
 
     def _limit(self, limit: object) -> int:
         if limit is None:

@@ -194,6 +194,14 @@ class ServerConfig:
     fetch_max_limit: int = _setting(
         10_000, "most messages one poll returns (larger limits are clamped)", bound="positive"
     )
+    fetch_max_bytes: int = _setting(
+        16 << 20,
+        "most bytes of messages one poll, group poll or pop returns, past the message "
+        "that reaches them (larger `maxBytes` are clamped)",
+        kind="bytes",
+        bound="positive",
+        shown="16MiB",
+    )
     cleanup_interval: float = _setting(
         60.0,
         "seconds between passes of the cleaner (expired messages, deleted topics)",

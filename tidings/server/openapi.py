@@ -834,7 +834,7 @@ def _messaging_paths() -> dict[str, Any]:
         },
         topic + "/poll": {
             "post": _op(
-                "Fetch messages in order; waitMs long-polls, isolation, fields (additions)",
+                "Fetch messages in order (additions: waitMs, isolation, fields, maxBytes)",
                 {
                     "200": {
                         "description": (
@@ -864,6 +864,7 @@ def _messaging_paths() -> dict[str, Any]:
                         {"type": "integer", "minimum": 0, "maximum": 10**18 - 1},
                         "query",
                     ),
+                    _max_bytes_param(),
                     _param(
                         "isolation",
                         {
@@ -895,6 +896,23 @@ def _messaging_paths() -> dict[str, Any]:
             )
         },
     }
+
+
+def _max_bytes_param() -> dict[str, Any]:
+    """The ``maxBytes`` query parameter of a poll, a group poll and a pop."""
+    return _param(
+        "maxBytes",
+        {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 10**18 - 1,
+            "description": (
+                "the answer stops after the message that brings its bytes to this "
+                "(addition; capped at the server's fetch_max_bytes, its default)"
+            ),
+        },
+        "query",
+    )
 
 
 def _group_paths() -> dict[str, Any]:
@@ -985,6 +1003,7 @@ def _group_paths() -> dict[str, Any]:
                         {"type": "integer", "minimum": 0, "maximum": 10**18 - 1},
                         "query",
                     ),
+                    _max_bytes_param(),
                 ],
             )
         },
@@ -1211,6 +1230,7 @@ def _queue_paths() -> dict[str, Any]:
                         {"type": "integer", "minimum": 0, "maximum": 10**18 - 1},
                         "query",
                     ),
+                    _max_bytes_param(),
                 ],
             )
         },

@@ -78,6 +78,7 @@ class Services:
                         default_ttl=config.default_ttl,
                         fetch_default_limit=config.fetch_default_limit,
                         fetch_max_limit=config.fetch_max_limit,
+                        fetch_max_bytes=config.fetch_max_bytes,
                         cleanup_interval=config.cleanup_interval,
                         cleanup_batch=config.cleanup_batch,
                         producer_expiry=config.producer_expiry,

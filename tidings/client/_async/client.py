@@ -341,10 +341,13 @@ class AsyncClient(BaseClient):
         transaction: Transaction | bytes | None = None,
         wait: float | None = None,
         isolation: str | None = None,
+        max_bytes: int | None = None,
     ) -> list[Message]:
         """One fetch: up to ``limit`` messages from ``start`` (a message id, a timestamp
         in ms, a datetime; None: the oldest). With ``transaction`` (a snapshot or its
         encoded form) only committed messages; ``wait`` seconds of long-poll.
+        ``max_bytes``: the page stops after the message that brings it to that many
+        bytes (default and most: the server's ``fetch_max_bytes``, 16 MiB unless set).
 
         ``isolation="read_committed"`` without ``transaction``: only committed messages,
         with a fresh snapshot the server takes at each fetch (a long poll then also
@@ -359,6 +362,7 @@ class AsyncClient(BaseClient):
                 transaction=encoded_transaction(transaction),
                 wait=wait,
                 isolation=isolation,
+                max_bytes=max_bytes,
             )
         )
 
@@ -372,6 +376,7 @@ class AsyncClient(BaseClient):
         transaction: Transaction | bytes | None,
         wait: float | None,
         isolation: str | None,
+        max_bytes: int | None = None,
     ) -> PollPage:
         """:meth:`poll`, answered undecoded with the page's extent (what consumers use
         to read ahead: they decode one page while the server prepares the next)."""
@@ -384,6 +389,7 @@ class AsyncClient(BaseClient):
                 transaction=encoded_transaction(transaction),
                 wait=wait,
                 isolation=isolation,
+                max_bytes=max_bytes,
             )
         )
 
@@ -425,6 +431,7 @@ class AsyncClient(BaseClient):
         wait: float = DEFAULT_WAIT,
         committed_wait: float = DEFAULT_COMMITTED_WAIT,
         follow: bool = True,
+        max_bytes: int | None = None,
     ) -> AsyncConsumer: ...
 
     @overload
@@ -440,6 +447,7 @@ class AsyncClient(BaseClient):
         session_timeout: float = 10.0,
         auto_commit: bool = False,
         partitions: int | None = None,
+        max_bytes: int | None = None,
     ) -> AsyncGroupConsumer: ...
 
     def consume(
@@ -457,6 +465,7 @@ class AsyncClient(BaseClient):
         session_timeout: float = 10.0,
         auto_commit: bool = False,
         partitions: int | None = None,
+        max_bytes: int | None = None,
     ) -> AsyncConsumer | AsyncGroupConsumer:
         """An iterator over a topic's messages from ``start``, in the one order.
 
@@ -471,6 +480,11 @@ class AsyncClient(BaseClient):
         on ``commit()`` (or each poll, with ``auto_commit``). ``session_timeout``
         seconds without a poll or heartbeat drop the member; ``partitions`` (default
         32) is fixed when the group is first joined.
+
+        Each poll asks for up to ``batch_size`` messages and, with ``max_bytes``,
+        stops after the message that brings the page to that many bytes (the server
+        caps it at its ``fetch_max_bytes``, 16 MiB unless set; Kafka's
+        ``fetch.max.bytes``).
         """
         if group is not None:
             if not isinstance(start, str):
@@ -486,6 +500,7 @@ class AsyncClient(BaseClient):
                 auto_commit=auto_commit,
                 partitions=partitions,
                 follow=follow,
+                max_bytes=max_bytes,
             )
         return AsyncConsumer(
             self,
@@ -497,6 +512,7 @@ class AsyncClient(BaseClient):
             wait=wait,
             committed_wait=committed_wait,
             follow=follow,
+            max_bytes=max_bytes,
         )
 
     # --- consumer groups ---
@@ -532,6 +548,7 @@ class AsyncClient(BaseClient):
         dead_letter_topic: str | None = None,
         start: str = "earliest",
         prefetch: bool = False,
+        max_bytes: int | None = None,
     ) -> AsyncQueue:
         """A worker's handle on queue ``group`` of ``topic``: ``pop`` leases messages
         to it for ``ack_timeout`` seconds, ``ack``/``nack`` settle them, ``close``
@@ -543,7 +560,10 @@ class AsyncClient(BaseClient):
         created when needed) instead of being delivered again.
 
         ``prefetch``: a full pop sends the next one at once, so the next batch is
-        leased while this one is worked on (see :class:`~tidings.client.AsyncQueue`)."""
+        leased while this one is worked on (see :class:`~tidings.client.AsyncQueue`).
+
+        ``max_bytes``: a pop stops after the message that brings it to that many
+        bytes (the server caps it at its ``fetch_max_bytes``)."""
         return AsyncQueue(
             self,
             topic,
@@ -553,6 +573,7 @@ class AsyncClient(BaseClient):
             dead_letter_topic=dead_letter_topic,
             start=start,
             prefetch=prefetch,
+            max_bytes=max_bytes,
         )
 
     async def queues(self, topic: str | None = None) -> list[tuple[str, str]]:

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 
 from tidings.client._async.concurrency import AsyncPending, AsyncWorker, sleep, yield_turns
 from tidings.client._async.session import AsyncSession
-from tidings.client.api import PollPage
+from tidings.client.api import PollPage, check_max_bytes
 from tidings.client.base import StartPosition, encoded_transaction
 from tidings.client.cursor import (
     DEFAULT_BATCH_SIZE,
@@ -43,8 +43,10 @@ class AsyncConsumer(AsyncIterator[Message]):
         wait: float = DEFAULT_WAIT,
         committed_wait: float = DEFAULT_COMMITTED_WAIT,
         follow: bool = True,
+        max_bytes: int | None = None,
     ) -> None:
         self._client = client
+        self._max_bytes = check_max_bytes(max_bytes)
         self.topic = topic
         self._cursor = ConsumerCursor(
             start,
@@ -101,6 +103,7 @@ class AsyncConsumer(AsyncIterator[Message]):
             transaction=snapshot,
             wait=wait,
             isolation=isolation,
+            max_bytes=self._max_bytes,
         )
 
     async def _taken_ahead(self) -> PollPage | None:
@@ -125,6 +128,7 @@ class AsyncConsumer(AsyncIterator[Message]):
             transaction=encoded_transaction(snapshot),
             wait=0.0,
             isolation=isolation,
+            max_bytes=self._max_bytes,
         )
         self._ahead = (key, self._client._begin(self._worker, call))
         # Let the request go out before decoding holds the loop.

@@ -41,7 +41,7 @@ from zlib import crc32
 from tidings.client._async.concurrency import AsyncPending, AsyncWorker, sleep, yield_turns
 from tidings.client._async.session import AsyncSession
 from tidings.client._async.transactions import AsyncTransactionContext
-from tidings.client.api import Call, GroupPage, PollPage
+from tidings.client.api import Call, GroupPage, PollPage, check_max_bytes
 from tidings.codec.admin import START_ALIASES, TransactionGroupCommit
 from tidings.codec.groups import partition_of
 from tidings.errors import GroupNotFound, MemberNotFound, TidingsError
@@ -111,6 +111,7 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         auto_commit: bool = False,
         partitions: int | None = None,
         follow: bool = True,
+        max_bytes: int | None = None,
     ) -> None:
         start = START_ALIASES.get(start, start)
         if start not in ("earliest", "latest"):
@@ -125,6 +126,7 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         self.group = group
         self._start = start
         self._batch_size = batch_size
+        self._max_bytes = check_max_bytes(max_bytes)
         self._wait = wait
         self._session_ms = round(session_timeout * 1000)
         self._auto_commit = auto_commit
@@ -300,7 +302,7 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
 
     def _poll_call(self, member_id: str, wait: float) -> Call[GroupPage]:
         return self._client._api.group_poll(
-            self.topic, self.group, member_id, self._batch_size, wait
+            self.topic, self.group, member_id, self._batch_size, wait, self._max_bytes
         )
 
     async def _taken_ahead(self) -> GroupPage | None:

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from tidings.client._async.concurrency import AsyncPending, AsyncWorker, yield_turns
 from tidings.client._async.session import AsyncSession
 from tidings.client._async.transactions import AsyncTransactionContext
-from tidings.client.api import Call
+from tidings.client.api import Call, check_max_bytes
 from tidings.codec.admin import START_ALIASES
 from tidings.errors import QueueNotFound, TidingsError
 from tidings.structs import Message, MessageId, QueueStats, Transaction
@@ -95,6 +95,7 @@ class AsyncQueue:
         dead_letter_topic: str | None = None,
         start: str = "earliest",
         prefetch: bool = False,
+        max_bytes: int | None = None,
     ) -> None:
         if not ack_timeout > 0:
             raise ValueError("ack_timeout must be positive")
@@ -113,6 +114,7 @@ class AsyncQueue:
         self._max_deliveries = max_deliveries
         self._dead_letter = dead_letter_topic
         self._start = start
+        self._max_bytes = check_max_bytes(max_bytes)
         #: This handle's id on the server: the owner of its leases.
         self.consumer_id = uuid.uuid4().hex
         self._closed = False
@@ -180,6 +182,7 @@ class AsyncQueue:
             dead_letter_topic=self._dead_letter,
             start=self._start,
             ack_ids=ack_ids,
+            max_bytes=self._max_bytes,
         )
 
     async def _take_ahead(self) -> None:

@@ -59,6 +59,7 @@ class AsyncSession(Protocol):
         transaction: Transaction | bytes | None,
         wait: float | None,
         isolation: str | None,
+        max_bytes: int | None = None,
     ) -> PollPage: ...
 
     @overload

@@ -315,10 +315,13 @@ class Client(BaseClient):
         transaction: Transaction | bytes | None = None,
         wait: float | None = None,
         isolation: str | None = None,
+        max_bytes: int | None = None,
     ) -> list[Message]:
         """One fetch: up to ``limit`` messages from ``start`` (a message id, a timestamp
         in ms, a datetime; None: the oldest). With ``transaction`` (a snapshot or its
         encoded form) only committed messages; ``wait`` seconds of long-poll.
+        ``max_bytes``: the page stops after the message that brings it to that many
+        bytes (default and most: the server's ``fetch_max_bytes``, 16 MiB unless set).
 
         ``isolation="read_committed"`` without ``transaction``: only committed messages,
         with a fresh snapshot the server takes at each fetch (a long poll then also
@@ -333,6 +336,7 @@ class Client(BaseClient):
                 transaction=encoded_transaction(transaction),
                 wait=wait,
                 isolation=isolation,
+                max_bytes=max_bytes,
             )
         )
 
@@ -346,6 +350,7 @@ class Client(BaseClient):
         transaction: Transaction | bytes | None,
         wait: float | None,
         isolation: str | None,
+        max_bytes: int | None = None,
     ) -> PollPage:
         """:meth:`poll`, answered undecoded with the page's extent (what consumers use
         to read ahead: they decode one page while the server prepares the next)."""
@@ -358,6 +363,7 @@ class Client(BaseClient):
                 transaction=encoded_transaction(transaction),
                 wait=wait,
                 isolation=isolation,
+                max_bytes=max_bytes,
             )
         )
 
@@ -399,6 +405,7 @@ class Client(BaseClient):
         wait: float = DEFAULT_WAIT,
         committed_wait: float = DEFAULT_COMMITTED_WAIT,
         follow: bool = True,
+        max_bytes: int | None = None,
     ) -> Consumer: ...
 
     @overload
@@ -414,6 +421,7 @@ class Client(BaseClient):
         session_timeout: float = 10.0,
         auto_commit: bool = False,
         partitions: int | None = None,
+        max_bytes: int | None = None,
     ) -> GroupConsumer: ...
 
     def consume(
@@ -431,6 +439,7 @@ class Client(BaseClient):
         session_timeout: float = 10.0,
         auto_commit: bool = False,
         partitions: int | None = None,
+        max_bytes: int | None = None,
     ) -> Consumer | GroupConsumer:
         """An iterator over a topic's messages from ``start``, in the one order.
 
@@ -445,6 +454,11 @@ class Client(BaseClient):
         on ``commit()`` (or each poll, with ``auto_commit``). ``session_timeout``
         seconds without a poll or heartbeat drop the member; ``partitions`` (default
         32) is fixed when the group is first joined.
+
+        Each poll asks for up to ``batch_size`` messages and, with ``max_bytes``,
+        stops after the message that brings the page to that many bytes (the server
+        caps it at its ``fetch_max_bytes``, 16 MiB unless set; Kafka's
+        ``fetch.max.bytes``).
         """
         if group is not None:
             if not isinstance(start, str):
@@ -460,6 +474,7 @@ class Client(BaseClient):
                 auto_commit=auto_commit,
                 partitions=partitions,
                 follow=follow,
+                max_bytes=max_bytes,
             )
         return Consumer(
             self,
@@ -471,6 +486,7 @@ class Client(BaseClient):
             wait=wait,
             committed_wait=committed_wait,
             follow=follow,
+            max_bytes=max_bytes,
         )
 
     # --- consumer groups ---
@@ -506,6 +522,7 @@ class Client(BaseClient):
         dead_letter_topic: str | None = None,
         start: str = "earliest",
         prefetch: bool = False,
+        max_bytes: int | None = None,
     ) -> Queue:
         """A worker's handle on queue ``group`` of ``topic``: ``pop`` leases messages
         to it for ``ack_timeout`` seconds, ``ack``/``nack`` settle them, ``close``
@@ -517,7 +534,10 @@ class Client(BaseClient):
         created when needed) instead of being delivered again.
 
         ``prefetch``: a full pop sends the next one at once, so the next batch is
-        leased while this one is worked on (see :class:`~tidings.client.Queue`)."""
+        leased while this one is worked on (see :class:`~tidings.client.Queue`).
+
+        ``max_bytes``: a pop stops after the message that brings it to that many
+        bytes (the server caps it at its ``fetch_max_bytes``)."""
         return Queue(
             self,
             topic,
@@ -527,6 +547,7 @@ class Client(BaseClient):
             dead_letter_topic=dead_letter_topic,
             start=start,
             prefetch=prefetch,
+            max_bytes=max_bytes,
         )
 
     def queues(self, topic: str | None = None) -> list[tuple[str, str]]:

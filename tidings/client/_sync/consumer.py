@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from tidings.client._sync.concurrency import Pending, Worker, sleep, yield_turns
 from tidings.client._sync.session import Session
-from tidings.client.api import PollPage
+from tidings.client.api import PollPage, check_max_bytes
 from tidings.client.base import StartPosition, encoded_transaction
 from tidings.client.cursor import (
     DEFAULT_BATCH_SIZE,
@@ -45,8 +45,10 @@ class Consumer(Iterator[Message]):
         wait: float = DEFAULT_WAIT,
         committed_wait: float = DEFAULT_COMMITTED_WAIT,
         follow: bool = True,
+        max_bytes: int | None = None,
     ) -> None:
         self._client = client
+        self._max_bytes = check_max_bytes(max_bytes)
         self.topic = topic
         self._cursor = ConsumerCursor(
             start,
@@ -103,6 +105,7 @@ class Consumer(Iterator[Message]):
             transaction=snapshot,
             wait=wait,
             isolation=isolation,
+            max_bytes=self._max_bytes,
         )
 
     def _taken_ahead(self) -> PollPage | None:
@@ -127,6 +130,7 @@ class Consumer(Iterator[Message]):
             transaction=encoded_transaction(snapshot),
             wait=0.0,
             isolation=isolation,
+            max_bytes=self._max_bytes,
         )
         self._ahead = (key, self._client._begin(self._worker, call))
         # Let the request go out before decoding holds the loop.

@@ -43,7 +43,7 @@ from zlib import crc32
 from tidings.client._sync.concurrency import Pending, Worker, sleep, yield_turns
 from tidings.client._sync.session import Session
 from tidings.client._sync.transactions import TransactionContext
-from tidings.client.api import Call, GroupPage, PollPage
+from tidings.client.api import Call, GroupPage, PollPage, check_max_bytes
 from tidings.codec.admin import START_ALIASES, TransactionGroupCommit
 from tidings.codec.groups import partition_of
 from tidings.errors import GroupNotFound, MemberNotFound, TidingsError
@@ -113,6 +113,7 @@ class GroupConsumer(Iterator[Message]):
         auto_commit: bool = False,
         partitions: int | None = None,
         follow: bool = True,
+        max_bytes: int | None = None,
     ) -> None:
         start = START_ALIASES.get(start, start)
         if start not in ("earliest", "latest"):
@@ -127,6 +128,7 @@ class GroupConsumer(Iterator[Message]):
         self.group = group
         self._start = start
         self._batch_size = batch_size
+        self._max_bytes = check_max_bytes(max_bytes)
         self._wait = wait
         self._session_ms = round(session_timeout * 1000)
         self._auto_commit = auto_commit
@@ -302,7 +304,7 @@ class GroupConsumer(Iterator[Message]):
 
     def _poll_call(self, member_id: str, wait: float) -> Call[GroupPage]:
         return self._client._api.group_poll(
-            self.topic, self.group, member_id, self._batch_size, wait
+            self.topic, self.group, member_id, self._batch_size, wait, self._max_bytes
         )
 
     def _taken_ahead(self) -> GroupPage | None:

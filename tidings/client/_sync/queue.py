@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from tidings.client._sync.concurrency import Pending, Worker, yield_turns
 from tidings.client._sync.session import Session
 from tidings.client._sync.transactions import TransactionContext
-from tidings.client.api import Call
+from tidings.client.api import Call, check_max_bytes
 from tidings.codec.admin import START_ALIASES
 from tidings.errors import QueueNotFound, TidingsError
 from tidings.structs import Message, MessageId, QueueStats, Transaction
@@ -97,6 +97,7 @@ class Queue:
         dead_letter_topic: str | None = None,
         start: str = "earliest",
         prefetch: bool = False,
+        max_bytes: int | None = None,
     ) -> None:
         if not ack_timeout > 0:
             raise ValueError("ack_timeout must be positive")
@@ -115,6 +116,7 @@ class Queue:
         self._max_deliveries = max_deliveries
         self._dead_letter = dead_letter_topic
         self._start = start
+        self._max_bytes = check_max_bytes(max_bytes)
         #: This handle's id on the server: the owner of its leases.
         self.consumer_id = uuid.uuid4().hex
         self._closed = False
@@ -182,6 +184,7 @@ class Queue:
             dead_letter_topic=self._dead_letter,
             start=self._start,
             ack_ids=ack_ids,
+            max_bytes=self._max_bytes,
         )
 
     def _take_ahead(self) -> None:

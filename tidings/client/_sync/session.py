@@ -58,6 +58,7 @@ class Session(Protocol):
         transaction: Transaction | bytes | None,
         wait: float | None,
         isolation: str | None,
+        max_bytes: int | None = None,
     ) -> PollPage: ...
 
     @overload

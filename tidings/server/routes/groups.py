@@ -27,7 +27,13 @@ from tidings.server.routes.consumers import (
     read_snapshot,
     wants_columns,
 )
-from tidings.server.routes.messaging import COUNT_HEADER, LAST_ID_HEADER, TOPIC, _wait_ms
+from tidings.server.routes.messaging import (
+    COUNT_HEADER,
+    LAST_ID_HEADER,
+    TOPIC,
+    _wait_ms,
+    max_bytes_param,
+)
 from tidings.structs import GroupAssignment, MessageId
 
 __all__ = ["GROUP", "GROUPS", "routes"]
@@ -104,6 +110,7 @@ def routes(api: Api) -> list[Route]:
         coordinator = api.groups
         ns, topic, name = path_names(request, "group")
         wait_ms = _wait_ms(request, max_wait_ms)
+        max_bytes = max_bytes_param(request)
         member_id, limit = admin.read_member_request(await json_body(api, request, "group poll"))
         limit = min(limit or _DEFAULT_LIMIT, api.config.fetch_max_limit)
         media = answer_media(request)
@@ -112,8 +119,9 @@ def routes(api: Api) -> list[Route]:
         async def fetch() -> tuple[PageColumns, MessageId | None, GroupAssignment]:
             tx = await read_snapshot(api)
             return await api.blocking(
-                coordinator.poll_columns, ns, topic, name, member_id, limit=limit, snapshot=tx
-            )
+                coordinator.poll_columns, ns, topic, name, member_id, limit=limit, snapshot=tx,
+                max_bytes=max_bytes,
+            )  # fmt: skip
 
         if wait_ms <= 0:
             rows, last, assignment = await fetch()

@@ -82,6 +82,17 @@ ISOLATION_LEVELS = (READ_COMMITTED, READ_UNCOMMITTED)
 FIELDS = ("all", "id")
 
 
+def max_bytes_param(request: Request) -> int | None:
+    """A poll's ``maxBytes`` query parameter (None if absent): a positive integer,
+    capped later at the server's ``fetch_max_bytes``."""
+    raw = request.query_params.get("maxBytes")
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18 or int(raw) < 1:
+        raise BadRequest(f"maxBytes must be a positive integer, got {raw[:64]!r}")
+    return int(raw)
+
+
 def _ids_only(request: Request) -> bool:
     raw = request.query_params.get("fields")
     if raw is None or raw == "all":
@@ -183,6 +194,7 @@ def routes(api: Api) -> list[Route]:
         wait_ms = _wait_ms(request, max_wait_ms)
         read_committed = _read_committed(request)
         ids_only = _ids_only(request)
+        max_bytes = max_bytes_param(request)
         media = request_media(request)
         req = wire.decode_consume_request(await read_body(request, max_body), media)
         tx: Transaction | None = None
@@ -193,23 +205,22 @@ def routes(api: Api) -> list[Route]:
             manager_ = manager()  # its snapshot is taken right before each fetch
 
         columnar = not ids_only and wants_columns(request)
-        page = messaging.fetch_ids_encoded if ids_only else messaging.fetch_encoded
 
         def fetch() -> tuple[bytes, int, MessageId | None]:
             if columnar:
                 return messaging.fetch_columns(
                     ns, topic, start=req.start, inclusive=req.inclusive, limit=req.limit,
-                    transaction=tx,
+                    transaction=tx, max_bytes=max_bytes,
                 )  # fmt: skip
-            return page(
-                ns,
-                topic,
-                media,
-                start=req.start,
-                inclusive=req.inclusive,
-                limit=req.limit,
-                transaction=tx,
-            )
+            if ids_only:
+                return messaging.fetch_ids_encoded(
+                    ns, topic, media, start=req.start, inclusive=req.inclusive,
+                    limit=req.limit, transaction=tx,
+                )  # fmt: skip
+            return messaging.fetch_encoded(
+                ns, topic, media, start=req.start, inclusive=req.inclusive, limit=req.limit,
+                transaction=tx, max_bytes=max_bytes,
+            )  # fmt: skip
 
         if wait_ms <= 0:
             if manager_ is not None:

@@ -24,7 +24,13 @@ from tidings.errors import BadRequest
 from tidings.names import check_name
 from tidings.server.handlers import Api, json_response
 from tidings.server.routes.consumers import answer_media, json_body, path_names, read_snapshot
-from tidings.server.routes.messaging import COUNT_HEADER, LAST_ID_HEADER, TOPIC, _wait_ms
+from tidings.server.routes.messaging import (
+    COUNT_HEADER,
+    LAST_ID_HEADER,
+    TOPIC,
+    _wait_ms,
+    max_bytes_param,
+)
 
 __all__ = ["QUEUE", "QUEUES", "routes"]
 
@@ -67,6 +73,7 @@ def routes(api: Api) -> list[Route]:
         coordinator = api.queues
         ns, topic, name = path_names(request, "queue")
         wait_ms = _wait_ms(request, max_wait_ms)
+        max_bytes = max_bytes_param(request)
         req = queue_bodies.read_pop_request(await json_body(api, request, "pop request"))
         media = answer_media(request)
         ack_timeout_ms = req.ack_timeout_ms or DEFAULT_ACK_TIMEOUT_MS
@@ -96,6 +103,7 @@ def routes(api: Api) -> list[Route]:
                 snapshot=tx,
                 max_deliveries=req.max_deliveries,
                 dead_letter=req.dead_letter_topic,
+                max_bytes=max_bytes,
             )
             if found is not None:
                 return found
@@ -111,6 +119,7 @@ def routes(api: Api) -> list[Route]:
                 max_deliveries=req.max_deliveries,
                 dead_letter=req.dead_letter_topic,
                 start=req.start,
+                max_bytes=max_bytes,
             )
 
         if wait_ms <= 0:
