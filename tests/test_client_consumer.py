@@ -222,6 +222,25 @@ def test_read_ahead_only_after_full_pages_and_only_if_it_is_the_next_poll() -> N
     assert not cursor.accepts(key, _page(3, mid(5)))
 
 
+def test_read_ahead_after_a_page_that_reached_its_byte_bound() -> None:
+    from tidings.client.api import PollPage
+    from tidings.codec.wire import AVRO
+
+    cursor = ConsumerCursor(
+        "earliest", transactional=True, batch_size=3, wait=1, committed_wait=0.5, follow=False
+    )
+    snapshot = cursor.snapshot = Transaction(5, 2**63 - 1)
+    cut = PollPage(b"", AVRO, 1, mid(0), more=True)
+    key = cursor.ahead_of(cut)
+    assert key == (mid(0), False, snapshot, None)
+    # Not caught up: the snapshot stays, so the poll sent ahead is the next one.
+    cursor.advance([Message(mid(0), b"")], more=True)
+    assert cursor.snapshot is snapshot
+    assert key is not None and cursor.accepts(key, _page(1, mid(1)))
+    cursor.advance([Message(mid(1), b"")])  # short, and not at its bound: caught up
+    assert cursor.snapshot is None
+
+
 def test_poll_page_headers() -> None:
     from tidings.client.api import _poll_page
     from tidings.client.transports import Response
@@ -237,3 +256,12 @@ def test_poll_page_headers() -> None:
     assert page({"tidings-count": "3"}) == (None, None)
     assert page({"tidings-count": "x", "tidings-last-id": mid(2).hex}) == (None, None)
     assert page({"tidings-count": "3", "tidings-last-id": "zz"}) == (None, None)
+
+    def more(headers: dict[str, str]) -> bool:
+        return _poll_page(Response(200, b"\x00", AVRO.value, headers), AVRO).more
+
+    last = {"tidings-count": "1", "tidings-last-id": mid(0).hex}
+    assert more({**last, "tidings-more": "true"})
+    assert not more(last)
+    assert not more({**last, "tidings-more": "yes"})
+    assert not more({"tidings-count": "0", "tidings-more": "true"})  # no extent, no more

@@ -67,6 +67,10 @@ def test_a_poll_stops_at_the_message_that_reaches_max_bytes(
         assert r.headers["Tidings-Count"] == str(count)
         assert r.headers["Tidings-Last-Id"] == messages[-1].id.hex
         assert [m.payload[:3] for m in messages] == [b"%03d" % i for i in range(count)]
+        # At its bound, the page says more may follow; short of it, it says nothing.
+        assert ("Tidings-More" in r.headers) == (max_bytes != "99999"), max_bytes
+        if max_bytes != "99999":
+            assert r.headers["Tidings-More"] == "true"
 
 
 @pytest.mark.parametrize("bad", BAD)
@@ -129,6 +133,21 @@ def test_the_servers_bound_is_the_default_and_the_cap(
         assert len(member.poll()) == 10
         member.close()
         assert len(client.queue(topic, "q").pop(100)) == 10
+
+
+def test_group_polls_say_when_they_reached_their_bound(
+    server: ServerProcess, hundreds: str
+) -> None:
+    joined = post(server, hundreds + "/groups/h/join", b"{}", JSON, None)
+    member = joined.json()["memberId"]
+    body = b'{"memberId": "%s", "limit": 20}' % member.encode()
+    for accept in (None, COLUMNS.value):
+        r = post(server, hundreds + "/groups/h/poll", body, JSON, accept, maxBytes="150")
+        assert r.status_code == 200 and r.headers["Tidings-Count"] == "2"
+        assert r.headers["Tidings-More"] == "true"
+    r = post(server, hundreds + "/groups/h/poll", body, JSON, None, maxBytes="99999")
+    assert r.headers["Tidings-Count"] == "6" and "Tidings-More" not in r.headers
+    post(server, hundreds + "/groups/h/leave", b'{"memberId": "%s"}' % member.encode(), JSON, None)
 
 
 def test_clients_pass_max_bytes_on_every_read(client: Client, hundreds: str) -> None:

@@ -92,12 +92,15 @@ class PollPage:
 
     ``count`` and ``last_id`` come from ``Tidings-Count`` and ``Tidings-Last-Id``
     (docs/api.md); ``count`` is None if the server sent no (or a malformed) count.
+    ``more``: the page reached its byte bound (``Tidings-More``), so more may follow
+    however few messages it holds.
     """
 
     body: bytes
     media: Media
     count: int | None
     last_id: MessageId | None
+    more: bool = False
 
     def messages(self) -> list[Message]:
         """Decode the page (the costly part, which the consumer overlaps with I/O)."""
@@ -146,7 +149,8 @@ def _poll_page(response: Response, sent: Media) -> PollPage:
                 count = None  # a non-empty page without its last id: no extent
     except (ValueError, TidingsError):
         count, last = None, None
-    return PollPage(response.body, _response_media(response, sent), count, last)
+    more = last is not None and headers.get("tidings-more") == "true"
+    return PollPage(response.body, _response_media(response, sent), count, last, more)
 
 
 @dataclass(frozen=True, slots=True)

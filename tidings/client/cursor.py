@@ -138,9 +138,12 @@ class ConsumerCursor:
 
     def ahead_of(self, page: PollPage) -> PollKey | None:
         """The poll that follows ``page`` if it is worth sending before decoding it: the
-        page is full by its headers, so :meth:`advance` will keep the snapshot and move
-        just past its last id. None otherwise (short page, no headers)."""
-        if page.count is None or page.last_id is None or page.count < self.batch_size:
+        page is full by its headers (``batch_size`` messages, or its byte bound
+        reached), so :meth:`advance` will keep the snapshot and move just past its last
+        id. None otherwise (short page, no headers)."""
+        if page.count is None or page.last_id is None:
+            return None
+        if page.count < self.batch_size and not page.more:
             return None
         return (page.last_id, False, self.snapshot, self.isolation)
 
@@ -157,15 +160,16 @@ class ConsumerCursor:
         # would not have waited either.
         return not self.follow or (page.count is not None and page.count > 0)
 
-    def advance(self, messages: list[Message]) -> None:
-        """Move past a page; a short page means caught up with this snapshot."""
-        self.advance_past(len(messages), messages[-1].id if messages else None)
+    def advance(self, messages: list[Message], more: bool = False) -> None:
+        """Move past a page; a short page means caught up with this snapshot, unless
+        it reached its byte bound (``more``)."""
+        self.advance_past(len(messages), messages[-1].id if messages else None, more)
 
-    def advance_past(self, count: int, last: MessageId | None) -> None:
+    def advance_past(self, count: int, last: MessageId | None, more: bool = False) -> None:
         """Move past a page of ``count`` messages ending at ``last``."""
         if count and last is not None:
             self.start, self.inclusive = last, False
-        if count < self.batch_size:
+        if count < self.batch_size and not more:
             self.snapshot = None
             if not count and not self.follow:
                 self.exhausted = True

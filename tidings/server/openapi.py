@@ -839,7 +839,8 @@ def _messaging_paths() -> dict[str, Any]:
                     "200": {
                         "description": (
                             "messages, oldest first (MessageIds with fields=id); headers "
-                            "Tidings-Count and Tidings-Last-Id give the page's extent"
+                            "Tidings-Count and Tidings-Last-Id give the page's extent, "
+                            "Tidings-More: true that it reached its byte bound"
                         ),
                         "content": {
                             # anyOf: an empty page is both an empty list of messages
@@ -984,7 +985,8 @@ def _group_paths() -> dict[str, Any]:
                     "200": {
                         "description": "messages of the member's partitions, oldest first; "
                         "headers Tidings-Generation, Tidings-Partitions and "
-                        "Tidings-Partition-Count give its assignment",
+                        "Tidings-Partition-Count give its assignment, Tidings-Count, "
+                        "Tidings-Last-Id and Tidings-More the page's extent",
                         "content": {
                             **_content(_ref("Messages"), "Messages", "MessagesExt"),
                             # Where Accept names it (the clients' default).

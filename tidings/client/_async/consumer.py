@@ -137,13 +137,13 @@ class AsyncConsumer(AsyncIterator[Message]):
     async def _fetch(self) -> list[Message]:
         page = await self._next_page()
         messages = page.messages()
-        self._cursor.advance(messages)
+        self._cursor.advance(messages, page.more)
         return messages
 
     async def _fetch_rows(self) -> Iterator[Message]:
         page = await self._next_page()
         rows = page.iterate()
-        self._cursor.advance_past(rows.count, rows.last)
+        self._cursor.advance_past(rows.count, rows.last, page.more)
         return rows.messages
 
     async def _next_page(self) -> PollPage:

@@ -287,8 +287,10 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         if answer.generation is not None and answer.partitions is not None:
             count = answer.partition_count or self._assignment.partition_count
             self._adopt(GroupAssignment(member_id, answer.generation, answer.partitions, count))
-        if answer.page.count is not None and answer.page.count >= self._batch_size:
-            # A full page: more is likely there. Ask now, before decoding this one.
+        got = answer.page.count
+        if got is not None and (got >= self._batch_size or answer.page.more):
+            # A full page (or one at its byte bound): more is likely there. Ask now,
+            # before decoding this one.
             self._ahead = (
                 self._epoch,
                 member_id,

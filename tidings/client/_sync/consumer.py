@@ -139,13 +139,13 @@ class Consumer(Iterator[Message]):
     def _fetch(self) -> list[Message]:
         page = self._next_page()
         messages = page.messages()
-        self._cursor.advance(messages)
+        self._cursor.advance(messages, page.more)
         return messages
 
     def _fetch_rows(self) -> Iterator[Message]:
         page = self._next_page()
         rows = page.iterate()
-        self._cursor.advance_past(rows.count, rows.last)
+        self._cursor.advance_past(rows.count, rows.last, page.more)
         return rows.messages
 
     def _next_page(self) -> PollPage:

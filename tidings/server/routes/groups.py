@@ -30,6 +30,7 @@ from tidings.server.routes.consumers import (
 from tidings.server.routes.messaging import (
     COUNT_HEADER,
     LAST_ID_HEADER,
+    MORE_HEADER,
     TOPIC,
     _wait_ms,
     max_bytes_param,
@@ -146,14 +147,17 @@ def routes(api: Api) -> list[Route]:
             PARTITIONS_HEADER: ",".join(map(str, assignment.partitions)),
             PARTITION_COUNT_HEADER: str(assignment.partition_count),
         }
+        if columnar:  # the pages' columns, the member's rows as they are
+            body_, answer = rows.encode(), columns.CONTENT_TYPE
+        else:
+            # Another medium (a member that does not name the columnar one): the rows
+            # as messages, then encoded.
+            body_, answer = wire.encode_messages(rows.messages(), media), media.value
         if last is not None:
             headers[LAST_ID_HEADER] = last.hex
-        if columnar:  # the pages' columns, the member's rows as they are
-            return Response(rows.encode(), media_type=columns.CONTENT_TYPE, headers=headers)
-        # Another medium (a member that does not name the columnar one): the rows as
-        # messages, then encoded.
-        body_ = wire.encode_messages(rows.messages(), media)
-        return Response(body_, media_type=media.value, headers=headers)
+            if len(body_) >= api.messaging.max_bytes(max_bytes):
+                headers[MORE_HEADER] = "true"  # as for a poll
+        return Response(body_, media_type=answer, headers=headers)
 
     @api.endpoint(GROUP + "/commit")
     async def commit(request: Request) -> Response:

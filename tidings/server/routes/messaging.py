@@ -43,6 +43,9 @@ TOPIC = PREFIX + "/topics/{topic}"
 #: Poll response headers (docs/api.md): messages in the page, id of the last one.
 COUNT_HEADER = "Tidings-Count"
 LAST_ID_HEADER = "Tidings-Last-Id"
+#: Poll response header: the page reached its byte bound, so more may follow however
+#: few messages it holds (a reader may ask for the next page at once).
+MORE_HEADER = "Tidings-More"
 #: Idempotent publish request headers (docs/api.md): who publishes, and which batch.
 PRODUCER_HEADER = "Tidings-Producer-Id"
 SEQUENCE_HEADER = "Tidings-Sequence"
@@ -247,6 +250,10 @@ def routes(api: Api) -> list[Route]:
         headers = {COUNT_HEADER: str(count)}
         if last is not None:
             headers[LAST_ID_HEADER] = last.hex
+            if not ids_only and len(body) >= messaging.max_bytes(max_bytes):
+                # Its messages' bytes are at most its body's: a page that stopped at
+                # the bound has at least that body (JSON's base64 may say so early).
+                headers[MORE_HEADER] = "true"
         if manager_ is not None and tx is not None:
             # Read-committed with the server's snapshot: where it would stop (the first
             # entry of the oldest open transaction), if anywhere.
