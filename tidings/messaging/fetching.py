@@ -161,7 +161,7 @@ def fetch_messages(
                     append_plain(view, scan_from, stop, columns, limit)
                     reader.budget = columns.budget
             elif len(columns.ids) < limit:
-                _append_columns(view, scan_from, stop, out, reader, columns, limit)
+                reader.budget = _append_columns(view, scan_from, stop, out, reader, columns, limit)
         columns.cut = reader.budget <= 0
         return out
     if len(out) >= limit or reader.budget <= 0:
@@ -197,12 +197,10 @@ def fetch_messages(
             message_id = new(id_cls, unpack_tail(key, 8) + no_payload_table)
             append(new(message_cls, (message_id, value[end:], value[2:end], no_headers, None, 0)))
         else:
-            reader.budget = budget
-            if not reader.entry(key, value, None, True):
+            left = reader.within(key, value, budget)
+            if left is None or len(out) >= limit or left <= 0:
                 break
-            budget = reader.budget
-            if len(out) >= limit or budget <= 0:
-                break
+            budget = left
             continue
         budget -= len(value)
         if len(out) >= limit or budget <= 0:
@@ -253,12 +251,10 @@ def _append_avro(
                 return
             continue
         else:
-            reader.budget = budget
-            if not reader.entry(key, value, None, True):
+            left = reader.within(key, value, budget)
+            if left is None or len(out) >= limit or left <= 0:
                 return
-            budget = reader.budget
-            if len(out) >= limit or budget <= 0:
-                return
+            budget = left
             continue
         length = small[n] if n < 16384 else zigzag(n)
         append(join((id_len, key[8:18], zero, length, payload, suffix)))
@@ -384,18 +380,6 @@ class _SeenPointer:
 
 
 def _append_columns(
-    view: ReadView,
-    scan_from: bytes,
-    stop: bytes,
-    out: list[Message | bytes],
-    reader: _Reader,
-    columns: PageColumns,
-    limit: int,
-) -> None:
-    reader.budget = _columns_walk(view, scan_from, stop, out, reader, columns, limit)
-
-
-def _columns_walk(
     view: ReadView,
     scan_from: bytes,
     stop: bytes,
@@ -698,6 +682,12 @@ class _Reader:
         if wp is not None:
             self._expand(ts, seq, wp, values.read_payload_range(value), resume, inclusive)
         return True
+
+    def within(self, key: bytes, value: bytes, budget: int) -> int | None:
+        """:meth:`entry` (from its start) for a walk that keeps the byte budget itself:
+        the budget left after it, or None where a transactional reader must stop."""
+        self.budget = budget
+        return self.budget if self.entry(key, value, None, True) else None
 
     def inside_batch(self, prefix: bytes, key: bytes, start: MessageId, inclusive: bool) -> bool:
         """Append the messages at or after ``start`` (``inclusive``) of the batch entry

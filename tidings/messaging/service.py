@@ -680,22 +680,12 @@ class MessagingService:
         """A fetch's byte bound: ``max_bytes`` checked and capped at
         ``fetch_max_bytes`` (which None means); BadRequest if it is not a positive
         integer."""
-        if max_bytes is None:
-            return self._config.fetch_max_bytes
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
-            raise BadRequest(f"max_bytes must be an integer, got {max_bytes!r}")
-        if max_bytes < 1:
-            raise BadRequest(f"max_bytes must be at least 1, got {max_bytes}")
-        return min(max_bytes, self._config.fetch_max_bytes)
+        most = self._config.fetch_max_bytes
+        return _bounded(max_bytes, "max_bytes", most, most)
 
     def _limit(self, limit: object) -> int:
-        if limit is None:
-            return self._config.fetch_default_limit
-        if isinstance(limit, bool) or not isinstance(limit, int):
-            raise BadRequest(f"limit must be an integer, got {limit!r}")
-        if limit < 1:
-            raise BadRequest(f"limit must be at least 1, got {limit}")
-        return min(limit, self._config.fetch_max_limit)
+        config = self._config
+        return _bounded(limit, "limit", config.fetch_default_limit, config.fetch_max_limit)
 
     def stats(self, namespace: str, topic: str) -> TopicStats:
         """The topic's live contents (what a non-transactional reader would get) and
@@ -858,6 +848,18 @@ class MessagingService:
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+
+
+def _bounded(value: object, name: str, default: int, most: int) -> int:
+    """A fetch's count or byte bound: ``default`` for None, else ``value`` capped at
+    ``most``; BadRequest unless it is a positive integer."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"{name} must be an integer, got {value!r}")
+    if value < 1:
+        raise BadRequest(f"{name} must be at least 1, got {value}")
+    return min(value, most)
 
 
 def _ranges(
