@@ -51,7 +51,7 @@ from itertools import accumulate
 from tidings.codec import groups as gkeys
 from tidings.codec.groups import GroupRecord, Member, partition_of
 from tidings.consumers.assignment import assign
-from tidings.consumers.pages import Page, Pages
+from tidings.consumers.pages import Page, Pages, data_bytes, row_bytes
 from tidings.consumers.waiting import WouldWait, holding
 from tidings.errors import (
     BadRequest,
@@ -343,16 +343,13 @@ class GroupCoordinator:
             examined += size - first
             if len(chosen) >= room:
                 chosen = chosen[:room]
-            cut = False
-            if chosen:
-                sizes = page.sizes
-                if isinstance(chosen, range):
-                    spent = sum(sizes[chosen.start : chosen.stop])
-                else:
-                    spent = sum(map(sizes.__getitem__, chosen))
+            cut = counted = False
+            if chosen and page.data >= budget:
+                # The bound may fall in this page: the member's rows counted now.
+                spent, counted = data_bytes(page.columns, chosen), True
                 if spent >= budget:
                     # The message that reaches the budget is the member's last.
-                    running = list(accumulate(map(sizes.__getitem__, chosen)))
+                    running = list(accumulate(row_bytes(page.columns, chosen)))
                     chosen = chosen[: bisect.bisect_left(running, budget) + 1]
                     cut = True
                 budget -= spent
@@ -366,6 +363,8 @@ class GroupCoordinator:
                 last = id_at(-1)
             if not page.full or len(out.ids) >= limit or not size:
                 break
+            if not counted:  # on to the next page: what this one gave counts there
+                budget -= data_bytes(page.columns, chosen)
             start = page.last
         # Everything up to ``last`` of every owned partition was examined.
         scanned = {

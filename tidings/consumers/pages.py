@@ -8,16 +8,16 @@ the indices of each partition's messages, serves every member that scans through
 from __future__ import annotations
 
 import bisect
-import operator
 import threading
 import time
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tidings.messaging.fetching import PageColumns
 from tidings.structs import MessageId
 
-__all__ = ["Page", "Pages"]
+__all__ = ["Page", "Pages", "data_bytes", "row_bytes"]
 
 #: Most pages kept per topic for the members' scans, and most bytes they may hold
 #: (payloads and keys, plus an allowance per message for its objects). Members of a
@@ -54,8 +54,9 @@ class Page:
     fetched: float = field(default_factory=time.monotonic)
     #: Roughly what it holds in memory (bytes), for the bound on the kept pages.
     size: int = 0
+    #: Its messages' payload and key bytes (what a member's byte bound counts).
+    data: int = 0
     _hashes: list[int] | None = None
-    _sizes: list[int] | None = None
     #: Held while the hashes and an index are made: members reach a new page together,
     #: and each making them at once cost four times the work under four members.
     _making: threading.Lock = field(default_factory=threading.Lock)
@@ -63,12 +64,8 @@ class Page:
     def __post_init__(self) -> None:
         if not self.size:
             columns = self.columns
-            keys = columns.keys
-            self.size = (
-                sum(map(len, columns.payloads))
-                + (sum(len(k) for k in keys if k is not None) if keys is not None else 0)
-                + _ROW_OVERHEAD * len(columns.ids)
-            )
+            self.data = data_bytes(columns, range(len(columns.ids)))
+            self.size = self.data + _ROW_OVERHEAD * len(columns.ids)
 
     def __len__(self) -> int:
         return len(self.columns.ids)
@@ -113,22 +110,6 @@ class Page:
                     self._hashes = hashes
         return hashes
 
-    @property
-    def sizes(self) -> list[int]:
-        """Each message's bytes as a member's page counts them: payload and key."""
-        sizes = self._sizes
-        if sizes is None:
-            with self._making:
-                sizes = self._sizes
-                if sizes is None:
-                    columns = self.columns
-                    sizes = list(map(len, columns.payloads))
-                    if columns.keys is not None:
-                        key_sizes = [0 if k is None else len(k) for k in columns.keys]
-                        sizes = list(map(operator.add, sizes, key_sizes))
-                    self._sizes = sizes
-        return sizes
-
     def by_partition(self, partitions: int) -> dict[int, list[int]]:
         """The indices of each partition's messages, in order, for ``partitions``."""
         index = self.indexes.get(partitions)
@@ -149,6 +130,29 @@ class Page:
             return 0
         # The 20-byte form sorts as the ids do.
         return bisect.bisect_right(self.columns.ids, position.to_bytes())
+
+
+def data_bytes(columns: PageColumns, rows: Sequence[int]) -> int:
+    """The payload and key bytes of ``rows`` of ``columns`` (a run of rows, as a
+    ``range``, is summed over list slices)."""
+    payloads, keys = columns.payloads, columns.keys
+    if isinstance(rows, range) and rows.step == 1:
+        total = sum(map(len, payloads[rows.start : rows.stop]))
+        if keys is not None:  # None and empty keys alike add nothing
+            total += sum(map(len, filter(None, keys[rows.start : rows.stop])))
+        return total
+    total = sum(map(len, map(payloads.__getitem__, rows)))
+    if keys is not None:
+        total += sum(map(len, filter(None, map(keys.__getitem__, rows))))
+    return total
+
+
+def row_bytes(columns: PageColumns, rows: Sequence[int]) -> list[int]:
+    """The payload and key bytes of each of ``rows``."""
+    payloads, keys = columns.payloads, columns.keys
+    if keys is None:
+        return [len(payloads[i]) for i in rows]
+    return [len(payloads[i]) + len(keys[i] or b"") for i in rows]
 
 
 class Pages:
