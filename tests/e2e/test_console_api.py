@@ -44,6 +44,23 @@ def test_messages_before_a_position_and_at_the_end(server: ServerProcess, topic:
     assert len(_ids(httpx.get(url, params={"limit": 2**31 - 1}))) == 2500
 
 
+def test_messages_before_show_the_newest_within_the_byte_bound(
+    start_server: Callable[..., ServerProcess], topic: str
+) -> None:
+    server = start_server(TIDINGS_FETCH_MAX_BYTES="1000")
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"%02d" % i + b"x" * 98 for i in range(25)])
+        every = [m.id.hex for m in client.consume(topic, follow=False)]
+    assert len(every) == 25
+    url = f"{server.url}{NS}/topics/{topic}/messages"
+    # 15 asked for, 1,000 bytes allowed: the newest 10 (the older ones a page before).
+    newest = _ids(httpx.get(url, params={"limit": 15}))
+    assert newest == every[-10:]
+    assert _ids(httpx.get(url, params={"limit": 15, "before": newest[0]})) == every[5:15]
+    assert _ids(httpx.get(url, params={"limit": 3, "before": every[2]})) == every[:2]
+
+
 def test_messages_before_in_a_crowded_window(server: ServerProcess, topic: str) -> None:
     """More ids in the first time window than one scan reads: the window narrows."""
     with Client(server.url) as client:

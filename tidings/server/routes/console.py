@@ -284,12 +284,40 @@ def page_before(
         span = (span + too_many) // 2 if too_many else span * _WIDEN
     if not window.ids:
         return []
-    found = messaging.fetch(
-        namespace,
-        topic,
-        start=window.ids[0],
-        inclusive=True,
-        limit=len(window.ids),
-        transaction=snapshot,
-    )
-    return [m for m in found if m.id < top or (inclusive_top and m.id == top)]
+    return _newest(messaging, namespace, topic, window.ids[0], top, inclusive_top, snapshot)
+
+
+def _newest(
+    messaging: MessagingService,
+    namespace: str,
+    topic: str,
+    first: MessageId,
+    top: MessageId,
+    inclusive_top: bool,
+    snapshot: Transaction | None,
+) -> list[Message]:
+    """The messages from ``first`` up to ``top``, the newest of them whose payloads and
+    keys stay within the server's ``fetch_max_bytes`` (one at least): a page of large
+    messages shows the newest, and the older ones come on the page before it. Read
+    page by page, each bounded, so no more than about twice the bound is held."""
+    bound = messaging.max_bytes(None)
+    found: deque[Message] = deque()
+    held = 0
+    start, inclusive = first, True
+    while True:
+        page = messaging.fetch(
+            namespace, topic, start=start, inclusive=inclusive, transaction=snapshot
+        )
+        if not page:
+            return list(found)
+        for message in page:
+            if message.id > top or (message.id == top and not inclusive_top):
+                return list(found)
+            found.append(message)
+            held += len(message.payload) + len(message.key or b"")
+            while held > bound and len(found) > 1:
+                oldest = found.popleft()
+                held -= len(oldest.payload) + len(oldest.key or b"")
+        start, inclusive = page[-1].id, False
+        if start == top:
+            return list(found)
