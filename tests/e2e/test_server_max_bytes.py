@@ -150,6 +150,20 @@ def test_group_polls_say_when_they_reached_their_bound(
     post(server, hundreds + "/groups/h/leave", b'{"memberId": "%s"}' % member.encode(), JSON, None)
 
 
+def test_a_spark_sink_finds_its_last_marker_past_pages_cut_by_bytes(
+    start_server: Callable[..., ServerProcess],
+) -> None:
+    from tidings.spark.sink import control_topic, last_committed_batch, marker
+
+    server = start_server(TIDINGS_FETCH_MAX_BYTES="1000")
+    with Client(server.url) as client:
+        client.create_topic(control_topic("s1"))
+        # Markers of about 100 bytes: a page holds ten of them.
+        for batch in range(40):
+            client.publish(control_topic("s1"), marker("s1", batch, batch + 1, {"out": 1}))
+        assert last_committed_batch(client, "s1") == 39
+
+
 def test_clients_pass_max_bytes_on_every_read(client: Client, hundreds: str) -> None:
     assert len(client.poll(hundreds, max_bytes=250)) == 3
     consumer = client.consume(hundreds, follow=False, max_bytes=250)

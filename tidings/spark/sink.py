@@ -267,7 +267,9 @@ def last_committed_batch(client: Client, sink_id: str, *, fetch_size: int = 5_00
                 batch = _batch_id(message.payload)
                 if batch is not None and (newest is None or batch > newest):
                     newest = batch
-            if len(page) < fetch_size:
+            # Only an empty page is the end: a page may stop short at the server's
+            # byte bound (or at an open transaction, where the next one is empty).
+            if not page:
                 break
             position, inclusive = page[-1].id, False
         if newest is not None or window is None:
