@@ -62,9 +62,10 @@ class Page:
     _making: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        if not self.size:
-            columns = self.columns
+        columns = self.columns
+        if not self.data:
             self.data = data_bytes(columns, range(len(columns.ids)))
+        if not self.size:
             self.size = self.data + _ROW_OVERHEAD * len(columns.ids)
 
     def __len__(self) -> int:
