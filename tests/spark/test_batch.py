@@ -266,3 +266,27 @@ def test_batch_read_and_write_with_a_token(
             assert [m.payload for m in admin.poll("out")] == [b"x"]
     finally:
         secured.stop()
+
+
+def test_batch_read_across_pages_cut_by_bytes(
+    spark: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A server whose pages hold about four of these messages: every range is read
+    through page after page, and every row comes once, in order."""
+    where = tmp_path_factory.mktemp("small-pages")
+    small = ServerProcess(where / "data", [], {"TIDINGS_FETCH_MAX_BYTES": "4096"}).start()
+    try:
+        with Client(small.url) as admin:
+            admin.create_topic("big")
+            for batch in range(6):
+                admin.publish("big", [b"%03d" % (50 * batch + i) * 333 for i in range(50)])
+            tx = admin.begin(30)
+            admin.store("big", [b"s" * 1500] * 7, write_pointer=tx.write_pointer)
+            admin.publish("big", [], write_pointer=tx.write_pointer)
+            admin.commit(tx.write_pointer)
+        rows = _read(spark, small, "big", minPartitions="3")
+        assert len(rows) == 307
+        assert [bytes(r.value)[:3] for r in rows[:300]] == [b"%03d" % i for i in range(300)]
+        assert [bytes(r.value) for r in rows[300:]] == [b"s" * 1500] * 7
+    finally:
+        small.stop()
