@@ -560,6 +560,10 @@ def _check_start(ctx: click.Context, param: click.Parameter, value: str) -> str:
     help="text: the payload per line; json: one JSON object per message.",
 )  # fmt: skip
 @click.option("--limit", type=click.IntRange(min=1), help="Stop after this many messages.")
+@click.option(
+    "--max-bytes", type=click.IntRange(min=1), metavar="BYTES",
+    help="Bytes of messages per poll (default and most: the server's fetch_max_bytes).",
+)  # fmt: skip
 @click.pass_context
 def consume(
     ctx: click.Context,
@@ -569,6 +573,7 @@ def consume(
     uncommitted: bool,
     fmt: str,
     limit: int | None,
+    max_bytes: int | None,
 ) -> None:
     """Print TOPIC's messages in order, like kcat -C.
 
@@ -582,6 +587,7 @@ def consume(
         transactional=not uncommitted,
         follow=follow,
         batch_size=min(limit or 1000, 1000),
+        max_bytes=max_bytes,
     )
     out = sys.stdout.buffer
     count = 0

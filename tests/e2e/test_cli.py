@@ -69,6 +69,9 @@ def test_publish_and_consume(run: Run, topic: str) -> None:
     assert "in transaction" in tx.stdout
     assert run("consume", topic).stdout == "one\ntwo\nthree\nfour\nfive\nsix\n"
     assert run("consume", topic, "--limit", "2").stdout == "one\ntwo\n"
+    # Pages of one message each: the same output.
+    assert run("consume", topic, "--max-bytes", "1").stdout == "one\ntwo\nthree\nfour\nfive\nsix\n"
+    assert run("consume", topic, "--max-bytes", "0", ok=False).exit_code == 2
     lines = [
         json.loads(line) for line in run("consume", topic, "--format", "json").stdout.splitlines()
     ]
