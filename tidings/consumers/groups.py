@@ -300,6 +300,7 @@ class GroupCoordinator:
         examined = 0
         last: MessageId | None = None
         returned: MessageId | None = None  # the last message in ``out``
+        passed = 0  # the payload and key bytes of the pages passed: at least ``out``'s
         pages = self._pages.setdefault(topic_key, Pages())
         while len(out.ids) < limit and examined < _SCAN_BUDGET:
             page = pages.find(start)
@@ -343,16 +344,16 @@ class GroupCoordinator:
             examined += size - first
             if len(chosen) >= room:
                 chosen = chosen[:room]
-            cut = counted = False
-            if chosen and page.data >= budget:
-                # The bound may fall in this page: the member's rows counted now.
-                spent, counted = data_bytes(page.columns, chosen), True
-                if spent >= budget:
+            cut = False
+            if chosen and passed + page.data >= budget:
+                # The bound may fall in this page (the rows are counted only then):
+                # what is left of it after the rows taken so far.
+                left = budget - data_bytes(out, range(len(out.ids)))
+                if data_bytes(page.columns, chosen) >= left:
                     # The message that reaches the budget is the member's last.
                     running = list(accumulate(row_bytes(page.columns, chosen)))
-                    chosen = chosen[: bisect.bisect_left(running, budget) + 1]
+                    chosen = chosen[: bisect.bisect_left(running, left) + 1]
                     cut = True
-                budget -= spent
             out.extend_rows(page.columns, chosen)
             if chosen:
                 returned = id_at(chosen[-1])
@@ -363,8 +364,7 @@ class GroupCoordinator:
                 last = id_at(-1)
             if not page.full or len(out.ids) >= limit or not size:
                 break
-            if not counted:  # on to the next page: what this one gave counts there
-                budget -= data_bytes(page.columns, chosen)
+            passed += page.data
             start = page.last
         # Everything up to ``last`` of every owned partition was examined.
         scanned = {
