@@ -45,7 +45,7 @@ from tidings.codec.values import (
     read_varint,
 )
 from tidings.codec.wire import AvroItems
-from tidings.messaging.plain_pages import PlainPage, append_plain
+from tidings.messaging.plain_pages import UNBOUNDED, PlainPage, append_plain
 from tidings.store.backend import ReadView
 from tidings.structs import (
     MESSAGE_ID_LAYOUT,
@@ -74,8 +74,6 @@ _ID = struct.Struct(MESSAGE_ID_LAYOUT)
 _ENTRY_ID = struct.Struct(">QH10x")
 #: The same as an Avro item's id: its length (20, zig-zag encoded), then the id.
 _AVRO_ID = struct.Struct(">BQH10x")
-#: A byte bound that never binds (the server's own scans, ids-only pages).
-UNBOUNDED = 1 << 62
 
 
 def retention_cutoff(state: TopicState, now: int) -> int:

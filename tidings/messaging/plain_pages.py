@@ -32,7 +32,7 @@ from tidings.codec.values import BATCH, BATCH_ENDS_AT, PLAIN, batch_layout, u32_
 from tidings.store.backend import ReadView
 from tidings.structs import Message, MessageId
 
-__all__ = ["PlainPage", "append_plain"]
+__all__ = ["UNBOUNDED", "PlainPage", "append_plain"]
 
 _MESSAGES = "messages"
 _U32 = struct.Struct("<I")
@@ -42,7 +42,7 @@ _SEQ_ONLY = struct.Struct(">8xH10x")
 _NO_PAYLOAD_ROW = bytes(10)
 #: Positions in a columnar body are int32.
 _MAX_POSITION = (1 << 31) - 1
-#: A byte budget that never binds (as :data:`tidings.messaging.fetching.UNBOUNDED`).
+#: A byte bound that never binds (the server's own scans, ids-only pages).
 UNBOUNDED = 1 << 62
 
 
