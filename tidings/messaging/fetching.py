@@ -435,10 +435,10 @@ def _append_columns(
                     break
                 continue
             else:
-                reader.budget = budget
-                if not _append_entry(key, value, columns, reader, out, limit):
-                    return reader.budget
-                budget = reader.budget
+                left = _append_entry(key, value, columns, reader, out, limit, budget)
+                if left is None:
+                    return budget  # stopped before the entry: nothing of it taken
+                budget = left
                 if len(ids) >= limit or budget <= 0:
                     return budget
                 if columns.keys is not None:
@@ -488,10 +488,10 @@ def _append_columns(
             continue
         else:
             # Its keys go to the same list.
-            reader.budget = budget
-            if not _append_entry(key, value, columns, reader, out, limit):
-                return reader.budget
-            budget = reader.budget
+            left = _append_entry(key, value, columns, reader, out, limit, budget)
+            if left is None:
+                return budget  # stopped before the entry: nothing of it taken
+            budget = left
             room = limit - len(ids)
             if room <= 0 or budget <= 0:
                 return budget
@@ -540,21 +540,21 @@ def _append_entry(
     reader: _Reader,
     out: list[Message | bytes],
     limit: int,
-) -> bool:
+    budget: int,
+) -> int | None:
     """One entry that is not a plain row into the columns, as the loop of
-    :func:`_append_columns` takes it (its bytes taken from ``reader.budget``); False
-    where a transactional reader must stop."""
+    :func:`_append_columns` takes it: the byte ``budget`` left after it, or None
+    where a transactional reader must stop (before it)."""
     if value[0] == KEYED and value[1] < 0x80:
         end = 2 + value[1]
         columns.key_column().append(value[2:end])
         columns.ids.append(key[8:18] + _NO_PAYLOAD_ROW)
         columns.payloads.append(value[end:])
-        reader.budget -= len(value)
-        return True
+        return budget - len(value)
     reader.limit = limit - len(columns.ids)
-    go_on = reader.entry(key, value, None, True)
+    left = reader.within(key, value, budget)
     columns.take(out)
-    return go_on
+    return left
 
 
 def _append_ids(
