@@ -54,6 +54,75 @@ def test_round_trip_and_agreement_with_avro(batch: list[Message]) -> None:
     assert wire.decode_messages(body, wire.COLUMNS) == avro.read_messages(extended, extended=True)
 
 
+# Blocks of rows without headers: keyed, keyless, or with some rows keyless.
+_headerless = st.lists(
+    st.builds(
+        Message,
+        ids,
+        st.binary(max_size=300),
+        st.none() | st.binary(max_size=40),
+        st.just(NO_HEADERS),
+        write_pointer=st.none(),
+        delivery_count=st.just(0),
+    ),
+    max_size=20,
+)
+
+
+def _blocks_of(batch: list[Message], keyed: bool) -> columns.ColumnBlocks:
+    return columns.column_blocks(
+        [m.id.to_bytes() for m in batch],
+        [m.payload for m in batch],
+        [m.key for m in batch] if keyed else None,
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_headerless, st.booleans()), max_size=4), st.data())
+def test_ranges_of_blocks_write_the_body_their_rows_make(
+    blocks: list[tuple[list[Message], bool]], data: st.DataObject
+) -> None:
+    # Whatever ranges of whatever blocks (with a key column or not; rows of a block
+    # without one have no key), the body is the one write_columns makes of the rows.
+    parts = []
+    rows: list[Message] = []
+    for batch, keyed in blocks:
+        laid = _blocks_of(batch, keyed)
+        assert laid.count == len(batch)
+        a = data.draw(st.integers(0, len(batch)))
+        b = data.draw(st.integers(a, len(batch)))
+        parts.append((laid, a, b))
+        taken = batch[a:b] if keyed else [m._replace(key=None) for m in batch[a:b]]
+        rows += taken
+        assert laid.data(a, b) == sum(len(m.payload) + len(m.key or b"") for m in taken)
+    body = columns.write_blocks(parts)
+    keyed_rows = any(laid.keys is not None for laid, a, b in parts if b > a)
+    assert body == columns.write_columns(
+        [m.id.to_bytes() for m in rows],
+        [m.payload for m in rows],
+        [m.key for m in rows] if keyed_rows else None,
+    )
+    assert columns.read_columns(body).messages() == rows
+
+
+@settings(max_examples=200, deadline=None)
+@given(_headerless, st.booleans(), st.data())
+def test_a_cut_of_blocks_ends_at_the_row_that_reaches_the_budget(
+    batch: list[Message], keyed: bool, data: st.DataObject
+) -> None:
+    laid = _blocks_of(batch, keyed)
+    a = data.draw(st.integers(0, len(batch)))
+    b = data.draw(st.integers(a, len(batch)))
+    budget = data.draw(st.integers(1, 400))
+    spent, end = 0, b
+    for i in range(a, b):
+        spent += len(batch[i].payload) + (len(batch[i].key or b"") if keyed else 0)
+        if spent >= budget:
+            end = i + 1
+            break
+    assert laid.cut(a, b, budget) == end
+
+
 def test_columns_are_written_only_when_a_row_needs_them() -> None:
     one = Message(MessageId(1, 2), b"p")
     assert struct.unpack_from("<I", columns.write_messages([one]), 8) == (0,)

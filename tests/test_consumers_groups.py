@@ -20,6 +20,7 @@ from tidings.codec.groups import partition_of
 from tidings.consumers import pages as pages_module
 from tidings.consumers.assignment import assign
 from tidings.consumers.groups import GroupCoordinator, _compact
+from tidings.consumers.pages import Selection
 from tidings.errors import (
     BadRequest,
     GroupNotFound,
@@ -111,6 +112,19 @@ def test_two_members_split_keys_and_together_see_everything(parts: Parts) -> Non
     keys_a = {m.key for m in got[a.member_id]}
     keys_b = {m.key for m in got[b.member_id]}
     assert not keys_a & keys_b  # one key, one member
+
+
+def test_the_first_member_on_a_page_lays_out_every_members_share(parts: Parts) -> None:
+    groups, messaging, tx, _ = parts
+    publish(messaging, 50)
+    a = groups.join("ns", "t", "g", partitions=8)
+    b = groups.join("ns", "t", "g")
+    a = groups.heartbeat("ns", "t", "g", a.member_id)
+    groups.poll("ns", "t", "g", a.member_id, limit=10, snapshot=snapshot(tx))
+    (pages,) = groups._pages.values()
+    (page,) = pages._pages
+    shares = {key: share.blocks is not None for key, share in page.shares.items()}
+    assert shares == {(8, frozenset(a.partitions)): True, (8, frozenset(b.partitions)): True}
 
 
 def test_commit_in_a_transaction_counts_only_if_it_commits(parts: Parts) -> None:
@@ -407,7 +421,24 @@ def test_a_scan_returns_the_owned_messages_after_each_cursor_in_order(
         store, MessagingConfig(fetch_default_limit=page, fetch_max_limit=page)
     )
     messaging.create_topic("ns", "t")
-    publish(messaging, n, keys=data.draw(st.integers(1, 12)))
+    keys = data.draw(st.integers(1, 12))
+    # Keyed rows, some rows without a key, none with one, headers on some (a page with
+    # headers is answered the general way, the others from the shares laid out).
+    shape = data.draw(st.sampled_from(["keyed", "some keyless", "keyless", "headers"]))
+    messaging.publish(
+        "ns",
+        "t",
+        [
+            Record(
+                f"m{i}".encode(),
+                None
+                if shape == "keyless" or (shape == "some keyless" and i % 3 == 0)
+                else f"k{i % keys}".encode(),
+                {"h": b"v"} if shape == "headers" and i % 4 == 0 else {},
+            )
+            for i in range(n)
+        ],
+    )
     everything = messaging.fetch("ns", "t", limit=page)
     while len(everything) < n:
         everything += messaging.fetch("ns", "t", start=everything[-1].id, inclusive=False)
@@ -423,33 +454,41 @@ def test_a_scan_returns_the_owned_messages_after_each_cursor_in_order(
         for p in owned
     }
     cursors = {p: (None if m is None else m.id) for p, m in picks.items()}
+    # The other members' partitions: the first scan of a page lays out their shares.
+    others = data.draw(st.lists(st.frozensets(st.integers(0, partitions - 1)), max_size=3))
+    budget = data.draw(st.sampled_from([1 << 40, *range(1, 40)]))
     with (
         tempfile.TemporaryDirectory() as tmp,
         TransactionManager(Path(tmp), TxConfig(sweep_interval=3600)) as tx,
     ):
         groups = GroupCoordinator(store, messaging, tx, clock=Clock())
-        budget = data.draw(st.sampled_from([1 << 40, *range(1, 40)]))
-        rows, returned, _ = groups._scan(
-            "ns", "t", (1, 1), partitions, cursors, limit, budget, snapshot(tx)
-        )
-    expected = [
-        m
-        for m in everything
-        if (p := partition_of(m, partitions)) in cursors
-        and (cursors[p] is None or m.id > cursors[p])
-    ][:limit]
-    # Up to the message that brings the payloads and keys to the byte budget.
-    spent = 0
-    for i, m in enumerate(expected):
-        spent += len(m.payload) + len(m.key or b"")
-        if spent >= budget:
-            del expected[i + 1 :]
-            break
-    # The pages hold columns: the answer is the member's rows of them, in columns.
-    out = wire.decode_messages(rows.encode(), wire.COLUMNS) if rows.ids else []
-    assert out == expected
-    assert rows.messages() == expected
-    assert returned == (expected[-1].id if expected else None)
+        scans = [(cursors, budget)]
+        # Then another member's first scan, from the shares the first one laid out.
+        scans += [(dict.fromkeys(other), 1 << 40) for other in others[:1] if other]
+        for member_cursors, member_budget in scans:
+            rows, returned, _ = groups._scan(
+                "ns", "t", (1, 1), partitions, member_cursors, limit, member_budget,
+                snapshot(tx), [frozenset(cursors), *others],
+            )  # fmt: skip
+            expected = [
+                m
+                for m in everything
+                if (p := partition_of(m, partitions)) in member_cursors
+                and (member_cursors[p] is None or m.id > member_cursors[p])
+            ][:limit]
+            # Up to the message that brings the payloads and keys to the byte budget.
+            spent = 0
+            for i, m in enumerate(expected):
+                spent += len(m.payload) + len(m.key or b"")
+                if spent >= member_budget:
+                    del expected[i + 1 :]
+                    break
+            # The pages hold columns: the answer is the member's rows of them, in
+            # columns.
+            out = wire.decode_messages(rows.encode(), wire.COLUMNS) if rows else []
+            assert out == expected
+            assert rows.messages() == expected
+            assert returned == (expected[-1].id if expected else None)
 
 
 _records = st.builds(
@@ -491,6 +530,9 @@ def test_a_page_has_the_ids_and_hashes_of_the_messages(
     assert [page.id_at(i) for i in range(len(page))] == [m.id for m in messages]
     assert page.hashes == [key_hash(m) for m in messages]
     assert page.last == messages[-1].id
+    # What the fetch counted stands for the payloads and keys (the byte bound's check
+    # of whether it may fall in a page): never less.
+    assert page.data >= sum(len(m.payload) + len(m.key or b"") for m in messages)
     for m in messages:  # where a member resumes: just after each message
         assert page.after(m.id) == messages.index(m) + 1
     # The answer carries what a poll answer carries (no write pointers), in columns
@@ -517,6 +559,30 @@ def test_a_page_has_the_ids_and_hashes_of_the_messages(
     for run, want in ((tail, expected[half:]), (whole, expected)):
         assert [(m.id, m.payload, m.key, dict(m.headers)) for m in run.messages()] == want
         assert read_columns(run.encode()).messages() == run.messages()
+    # Each member's share: its partitions' rows, laid out once for all the members the
+    # first one names, and answered alike laid out or not (not on a page with headers).
+    for partitions in (1, 3):
+        sets = [
+            frozenset({0}),
+            frozenset({1, 2} & set(range(partitions))),
+            frozenset(range(partitions)),
+        ]
+        for owned in filter(None, sets):
+            share = page.share(partitions, owned, sets)
+            assert all((partitions, s) in page.shares for s in sets if s)
+            rows = [i for i, m in enumerate(messages) if key_hash(m) % partitions in owned]
+            assert list(share.rows) == rows
+            assert (share.blocks is None) == (
+                bool(page.columns.headers) or len(owned) == partitions
+            )
+            taken = Selection()
+            taken.add(share, 1, len(share))
+            taken.add(share, 0, 0)
+            answer = read_columns(taken.encode()).messages()
+            assert [(m.id, m.payload, m.key, dict(m.headers)) for m in answer] == [
+                expected[i] for i in rows[1:]
+            ]
+            assert taken.messages() == answer
 
 
 _pointers = st.integers(min_value=0, max_value=12)

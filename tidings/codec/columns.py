@@ -31,6 +31,7 @@ whose ``Accept`` header names it (docs/api.md); requests are never in it.
 
 from __future__ import annotations
 
+import bisect
 import struct
 import sys
 from array import array
@@ -40,14 +41,18 @@ from functools import partial
 from itertools import accumulate, compress, pairwise, repeat
 from operator import lt, ne
 
+from tidings.codec.values import u32_lanes
 from tidings.structs import MESSAGE_ID_LAYOUT, NO_HEADERS, Message, MessageId
 
 __all__ = [
     "CONTENT_TYPE",
     "IDS_AT",
+    "ColumnBlocks",
     "ColumnPage",
+    "column_blocks",
     "page_head",
     "read_columns",
+    "write_blocks",
     "write_columns",
     "write_messages",
 ]
@@ -56,6 +61,7 @@ CONTENT_TYPE = "application/vnd.tidings.columns"
 MAGIC = b"TDC1"
 KEYS, HEADERS = 1, 2
 _HEAD = struct.Struct("<4sIII")
+_I32 = struct.Struct("<i")
 #: Where the ids block starts: right after the fixed head.
 IDS_AT = _HEAD.size
 _ID = struct.Struct(MESSAGE_ID_LAYOUT)
@@ -143,6 +149,131 @@ def write_messages(messages: Sequence[Message]) -> bytes:
     return write_columns(
         [m.id.to_bytes() for m in messages], [m.payload for m in messages], keys, headers
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnBlocks:
+    """Rows laid out as a columnar body lays them out, without its head: ids back to
+    back, payloads back to back with their positions, keys the same.
+
+    Rows ``a`` to ``b`` of a few blocks make a body with a few slices and joins and one
+    addition of big integers per offsets column (:func:`write_blocks`), with no step
+    per row. A group's page is laid out so once for each member's partitions, while
+    the page is still in the processor's caches, and each member's answer is cut from
+    it (BENCHMARKS.md, "Group pages laid out once per member").
+    """
+
+    count: int
+    ids: bytes
+    payloads: bytes
+    #: The ``count + 1`` positions of the payloads in ``payloads`` (from 0), int32
+    #: little-endian, as an offsets column holds them.
+    payload_at: bytes
+    #: The keys back to back (None: the rows have no key column).
+    keys: bytes | None = None
+    key_at: bytes = b""
+    #: One byte per row (1: it has a key) where some row has none; None: all have.
+    present: bytes | None = None
+
+    def data(self, a: int, b: int) -> int:
+        """The payload and key bytes of rows ``a`` to ``b`` (exclusive)."""
+        total = _at(self.payload_at, b) - _at(self.payload_at, a)
+        if self.keys is not None:
+            total += _at(self.key_at, b) - _at(self.key_at, a)
+        return total
+
+    def cut(self, a: int, b: int, budget: int) -> int:
+        """Where rows from ``a`` end within a byte ``budget``: after the row that brings
+        their payloads and keys to it or past (so after row ``a`` at least), or at
+        ``b``."""
+        if b <= a or self.data(a, b) < budget:
+            return b
+        ends = range(a + 1, b + 1)
+        return ends[bisect.bisect_left(ends, budget, key=partial(self.data, a))]
+
+    @property
+    def size(self) -> int:
+        """Bytes held."""
+        return sum(map(len, (self.ids, self.payloads, self.payload_at, self.key_at))) + len(
+            self.keys or b""
+        )
+
+
+def _at(positions: bytes, index: int) -> int:
+    at = 4 * index
+    return int.from_bytes(positions[at : at + 4], "little")
+
+
+def column_blocks(
+    ids: Sequence[bytes],
+    payloads: Sequence[bytes | memoryview],
+    keys: Sequence[bytes | None] | None = None,
+) -> ColumnBlocks:
+    """The blocks of ``len(ids)`` rows: 20-byte ids, payloads, and (if given) each
+    row's key (None: no key)."""
+    n = len(ids)
+    if len(payloads) != n or (keys is not None and len(keys) != n):
+        raise ValueError("columns of different lengths")
+    payload_at, _ = _offsets(map(len, payloads), 0)
+    if keys is None:
+        return ColumnBlocks(n, b"".join(ids), b"".join(payloads), payload_at)
+    present: bytes | None = None
+    if None in keys:
+        present = bytes(key is not None for key in keys)
+        key_at, _ = _offsets((len(k) if k else 0 for k in keys), 0)
+        key_data = b"".join([k for k in keys if k])
+    else:
+        key_at, _ = _offsets(map(len, keys), 0)  # type: ignore[arg-type]
+        key_data = b"".join(keys)  # type: ignore[arg-type]
+    return ColumnBlocks(n, b"".join(ids), b"".join(payloads), payload_at, key_data, key_at, present)
+
+
+def _moved(positions: bytes, a: int, b: int, to: int) -> tuple[bytes, int, int]:
+    """Positions ``a`` to ``b`` (exclusive) of ``positions`` moved so that position
+    ``a`` becomes ``to``, in one addition (every moved position stays in 0..2**31, so
+    no lane carries into the next); and positions ``a`` and ``b`` as they were."""
+    first, last = _at(positions, a), _at(positions, b)
+    n = b - a
+    raw = positions[4 * a : 4 * b]
+    moved = (int.from_bytes(raw, "little") + (to - first) * u32_lanes(n)).to_bytes(4 * n, "little")
+    return moved, first, last
+
+
+def write_blocks(parts: Sequence[tuple[ColumnBlocks, int, int]]) -> bytes:
+    """A columnar body of rows ``a`` to ``b`` (exclusive) of each ``(blocks, a, b)``
+    of ``parts`` in turn: what :func:`write_columns` writes for those rows (a key
+    column if any of the blocks has one; no headers)."""
+    parts = [(blocks, a, b) for blocks, a, b in parts if b > a]
+    n = sum(b - a for _, a, b in parts)
+    keyed = any(blocks.keys is not None for blocks, _, _ in parts)
+    at = IDS_AT + 20 * n + 4 * (n + 1)
+    if keyed:
+        at += 4 * (n + 1) + (n + 3) // 4 * 4
+    out: list[bytes] = [_HEAD.pack(MAGIC, n, KEYS if keyed else 0, 0)]
+    out += [blocks.ids[20 * a : 20 * b] for blocks, a, b in parts]
+    data: list[bytes] = []
+    for blocks, a, b in parts:
+        moved, first, last = _moved(blocks.payload_at, a, b, at)
+        out.append(moved)
+        data.append(blocks.payloads[first:last])
+        at += last - first
+    out.append(_I32.pack(at))
+    if keyed:
+        present: list[bytes] = []
+        for blocks, a, b in parts:
+            if blocks.keys is None:
+                out.append(_I32.pack(at) * (b - a))
+                present.append(bytes(b - a))
+                continue
+            moved, first, last = _moved(blocks.key_at, a, b, at)
+            out.append(moved)
+            data.append(blocks.keys[first:last])
+            at += last - first
+            present.append(b"\x01" * (b - a) if blocks.present is None else blocks.present[a:b])
+        out.append(_I32.pack(at))
+        out += present
+        out.append(bytes(-n % 4))
+    return b"".join(out + data)
 
 
 @dataclass(frozen=True, slots=True)

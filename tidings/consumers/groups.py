@@ -43,15 +43,14 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from itertools import accumulate
 
 from tidings.codec import groups as gkeys
 from tidings.codec.groups import GroupRecord, Member, partition_of
 from tidings.consumers.assignment import assign
-from tidings.consumers.pages import Page, Pages, data_bytes, row_bytes
+from tidings.consumers.pages import Page, Pages, Selection, Share
 from tidings.consumers.waiting import WouldWait, holding
 from tidings.errors import (
     BadRequest,
@@ -63,7 +62,6 @@ from tidings.errors import (
     TransactionConflict,
 )
 from tidings.messaging import MessagingService
-from tidings.messaging.fetching import PageColumns
 from tidings.names import check_name
 from tidings.store.backend import ReadView, Store, WriteView
 from tidings.structs import (
@@ -249,7 +247,7 @@ class GroupCoordinator:
         limit: int,
         snapshot: Transaction,
         max_bytes: int | None = None,
-    ) -> tuple[PageColumns, MessageId | None, GroupAssignment]:
+    ) -> tuple[Selection, MessageId | None, GroupAssignment]:
         """:meth:`poll` as the columns of a columnar poll response (the selected rows
         of the pages the member scanned), and the last message's id."""
         budget = self._messaging.max_bytes(max_bytes)
@@ -268,10 +266,14 @@ class GroupCoordinator:
             cursors = {p: session.cursors.get(p) for p in owned}
             assignment = self._assignment(record, member_id)
         if not owned:
-            return PageColumns(), None, assignment
+            return Selection(), None, assignment
+        # The group's members' partitions: the first member to reach a page lays out
+        # every member's share of it.
+        others = {frozenset(m.partitions) for m in record.members.values()}
         out, last, scanned = self._scan(
-            namespace, topic, gid[:2], record.partitions, cursors, limit, budget, snapshot
-        )
+            namespace, topic, gid[:2], record.partitions, cursors, limit, budget, snapshot,
+            others,
+        )  # fmt: skip
         with self._lock:
             # Only where nothing moved meanwhile (a rebalance resets cursors).
             now_session = self._sessions.get((gid, member_id))
@@ -293,16 +295,18 @@ class GroupCoordinator:
         limit: int,
         budget: int,
         snapshot: Transaction,
-    ) -> tuple[PageColumns, MessageId | None, dict[int, MessageId | None]]:
+        others: Iterable[frozenset[int]] = (),
+    ) -> tuple[Selection, MessageId | None, dict[int, MessageId | None]]:
         starts = list(cursors.values())
         start: MessageId | None = None if None in starts else min(s for s in starts if s)
-        out = PageColumns()
+        owned = frozenset(cursors)
+        out = Selection()
         examined = 0
         last: MessageId | None = None
         returned: MessageId | None = None  # the last message in ``out``
-        passed = 0  # the payload and key bytes of the pages passed: at least ``out``'s
+        passed = 0  # at least the payload and key bytes of the pages passed, so ``out``'s
         pages = self._pages.setdefault(topic_key, Pages())
-        while len(out.ids) < limit and examined < _SCAN_BUDGET:
+        while len(out) < limit and examined < _SCAN_BUDGET:
             page = pages.find(start)
             if page is None:
                 # One fetch per page however many members miss it at once: they move
@@ -314,16 +318,15 @@ class GroupCoordinator:
                         pages.add(page)
             first = page.after(start)
             ids, id_at, size = page.columns.ids, page.id_at, len(page)
-            room = limit - len(out.ids)
-            chosen: Sequence[int]
-            if (
-                len(cursors) == partitions
-                and first < size
-                and all(c is None or c < id_at(first) for c in cursors.values())
-            ):
-                # Every partition, none ahead of this place (a member alone, mostly):
-                # the page's messages in order, without the partition index.
-                chosen = range(first, min(size, first + room))
+            room = limit - len(out)
+            share: Share
+            if first < size and all(c is None or c < id_at(first) for c in cursors.values()):
+                # No cursor ahead of this place (a member moves its cursors together,
+                # unless a rebalance gave it partitions from elsewhere): the page's
+                # share for these partitions, from here on.
+                share = page.share(partitions, owned, others)
+                rows = share.rows
+                lo = first if isinstance(rows, range) else bisect.bisect_left(rows, first)
             else:
                 index = page.by_partition(partitions)
                 picked: list[int] = []
@@ -340,29 +343,27 @@ class GroupCoordinator:
                     # them all; fewer than ``room`` in all means none was cut short.
                     picked.extend(indices[lo : lo + room])
                 picked.sort()
-                chosen = picked
+                share, lo = Share(page.columns, picked), 0
+            hi = min(len(share), lo + room)
             examined += size - first
-            if len(chosen) >= room:
-                chosen = chosen[:room]
             cut = False
-            if chosen and passed + page.data >= budget:
+            if hi > lo and passed + page.data >= budget:
                 # The bound may fall in this page (the rows are counted only then):
                 # what is left of it after the rows taken so far.
-                left = budget - data_bytes(out, range(len(out.ids)))
-                if data_bytes(page.columns, chosen) >= left:
+                left = budget - out.data()
+                if share.data(lo, hi) >= left:
                     # The message that reaches the budget is the member's last.
-                    running = list(accumulate(row_bytes(page.columns, chosen)))
-                    chosen = chosen[: bisect.bisect_left(running, left) + 1]
+                    hi = share.cut(lo, hi, left)
                     cut = True
-            out.extend_rows(page.columns, chosen)
-            if chosen:
-                returned = id_at(chosen[-1])
-            if cut or len(chosen) >= room:
+            out.add(share, lo, hi)
+            if hi > lo:
+                returned = id_at(share.rows[hi - 1])
+            if cut or hi - lo >= room:
                 last = returned
                 break
             if size:
                 last = id_at(-1)
-            if not page.full or len(out.ids) >= limit or not size:
+            if not page.full or len(out) >= limit or not size:
                 break
             passed += page.data
             start = page.last

@@ -3,6 +3,8 @@
 Members of a topic's groups read the same total order from similar places; a page of
 read-committed messages, with each message's partition hash and, per partition count,
 the indices of each partition's messages, serves every member that scans through it.
+Each member's share of a page (its partitions' rows) is laid out as columns once, by
+the first member of its group to reach the page, and each answer is cut from it.
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ import bisect
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate, chain
 
+from tidings.codec.columns import ColumnBlocks, column_blocks, write_blocks
 from tidings.messaging.fetching import PageColumns
-from tidings.structs import MessageId
+from tidings.structs import Message, MessageId
 
-__all__ = ["Page", "Pages", "data_bytes", "row_bytes"]
+__all__ = ["Page", "Pages", "Selection", "Share", "data_bytes", "row_bytes"]
 
 #: Most pages kept per topic for the members' scans, and most bytes they may hold
 #: (payloads and keys, plus an allowance per message for its objects). Members of a
@@ -54,8 +58,11 @@ class Page:
     fetched: float = field(default_factory=time.monotonic)
     #: Roughly what it holds in memory (bytes), for the bound on the kept pages.
     size: int = 0
-    #: Its messages' payload and key bytes (what a member's byte bound counts).
+    #: At least its messages' payload and key bytes (what a member's byte bound
+    #: counts): what the fetch counted against its own bound, their stored sizes.
     data: int = 0
+    #: Per partition count and set of partitions: that share of the page's messages.
+    shares: dict[tuple[int, frozenset[int]], Share] = field(default_factory=dict)
     _hashes: list[int] | None = None
     #: Held while the hashes and an index are made: members reach a new page together,
     #: and each making them at once cost four times the work under four members.
@@ -64,7 +71,9 @@ class Page:
     def __post_init__(self) -> None:
         columns = self.columns
         if not self.data:
-            self.data = data_bytes(columns, range(len(columns.ids)))
+            # What the fetch counted is enough (at least the payloads and keys: the
+            # bound is checked exactly where it may fall), and saves a pass over them.
+            self.data = columns.spent or data_bytes(columns, range(len(columns.ids)))
         if not self.size:
             self.size = self.data + _ROW_OVERHEAD * len(columns.ids)
 
@@ -125,12 +134,149 @@ class Page:
                     self.indexes[partitions] = index
         return index
 
+    def share(
+        self, partitions: int, owned: frozenset[int], others: Iterable[frozenset[int]] = ()
+    ) -> Share:
+        """The messages of partitions ``owned`` (of ``partitions``), laid out as
+        columns. The first member to ask lays out its group's other members' shares
+        (``others``) too: the page was fetched just before and is still in the
+        processor's caches, where each member laying out its own later, from memory,
+        took about twice as long (BENCHMARKS.md, "Group pages laid out once per
+        member")."""
+        share = self.shares.get((partitions, owned))
+        if share is not None:
+            return share
+        wanted = [owned, *(s for s in others if s and s != owned)]
+        every = range(partitions)
+        index = None
+        if not all(s.issuperset(every) for s in wanted):
+            index = self.by_partition(partitions)  # before the lock: it takes it
+        with self._making:
+            for parts in wanted:
+                if (partitions, parts) in self.shares:
+                    continue
+                if index is None or parts.issuperset(every):
+                    rows: Sequence[int] = range(len(self))
+                else:
+                    # Each partition's rows are in order: the sort merges a few runs.
+                    rows = sorted(chain.from_iterable(index.get(p, ()) for p in parts))
+                made = Share(self.columns, rows)
+                if not isinstance(rows, range):
+                    # A member alone takes runs of rows, which the general way copies
+                    # as list slices: laid out, they measured slower.
+                    made.lay_out()
+                self.shares[(partitions, parts)] = made
+                self.size += made.size
+            return self.shares[(partitions, owned)]
+
     def after(self, position: MessageId | None) -> int:
         """The index of the first message after ``position``."""
         if position is None or position == self.start:
             return 0
         # The 20-byte form sorts as the ids do.
         return bisect.bisect_right(self.columns.ids, position.to_bytes())
+
+
+class Share:
+    """Rows of a page (ascending indices; a ``range`` for all of them) and, for a
+    share laid out (:meth:`lay_out`), those rows as columns (:class:`ColumnBlocks`)."""
+
+    __slots__ = ("blocks", "columns", "rows")
+
+    def __init__(self, columns: PageColumns, rows: Sequence[int]) -> None:
+        self.columns = columns
+        self.rows = rows
+        #: The rows as columns, once laid out (never for a page with headers).
+        self.blocks: ColumnBlocks | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def lay_out(self) -> None:
+        """Lay the rows out as columns, unless the page has headers (its answers are
+        encoded the general way)."""
+        columns, rows = self.columns, self.rows
+        if self.blocks is not None or columns.headers:
+            return
+        keys = columns.keys
+        if isinstance(rows, range):
+            at = slice(rows.start, rows.stop)
+            self.blocks = column_blocks(
+                columns.ids[at], columns.payloads[at], None if keys is None else keys[at]
+            )
+        else:
+            self.blocks = column_blocks(
+                list(map(columns.ids.__getitem__, rows)),
+                list(map(columns.payloads.__getitem__, rows)),
+                None if keys is None else list(map(keys.__getitem__, rows)),
+            )
+
+    def data(self, a: int, b: int) -> int:
+        """The payload and key bytes of rows ``a`` to ``b`` (exclusive) of the share."""
+        if self.blocks is not None:
+            return self.blocks.data(a, b)
+        return data_bytes(self.columns, self.rows[a:b])
+
+    def cut(self, a: int, b: int, budget: int) -> int:
+        """Where the share's rows from ``a`` end within a byte ``budget``: after the
+        row that brings their payloads and keys to it or past, or at ``b``."""
+        if self.blocks is not None:
+            return self.blocks.cut(a, b, budget)
+        running = list(accumulate(row_bytes(self.columns, self.rows[a:b])))
+        return min(b, a + bisect.bisect_left(running, budget) + 1)
+
+    @property
+    def size(self) -> int:
+        """Roughly the bytes it holds beyond the page's."""
+        listed = 0 if isinstance(self.rows, range) else 8 * len(self.rows)
+        return listed + (self.blocks.size if self.blocks is not None else 0)
+
+
+class Selection:
+    """What a member's scan took: rows ``a`` to ``b`` of a share of each page it
+    passed, in the topic's order. Encoded as columns straight from the shares' blocks
+    (no step per message), or as messages for a member that asks for another
+    medium."""
+
+    __slots__ = ("count", "parts")
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[Share, int, int]] = []
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def add(self, share: Share, a: int, b: int) -> None:
+        """Rows ``a`` to ``b`` (exclusive) of ``share``, after those taken so far."""
+        if b > a:
+            self.parts.append((share, a, b))
+            self.count += b - a
+
+    def data(self) -> int:
+        """The payload and key bytes taken so far."""
+        return sum(share.data(a, b) for share, a, b in self.parts)
+
+    def columns(self) -> PageColumns:
+        """The rows as the columns of one page."""
+        out = PageColumns()
+        for share, a, b in self.parts:
+            out.extend_rows(share.columns, share.rows[a:b])
+        return out
+
+    def messages(self) -> list[Message]:
+        """The rows as messages (without write pointers, as a poll answer has none)."""
+        return self.columns().messages()
+
+    def encode(self) -> bytes:
+        """The columnar poll response of the rows: from the shares' blocks where every
+        share was laid out, else the general way."""
+        parts = []
+        for share, a, b in self.parts:
+            if share.blocks is None:
+                return self.columns().encode()
+            parts.append((share.blocks, a, b))
+        return write_blocks(parts)
 
 
 def data_bytes(columns: PageColumns, rows: Sequence[int]) -> int:

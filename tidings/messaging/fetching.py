@@ -161,6 +161,8 @@ def fetch_messages(
             elif len(columns.ids) < limit:
                 reader.budget = _append_columns(view, scan_from, stop, out, reader, columns, limit)
         columns.cut = reader.budget <= 0
+        if isinstance(columns, PageColumns):
+            columns.spent = max_bytes - reader.budget
         return out
     if len(out) >= limit or reader.budget <= 0:
         return out
@@ -266,10 +268,13 @@ class PageColumns:
     payloads, keys from the first row that has one, and the rows that have headers;
     ``cut`` once the fetch stopped at its byte bound."""
 
-    __slots__ = ("cut", "headers", "ids", "keys", "payloads")
+    __slots__ = ("cut", "headers", "ids", "keys", "payloads", "spent")
 
     def __init__(self) -> None:
         self.cut = False
+        #: What the fetch counted against its byte bound (the rows' stored sizes: at
+        #: least their payloads and keys); 0 where it did not say.
+        self.spent = 0
         self.ids: list[bytes] = []
         self.payloads: list[bytes] = []
         self.keys: list[bytes | None] | None = None

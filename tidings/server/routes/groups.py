@@ -17,7 +17,7 @@ from starlette.routing import Route
 
 from tidings.codec import admin, columns, wire
 from tidings.consumers.groups import DEFAULT_SESSION_TIMEOUT_MS
-from tidings.messaging.fetching import PageColumns
+from tidings.consumers.pages import Selection
 from tidings.names import check_name
 from tidings.server.handlers import Api, json_response
 from tidings.server.routes.consumers import (
@@ -117,7 +117,7 @@ def routes(api: Api) -> list[Route]:
         media = answer_media(request)
         columnar = wants_columns(request)
 
-        async def fetch() -> tuple[PageColumns, MessageId | None, GroupAssignment]:
+        async def fetch() -> tuple[Selection, MessageId | None, GroupAssignment]:
             tx = await read_snapshot(api)
             return await api.blocking(
                 coordinator.poll_columns, ns, topic, name, member_id, limit=limit, snapshot=tx,
@@ -134,7 +134,7 @@ def routes(api: Api) -> list[Route]:
                 try:
                     rows, last, assignment = await fetch()
                     remaining = deadline - loop.time()
-                    if rows.ids or remaining <= 0 or longpolls.closed:
+                    if rows or remaining <= 0 or longpolls.closed:
                         break
                     # Wake at least once per second: a rebalance changes nothing on
                     # the topic, and the member must learn of it (and stay alive).
@@ -142,7 +142,7 @@ def routes(api: Api) -> list[Route]:
                 finally:
                     longpolls.unpark(woken, ns, topic)
         headers = {
-            COUNT_HEADER: str(len(rows.ids)),
+            COUNT_HEADER: str(len(rows)),
             GENERATION_HEADER: str(assignment.generation),
             PARTITIONS_HEADER: ",".join(map(str, assignment.partitions)),
             PARTITION_COUNT_HEADER: str(assignment.partition_count),
