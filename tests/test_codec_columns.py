@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import tracemalloc
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -14,18 +15,26 @@ from tidings.codec import avro, columns, wire
 from tidings.errors import BadRequest
 from tidings.structs import NO_HEADERS, Message, MessageId
 
-messages = st.lists(
-    st.builds(
-        Message,
-        ids,
-        st.binary(max_size=300),
-        st.none() | st.binary(max_size=40),
-        st.just(NO_HEADERS)
-        | st.dictionaries(st.text(min_size=1, max_size=8), st.binary(max_size=20), max_size=3),
-        write_pointer=st.none(),
-        delivery_count=st.just(0),
-    ),
-    max_size=30,
+
+def _messages(headers: st.SearchStrategy[Any], most: int) -> st.SearchStrategy[list[Message]]:
+    return st.lists(
+        st.builds(
+            Message,
+            ids,
+            st.binary(max_size=300),
+            st.none() | st.binary(max_size=40),
+            headers,
+            write_pointer=st.none(),
+            delivery_count=st.just(0),
+        ),
+        max_size=most,
+    )
+
+
+messages = _messages(
+    st.just(NO_HEADERS)
+    | st.dictionaries(st.text(min_size=1, max_size=8), st.binary(max_size=20), max_size=3),
+    30,
 )
 
 
@@ -55,18 +64,7 @@ def test_round_trip_and_agreement_with_avro(batch: list[Message]) -> None:
 
 
 # Blocks of rows without headers: keyed, keyless, or with some rows keyless.
-_headerless = st.lists(
-    st.builds(
-        Message,
-        ids,
-        st.binary(max_size=300),
-        st.none() | st.binary(max_size=40),
-        st.just(NO_HEADERS),
-        write_pointer=st.none(),
-        delivery_count=st.just(0),
-    ),
-    max_size=20,
-)
+_headerless = _messages(st.just(NO_HEADERS), 20)
 
 
 def _blocks_of(batch: list[Message], keyed: bool) -> columns.ColumnBlocks:

@@ -31,7 +31,7 @@ from tidings.errors import (
 from tidings.messaging import MessagingConfig, MessagingService
 from tidings.messaging.fetching import PageColumns
 from tidings.store.backends.memory import MemoryStore
-from tidings.structs import Message, MessageId, Record, Transaction
+from tidings.structs import GroupAssignment, Message, MessageId, Record, Transaction
 from tidings.tx import TransactionManager, TxConfig
 from tidings.tx.visibility import is_visible
 
@@ -94,12 +94,17 @@ def test_assignment_covers_every_partition_once_and_balances(
         assert len(kept) >= min(len(first[m]), partitions // len(after))
 
 
+def two_members(groups: GroupCoordinator) -> tuple[GroupAssignment, GroupAssignment]:
+    """Two members of group ``g`` of 8 partitions, each with its final assignment."""
+    a = groups.join("ns", "t", "g", partitions=8)
+    b = groups.join("ns", "t", "g")
+    return groups.heartbeat("ns", "t", "g", a.member_id), b
+
+
 def test_two_members_split_keys_and_together_see_everything(parts: Parts) -> None:
     groups, messaging, tx, _ = parts
     publish(messaging, 200)
-    a = groups.join("ns", "t", "g", partitions=8)
-    b = groups.join("ns", "t", "g")
-    a = groups.heartbeat("ns", "t", "g", a.member_id)
+    a, b = two_members(groups)
     assert a.generation == b.generation == 2
     assert sorted(a.partitions + b.partitions) == list(range(8))
     got: dict[str, list[Message]] = {}
@@ -117,9 +122,7 @@ def test_two_members_split_keys_and_together_see_everything(parts: Parts) -> Non
 def test_the_first_member_on_a_page_lays_out_every_members_share(parts: Parts) -> None:
     groups, messaging, tx, _ = parts
     publish(messaging, 50)
-    a = groups.join("ns", "t", "g", partitions=8)
-    b = groups.join("ns", "t", "g")
-    a = groups.heartbeat("ns", "t", "g", a.member_id)
+    a, b = two_members(groups)
     groups.poll("ns", "t", "g", a.member_id, limit=10, snapshot=snapshot(tx))
     (pages,) = groups._pages.values()
     (page,) = pages._pages

@@ -138,7 +138,8 @@ class Page:
         self, partitions: int, owned: frozenset[int], others: Iterable[frozenset[int]] = ()
     ) -> Share:
         """The messages of partitions ``owned`` (of ``partitions``), laid out as
-        columns. The first member to ask lays out its group's other members' shares
+        columns unless they are all the page's (a member alone takes runs of them).
+        The first member to ask lays out its group's other members' shares
         (``others``) too: the page was fetched just before and is still in the
         processor's caches, where each member laying out its own later, from memory,
         took about twice as long (BENCHMARKS.md, "Group pages laid out once per
@@ -199,17 +200,11 @@ class Share:
         if self.blocks is not None or columns.headers:
             return
         keys = columns.keys
-        if isinstance(rows, range):
-            at = slice(rows.start, rows.stop)
-            self.blocks = column_blocks(
-                columns.ids[at], columns.payloads[at], None if keys is None else keys[at]
-            )
-        else:
-            self.blocks = column_blocks(
-                list(map(columns.ids.__getitem__, rows)),
-                list(map(columns.payloads.__getitem__, rows)),
-                None if keys is None else list(map(keys.__getitem__, rows)),
-            )
+        self.blocks = column_blocks(
+            list(map(columns.ids.__getitem__, rows)),
+            list(map(columns.payloads.__getitem__, rows)),
+            None if keys is None else list(map(keys.__getitem__, rows)),
+        )
 
     def data(self, a: int, b: int) -> int:
         """The payload and key bytes of rows ``a`` to ``b`` (exclusive) of the share."""
