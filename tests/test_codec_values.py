@@ -110,22 +110,30 @@ def test_next_topic_id_round_trips() -> None:
 @given(
     st.lists(st.tuples(st.binary(max_size=300), st.binary(max_size=127)), min_size=2, max_size=40),
     st.booleans(),
+    st.none() | st.integers(1, 2**62),
+    st.data(),
 )
 def test_batch_entries_hold_each_message_as_given(
-    messages: list[tuple[bytes, bytes]], keyed: bool
+    messages: list[tuple[bytes, bytes]], keyed: bool, write_pointer: int | None, data: st.DataObject
 ) -> None:
     if keyed:
-        stored = [values.keyed_header() + bytes([len(k)]) + k + p for p, k in messages]
+        header = values.keyed_header(write_pointer)
+        stored = [header + bytes([len(k)]) + k + p for p, k in messages]
     else:
-        stored = [values.payload_header() + p for p, _ in messages]
-    entry = values.encode_batch(stored, keyed)
-    assert entry[0] == (values.KEYED_BATCH if keyed else values.BATCH)
+        stored = [values.payload_header(write_pointer) + p for p, _ in messages]
+    entry = values.encode_batch(stored, keyed, write_pointer)
+    if write_pointer is None:
+        assert entry[0] == (values.KEYED_BATCH if keyed else values.BATCH)
     count, ends, starts = values.batch_layout(entry)
     assert count == len(messages)
     assert [entry[ends[i] : ends[i + 1]] for i in range(count)] == stored
     assert [entry[starts[i] : ends[i + 1]] for i in range(count)] == [p for p, _ in messages]
     if keyed:
-        assert [entry[ends[i] + 2 : starts[i]] for i in range(count)] == [k for _, k in messages]
+        skip = values.batch_key_skip(entry[0])
+        assert [entry[ends[i] + skip : starts[i]] for i in range(count)] == [k for _, k in messages]
+        # Where the first n keys start, all in one addition.
+        n = data.draw(st.integers(0, count))
+        assert list(values.batch_key_starts(entry, n)) == [ends[i] + skip for i in range(n)]
     assert values.batch_counts(entry) == (count, sum(len(p) for p, _ in messages))
     # Older readers refuse it rather than take it for one message.
     with pytest.raises(ValueError):

@@ -90,6 +90,7 @@ __all__ = [
     "TopicState",
     "batch_count",
     "batch_key_skip",
+    "batch_key_starts",
     "batch_counts",
     "batch_layout",
     "decode_next_topic_id",
@@ -424,6 +425,18 @@ def batch_layout(value: bytes) -> tuple[int, array[int], array[int]]:
     if len(starts) != count or ends[-1] != len(value):
         raise ValueError("malformed batch entry")
     return count, ends, starts
+
+
+def batch_key_starts(value: bytes, count: int) -> array[int]:
+    """Where each of a keyed batch entry's first ``count`` keys starts in ``value``
+    (``ends[i] + batch_key_skip(value[0])``, :func:`batch_layout`): the stored values'
+    ends moved in one addition of big integers, not one per message (every moved
+    position stays inside the entry, so no lane carries into the next)."""
+    at = _count_at(value[0]) + 4
+    moved = int.from_bytes(value[at : at + 4 * count], "little") + batch_key_skip(
+        value[0]
+    ) * u32_lanes(count)
+    return _uint32s(moved.to_bytes(4 * count, "little"), 0, count)
 
 
 def batch_count(value: bytes) -> int:

@@ -528,8 +528,8 @@ def _take_batch(
     n = _bytes_stop(ends, 0, count if count <= room else room, budget)
     if value[0] & FLAG_KEY:
         key_column = columns.key_column()  # before the ids: it fills in the rows so far
-        skip = values.batch_key_skip(value[0]).__add__
-        key_column.extend(map(value.__getitem__, map(slice, map(skip, ends[:n]), starts)))
+        at = values.batch_key_starts(value, n)
+        key_column.extend(map(value.__getitem__, map(slice, at, starts)))
     elif columns.keys is not None:
         columns.keys.extend(repeat(None, n))
     ts, seq = _TAIL.unpack_from(key, 8)
