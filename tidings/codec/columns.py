@@ -80,6 +80,20 @@ def _offsets(lengths: Iterable[int], start: int) -> tuple[bytes, int]:
     return struct.pack(f"<{len(at)}i", *at), at[-1]
 
 
+def _key_column(
+    keys: Sequence[bytes | None], start: int
+) -> tuple[bytes | None, bytes, int, Sequence[bytes]]:
+    """A key column's parts: each row's presence byte (None: every row has a key), the
+    keys' positions from ``start`` and the last of them, and the keys to write."""
+    if None in keys:
+        present = bytes(key is not None for key in keys)
+        key_at, end = _offsets((len(k) if k else 0 for k in keys), start)
+        return present, key_at, end, [k for k in keys if k]
+    # Every row keyed (a keyed topic's pages): no Python-level pass per row.
+    key_at, end = _offsets(map(len, keys), start)  # type: ignore[arg-type]
+    return None, key_at, end, keys  # type: ignore[return-value]
+
+
 def page_head(count: int) -> bytes:
     """The fixed head of a body of ``count`` messages without keys or headers."""
     return _HEAD.pack(MAGIC, count, 0, 0)
@@ -122,16 +136,9 @@ def write_columns(
     ]
     data: list[bytes | memoryview] = list(payloads)
     if keys is not None:
-        if None in keys:
-            present = bytes(key is not None for key in keys)
-            key_at, key_end = _offsets((len(k) if k else 0 for k in keys), end)
-            data += [k for k in keys if k]
-        else:
-            # Every row keyed (a keyed topic's pages): no Python-level pass per row.
-            present = b"\x01" * n
-            key_at, key_end = _offsets(map(len, keys), end)  # type: ignore[arg-type]
-            data += keys  # type: ignore[arg-type]
-        parts += (key_at, present, bytes(-n % 4))
+        present, key_at, key_end, key_data = _key_column(keys, end)
+        data += key_data
+        parts += (key_at, b"\x01" * n if present is None else present, bytes(-n % 4))
         end = key_end
     if rows is not None:
         name_at, names_end = _offsets(map(len, names), end)
@@ -217,15 +224,10 @@ def column_blocks(
     payload_at, _ = _offsets(map(len, payloads), 0)
     if keys is None:
         return ColumnBlocks(n, b"".join(ids), b"".join(payloads), payload_at)
-    present: bytes | None = None
-    if None in keys:
-        present = bytes(key is not None for key in keys)
-        key_at, _ = _offsets((len(k) if k else 0 for k in keys), 0)
-        key_data = b"".join([k for k in keys if k])
-    else:
-        key_at, _ = _offsets(map(len, keys), 0)  # type: ignore[arg-type]
-        key_data = b"".join(keys)  # type: ignore[arg-type]
-    return ColumnBlocks(n, b"".join(ids), b"".join(payloads), payload_at, key_data, key_at, present)
+    present, key_at, _, key_data = _key_column(keys, 0)
+    return ColumnBlocks(
+        n, b"".join(ids), b"".join(payloads), payload_at, b"".join(key_data), key_at, present
+    )
 
 
 def _moved(positions: bytes, a: int, b: int, to: int) -> tuple[bytes, int, int]:
