@@ -172,6 +172,14 @@ class GroupCoordinator:
             if member_id is None or member_id not in members:
                 member_id = member_id or uuid.uuid4().hex
                 members[member_id] = Member(session_timeout_ms)
+                if member_id in record.members:
+                    # Past its session but not dropped yet: dropped here, so that its
+                    # partitions count as moved (its open transactions are fenced, its
+                    # cursors restart) and coming back is a rebalance like any join.
+                    # Otherwise the member set looks unchanged and it would come back
+                    # owning nothing, its partitions owned by no one.
+                    gone = {m: v for m, v in record.members.items() if m != member_id}
+                    record = replace(record, members=gone)
             else:
                 members[member_id] = replace(members[member_id], timeout_ms=session_timeout_ms)
             self._touch(gid, member_id)
