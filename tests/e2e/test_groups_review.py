@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.e2e.serverproc import ServerProcess
-from tidings import Client
+from tidings import AsyncClient, Client
 from tidings.structs import Record
 
 pytestmark = pytest.mark.e2e
@@ -41,3 +41,41 @@ def test_a_member_rejoining_with_its_id_after_its_session_ran_out_owns_partition
         polled = http.post(url + "/poll", json={"memberId": member, "limit": 100})
         assert polled.status_code == 200 and polled.headers["Tidings-Count"] == "20"
         http.post(url + "/leave", json={"memberId": member})
+
+
+def test_a_closed_member_does_not_join_again_on_a_heartbeat(
+    server: ServerProcess, topic: str
+) -> None:
+    with Client(server.url) as client:
+        _fill(client, topic)
+        consumer = client.consume(topic, group="g", follow=False, partitions=4)
+        assert consumer.poll()
+        consumer.close()
+        with pytest.raises(RuntimeError):
+            consumer.heartbeat()
+        assert client.describe_group(topic, "g").members == {}
+
+
+async def test_a_closed_async_member_does_not_join_again_on_a_heartbeat(
+    server: ServerProcess, topic: str
+) -> None:
+    with Client(server.url) as sync:
+        _fill(sync, topic)
+    async with AsyncClient(server.url) as client:
+        consumer = client.consume(topic, group="g", follow=False, partitions=4)
+        assert await consumer.poll()
+        await consumer.close()
+        with pytest.raises(RuntimeError):
+            await consumer.heartbeat()
+        assert (await client.describe_group(topic, "g")).members == {}
+
+
+def test_a_commit_after_close_says_it_cannot_commit(server: ServerProcess, topic: str) -> None:
+    with Client(server.url) as client:
+        _fill(client, topic)
+        consumer = client.consume(topic, group="g", follow=False)
+        assert len(consumer.poll()) == 20
+        consumer.close()
+        with pytest.raises(RuntimeError):  # not a silent no-op: nothing was committed
+            consumer.commit()
+        assert client.describe_group(topic, "g").lag == 20

@@ -191,6 +191,10 @@ class GroupConsumer(Iterator[Message]):
 
     def heartbeat(self) -> GroupAssignment:
         """Stay in the group while working on a long batch; answers the assignment."""
+        if self._closed:
+            # Joining again would put a member no one polls for back in the group,
+            # holding partitions until its session runs out.
+            raise RuntimeError("the consumer is closed")
         if self._assignment is None:
             return self._join()
         member_id = self._assignment.member_id
@@ -388,6 +392,10 @@ class GroupConsumer(Iterator[Message]):
 
         :class:`~tidings.errors.PartitionFenced` if this member no longer owns one of
         the partitions."""
+        if self._closed and self._assignment is None:
+            # It left the group: its partitions may be another's by now, and a commit
+            # that did nothing without a word would lose what it was asked to keep.
+            raise RuntimeError("the consumer is closed")
         if self._assignment is None or not self._returned:
             return
         positions = dict(self._returned)
