@@ -79,3 +79,20 @@ def test_a_commit_after_close_says_it_cannot_commit(server: ServerProcess, topic
         with pytest.raises(RuntimeError):  # not a silent no-op: nothing was committed
             consumer.commit()
         assert client.describe_group(topic, "g").lag == 20
+
+
+@pytest.mark.parametrize("deleted", ["group", "topic"])
+def test_closing_a_member_whose_group_was_deleted_raises_nothing(
+    server: ServerProcess, topic: str, deleted: str
+) -> None:
+    with Client(server.url) as client:
+        _fill(client, topic)
+        consumer = client.consume(topic, group="g", follow=False)
+        assert consumer.poll()
+        if deleted == "group":
+            client.delete_group(topic, "g")
+        else:
+            client.delete_topic(topic)
+        consumer.close()  # its group is gone, and the member with it
+        with pytest.raises(RuntimeError):
+            consumer.poll()

@@ -46,7 +46,7 @@ from tidings.client._sync.transactions import TransactionContext
 from tidings.client.api import Call, GroupPage, PollPage, check_max_bytes
 from tidings.codec.admin import START_ALIASES, TransactionGroupCommit
 from tidings.codec.groups import partition_of
-from tidings.errors import GroupNotFound, MemberNotFound, TidingsError
+from tidings.errors import GroupNotFound, MemberNotFound, TidingsError, TopicNotFound
 from tidings.structs import GroupAssignment, Message, MessageId, Transaction
 
 __all__ = ["GroupConsumer"]
@@ -456,7 +456,9 @@ class GroupConsumer(Iterator[Message]):
         finally:
             member_id = self._assignment.member_id
             self._assignment = None
-            with contextlib.suppress(MemberNotFound):  # dropped already
+            # Dropped already, or dropped with its group (deleted, or with its topic):
+            # there is nothing left to leave.
+            with contextlib.suppress(MemberNotFound, GroupNotFound, TopicNotFound):
                 self._client._send(self._client._api.group_leave(self.topic, self.group, member_id))
 
     def __enter__(self) -> GroupConsumer:
