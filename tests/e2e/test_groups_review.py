@@ -3,6 +3,7 @@ after its session ran out, a closed member, and the like."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import httpx
@@ -96,3 +97,34 @@ def test_closing_a_member_whose_group_was_deleted_raises_nothing(
         consumer.close()  # its group is gone, and the member with it
         with pytest.raises(RuntimeError):
             consumer.poll()
+
+
+def test_a_member_waiting_in_a_long_poll_stays_in_the_group_with_a_short_session(
+    server: ServerProcess, topic: str
+) -> None:
+    with Client(server.url) as client, Client(server.url) as other:
+        client.create_topic(topic)
+        waiter = client.consume(topic, group="g", session_timeout=0.3, wait=1.5)
+        beater = other.consume(topic, group="g", session_timeout=0.3, wait=1.5)
+        waiter.heartbeat(), beater.heartbeat()
+        settled = waiter.heartbeat().generation
+        generations: list[int] = []
+        done = threading.Event()
+
+        def beat() -> None:  # the other member's calls find anyone past their session
+            for _ in range(40):
+                generations.append(beater.heartbeat().generation)
+                if done.wait(0.1):
+                    break
+
+        thread = threading.Thread(target=beat)
+        thread.start()
+        try:
+            assert waiter.poll() == []  # a long poll on an empty topic, well past 0.3 s
+        finally:
+            done.set()
+            thread.join()
+        assert waiter.assignment is not None and waiter.assignment.generation == settled
+        assert set(generations) == {settled}  # nobody was dropped: no rebalance
+        waiter.close()
+        beater.close()

@@ -43,7 +43,7 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
@@ -109,6 +109,8 @@ class _Session:
 
     seen: float
     cursors: dict[int, MessageId | None] = field(default_factory=dict)
+    #: Long polls of the member waiting between their scans (:meth:`waiting`).
+    waiting: int = 0
 
 
 _GroupId = tuple[int, int, str]  # topic id, topic generation, group
@@ -222,6 +224,23 @@ class GroupCoordinator:
             self._rebalance(namespace, topic, gid, record, members)
 
     # --- consuming -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def waiting(self, namespace: str, topic: str, group: str, member_id: str) -> Iterator[None]:
+        """Around the wait of a member's long poll between two of its scans: polling is
+        how a member stays, so it is not dropped while it waits, however much shorter
+        than the wait its session is (on the event loop: no lock, no store write)."""
+        gid = self._gid(namespace, topic, group)
+        session = self._sessions.get((gid, member_id))
+        if session is None:
+            yield
+            return
+        session.waiting += 1
+        try:
+            yield
+        finally:
+            session.waiting -= 1
+            session.seen = self._clock()
 
     def poll(
         self,
@@ -857,7 +876,9 @@ class GroupCoordinator:
         for member_id, member in record.members.items():
             session = self._sessions.get((gid, member_id))
             seen = session.seen if session is not None else self._started
-            if now - seen <= member.timeout_ms / 1000:
+            if now - seen <= member.timeout_ms / 1000 or (
+                session is not None and session.waiting > 0
+            ):
                 alive[member_id] = member
             elif forget:
                 self._sessions.pop((gid, member_id), None)

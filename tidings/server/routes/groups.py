@@ -137,8 +137,10 @@ def routes(api: Api) -> list[Route]:
                     if rows or remaining <= 0 or longpolls.closed:
                         break
                     # Wake at least once per second: a rebalance changes nothing on
-                    # the topic, and the member must learn of it (and stay alive).
-                    await longpolls.wait(woken, min(remaining, 1.0))
+                    # the topic, and the member must learn of it. Waiting keeps it in
+                    # the group, whatever its session timeout.
+                    with coordinator.waiting(ns, topic, name, member_id):
+                        await longpolls.wait(woken, min(remaining, 1.0))
                 finally:
                     longpolls.unpark(woken, ns, topic)
         headers = {
