@@ -128,3 +128,31 @@ def test_a_member_waiting_in_a_long_poll_stays_in_the_group_with_a_short_session
         assert set(generations) == {settled}  # nobody was dropped: no rebalance
         waiter.close()
         beater.close()
+
+
+@pytest.mark.parametrize("then", ["poll", "close"])
+def test_an_auto_committing_member_outlives_a_rebalance_it_had_not_heard_of(
+    server: ServerProcess, topic: str, then: str
+) -> None:
+    with Client(server.url) as client, Client(server.url) as other:
+        _fill(client, topic, 40, keys=8)
+        member = client.consume(topic, group="g", follow=False, partitions=4, auto_commit=True)
+        assert len(member.poll()) == 40  # every partition's messages, not committed yet
+        newcomer = other.consume(topic, group="g", follow=False)
+        newcomer.heartbeat()  # takes half the partitions: member learns of it later
+        if then == "poll":
+            for _ in range(3):  # was PartitionFenced, at every poll
+                assert member.poll() == []
+            assert member.assignment is not None
+            kept = set(member.assignment.partitions)
+        else:
+            kept = set(range(4)) - set(newcomer.heartbeat().partitions)
+            member.close()  # was PartitionFenced
+        info = client.describe_group(topic, "g")
+        # What it still owned committed; the moved partitions' messages are the
+        # newcomer's again (at least once).
+        assert {p.partition for p in info.partitions if p.position is not None} == kept
+        assert info.lag == 20
+        assert len(newcomer.poll()) == 20  # the moved partitions' messages, only
+        member.close()
+        newcomer.close()

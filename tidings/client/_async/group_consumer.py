@@ -44,7 +44,13 @@ from tidings.client._async.transactions import AsyncTransactionContext
 from tidings.client.api import Call, GroupPage, PollPage, check_max_bytes
 from tidings.codec.admin import START_ALIASES, TransactionGroupCommit
 from tidings.codec.groups import partition_of
-from tidings.errors import GroupNotFound, MemberNotFound, TidingsError, TopicNotFound
+from tidings.errors import (
+    GroupNotFound,
+    MemberNotFound,
+    PartitionFenced,
+    TidingsError,
+    TopicNotFound,
+)
 from tidings.structs import GroupAssignment, Message, MessageId, Transaction
 
 __all__ = ["AsyncGroupConsumer"]
@@ -195,14 +201,21 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
             raise RuntimeError("the consumer is closed")
         if self._assignment is None:
             return await self._join()
+        assignment = await self._refresh()
+        return assignment if assignment is not None else await self._join()
+
+    async def _refresh(self) -> GroupAssignment | None:
+        """Heartbeat and adopt the answer; None (having forgotten everything) where the
+        member was dropped, or its group deleted."""
+        assert self._assignment is not None
         member_id = self._assignment.member_id
         try:
             assignment = await self._client._send(
                 self._client._api.group_heartbeat(self.topic, self.group, member_id)
             )
-        except (MemberNotFound, GroupNotFound):  # dropped, or the group was deleted
+        except (MemberNotFound, GroupNotFound):
             self._lost()
-            return await self._join()
+            return None
         self._adopt(assignment)
         return assignment
 
@@ -231,6 +244,21 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         if self._assignment is None:
             await self._join()
         if self._auto_commit and self._returned:
+            await self._commit_returned()
+            if self._assignment is None:  # it was dropped meanwhile
+                await self._join()
+
+    async def _commit_returned(self) -> None:
+        """``auto_commit``'s commit of what was returned. Refused because a rebalance
+        this member has not heard of yet moved one of those partitions (or dropped it),
+        it learns its assignment, which keeps the positions of the partitions it still
+        owns, and commits those: the others' messages go to their new owner again (at
+        least once). Raising instead would refuse every later poll the same way."""
+        try:
+            await self.commit()
+        except PartitionFenced:
+            if await self._refresh() is None or not self._returned:
+                return
             await self.commit()
 
     async def _fetch(self) -> list[Message]:
@@ -450,11 +478,11 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         self._worker.close()
         if self._assignment is None:
             return
+        member_id = self._assignment.member_id
         try:
-            if self._auto_commit:
-                await self.commit()
+            if self._auto_commit and self._returned:
+                await self._commit_returned()
         finally:
-            member_id = self._assignment.member_id
             self._assignment = None
             # Dropped already, or dropped with its group (deleted, or with its topic):
             # there is nothing left to leave.
