@@ -156,3 +156,16 @@ def test_an_auto_committing_member_outlives_a_rebalance_it_had_not_heard_of(
         assert len(newcomer.poll()) == 20  # the moved partitions' messages, only
         member.close()
         newcomer.close()
+
+
+@pytest.mark.parametrize("timeout_ms", [0, 99, 300_001])
+def test_a_join_with_a_session_timeout_out_of_range_is_refused(
+    server: ServerProcess, topic: str, timeout_ms: int
+) -> None:
+    with Client(server.url) as client:
+        _fill(client, topic)
+    url = f"{server.url}/v1/namespaces/default/topics/{topic}/groups/g"
+    with httpx.Client(timeout=10) as http:
+        r = http.post(url + "/join", json={"sessionTimeoutMs": timeout_ms})
+        assert r.status_code == 400 and "sessionTimeoutMs" in r.json()["error"]
+        assert http.get(url).status_code == 404  # no group was made

@@ -81,7 +81,10 @@ def routes(api: Api) -> list[Route]:
             topic,
             name,
             req.member_id,
-            session_timeout_ms=req.session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS,
+            # 0 is a value out of range (400), not "the default".
+            session_timeout_ms=DEFAULT_SESSION_TIMEOUT_MS
+            if req.session_timeout_ms is None
+            else req.session_timeout_ms,
             partitions=req.partitions,
             start=req.start,
         )
