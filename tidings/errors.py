@@ -40,8 +40,9 @@
     ├── ServerError                   500  a bug or a storage failure (retriable)
     │   ├── LogFailed                 500  the transaction log could not be written
     │   └── CorruptSnapshot           500  a transaction snapshot file is damaged
-    ├── ServiceUnavailable            503  e.g. the transaction role is not running here
-    │   └── LeaseLost                 503  this instance no longer leads the cluster (retry)
+    ├── ServiceUnavailable            503  not available here now (retriable)
+    │   ├── LeaseLost                 503  this instance no longer leads the cluster (retry)
+    │   └── RoleUnavailable           503  this process's role does not run that service (final)
     ├── ConfigError                        a server setting is wrong; never sent on the wire
     └── ClientError                        raised only by the client, never sent on the wire
         ├── TidingsConnectionError         cannot reach the server (retriable)
@@ -85,6 +86,7 @@ __all__ = [
     "ProducerFenced",
     "ProducerNotFound",
     "RequestTimeout",
+    "RoleUnavailable",
     "ServerError",
     "ServiceUnavailable",
     "TidingsConnectionError",
@@ -313,6 +315,14 @@ class ServiceUnavailable(TidingsError):
 
     status = 503
     retriable = True
+
+
+class RoleUnavailable(ServiceUnavailable):
+    """This process does not run the service asked for (its ``role``, or groups and
+    queues on a process without both services). Final: asking this process again
+    cannot succeed, so clients do not retry it or wait it out."""
+
+    retriable = False
 
 
 class LeaseLost(ServiceUnavailable):

@@ -90,7 +90,7 @@ def test_needs_both_services(start_server: Callable[..., ServerProcess], topic: 
         f"{messaging.url}/v1/namespaces/{NS}/transactions/publish",
         json={"topics": [{"topic": topic, "messages": ["eA=="]}]},
     )
-    assert (r.status_code, r.json()["type"]) == (503, "ServiceUnavailable")
+    assert (r.status_code, r.json()["type"]) == (503, "RoleUnavailable")
     with Client(messaging.url, NS) as c, pytest.raises(ServiceUnavailable):
         c.publish_transaction({topic: [b"x"]})
 

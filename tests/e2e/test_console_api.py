@@ -155,7 +155,7 @@ def test_transaction_details_need_the_transaction_service(
 ) -> None:
     srv = start_server("--role", "messaging")
     answer = httpx.get(srv.url + "/v1/transactions/details")
-    assert answer.status_code == 503 and answer.json()["type"] == "ServiceUnavailable"
+    assert answer.status_code == 503 and answer.json()["type"] == "RoleUnavailable"
     assert httpx.get(srv.url + "/v1/whoami").json()["auth"] is False
 
 

@@ -186,7 +186,7 @@ def test_messaging_only_server_answers_503_and_consumers_fall_back(
     with Client(messaging.url, NS, transactions_url=transactions.url) as client:
         client.create_topic(topic)
         r = httpx.post(url, params={"isolation": RC}, json={})
-        assert (r.status_code, r.json()["type"]) == (503, "ServiceUnavailable")
+        assert (r.status_code, r.json()["type"]) == (503, "RoleUnavailable")
         with pytest.raises(ServiceUnavailable):
             client.poll(topic, isolation=RC)
         # A separate transactions_url: the consumer takes its snapshots itself ...

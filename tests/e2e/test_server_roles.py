@@ -34,7 +34,7 @@ def test_messaging_alone(start_server: Callable[..., ServerProcess]) -> None:
         ]:
             r = api.request(method, path, json={})
             assert r.status_code == 503, path
-            assert r.json()["type"] == "ServiceUnavailable"
+            assert r.json()["type"] == "RoleUnavailable"
         metrics = api.get("/metrics").text
         assert "tidings_messages_published_total" in metrics
         assert "tidings_transactions_begun_total" not in metrics
@@ -55,7 +55,7 @@ def test_transactions_alone(start_server: Callable[..., ServerProcess]) -> None:
         ]:
             r = api.request(method, path)
             assert r.status_code == 503, path
-            assert r.json()["type"] == "ServiceUnavailable"
+            assert r.json()["type"] == "RoleUnavailable"
         assert "tidings_transactions_begun_total 1.0" in api.get("/metrics").text
     assert not (srv.data_dir / "store").exists()
 
@@ -84,3 +84,21 @@ def test_messaging_survives_the_transaction_service(
         got = api.post(f"{NS}/topics/t/poll", json={"transaction": reader["encoded"]}).json()
         assert [base64.b64decode(m["payload"]) for m in got] == [b"tx", b"a"]
         assert api.get("/readyz").status_code == 200
+
+
+@pytest.mark.timeout(30)  # before the fix, the group consumer waited forever
+@pytest.mark.parametrize("shape", ["group", "plain"])
+def test_a_consumer_iterating_on_a_process_without_its_service_is_told_at_once(
+    start_server: Callable[..., ServerProcess], shape: str
+) -> None:
+    """A role is fixed for the process's life: a following consumer raises at once
+    instead of waiting out what looks like an outage, forever."""
+    from tidings import Client, RoleUnavailable, ServiceUnavailable
+
+    srv = start_server("--role", "transactions")
+    with Client(srv.url, namespace="roles") as client:
+        consumer = client.consume("t", group="g") if shape == "group" else client.consume("t")
+        with pytest.raises(RoleUnavailable) as raised:
+            next(iter(consumer))
+        assert isinstance(raised.value, ServiceUnavailable)  # what older callers catch
+        assert not raised.value.retriable

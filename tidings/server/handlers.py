@@ -22,7 +22,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from tidings.consumers import GroupCoordinator, QueueCoordinator
-from tidings.errors import ServerError, ServiceUnavailable, TidingsError, Unauthorized
+from tidings.errors import RoleUnavailable, ServerError, TidingsError, Unauthorized
 from tidings.messaging import MessagingService
 from tidings.server import permissions
 from tidings.server.auth import Authenticator, Principal
@@ -87,7 +87,7 @@ class Api:
         """The messaging service, or 503 when this process does not run it."""
         service = self.services.messaging
         if service is None:
-            raise ServiceUnavailable(
+            raise RoleUnavailable(
                 f"the messaging service does not run in this process (role={self.config.role})"
             )
         return service
@@ -97,7 +97,7 @@ class Api:
         """The transaction service, or 503 when this process does not run it."""
         service = self.services.tx
         if service is None:
-            raise ServiceUnavailable(
+            raise RoleUnavailable(
                 f"the transaction service does not run in this process (role={self.config.role})"
             )
         return service
@@ -107,7 +107,7 @@ class Api:
         """Consumer groups, or 503 unless this process runs both services."""
         groups = self.services.groups
         if groups is None:
-            raise ServiceUnavailable(
+            raise RoleUnavailable(
                 "consumer groups need the messaging and transaction services in one "
                 f"process (role=all), this one runs role={self.config.role}"
             )
@@ -118,7 +118,7 @@ class Api:
         """Queues, or 503 unless this process runs both services."""
         queues = self.services.queues
         if queues is None:
-            raise ServiceUnavailable(
+            raise RoleUnavailable(
                 "queues need the messaging and transaction services in one "
                 f"process (role=all), this one runs role={self.config.role}"
             )

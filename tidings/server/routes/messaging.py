@@ -28,7 +28,7 @@ from tidings.codec import admin, columns, wire
 from tidings.codec.media import JSON, Media
 from tidings.codec.payload_frames import names_frames
 from tidings.codec.transaction import decode_transaction
-from tidings.errors import BadRequest, ServiceUnavailable
+from tidings.errors import BadRequest, RoleUnavailable
 from tidings.names import check_name
 from tidings.server.bodies import json_object, read_body, request_media, require_json
 from tidings.server.handlers import Api, json_response
@@ -160,7 +160,7 @@ def routes(api: Api) -> list[Route]:
     def manager() -> TransactionManager:
         tx = api.services.tx
         if tx is None:
-            raise ServiceUnavailable(
+            raise RoleUnavailable(
                 "isolation=read_committed needs the transaction service in this process "
                 f"(role={api.config.role}); poll with a transaction snapshot instead"
             )
