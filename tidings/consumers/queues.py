@@ -685,7 +685,11 @@ class QueueCoordinator:
         aborted (Tephra's rollback before abort: an aborted transaction leaves nothing
         behind). How many messages came back."""
         q = self._require(namespace, topic, queue)
+        snapshot = self._snapshot()
         with q.lock:
+            # Resolve first: a rollback that comes after the commit (a client that
+            # lost the commit's answer rolls back) must leave committed acks acked.
+            self._settle(q, snapshot)
             held = [n for n, lease in q.leases.items() if lease.write_pointer == write_pointer]
             count = 0
             for lease_no in held:
