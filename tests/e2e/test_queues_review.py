@@ -4,13 +4,14 @@ transactions that ended, rollbacks that come late, bad input."""
 from __future__ import annotations
 
 import base64
+import time
 
 import httpx
 import pytest
 
 from tests.e2e.serverproc import ServerProcess
 from tidings import Client
-from tidings.structs import MessageId
+from tidings.structs import MessageId, Record
 
 pytestmark = pytest.mark.e2e
 
@@ -40,3 +41,42 @@ def test_a_rollback_after_the_commit_leaves_the_acks_acked(
         assert client.queue(topic, "work").pop(5) == []
         stats = client.describe_queue(topic, "work")
         assert (stats.acked, stats.pending, stats.waiting) == (1, 0, 0)
+
+
+def test_a_message_past_its_expiry_is_not_delivered_again(
+    server: ServerProcess, topic: str
+) -> None:
+    # A poll no longer sees it, and a restarted server forgets it: a pop must not hand
+    # it out again from memory either.
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [Record(b"short", ttl=1), Record(b"long")])
+        q = client.queue(topic, "work")
+        got = q.pop(2)
+        assert [m.payload for m in got] == [b"short", b"long"]
+        time.sleep(1.2)
+        assert [m.payload for m in client.poll(topic)] == [b"long"]
+        q.nack(got)
+        again = q.pop(5)
+        assert [(m.payload, m.delivery_count) for m in again] == [(b"long", 2)]
+        q.ack(again)
+        stats = client.describe_queue(topic, "work")
+        assert (stats.pending, stats.waiting, stats.ack_state) == (0, 0, 0)
+
+
+def test_messages_of_every_kind_come_back_after_a_nack(server: ServerProcess, topic: str) -> None:
+    # Plain, keyed, with headers, and transactional ones stored apart from their entry
+    # (payloads above the threshold): each is still the topic's, so each comes back.
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [Record(b"plain"), Record(b"keyed", b"k", {"h": b"1"})])
+        with client.transaction(payload_threshold=0) as tx:
+            tx.publish(topic, [b"stored-1", b"stored-2"])
+        q = client.queue(topic, "work")
+        got = q.pop(10)
+        assert len(got) == 4
+        q.nack(got)
+        again = q.pop(10)
+        assert [m.id for m in again] == [m.id for m in got]
+        assert [m.delivery_count for m in again] == [2] * 4
+        q.ack(again)

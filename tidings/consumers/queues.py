@@ -457,25 +457,49 @@ class QueueCoordinator:
             chosen: list[tuple[MessageId, _Entry]] = []
             dead: list[tuple[MessageId, _Entry]] = []
             taken: set[MessageId] = set()
+            gone: list[MessageId] = []
             while q.available and len(chosen) < max_messages and budget > 0:
-                message_id = heapq.heappop(q.available)
-                entry = q.entries.get(message_id)
-                if entry is None or message_id in taken or not q.is_available(entry):
-                    # Acked or handed out since it was queued, or queued twice (its
-                    # lease ran out, then it came back again another way).
-                    continue
-                taken.add(message_id)
-                if entry.count >= q.record.max_deliveries:
-                    if not may_wait:
-                        # Dead-lettering publishes (and may create a topic): put back
-                        # what was taken, for the caller to pop on a worker thread.
-                        for taken_id in taken:
-                            heapq.heappush(q.available, taken_id)
-                        raise WouldWait
-                    dead.append((message_id, entry))
-                else:
-                    chosen.append((message_id, entry))
-                    budget -= _item_bytes(entry.item)
+                batch: list[MessageId] = []
+                while q.available and len(batch) < max_messages - len(chosen):
+                    message_id = heapq.heappop(q.available)
+                    entry = q.entries.get(message_id)
+                    if entry is None or message_id in taken or not q.is_available(entry):
+                        # Acked or handed out since it was queued, or queued twice (its
+                        # lease ran out, then it came back again another way).
+                        continue
+                    taken.add(message_id)
+                    batch.append(message_id)
+                # Memory keeps a message until it is acked, but one past the topic's
+                # retention (or its own expiry) is no longer the topic's: delivered
+                # again, it would reach a worker only until a restart forgets it.
+                held = self._messaging.held_ids(namespace, topic, batch)
+                for message_id in batch:
+                    if message_id not in held:
+                        gone.append(message_id)
+                        continue
+                    if len(chosen) >= max_messages or budget <= 0:
+                        heapq.heappush(q.available, message_id)
+                        taken.discard(message_id)
+                        continue
+                    entry = q.entries[message_id]
+                    if entry.count >= q.record.max_deliveries:
+                        if not may_wait:
+                            # Dead-lettering publishes (and may create a topic): put
+                            # back what was taken, for the caller to pop on a worker
+                            # thread.
+                            for taken_id in taken:
+                                heapq.heappush(q.available, taken_id)
+                            raise WouldWait
+                        dead.append((message_id, entry))
+                    else:
+                        chosen.append((message_id, entry))
+                        budget -= _item_bytes(entry.item)
+            if gone:
+                # Forgotten as a restart forgets them; their leases are written with
+                # the queue's next write.
+                q.dirty.update(q.take(gone))
+                for message_id in gone:
+                    del q.entries[message_id]
             fresh: list[Message | bytes] = []
             if len(chosen) < max_messages and budget > 0:
                 read = q.record.read

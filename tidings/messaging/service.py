@@ -509,6 +509,26 @@ class MessagingService:
         last = MessageId.from_bytes(raw[-1]) if raw else None
         return wire.encode_raw_message_ids(raw, media), len(raw), last
 
+    def held_ids(self, namespace: str, topic: str, ids: Sequence[MessageId]) -> set[MessageId]:
+        """Those of ``ids`` that the topic still holds (not past its retention or their
+        own expiry), read in one view with a seek each: a queue hands out again only
+        messages a reader could still see."""
+        check_name(namespace, "namespace")
+        check_name(topic, "topic")
+        found: set[MessageId] = set()
+        if not ids:
+            return found
+        now = self._clock.now_ms()
+        with self._store.read() as view:
+            ref = self._topics.resolve(view, namespace, topic)
+            for message_id in ids:
+                page = fetch_messages(
+                    view, ref.topic_id, ref.state, now, message_id, True, 1, None, ids=True
+                )
+                if page and page[0] == message_id.to_bytes():
+                    found.add(message_id)
+        return found
+
     def _fetch_ids(
         self,
         namespace: str,
