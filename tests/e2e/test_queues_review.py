@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from tests.e2e.serverproc import ServerProcess
-from tidings import Client
+from tidings import AsyncClient, Client
+from tidings.errors import TopicNotFound
 from tidings.structs import MessageId, Record
 
 pytestmark = pytest.mark.e2e
@@ -80,3 +81,29 @@ def test_messages_of_every_kind_come_back_after_a_nack(server: ServerProcess, to
         assert [m.id for m in again] == [m.id for m in got]
         assert [m.delivery_count for m in again] == [2] * 4
         q.ack(again)
+
+
+def test_closing_a_handle_of_a_deleted_topic_is_quiet(server: ServerProcess, topic: str) -> None:
+    # Deleting the topic deletes its queues, as deleting the queue does: close() (and
+    # so a `with` block's exit) has nothing to give back and must not raise over the
+    # block's own error.
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"job"])
+        q = client.queue(topic, "work")
+        assert q.pop(1)
+        client.delete_topic(topic)
+        q.close()
+        with pytest.raises(RuntimeError, match="the block's own"), client.queue(topic, "w"):
+            raise RuntimeError("the block's own error")
+
+
+async def test_closing_an_async_handle_of_a_missing_topic_is_quiet(
+    server: ServerProcess, topic: str
+) -> None:
+    async with AsyncClient(server.url) as client:
+        with pytest.raises(RuntimeError, match="no such topic"):
+            async with client.queue(topic, "work") as q:
+                with pytest.raises(TopicNotFound):
+                    await q.pop(1)
+                raise RuntimeError("no such topic")

@@ -26,7 +26,7 @@ from tidings.client._async.session import AsyncSession
 from tidings.client._async.transactions import AsyncTransactionContext
 from tidings.client.api import Call, check_max_bytes
 from tidings.codec.admin import START_ALIASES
-from tidings.errors import QueueNotFound, TidingsError
+from tidings.errors import QueueNotFound, TidingsError, TopicNotFound
 from tidings.structs import Message, MessageId, QueueStats, Transaction
 
 __all__ = ["AsyncQueue"]
@@ -248,7 +248,9 @@ class AsyncQueue:
         await self._take_ahead()
         self._fetched = []
         self._worker.close()
-        with contextlib.suppress(QueueNotFound):  # never popped, or deleted meanwhile
+        # Never popped, or deleted meanwhile (deleting the topic deletes its queues):
+        # nothing is leased then, and a `with` block's own error must not be replaced.
+        with contextlib.suppress(QueueNotFound, TopicNotFound):
             await self._client._send(
                 self._client._api.queue_release(self.topic, self.group, self.consumer_id)
             )
