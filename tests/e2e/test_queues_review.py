@@ -4,14 +4,17 @@ transactions that ended, rollbacks that come late, bad input."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.e2e.serverproc import ServerProcess
 from tidings import AsyncClient, Client
-from tidings.errors import TopicNotFound
+from tidings.errors import Forbidden, TopicNotFound
 from tidings.structs import MessageId, Record
 
 pytestmark = pytest.mark.e2e
@@ -107,3 +110,39 @@ async def test_closing_an_async_handle_of_a_missing_topic_is_quiet(
                 with pytest.raises(TopicNotFound):
                     await q.pop(1)
                 raise RuntimeError("no such topic")
+
+
+def test_naming_a_dead_letter_topic_takes_publish_on_it(
+    start_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    # Dead letters are published to that topic (created if need be): a principal that
+    # may only consume the queue's topic must not publish, through its nacks, into a
+    # topic it may not publish to, nor create one.
+    tokens = {"admin": "admin-token-0123456789", "worker": "worker-token-0123456789"}
+
+    def principal(name: str, extra: str) -> str:
+        digest = hashlib.sha256(tokens[name].encode()).hexdigest()
+        return f'[[principal]]\nname = "{name}"\ntoken_sha256 = "{digest}"\n{extra}\n'
+
+    auth = tmp_path / "auth.toml"
+    auth.write_text(
+        principal("admin", "admin = true")
+        + principal("worker", 'consume = ["jobs"]\npublish = ["jobs-failed"]')
+    )
+    srv = start_server("--auth-file", str(auth))
+    with Client(srv.url, token=tokens["admin"]) as admin:
+        admin.create_topic("jobs")
+        admin.create_topic("payments")
+        admin.publish("jobs", [b"job"])
+    with Client(srv.url, token=tokens["worker"]) as worker:
+        for target in ("payments", "brand-new"):
+            q = worker.queue("jobs", "work", max_deliveries=1, dead_letter_topic=target)
+            with pytest.raises(Forbidden, match=target):
+                q.pop(1)
+        q = worker.queue("jobs", "work", max_deliveries=1, dead_letter_topic="jobs-failed")
+        q.nack(q.pop(1))
+        assert q.pop(1) == []  # dead-lettered where it may publish
+    with Client(srv.url, token=tokens["admin"]) as admin:
+        assert admin.poll("payments") == []
+        assert "brand-new" not in admin.list_topics()
+        assert [m.payload for m in admin.poll("jobs-failed")] == [b"job"]

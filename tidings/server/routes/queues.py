@@ -22,7 +22,7 @@ from tidings.codec import queue_bodies
 from tidings.consumers.queues import DEFAULT_ACK_TIMEOUT_MS, Popped
 from tidings.errors import BadRequest
 from tidings.names import check_name
-from tidings.server.handlers import Api, json_response
+from tidings.server.handlers import Api, json_response, principal_of
 from tidings.server.routes.consumers import answer_media, json_body, path_names, read_snapshot
 from tidings.server.routes.messaging import (
     COUNT_HEADER,
@@ -75,6 +75,12 @@ def routes(api: Api) -> list[Route]:
         wait_ms = _wait_ms(request, max_wait_ms)
         max_bytes = max_bytes_param(request)
         req = queue_bodies.read_pop_request(await json_body(api, request, "pop request"))
+        principal = principal_of(request)
+        if principal is not None and req.dead_letter_topic is not None:
+            # Dead letters are published there (the topic created if need be): naming
+            # it takes what publishing there takes, or consuming one topic would
+            # publish into any other.
+            principal.require_publish(req.dead_letter_topic)
         media = answer_media(request)
         ack_timeout_ms = req.ack_timeout_ms or DEFAULT_ACK_TIMEOUT_MS
         acked: Future[None] | None = None
