@@ -45,6 +45,17 @@ def test_a_rollback_after_the_commit_leaves_the_acks_acked(
         assert client.queue(topic, "work").pop(5) == []
         stats = client.describe_queue(topic, "work")
         assert (stats.acked, stats.pending, stats.waiting) == (1, 0, 0)
+        # One that did not commit gives its acks back, and says how many.
+        client.publish(topic, [b"next"])
+        got = q.pop(1)
+        wp = httpx.post(f"{base}/transactions", json={}).json()["writePointer"]
+        body = {"consumerId": q.consumer_id, "ids": b64([got[0].id]), "transactionWritePointer": wp}
+        assert httpx.post(f"{queue}/ack", json=body).status_code == 200
+        assert httpx.post(f"{base}/transactions/{wp}/invalidate").status_code == 200
+        answer = httpx.post(f"{queue}/rollback", json={"transactionWritePointer": wp})
+        assert answer.json() == {"returned": 1}
+        again = q.pop(1)
+        assert [(m.payload, m.delivery_count) for m in again] == [(b"next", 2)]
 
 
 def test_a_message_past_its_expiry_is_not_delivered_again(

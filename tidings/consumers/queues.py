@@ -711,9 +711,11 @@ class QueueCoordinator:
         q = self._require(namespace, topic, queue)
         snapshot = self._snapshot()
         with q.lock:
-            # Resolve first: a rollback that comes after the commit (a client that
-            # lost the commit's answer rolls back) must leave committed acks acked.
-            self._settle(q, snapshot)
+            if is_visible(snapshot, write_pointer):
+                # Committed already (a rollback sent after a commit whose answer was
+                # lost): its acks count, as they would at the queue's next call.
+                self._settle(q, snapshot)
+                return 0
             held = [n for n, lease in q.leases.items() if lease.write_pointer == write_pointer]
             count = 0
             for lease_no in held:
