@@ -559,7 +559,14 @@ class QueueCoordinator:
             out = Popped(ids, counts, items)
             if not dead:
                 return out, None
-            return out, self._dead_letter(q, dead, q.flush(()))
+            try:
+                return out, self._dead_letter(q, dead, q.flush(()))
+            except BaseException:
+                # Memory ran ahead of a write never queued (the dead-letter topic could
+                # not be created or published to): rebuild it from the records, or the
+                # dead messages would be neither delivered nor dead-lettered.
+                q.broken = True
+                raise
 
     def ack(
         self,
