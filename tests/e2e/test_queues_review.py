@@ -1,5 +1,6 @@
-"""Queue behaviour at the edges, through the real server and the real clients: acks in
-transactions that ended, rollbacks that come late, bad input."""
+"""Queue behaviour at the edges, through the real server and the real clients: rollbacks
+that come after the commit, messages past their expiry, handles of deleted topics,
+dead-letter topics and permissions."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ def b64(ids: list[MessageId]) -> list[str]:
 def test_a_rollback_after_the_commit_leaves_the_acks_acked(
     server: ServerProcess, topic: str
 ) -> None:
-    # A client that loses a commit's answer rolls its participants back: the queue's
-    # rollback must not give back acks that the commit made count.
+    # A rollback that comes after the commit (sent by hand, or by a client that does
+    # not ask first whether its commit got through) must not give back acks that the
+    # commit made count.
     with Client(server.url) as client:
         client.create_topic(topic)
         client.publish(topic, [b"job"])

@@ -719,8 +719,8 @@ class QueueCoordinator:
         snapshot = self._snapshot()
         with q.lock:
             if is_visible(snapshot, write_pointer):
-                # Committed already (a rollback sent after a commit whose answer was
-                # lost): its acks count, as they would at the queue's next call.
+                # Committed already (a rollback sent after the commit): its acks count,
+                # as they would at the queue's next call.
                 self._settle(q, snapshot)
                 return 0
             held = [n for n, lease in q.leases.items() if lease.write_pointer == write_pointer]
