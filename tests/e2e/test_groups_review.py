@@ -3,6 +3,7 @@ after its session ran out, a closed member, and the like."""
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 
@@ -169,3 +170,46 @@ def test_a_join_with_a_session_timeout_out_of_range_is_refused(
         r = http.post(url + "/join", json={"sessionTimeoutMs": timeout_ms})
         assert r.status_code == 400 and "sessionTimeoutMs" in r.json()["error"]
         assert http.get(url).status_code == 404  # no group was made
+
+
+def test_a_rollback_after_the_commit_leaves_the_positions_committed(
+    server: ServerProcess, topic: str
+) -> None:
+    # A rollback that comes after the commit (sent by hand, or by a client that does
+    # not ask first whether its commit got through) must not take back positions the
+    # commit made the group's: the messages would be delivered again.
+    with Client(server.url) as client:
+        _fill(client, topic, n=6)
+        member = client.consume(topic, group="g", follow=False, partitions=1)
+        got = member.poll()
+        assert len(got) == 6 and member.assignment is not None
+        base = f"{server.url}/v1"
+        group = f"{base}/namespaces/default/topics/{topic}/groups/g"
+        body = {
+            "memberId": member.assignment.member_id,
+            "positions": [{"partition": 0, "id": base64.b64encode(got[-1].id.to_bytes()).decode()}],
+        }
+
+        def commit_under_a_transaction() -> int:
+            wp: int = httpx.post(f"{base}/transactions", json={}).json()["writePointer"]
+            answer = httpx.post(f"{group}/commit", json={**body, "transactionWritePointer": wp})
+            assert answer.status_code == 200, answer.text
+            return wp
+
+        wp = commit_under_a_transaction()
+        assert httpx.post(f"{base}/transactions/{wp}/commit", json={}).status_code == 200
+        assert client.describe_group(topic, "g").lag == 0
+        answer = httpx.post(f"{group}/rollback", json={"transactionWritePointer": wp})
+        assert answer.status_code == 200
+        assert client.describe_group(topic, "g").lag == 0
+        # One that did not commit is rolled back as before: its positions never count,
+        # and the member is delivered again from the committed ones (here, the end).
+        wp = commit_under_a_transaction()
+        assert httpx.post(f"{base}/transactions/{wp}/invalidate").status_code == 200
+        answer = httpx.post(
+            f"{group}/rollback",
+            json={"transactionWritePointer": wp, "memberId": member.assignment.member_id},
+        )
+        assert answer.status_code == 200
+        assert client.describe_group(topic, "g").lag == 0
+        member.close()

@@ -570,6 +570,15 @@ class GroupCoordinator:
                 self._rewind(namespace, topic, gid, member_id)
             return 0
 
+        snapshot = self._tx.snapshot()
+        assert snapshot is not None
+        if is_visible(snapshot, write_pointer):
+            # Committed already (a rollback sent after the commit): its positions are
+            # the group's, and removing them would deliver what it committed again.
+            if member_id is not None:
+                self._rewind(namespace, topic, gid, member_id)
+            return 0
+
         def remove(view: WriteView) -> int:
             doomed = [
                 k
