@@ -166,6 +166,20 @@ def test_poll_request_and_long_poll_timeout() -> None:
     )
 
 
+@pytest.mark.parametrize("wait", [float("nan"), float("inf"), -float("inf"), "1", True])
+def test_a_wait_that_is_not_a_finite_number_is_refused_before_sending(wait: object) -> None:
+    rest = api()
+    with pytest.raises(ValueError, match="wait must be a finite number"):
+        rest.poll("t", None, inclusive=True, limit=1, transaction=None, wait=wait)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="wait must be a finite number"):
+        rest.group_poll("t", "g", "m", 1, wait, None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="wait must be a finite number"):
+        rest.queue_pop("t", "q", "c", 1, wait)  # type: ignore[arg-type]
+    # Zero, None and a negative wait stay what they were: no wait.
+    for none in (0, 0.0, None, -1.5):
+        assert "waitMs" not in rest.queue_pop("t", "q", "c", 1, none).request.url
+
+
 def test_transaction_calls() -> None:
     begin = api().begin(10, "producer", 3)
     assert begin.request.url == f"{URL}/v1/transactions"

@@ -826,7 +826,7 @@ def queues_stats(ctx: click.Context, topic: str, queue: str, as_json: bool) -> N
 def queues_purge(ctx: click.Context, topic: str, queue: str) -> None:
     """Ack everything QUEUE holds and everything published to TOPIC so far."""
     dropped = _client(ctx).purge_queue(topic, queue)
-    click.echo(f"purged queue {queue} of {topic} ({dropped} in flight dropped)")
+    click.echo(f"purged queue {queue} of {topic} ({dropped} read and not acked dropped)")
 
 
 @queues.command("delete")

@@ -9,6 +9,7 @@ as its Tidings class. Both clients send the same calls, so they cannot drift.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -123,6 +124,16 @@ def check_max_bytes(max_bytes: int | None) -> int | None:
     ):
         raise ValueError(f"max_bytes must be a positive integer, got {max_bytes!r}")
     return max_bytes
+
+
+def _wait_ms(wait: float | None) -> int:
+    """``wait`` seconds (None: none) as the whole milliseconds of ``waitMs``
+    (negative: 0); ValueError for a wait that is not a finite number."""
+    if not wait:
+        return 0
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not math.isfinite(wait):
+        raise ValueError(f"wait must be a finite number of seconds, got {wait!r}")
+    return max(0, round(wait * 1000))
 
 
 def _wait_and_bytes(wait_ms: int, max_bytes: int | None) -> str:
@@ -670,10 +681,10 @@ class RestApi:
         query = ["fields=id"] if ids_only else []
         if check_max_bytes(max_bytes) is not None:
             query.append(f"maxBytes={max_bytes}")
-        if wait:
-            wait_ms = max(0, round(wait * 1000))
-            query.append(f"waitMs={wait_ms}")
-            timeout = None if timeout is None else timeout + wait_ms / 1000
+        waiting = _wait_ms(wait)
+        if waiting:
+            query.append(f"waitMs={waiting}")
+            timeout = None if timeout is None else timeout + waiting / 1000
         if isolation is not None:
             query.append("isolation=" + quote(str(isolation), safe=""))
         if query:
@@ -820,9 +831,9 @@ class RestApi:
     ) -> Call[GroupPage]:
         """A member's poll: its messages, answered in the client's medium."""
         media = self.media
-        wait_ms = 0 if not wait else max(0, round(wait * 1000))
-        url = self._group_url(topic, group, "/poll") + _wait_and_bytes(wait_ms, max_bytes)
-        timeout = None if self.timeout is None else self.timeout + wait_ms / 1000
+        waiting = _wait_ms(wait)
+        url = self._group_url(topic, group, "/poll") + _wait_and_bytes(waiting, max_bytes)
+        timeout = None if self.timeout is None else self.timeout + waiting / 1000
         body = orjson.dumps(admin.member_request(member_id, limit))
         # The columnar medium first, as for a poll (and the client's own medium, which
         # a server that does not know it answers in).
@@ -891,9 +902,9 @@ class RestApi:
         """Lease messages of a queue, answered in the client's medium, after acking
         ``ack_ids`` (this consumer's) in the same request."""
         media = self.media
-        wait_ms = 0 if not wait else max(0, round(wait * 1000))
-        url = self._queue_url(topic, queue, "/pop") + _wait_and_bytes(wait_ms, max_bytes)
-        timeout = None if self.timeout is None else self.timeout + wait_ms / 1000
+        waiting = _wait_ms(wait)
+        url = self._queue_url(topic, queue, "/pop") + _wait_and_bytes(waiting, max_bytes)
+        timeout = None if self.timeout is None else self.timeout + waiting / 1000
         body = queue_bodies.pop_request(
             consumer,
             max_messages,

@@ -815,7 +815,7 @@ class QueueCoordinator:
     def purge(self, namespace: str, topic: str, queue: str) -> int:
         """Ack everything the queue holds and everything published so far (leases
         included; transactions holding acks of it are invalidated); how many messages
-        it dropped that were in flight."""
+        it dropped that it had read and not acked, leased or not."""
         q = self._require(namespace, topic, queue)
         snapshot = self._snapshot()
         with q.lock:

@@ -589,7 +589,8 @@ class AsyncClient(BaseClient):
 
     async def purge_queue(self, topic: str, queue: str) -> int:
         """Ack everything a queue holds and everything published so far; how many
-        messages in flight it dropped."""
+        messages it dropped that it had read and not acked (leased or waiting to be
+        delivered again)."""
         return await self._send(self._api.queue_purge(topic, queue))
 
     async def delete_queue(self, topic: str, queue: str) -> None:

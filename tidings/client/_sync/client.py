@@ -563,7 +563,8 @@ class Client(BaseClient):
 
     def purge_queue(self, topic: str, queue: str) -> int:
         """Ack everything a queue holds and everything published so far; how many
-        messages in flight it dropped."""
+        messages it dropped that it had read and not acked (leased or waiting to be
+        delivered again)."""
         return self._send(self._api.queue_purge(topic, queue))
 
     def delete_queue(self, topic: str, queue: str) -> None:
