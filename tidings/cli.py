@@ -23,7 +23,7 @@ import click
 import orjson
 
 from tidings.errors import ConfigError, TidingsError
-from tidings.names import DEFAULT_URL
+from tidings.names import DEFAULT_URL, INT64_MAX
 from tidings.structs import MessageId, Record
 
 if TYPE_CHECKING:
@@ -877,6 +877,9 @@ def pop(
 
 # --- transactions -------------------------------------------------------------------
 
+#: A write pointer on the command line: what the server can name (a usage error else).
+_WRITE_POINTER = click.IntRange(1, INT64_MAX)
+
 
 @main.group("tx")
 def tx_group() -> None:
@@ -912,7 +915,7 @@ def tx_list(ctx: click.Context, as_json: bool) -> None:
 
 
 @tx_group.command("abort")
-@click.argument("write_pointer", type=int)
+@click.argument("write_pointer", type=_WRITE_POINTER)
 @click.pass_context
 def tx_abort(ctx: click.Context, write_pointer: int) -> None:
     """Abort a transaction (its published entries must have been rolled back)."""
@@ -921,7 +924,7 @@ def tx_abort(ctx: click.Context, write_pointer: int) -> None:
 
 
 @tx_group.command("invalidate")
-@click.argument("write_pointer", type=int)
+@click.argument("write_pointer", type=_WRITE_POINTER)
 @click.pass_context
 def tx_invalidate(ctx: click.Context, write_pointer: int) -> None:
     """Invalidate a transaction: its writes are never visible."""
@@ -930,8 +933,10 @@ def tx_invalidate(ctx: click.Context, write_pointer: int) -> None:
 
 
 @tx_group.command("prune")
-@click.option("--below", type=int, help="Drop every invalid pointer below this one.")
-@click.argument("write_pointers", nargs=-1, type=int)
+@click.option(
+    "--below", type=click.IntRange(0, INT64_MAX), help="Drop every invalid pointer below this one."
+)
+@click.argument("write_pointers", nargs=-1, type=_WRITE_POINTER)
 @click.pass_context
 def tx_prune(ctx: click.Context, below: int | None, write_pointers: tuple[int, ...]) -> None:
     """Drop pointers from the invalid list once no stored entry refers to them.

@@ -27,7 +27,7 @@ from tidings.errors import (
     TidingsError,
     error_for,
 )
-from tidings.names import check_name
+from tidings.names import INT64_MAX, check_name
 from tidings.structs import (
     GroupAssignment,
     GroupInfo,
@@ -124,6 +124,29 @@ def check_max_bytes(max_bytes: int | None) -> int | None:
     ):
         raise ValueError(f"max_bytes must be a positive integer, got {max_bytes!r}")
     return max_bytes
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    """``timeout`` (seconds of a transaction) if it is None or a finite number;
+    ValueError otherwise. JSON has no NaN or infinity (the encoder would send null,
+    which the server reads as "its default timeout"), so such a timeout is refused here,
+    whatever the medium, rather than begin a transaction with another timeout. Its range
+    is the server's to check (400 ``TimeoutTooLarge``)."""
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+    ):
+        raise ValueError(f"timeout must be a finite number of seconds, got {timeout!r}")
+    return timeout
+
+
+def _write_pointer_arg(value: object, name: str, low: int = 1) -> int:
+    """``value`` as a write pointer argument (an int in ``[low, 2**63 - 1]``); ValueError
+    otherwise (a larger number cannot even be written in the JSON body)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= INT64_MAX:
+        raise ValueError(f"{name} must be an integer in [{low}, {INT64_MAX}], got {value!r}")
+    return value
 
 
 def _wait_ms(wait: float | None) -> int:
@@ -720,6 +743,7 @@ class RestApi:
         """Begin, (ack, commit group positions,) publish every ``(topic, records)``
         batch, commit: one request (Avro unless the client speaks JSON)."""
         url = f"{self._ns_url}/transactions/publish"
+        check_timeout(timeout)
         if self.media is not JSON:
             args = (batches, timeout, transactional_id, epoch, acks, group_commits)
             raw = None
@@ -749,7 +773,7 @@ class RestApi:
     def begin(
         self, timeout: float | None, transactional_id: str | None, epoch: int | None
     ) -> Call[Transaction]:
-        body = admin.begin_request(timeout, transactional_id, epoch)
+        body = admin.begin_request(check_timeout(timeout), transactional_id, epoch)
         return self._json_call("POST", self._tx_url, _begun, body)
 
     def commit(
@@ -786,6 +810,10 @@ class RestApi:
         )
 
     def prune(self, below: int | None, ids: Iterable[int] | None) -> Call[list[int]]:
+        if below is not None:
+            _write_pointer_arg(below, "below", low=0)
+        if ids is not None:
+            ids = [_write_pointer_arg(wp, "ids") for wp in ids]
         body = admin.prune_request(below, ids)
         return self._json_call("POST", f"{self._tx_url}/prune", _pruned, body)
 

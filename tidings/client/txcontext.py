@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 from typing import Protocol
 
+from tidings.client.api import check_timeout
 from tidings.client.txbuffer import ambiguous
 from tidings.errors import TidingsError, TransactionFailure
 from tidings.structs import ProducerInfo, Transaction
@@ -53,7 +54,7 @@ class ContextState:
         defer_begin: bool,
     ) -> None:
         self._participants = participants
-        self._timeout = timeout
+        self._timeout = check_timeout(timeout)
         self._producer = producer
         self._tx: Transaction | None = None
         self._state = State.NEW
@@ -93,6 +94,12 @@ class ContextState:
         if self._state is not state:
             raise RuntimeError(f"the transaction is {self.state}, not {state.value}")
         return self._snapshot()
+
+    def _require_new(self) -> None:
+        """RuntimeError unless the context was never entered: one context runs one
+        transaction."""
+        if self._state is not State.NEW:
+            raise RuntimeError(f"the transaction is {self.state}; use a new context")
 
     def _require_open(self) -> None:
         if self._state is not State.ACTIVE and self._state is not State.PENDING:

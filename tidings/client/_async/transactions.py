@@ -330,6 +330,9 @@ class AsyncTransactionContext(ContextState):
             await self._rollback_and_end(None)
 
     async def __aenter__(self) -> AsyncTransactionContext:
+        # One context, one transaction: entering it again (nested, or after it ended)
+        # would start over, dropping what it holds or beginning a second transaction.
+        self._require_new()
         if self._defer and self._client._one_request_transactions():
             self._state = State.PENDING
             self.publisher.defer()

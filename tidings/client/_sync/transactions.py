@@ -314,6 +314,9 @@ class TransactionContext(ContextState):
             self._rollback_and_end(None)
 
     def __enter__(self) -> TransactionContext:
+        # One context, one transaction: entering it again (nested, or after it ended)
+        # would start over, dropping what it holds or beginning a second transaction.
+        self._require_new()
         if self._defer and self._client._one_request_transactions():
             self._state = State.PENDING
             self.publisher.defer()
