@@ -1,19 +1,27 @@
 """Transactions at the edges, through the real server, the real clients and the CLI:
 a transaction context entered twice, timeouts that JSON cannot carry, write pointers
-the command line cannot name."""
+the command line cannot name, commits whose answer an instance standing by lost."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
-from tests.e2e.serverproc import ServerProcess
+from tests.e2e.serverproc import ServerProcess, free_port
 from tidings import JSON, AsyncClient, Client
 from tidings.cli import main
+from tidings.errors import ServerError
 from tidings.names import INT64_MAX
+from tidings.server.forward import Forwarder
 
 pytestmark = pytest.mark.e2e
 
@@ -141,3 +149,82 @@ def test_the_cli_refuses_write_pointers_no_transaction_can_have(server: ServerPr
             client.prune(below=INT64_MAX + 1)
         with pytest.raises(ValueError, match="ids"):
             client.prune(ids=[1, 0])
+
+
+@contextlib.contextmanager
+def _standby(real: str, late_path: str, timeout: float, delay: float) -> Iterator[str]:
+    """A standby (the real Forwarder) whose leader carries out every request on
+    ``real`` and answers those to ``late_path`` ``delay`` s late (tests/e2e/tx_standby.py);
+    yields the standby's URL."""
+    leader_port, standby_port = free_port(), free_port()
+    args = [real, late_path, str(leader_port), str(standby_port), str(timeout), str(delay)]
+    proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.tx_standby", *args])
+    url = f"http://127.0.0.1:{standby_port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, "the standby exited"
+            try:
+                if httpx.get(f"http://127.0.0.1:{leader_port}/healthz").status_code == 200:
+                    httpx.get(f"{url}/metrics").raise_for_status()
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the standby did not start"
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("late_path", "defer_begin"),
+    [("/transactions/publish", True), ("/commit", False)],
+    ids=["one-request", "commit"],
+)
+def test_a_commit_whose_answer_a_standby_lost_is_neither_repeated_nor_rolled_back(
+    server: ServerProcess, topic: str, late_path: str, defer_begin: bool
+) -> None:
+    # A standby (several instances on one store) forwards every request to the leader.
+    # When the leader's answer did not come in time, it answered 503, which says "not
+    # done": the context then sent its one-request transaction again step by step (two
+    # copies committed), or rolled back the entries of a commit that had gone through
+    # and called it aborted (a committed transaction's messages gone).
+    with (
+        _standby(server.url, late_path, timeout=0.5, delay=2.0) as url,
+        Client(url) as client,
+        Client(server.url) as direct,
+    ):
+        direct.create_topic(topic)
+        tx = client.transaction(defer_begin=defer_begin)
+        try:
+            with tx:
+                tx.publish(topic, [b"m1", b"m2"])
+        except ServerError as exc:  # the answer was lost: the outcome is unknown
+            assert "did not answer" in str(exc)
+            assert tx.state == "unknown"
+        else:  # the context asked, and learnt that the commit went through
+            assert tx.state == "committed"
+        time.sleep(2.5)  # the leader's late answers are in
+        assert _committed(direct, topic) == [b"m1", b"m2"]
+        assert _everything(direct, topic) == [b"m1", b"m2"]
+
+
+def test_a_standby_that_cannot_reach_the_leader_answers_503(server: ServerProcess) -> None:
+    # Not sent at all: that is still the retriable "not done" 503.
+    nobody = f"http://127.0.0.1:{free_port()}"
+
+    async def ask() -> httpx.Response:
+        forwarder = Forwarder(lambda: nobody, me="http://127.0.0.1:1", max_body=1 << 20, timeout=1)
+        try:
+            transport = httpx.ASGITransport(app=forwarder)
+            async with httpx.AsyncClient(transport=transport, base_url="http://standby") as c:
+                return await c.post("/v1/transactions", json={})
+        finally:
+            await forwarder.aclose()
+
+    answer = asyncio.run(ask())
+    assert answer.status_code == 503
+    assert answer.json()["type"] == "ServiceUnavailable"
+    assert answer.headers["retry-after"] == "1"

@@ -9,7 +9,11 @@ to the leader's advertised URL as it came (method, path, query, body, and the
 
 Where no leader is known or it cannot be reached (a takeover under way), the answer is
 a retriable 503 ``ServiceUnavailable`` with ``Retry-After: 1``: the clients retry, and
-by then this instance or another leads.
+by then this instance or another leads. Where the leader got the request but its answer
+was lost (a read timeout, the leader died while answering), the outcome is unknown and
+the answer is 502 ``ServerError``, as a lost connection would be to a client talking
+to the leader itself: a 503 would say the request was not carried out, and a client
+would then send a transaction that committed again, or roll it back.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import httpx
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
-from tidings.errors import PayloadTooLarge, ServiceUnavailable, TidingsError
+from tidings.errors import PayloadTooLarge, ServerError, ServiceUnavailable, TidingsError
 
 __all__ = ["Forwarder"]
 
@@ -44,6 +48,13 @@ _HOP = frozenset(
         b"content-length",
     }
 )
+#: Failures of the hop to the leader before the request left: it cannot have taken
+#: effect, so the answer is a retriable 503. Any other failure may come after the leader
+#: received the request (a read timeout, a connection closed while it answered).
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+#: The status of an answer lost on the hop (Bad Gateway), as a ``ServerError``: the
+#: outcome is unknown, as after a lost connection.
+_ANSWER_LOST = 502
 #: How long a looked-up leader URL is trusted before the lease row is read again.
 _LEADER_TTL = 1.0
 
@@ -144,15 +155,27 @@ class Forwarder:
             response = await self._client.send(request, stream=True)
             try:
                 # Whole, then answered with its length: a leader that dies half-way
-                # through an answer becomes a clean 503 here, not a truncated body.
+                # through an answer becomes a clean 502 here, not a truncated body.
                 content = b"".join([chunk async for chunk in response.aiter_raw()])
             finally:
                 await response.aclose()
-        except httpx.HTTPError as exc:
+        except _NOT_SENT as exc:
             self._cached = (0.0, None)  # look the leader up again next time
             raise ServiceUnavailable(
                 f"the leader at {leader} cannot be reached ({type(exc).__name__}); retry shortly"
             ) from None
+        except httpx.HTTPError as exc:
+            # The request may have reached the leader and taken effect (a commit, a
+            # transaction in one request): its outcome is unknown, which a 503 must not
+            # say (clients read a 503 as "nothing was done", and a transaction context
+            # then sends its transaction again, or rolls back one that committed).
+            self._cached = (0.0, None)
+            error = ServerError(
+                f"the leader at {leader} did not answer ({type(exc).__name__}): the "
+                "request may or may not have taken effect"
+            )
+            await _answer(send, _ANSWER_LOST, orjson.dumps(error.to_json()))
+            return
         out = [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP]
         out.append((b"content-length", str(len(content)).encode()))
         await send({"type": "http.response.start", "status": response.status_code, "headers": out})
