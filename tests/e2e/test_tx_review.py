@@ -22,6 +22,7 @@ from tidings.cli import main
 from tidings.errors import ServerError
 from tidings.names import INT64_MAX
 from tidings.server.forward import Forwarder
+from tidings.structs import Transaction
 
 pytestmark = pytest.mark.e2e
 
@@ -228,3 +229,65 @@ def test_a_standby_that_cannot_reach_the_leader_answers_503(server: ServerProces
     assert answer.status_code == 503
     assert answer.json()["type"] == "ServiceUnavailable"
     assert answer.headers["retry-after"] == "1"
+
+
+class _SlowStart:
+    """A participant whose start takes a while (it writes somewhere, say)."""
+
+    name = "slow"
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+
+    async def start(self, transaction: Transaction) -> None:
+        await asyncio.sleep(0.2)
+        self.started.append(transaction.write_pointer)
+
+    async def changes(self) -> list[bytes]:
+        return []
+
+    async def commit(self) -> None:
+        pass
+
+    async def post_commit(self) -> None:
+        pass
+
+    async def rollback(self) -> None:
+        pass
+
+
+def test_concurrent_publishes_past_the_threshold_begin_one_transaction(
+    server: ServerProcess, topic: str
+) -> None:
+    # Publishes gathered on one context, each past the payload threshold, each began a
+    # transaction of its own while the context was waiting for its begin: the commit
+    # made the last one's messages visible, the others' were lost without an error,
+    # and their transactions stayed open until they timed out.
+    payloads = [b"m%02d-" % i + b"x" * 40 for i in range(6)]
+
+    async def run(client: AsyncClient) -> None:
+        async with client.transaction(payload_threshold=16) as tx:
+            await asyncio.gather(*(tx.publish(topic, p) for p in payloads))
+        assert tx.state == "committed"
+        # Enlisting while another call begins it waits for that begin too.
+        slow = _SlowStart()
+        async with client.transaction(payload_threshold=16) as tx:
+            await tx.publish(topic, b"small")  # buffered: nothing begun yet
+            await asyncio.gather(
+                tx.enlist(slow), *(tx.publish(topic, b"late-" + p) for p in payloads[:2])
+            )
+        assert tx.state == "committed" and slow.started == [tx.write_pointer]
+
+    async def main() -> None:
+        async with AsyncClient(server.url) as client:
+            await client.create_topic(topic)
+            before = (await client.transactions()).last_write_pointer
+            await run(client)
+            state = await client.transactions()
+            assert [wp for wp in state.in_progress if wp > before] == []
+
+    asyncio.run(main())
+    with Client(server.url) as client:
+        expected = payloads + [b"small"] + [b"late-" + p for p in payloads[:2]]
+        assert sorted(_committed(client, topic)) == sorted(expected)
+        assert sorted(_everything(client, topic)) == sorted(expected)

@@ -43,6 +43,7 @@ went wrong while cleaning up is attached to the exception as notes.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
@@ -180,12 +181,15 @@ class TransactionContext(ContextState):
         self._acks: list[TransactionAck] = []
         #: Group positions of a deferred transaction, likewise, with their members.
         self._group_commits: list[tuple[TransactionGroupCommit, GroupMember]] = []
+        #: Held while the transaction begins: publishes that run concurrently and find
+        #: a deferred transaction that must begin wait for the one begin.
+        self._begin_lock = threading.Lock()
 
     @property
     def transaction(self) -> Transaction:
         """The transaction's snapshot; a deferred transaction begins now."""
         if self._state is State.PENDING:
-            self.start()
+            self._begin_deferred()
         return self._snapshot()
 
     def enlist(self, participant: TransactionAware) -> Transaction:
@@ -193,8 +197,8 @@ class TransactionContext(ContextState):
         joins this way): a deferred transaction begins now, the participant is started
         with it and persists before the messaging publisher. Returns the transaction."""
         self._require_open()
-        if self._state is State.PENDING:
-            self.start()
+        if self._state is State.PENDING or self._begin_lock.locked():
+            self._begin_deferred()
         tx = self._require(State.ACTIVE)
         participant.start(tx)
         self._all = (*self._all[:-1], participant, self._all[-1])
@@ -231,15 +235,31 @@ class TransactionContext(ContextState):
         """Publish in this transaction: visible to read-committed consumers on commit."""
         self._require_open()
         records = to_records(messages)
-        if self._state is State.PENDING:
-            if self.publisher.buffer(topic, records):
-                return
-            self.start()  # past the payload threshold: stream, under a write pointer
+        if self._state is State.PENDING and self.publisher.buffer(topic, records):
+            return
+        if self._state is State.PENDING or self._begin_lock.locked():
+            # Past the payload threshold: stream, under the write pointer, once the
+            # transaction began (and its participants started, if another call is
+            # beginning it right now).
+            self._begin_deferred()
         self.publisher.publish(topic, records)
 
     def start(self) -> Transaction:
         """Begin the transaction and start every participant (also: begin a deferred
         transaction now)."""
+        with self._begin_lock:
+            return self._start()
+
+    def _begin_deferred(self) -> None:
+        """Begin a deferred transaction now, once: callers that come while it begins
+        wait for that begin rather than begin another transaction (whose messages the
+        commit would leave out). RuntimeError if it did not become active."""
+        with self._begin_lock:
+            if self._state is State.PENDING:
+                self._start()
+        self._require(State.ACTIVE)
+
+    def _start(self) -> Transaction:
         if self._state is not State.NEW and self._state is not State.PENDING:
             raise RuntimeError(f"the transaction is {self.state}; use a new context")
         self._tx = self._client.begin(
