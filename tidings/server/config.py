@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tidings.errors import ConfigError
+from tidings.tx.config import MAX_TIMEOUT_LIMIT
 
 __all__ = [
     "ROLES",
@@ -227,7 +228,7 @@ class ServerConfig:
     )
     tx_max_timeout: float = _setting(
         3600.0,
-        "largest `timeout` a `begin` may ask for (above: 400)",
+        "largest `timeout` a `begin` may ask for (above: 400); at most 100 years",
         bound="positive",
         shown="3600",
     )
@@ -477,6 +478,11 @@ def _check(cfg: ServerConfig) -> None:
         problems.append("fetch_default_limit must not exceed fetch_max_limit")
     if cfg.tx_default_timeout > cfg.tx_max_timeout:
         problems.append("tx_default_timeout must not exceed tx_max_timeout")
+    if cfg.tx_max_timeout > MAX_TIMEOUT_LIMIT:
+        problems.append(
+            f"tx_max_timeout must be at most {MAX_TIMEOUT_LIMIT:.0f} (100 years), "
+            f"got {cfg.tx_max_timeout}"
+        )
 
     if problems:
         raise ConfigError("; ".join(problems))

@@ -5,7 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["TxConfig"]
+__all__ = ["MAX_TIMEOUT_LIMIT", "TxConfig"]
+
+#: The largest ``max_timeout`` (seconds; 100 years): a transaction's expiry is a time in
+#: ms stored as a signed 64-bit integer (log records, snapshots), which a timeout of
+#: about 292,000 years would overflow, leaving a begin applied in memory that the log
+#: cannot hold.
+MAX_TIMEOUT_LIMIT = 100 * 365 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,10 @@ class TxConfig:
                 raise ValueError(f"TxConfig.{name} must be a positive number, got {value!r}")
         if self.default_timeout > self.max_timeout:
             raise ValueError("TxConfig.default_timeout is above max_timeout")
+        if self.max_timeout > MAX_TIMEOUT_LIMIT:
+            raise ValueError(
+                f"TxConfig.max_timeout must be at most {MAX_TIMEOUT_LIMIT:.0f} s (100 years)"
+            )
         if self.snapshot_every < 1:
             raise ValueError("TxConfig.snapshot_every must be at least 1")
         if self.history_size < 0:
