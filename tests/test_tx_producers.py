@@ -151,4 +151,6 @@ def test_idle_transactional_ids_are_forgotten(tmp_path: Path) -> None:
         # An id with a transaction open is kept, whatever its idle time.
         m.commit(open_tx.write_pointer, transactional_id="busy", epoch=busy.epoch)
         again = m.register_producer("idle")
-        assert again.epoch == 0 and again.producer_id != idle.producer_id
+        # Afresh: a new producer id, and an epoch above the forgotten one's, so that
+        # the forgotten holder (a zombie calling with its id and epoch) is fenced.
+        assert again.epoch == idle.epoch + 1 and again.producer_id != idle.producer_id

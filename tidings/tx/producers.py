@@ -40,6 +40,11 @@ class ProducerTable:
     def __init__(self) -> None:
         self._by_tid: dict[str, ProducerInfo] = {}
         self.next_producer_id = 1
+        #: The epoch a registration of an id not in the table gets: 0, or once ids
+        #: were forgotten (:meth:`expire`), one above the highest epoch any of them had.
+        #: Calls carry the id and epoch only, so an id registered afresh at an epoch a
+        #: forgotten holder of it had could not be told from that holder (a zombie).
+        self.epoch_floor = 0
         #: When each id last began or committed a transaction (ms; not logged: after a
         #: restart every id's idle time starts again at the first sweep).
         self.last_used: dict[str, int] = {}
@@ -58,7 +63,7 @@ class ProducerTable:
         tid = validate_transactional_id(transactional_id)
         current = self._by_tid.get(tid)
         if current is None:
-            return ProducerInfo(tid, self.next_producer_id, 0)
+            return ProducerInfo(tid, self.next_producer_id, self.epoch_floor)
         return ProducerInfo(tid, current.producer_id, current.epoch + 1)
 
     def apply(self, info: ProducerInfo) -> ProducerInfo | None:
@@ -72,14 +77,17 @@ class ProducerTable:
     def expire(self, now_ms: int, idle_ms: int, busy: set[int]) -> list[str]:
         """Forget the ids unused for ``idle_ms`` whose producer has no transaction open
         (``busy``: producer ids with one): Kafka's ``transactional.id.expiration.ms``.
-        Registering such an id again starts it afresh (a new producer id, epoch 0)."""
+        Registering such an id again starts it afresh: a new producer id, and an epoch
+        above every epoch a forgotten id had (:attr:`epoch_floor`), so that a zombie of
+        the forgotten registration is fenced."""
         idle = []
         for tid, info in self._by_tid.items():
             last = self.last_used.setdefault(tid, now_ms)
             if now_ms - last >= idle_ms and info.producer_id not in busy:
                 idle.append(tid)
         for tid in idle:
-            del self._by_tid[tid]
+            forgotten = self._by_tid.pop(tid)
+            self.epoch_floor = max(self.epoch_floor, forgotten.epoch + 1)
             self.last_used.pop(tid, None)
         return idle
 

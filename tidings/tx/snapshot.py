@@ -7,9 +7,10 @@ so a snapshot on disk is always whole; the CRC at its end catches any other dama
 
 Layout (big-endian)::
 
-    b"TDTXSNP" | version 2
+    b"TDTXSNP" | version 3
     last_write_pointer q | read_pointer q | next_producer_id Q
     reserved_from q | reserved q                                           (not in version 1)
+    epoch_floor Q                                                (not in versions 1 and 2)
     n I | n x (write_pointer q | expiry_ms q | producer_id Q | epoch Q)   in progress
     n I | n x write_pointer q                                              invalid
     n I | n x write_pointer q | n x outcome B                              history
@@ -33,21 +34,26 @@ from tidings.tx.state import InProgress, StateImage
 
 __all__ = ["decode_state", "encode_state", "write_snapshot"]
 
-MAGIC = b"TDTXSNP\x02"
+MAGIC = b"TDTXSNP\x03"
 #: Version 1 (before reservations) is still read: it reserved nothing.
 _MAGIC_V1 = b"TDTXSNP\x01"
+#: Version 2 (before the epoch floor) is still read: no transactional id was forgotten
+#: with it (it is 0), or those forgotten come back with the log (which names them).
+_MAGIC_V2 = b"TDTXSNP\x02"
 _HEAD = struct.Struct(">qqQ")
 _RESERVED = struct.Struct(">qq")
 _COUNT = struct.Struct(">I")
 _IN_PROGRESS = struct.Struct(">qqQQ")
 _CHANGE_SET = struct.Struct(">qI")
 _PRODUCER = struct.Struct(">QQH")
+_FLOOR = struct.Struct(">Q")
 
 
 def encode_state(image: StateImage) -> bytes:
     out = bytearray(MAGIC)
     out += _HEAD.pack(image.last_write_pointer, image.read_pointer, image.next_producer_id)
     out += _RESERVED.pack(image.reserved_from, image.reserved)
+    out += _FLOOR.pack(image.epoch_floor)
     out += _COUNT.pack(len(image.in_progress))
     for wp, tx in image.in_progress:
         out += _IN_PROGRESS.pack(wp, tx.expiry_ms, tx.producer_id, tx.epoch)
@@ -74,13 +80,15 @@ def encode_state(image: StateImage) -> bytes:
 def decode_state(data: bytes) -> StateImage:
     """Parse :func:`encode_state`'s output; :class:`CorruptSnapshot` on any damage."""
     magic = data[: len(MAGIC)]
-    if len(data) < len(MAGIC) + _COUNT.size or magic not in (MAGIC, _MAGIC_V1):
+    if len(data) < len(MAGIC) + _COUNT.size or magic not in (MAGIC, _MAGIC_V2, _MAGIC_V1):
         raise CorruptSnapshot("not a Tidings transaction snapshot (bad header)")
     body, (crc,) = data[:-4], _COUNT.unpack(data[-4:])
     if zlib.crc32(body) != crc:
         raise CorruptSnapshot("transaction snapshot fails its checksum")
     try:
-        return _Reader(body, len(MAGIC)).image(reservations=magic == MAGIC)
+        return _Reader(body, len(MAGIC)).image(
+            reservations=magic != _MAGIC_V1, floor=magic == MAGIC
+        )
     except (struct.error, ValueError) as exc:
         raise CorruptSnapshot(f"transaction snapshot cannot be parsed: {exc}") from None
 
@@ -109,9 +117,10 @@ class _Reader:
         self.pos += n
         return value
 
-    def image(self, *, reservations: bool) -> StateImage:
+    def image(self, *, reservations: bool, floor: bool) -> StateImage:
         last, read, next_pid = self.take(_HEAD)
         reserved_from, reserved = self.take(_RESERVED) if reservations else (1, 0)
+        (epoch_floor,) = self.take(_FLOOR) if floor else (0,)
         in_progress = []
         for _ in range(self.count()):
             wp, expiry, pid, epoch = self.take(_IN_PROGRESS)
@@ -142,6 +151,7 @@ class _Reader:
             history_outcomes=bytes(outcomes),
             change_sets=tuple(change_sets),
             producers=tuple(producers),
+            epoch_floor=epoch_floor,
         )
 
 

@@ -107,6 +107,9 @@ class StateImage:
     history_outcomes: bytes
     change_sets: tuple[tuple[int, tuple[bytes, ...]], ...]
     producers: tuple[ProducerInfo, ...]
+    #: The epoch a transactional id registered afresh starts at (above every epoch of
+    #: a forgotten id; :attr:`ProducerTable.epoch_floor`).
+    epoch_floor: int = 0
 
 
 class TxStateMachine:
@@ -424,6 +427,7 @@ class TxStateMachine:
             history_outcomes=bytes(map(self._history.__getitem__, order)),
             change_sets=tuple(self._change_sets.items()),
             producers=tuple(self.producers),
+            epoch_floor=self.producers.epoch_floor,
         )
 
     @classmethod
@@ -448,6 +452,7 @@ class TxStateMachine:
         state.producers.next_producer_id = max(
             state.producers.next_producer_id, image.next_producer_id
         )
+        state.producers.epoch_floor = image.epoch_floor
         return state
 
 
