@@ -291,3 +291,34 @@ def test_concurrent_publishes_past_the_threshold_begin_one_transaction(
         expected = payloads + [b"small"] + [b"late-" + p for p in payloads[:2]]
         assert sorted(_committed(client, topic)) == sorted(expected)
         assert sorted(_everything(client, topic)) == sorted(expected)
+
+
+def test_a_context_cancelled_during_its_commit_does_not_roll_it_back(
+    server: ServerProcess, topic: str
+) -> None:
+    # Cancelled while the commit was on its way, the context said "active", and an
+    # abort() then rolled back the entries of a transaction that did commit: its
+    # messages were gone. Its state is now "unknown", and abort() leaves it alone.
+    async def run(url: str) -> None:
+        async with AsyncClient(url, timeout=10) as client:
+            tx = client.transaction(defer_begin=False)
+
+            async def body() -> None:
+                async with tx:
+                    await tx.publish(topic, [b"m1", b"m2"])
+
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(body(), 1.0)  # the commit is answered after 2 s
+            assert tx.state == "unknown"
+            await tx.abort()
+            assert tx.state == "unknown"
+
+    with (
+        _standby(server.url, "/commit", timeout=10, delay=2.0) as url,
+        Client(server.url) as direct,
+    ):
+        direct.create_topic(topic)
+        asyncio.run(run(url))
+        time.sleep(1.5)  # the commit is in by now
+        assert _committed(direct, topic) == [b"m1", b"m2"]
+        assert _everything(direct, topic) == [b"m1", b"m2"]

@@ -312,15 +312,25 @@ class TransactionContext(ContextState):
                         raise
                     raise failure from exc
         try:
-            self._client.commit(tx, changes, transactional_id=self._producer_id, epoch=self._epoch)
-        except TransactionCommitted:
-            pass  # an earlier attempt got through
-        except TidingsError as exc:
-            if not ambiguous(exc):
-                self._abort_after(exc)
-                raise
-            if not self._committed_after_all(exc):
-                raise
+            try:
+                self._client.commit(
+                    tx, changes, transactional_id=self._producer_id, epoch=self._epoch
+                )
+            except TransactionCommitted:
+                pass  # an earlier attempt got through
+            except TidingsError as exc:
+                if not ambiguous(exc):
+                    self._abort_after(exc)
+                    raise
+                if not self._committed_after_all(exc):
+                    raise
+        except BaseException as exc:
+            if self._state is State.ACTIVE and not isinstance(exc, Exception):
+                # Cancelled (or interrupted) once the commit was sent: it may have
+                # committed, so nothing may roll it back now (abort() does nothing);
+                # if it did not, it becomes invalid when it times out.
+                self._state = State.UNKNOWN
+            raise
         self._state = State.COMMITTED
         self._post_commit()
 
