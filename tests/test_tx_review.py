@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import struct
 import zlib
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from tidings.clock import FakeClock
-from tidings.errors import ConfigError, ProducerFenced
+from tidings.errors import ConfigError, ProducerFenced, TopicNotFound
+from tidings.messaging import MessagingService
 from tidings.server.config import load_config
+from tidings.server.inbox import LoopInbox
+from tidings.server.routes.transactions import _transact
+from tidings.structs import Record
 from tidings.tx import TransactionManager, TxConfig, snapshot
 from tidings.tx.config import MAX_TIMEOUT_LIMIT
 from tidings.tx.snapshot import decode_state, encode_state
@@ -87,3 +94,40 @@ def test_snapshots_of_version_2_are_still_read() -> None:
     body = b"TDTXSNP\x02" + data[len(snapshot.MAGIC) : head] + data[head + 8 : -4]
     v2 = body + struct.pack(">I", zlib.crc32(body))
     assert decode_state(v2) == image
+
+
+@pytest.mark.parametrize("given_back", [True, False])
+async def test_a_failed_one_request_transaction_whose_acks_stay_is_invalidated(
+    tmp_path: Path, given_back: bool
+) -> None:
+    # A one-request transaction whose publish fails gives its queue acks and group
+    # positions back, then aborts. If giving them back failed, it aborted all the same,
+    # and an aborted transaction's acks and positions count as committed (an abort
+    # says its writes were undone): messages acked, a batch skipped, by a transaction
+    # that failed. It is now invalidated instead, so they count for nothing.
+    class Failing:
+        def publish_all_future(self, ns: str, batches: Any, wp: int | None) -> Future[Any]:
+            future: Future[Any] = Future()
+            future.set_exception(TopicNotFound("deleted meanwhile"))
+            return future
+
+    async def settle(wp: int) -> tuple[list[Any], list[Future[None]]]:
+        return [], []
+
+    async def unsettle(wp: int) -> bool:
+        return given_back
+
+    with TransactionManager(tmp_path / "tx", TxConfig(sweep_interval=3600)) as m:
+        inbox = LoopInbox(asyncio.get_running_loop())
+        ended: list[str] = []
+        batches: list[tuple[str, list[Record | bytes]]] = [("t", [b"x"])]
+        messaging = cast(MessagingService, Failing())
+        with pytest.raises(TopicNotFound):
+            await _transact(
+                inbox, messaging, m, "ns", batches, None, None, None, ended, (settle, unsettle)
+            )
+        wp = m.state().last_write_pointer
+        if given_back:
+            assert ended == ["begun", "aborted"] and wp not in m.state().invalid
+        else:
+            assert ended == ["begun", "invalidated"] and wp in m.state().invalid

@@ -21,7 +21,6 @@ them once the transaction began.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -273,18 +272,28 @@ def routes(api: Api) -> list[Route]:
                     carried.append(prepared)
             return carried, queued
 
-        async def unsettle(wp: int) -> None:
+        async def unsettle(wp: int) -> bool:
+            # True if every ack went back and every position was removed. Else the
+            # transaction must be invalidated, not aborted: an aborted transaction's
+            # acks and positions that are still there count as committed (Tephra: an
+            # abort says the writes were undone).
+            undone = True
             for a in acks:
                 assert queues is not None
-                with contextlib.suppress(TidingsError):
+                try:
                     await api.blocking(queues.rollback, ns, a.topic, a.queue, wp)
+                except TidingsError:
+                    undone = False
             for g in group_commits:
                 assert groups is not None
                 # The positions only: a refused request changes nothing of the member.
                 # Rewinding it (to get the batch again) is its own call, as the client
                 # makes it when it learns of the failure (group rollback, memberId).
-                with contextlib.suppress(TidingsError):
+                try:
                     await api.blocking(groups.rollback, ns, g.topic, g.group, wp)
+                except TidingsError:
+                    undone = False
+            return undone
 
         async def run() -> Transaction:
             ended: list[str] = []
@@ -349,7 +358,7 @@ async def _transact(
     ended: list[str],
     consumed: tuple[
         Callable[[int], Awaitable[tuple[list[PositionsWrite], list[Future[None]]]]],
-        Callable[[int], Awaitable[None]],
+        Callable[[int], Awaitable[bool]],
     ]
     | None = None,
 ) -> Transaction:
@@ -360,8 +369,9 @@ async def _transact(
     write pointer first and answers the group positions to write under it and the
     futures of the acks' store writes (queued before the publish, awaited after it), and
     ``unsettle(wp)`` gives the acks back and removes the positions if anything after
-    fails. The positions ride in the publish's store write where the commit does, else
-    they are a write of their own before it.
+    fails (False if it could not: the transaction is then invalidated, not aborted).
+    The positions ride in the publish's store write where the commit does, else they
+    are a write of their own before it.
     The batches are published in one store write: all of them, or none. Where the
     manager can (``commit_in_write``), the commit is decided last in that same write and
     made durable by it (one fsync instead of two); otherwise it follows the publish. If
@@ -413,8 +423,9 @@ async def _transact(
             # The commit failed, not the publish: as a failed commit below.
             await _invalidate(inbox, tx, wp, exc, ended)
             raise
-        if consumed is not None:
-            await consumed[1](wp)
+        if consumed is not None and not await consumed[1](wp):
+            await _invalidate(inbox, tx, wp, exc, ended)
+            raise
         await _end_failed(inbox, tx, wp, exc, transactional_id, epoch, ended)
         raise
     if step is None:
