@@ -17,8 +17,9 @@ import pytest
 from click.testing import CliRunner
 
 from tests.e2e.serverproc import ServerProcess, free_port
-from tidings import JSON, AsyncClient, Client
+from tidings import AVRO_EXT, JSON, AsyncClient, Client
 from tidings.cli import main
+from tidings.codec.media import Media
 from tidings.errors import ServerError
 from tidings.names import INT64_MAX
 from tidings.server.forward import Forwarder
@@ -97,17 +98,16 @@ def test_an_async_context_is_entered_once(server: ServerProcess, topic: str) -> 
         assert _committed(client, topic) == [b"once"]
 
 
-@pytest.mark.parametrize("media", [None, JSON])
+@pytest.mark.parametrize("media", [AVRO_EXT, JSON])
 @pytest.mark.parametrize("timeout", [math.nan, math.inf, -math.inf])
 def test_a_timeout_that_is_not_a_finite_number_is_refused_before_anything_is_sent(
-    server: ServerProcess, topic: str, media: object, timeout: float
+    server: ServerProcess, topic: str, media: Media, timeout: float
 ) -> None:
     # JSON has no NaN or infinity: the encoder wrote null, which the server reads as
     # "the default timeout", so a JSON client's begin (and every client's begin, which
     # is always JSON) silently began a 30 s transaction, where the same call in Avro
     # was refused.
-    kwargs = {} if media is None else {"media": media}
-    with Client(server.url, **kwargs) as client:
+    with Client(server.url, media=media) as client:
         client.create_topic(topic)
         before = client.transactions()
         with pytest.raises(ValueError, match="finite number"):
