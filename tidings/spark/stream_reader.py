@@ -88,9 +88,10 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if start.kind != "latest":
             return start_position(start)
         # Read-committed from the last stable position, if a transaction is open:
-        # a transaction that commits later is read, not skipped.
+        # a transaction that commits later is read, not skipped. Read-uncommitted
+        # already sees the open transactions' entries, so it starts after the newest.
         end = self.client.end(topic)
-        if end.last_stable_id is not None:
+        if self.options.committed and end.last_stable_id is not None:
             return position_after(end.last_stable_id.previous())
         return EARLIEST if end.newest_id is None else position_after(end.newest_id)
 
