@@ -11,16 +11,18 @@ from hypothesis import strategies as st
 
 from tidings.spark.offsets import poll_start
 from tidings.spark.scan import Scan, scan
-from tidings.structs import MessageId
+from tidings.structs import MessageId, TopicEnd
 
 pytestmark = pytest.mark.spark
 
 
 class _Topic:
-    """poll_ids over a sorted list of ids, as the server pages them."""
+    """poll_ids over a sorted list of ids, as the server pages them: at most ``cap`` a
+    page (the server's ``fetch_max_limit``), whatever the limit asked."""
 
-    def __init__(self, ids: list[MessageId]) -> None:
+    def __init__(self, ids: list[MessageId], cap: int | None = None) -> None:
         self.ids = ids
+        self.cap = cap
         self.polls = 0
 
     def poll_ids(
@@ -31,7 +33,10 @@ class _Topic:
             rest = self.ids
         else:
             rest = [i for i in self.ids if i > start or (inclusive and i == start)]
-        return rest[:limit]
+        return rest[: limit if self.cap is None else min(limit, self.cap)]
+
+    def end(self, topic: str) -> TopicEnd:
+        return TopicEnd(self.ids[-1] if self.ids else None, None)
 
 
 def _model(
@@ -63,6 +68,7 @@ id_lists = st.lists(
     st.none() | st.integers(0, 59),
     st.none() | st.integers(0, 45),
     st.booleans(),
+    st.none() | st.integers(1, 15),
 )
 def test_a_scan_finds_what_the_model_takes(
     ids: list[MessageId],
@@ -71,9 +77,10 @@ def test_a_scan_finds_what_the_model_takes(
     after_index: int | None,
     before_ts: int | None,
     keep_ids: bool,
+    cap: int | None,
 ) -> None:
     stop_after = None if after_index is None or not ids else ids[after_index % len(ids)]
-    topic = _Topic(ids)
+    topic = _Topic(ids, cap)
     found = scan(
         topic,  # type: ignore[arg-type]
         "t",
@@ -94,3 +101,26 @@ def test_a_scan_finds_what_the_model_takes(
     )
     assert found == expected
     assert poll_start("earliest") == (None, True)  # what the fake takes as the start
+
+
+class _Busy(_Topic):
+    """A topic that gains a message before every poll, as a busy one does."""
+
+    def poll_ids(
+        self, topic: str, start: Any, *, inclusive: bool, limit: int, transaction: Any
+    ) -> list[MessageId]:
+        assert self.polls < 20, "the scan does not end"
+        self.ids.append(MessageId(self.ids[-1].publish_ts + 1, 0, 0, 0))
+        return super().poll_ids(
+            topic, start, inclusive=inclusive, limit=limit, transaction=transaction
+        )
+
+
+def test_a_scan_of_a_busy_topic_ends_where_the_topic_ended_when_it_looked() -> None:
+    # Pages come back short (a server capping them at 2, or just the end), and new
+    # messages keep coming: the scan reads to where the topic ended at its first
+    # short page, and stops there.
+    topic = _Busy([MessageId(ts, 0, 0, 0) for ts in range(1, 6)], cap=2)
+    found = scan(topic, "t", "earliest", None, fetch_size=10)  # type: ignore[arg-type]
+    assert found.count == 6 and found.last == MessageId(6, 0, 0, 0)
+    assert topic.polls == 3

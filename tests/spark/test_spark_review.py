@@ -4,13 +4,14 @@ server: where a stream starts, reads against a server with small pages, and opti
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from tests.e2e.serverproc import ServerProcess
 from tidings.client import Client
+from tidings.structs import MessageId
 
 pytestmark = pytest.mark.spark
 
@@ -45,3 +46,65 @@ def test_read_uncommitted_stream_from_latest_starts_after_the_newest_message(
     finally:
         query.stop()
         client.abort(open_tx.write_pointer)
+
+
+@pytest.fixture(scope="module")
+def small_pages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server that answers at most 5 messages per poll, whatever the limit asked."""
+    where = tmp_path_factory.mktemp("small-limit")
+    env = {"TIDINGS_FETCH_MAX_LIMIT": "5", "TIDINGS_FETCH_DEFAULT_LIMIT": "5"}
+    proc = ServerProcess(where / "data", [], env).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_bounded_batch_read_scans_past_pages_the_server_cut_short(
+    spark: Any, small_pages: ServerProcess
+) -> None:
+    # The driver scans ids to an ending bound; a page shorter than asked (the server
+    # clamps the limit) is not the topic's end.
+    with Client(small_pages.url) as admin:
+        admin.create_topic("bounded")
+        admin.publish("bounded", [b"%02d" % i for i in range(20)])
+        ids: list[MessageId] = []
+        for _ in range(10):  # pages of 5
+            ids += admin.poll_ids("bounded", ids[-1] if ids else None, inclusive=not ids)
+    assert len(ids) == 20
+
+    def read(**options: str) -> list[bytes]:
+        reader = spark.read.format("tidings").option("url", small_pages.url)
+        for k, v in {"topic": "bounded", **options}.items():
+            reader = reader.option(k, v)
+        return [bytes(r.value) for r in reader.load().orderBy("messageId").collect()]
+
+    everything = [b"%02d" % i for i in range(20)]
+    assert read(endingMessageId=ids[17].hex) == everything[:18]
+    assert read(endingTimestamp=str(ids[-1].publish_ts + 1)) == everything
+
+
+def test_stream_batches_fill_the_limit_on_a_server_with_short_pages(
+    spark: Any, small_pages: ServerProcess
+) -> None:
+    with Client(small_pages.url) as admin:
+        admin.create_topic("limited")
+        admin.publish("limited", [b"%02d" % i for i in range(20)])
+    name = "lim_" + uuid.uuid4().hex[:8]
+    query = (
+        spark.readStream.format("tidings")
+        .option("url", small_pages.url)
+        .option("topic", "limited")
+        .option("maxMessagesPerTrigger", "8")
+        .load()
+        .writeStream.format("memory")
+        .queryName(name)
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(120)
+    assert query.exception() is None
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sizes == [8, 8, 4]
+    rows = spark.table(name).orderBy("messageId").collect()
+    assert [bytes(r.value) for r in rows] == [b"%02d" % i for i in range(20)]

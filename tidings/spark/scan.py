@@ -100,11 +100,15 @@ def scan(
     keeping only ids: at most ``max_messages``, none after ``stop_after``, none
     published at or after ``stop_before_ts``.
 
-    A short page ends the scan: the topic's end, or (read-committed) an entry still in
-    progress. Any prefix the server returns is stable, so stopping early is safe.
+    An empty page ends the scan: the topic's end, or (read-committed) an entry still in
+    progress. A short page need not: a server whose ``fetch_max_limit`` is below
+    ``fetch_size`` answers every page short. So at the first short page the scan asks
+    where the topic ends now and reads on to there, no further (a busy topic's new
+    messages cannot keep it going). Any prefix the server returns is stable.
     """
     found = Scan(ids=[] if keep_ids else None)
     start, inclusive = poll_start(position)
+    asked_end = False
     while True:
         want = fetch_size if max_messages is None else min(fetch_size, max_messages - found.count)
         # Ids only: the driver keeps nothing else, so the payloads stay on the server.
@@ -126,10 +130,18 @@ def scan(
             found.last = page[cut - 1]
             if found.ids is not None:
                 found.ids += page[:cut]
-        if cut < len(page):
+        if cut < len(page) or not page:
             return found
-        if len(page) < want or (max_messages is not None and found.count >= max_messages):
+        if max_messages is not None and found.count >= max_messages:
             return found
+        if stop_after is not None and page[-1] >= stop_after:
+            return found
+        if len(page) < want and not asked_end:
+            asked_end = True
+            newest = client.end(topic).newest_id
+            if newest is None or page[-1] >= newest:
+                return found
+            stop_after = newest if stop_after is None else min(stop_after, newest)
         start, inclusive = page[-1], False
 
 
