@@ -63,7 +63,9 @@ class CrashingSource(TidingsDataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         mode = self.options.get("crashmode", "none")
         batch = int(self.options.get("crashbatch", "-1"))
-        return CrashingWriter(parse_write_options(self.options), schema, mode, batch)
+        # The crash options are this test source's own, not the connector's.
+        options = {k: v for k, v in self.options.items() if k not in ("crashmode", "crashbatch")}
+        return CrashingWriter(parse_write_options(options), schema, mode, batch)
 
 
 def main() -> int:

@@ -11,6 +11,7 @@ import pytest
 
 from tests.e2e.serverproc import ServerProcess
 from tidings.client import Client
+from tidings.spark.options import parse_read_options, parse_write_options
 from tidings.structs import MessageId
 
 pytestmark = pytest.mark.spark
@@ -108,3 +109,49 @@ def test_stream_batches_fill_the_limit_on_a_server_with_short_pages(
     assert sizes == [8, 8, 4]
     rows = spark.table(name).orderBy("messageId").collect()
     assert [bytes(r.value) for r in rows] == [b"%02d" % i for i in range(20)]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"startingOffsets": "latest"}, "unknown option 'startingoffsets'.*startingMessageId"),
+        ({"maxOffsetsPerTrigger": "5"}, "unknown option.*maxMessagesPerTrigger"),
+        ({"fetchsise": "5"}, "unknown option 'fetchsise'"),
+        ({"path": "orders"}, "takes no path"),
+    ],
+)
+def test_an_unknown_read_option_is_refused(options: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_read_options({"topic": "a", **options}, streaming=True)
+
+
+def test_write_options_spark_adds_are_accepted_and_unknown_ones_refused() -> None:
+    o = parse_write_options({"topic": "a", "queryname": "q", "checkpointlocation": "/c"})
+    assert o.topic == "a" and o.checkpoint_location == "/c"
+    with pytest.raises(ValueError, match="unknown option 'sink_id'"):
+        parse_write_options({"topic": "a", "sink_id": "s"})
+
+
+def test_a_misspelt_option_fails_the_read_instead_of_reading_from_the_start(
+    spark: Any, server: ServerProcess, client: Client, new_topic: Callable[[], str]
+) -> None:
+    topic = new_topic()
+    client.publish(topic, [b"old"])
+    reader = (
+        spark.read.format("tidings")
+        .option("url", server.url)
+        .option("topic", topic)
+        .option("startingOffsets", "latest")
+    )
+    with pytest.raises(Exception, match="unknown option 'startingoffsets'"):
+        reader.load().collect()
+    writer = spark.createDataFrame([(b"x",)], "value binary").write.format("tidings")
+    with pytest.raises(Exception, match="unknown option 'storebatch'"):
+        (
+            writer.mode("append")
+            .option("url", server.url)
+            .option("topic", topic)
+            .option("storeBatch", "10")
+            .save()
+        )
+    assert [m.payload for m in client.poll(topic)] == [b"old"]

@@ -130,6 +130,60 @@ _READ_KEYS = {
     "cacert",
 }
 _WRITE_ONLY_KEYS = {"sinkid", "transactiontimeout", "storebatchsize", "storebatchbytes"}
+#: Keys Spark itself adds to a write's options (``.queryName()``, a streaming query's
+#: ``checkpointLocation``): accepted, and not ours to check.
+_SPARK_WRITE_KEYS = {"queryname", "checkpointlocation"}
+#: Every option as documented, by the lower-cased key Spark hands over.
+_NAMES = {
+    name.lower(): name
+    for name in (
+        "url",
+        "namespace",
+        "topic",
+        "startingMessageId",
+        "startingTimestamp",
+        "endingMessageId",
+        "endingTimestamp",
+        "isolation",
+        "maxMessagesPerTrigger",
+        "minPartitions",
+        "fetchSize",
+        "requestTimeout",
+        "token",
+        "cacert",
+        "sinkId",
+        "transactionTimeout",
+        "storeBatchSize",
+        "storeBatchBytes",
+    )
+}
+#: What users of Spark's Kafka source and sink write for the options above.
+_KAFKA_NAMES = {
+    "subscribe": "topic",
+    "startingoffsets": "startingMessageId",
+    "startingoffsetsbytimestamp": "startingTimestamp",
+    "endingoffsets": "endingMessageId",
+    "endingoffsetsbytimestamp": "endingTimestamp",
+    "maxoffsetspertrigger": "maxMessagesPerTrigger",
+    "kafka.isolation.level": "isolation",
+}
+
+
+def _check_known(opts: Mapping[str, str], known: set[str], what: str) -> None:
+    """Refuse a key that no option of ``what`` has: a misspelt option would otherwise
+    be dropped silently, and a read start from the earliest message instead."""
+    for key in sorted(opts):
+        if key in known:
+            continue
+        if key == "path":
+            raise ValueError(
+                f"the tidings source takes no path: name the topic with the topic option "
+                f"(got path {opts[key]!r})"
+            )
+        hint = _KAFKA_NAMES.get(key)
+        advice = f"; did you mean {hint}?" if hint and hint.lower() in known else ""
+        names = ", ".join(_NAMES[k] for k in sorted(known & _NAMES.keys()))
+        raise ValueError(f"unknown option {key!r} for {what}{advice} (options: {names})")
 
 
 def _get(options: Mapping[str, str], key: str) -> str | None:
@@ -276,6 +330,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
     for key in _WRITE_ONLY_KEYS:
         if key in opts:
             raise ValueError(f"option {key} applies to writes only")
+    _check_known(opts, _READ_KEYS, "reading")
     if streaming:
         for key in ("endingmessageid", "endingtimestamp"):
             if key in opts:
@@ -313,6 +368,13 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     for key in _READ_KEYS - {"url", "namespace", "topic", "requesttimeout", "token", "cacert"}:
         if key in opts:
             raise ValueError(f"option {key} applies to reads only")
+    _check_known(
+        opts,
+        _WRITE_ONLY_KEYS
+        | _SPARK_WRITE_KEYS
+        | {"url", "namespace", "topic", "requesttimeout", "token", "cacert"},
+        "writing",
+    )
     topics = _topics(_get(opts, "topic"), required=False)
     if len(topics) > 1:
         raise ValueError("option topic names one topic when writing (or use a topic column)")
