@@ -3,6 +3,7 @@ server: where a stream starts, reads against a server with small pages, and opti
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 
 from tests.e2e.serverproc import ServerProcess
 from tidings.client import Client
+from tidings.spark.offsets import position_reaches
 from tidings.spark.options import parse_read_options, parse_write_options
 from tidings.structs import MessageId
 
@@ -155,3 +157,65 @@ def test_a_misspelt_option_fails_the_read_instead_of_reading_from_the_start(
             .save()
         )
     assert [m.payload for m in client.poll(topic)] == [b"old"]
+
+
+def test_a_read_starting_past_an_open_transaction_reads_what_follows(
+    spark: Any, server: ServerProcess, client: Client, new_topic: Callable[[], str]
+) -> None:
+    # A read-committed read stops at the first open entry it meets. Starting after the
+    # oldest open transaction's first entry, it reads on, as a consumer does; it read
+    # nothing when its end was taken from the topic's oldest open transaction.
+    topic = new_topic()
+    client.publish(topic, b"m1")
+    stuck = client.begin(60)
+    client.publish(topic, b"open", write_pointer=stuck.write_pointer)
+    client.publish(topic, b"m2")
+    time.sleep(0.005)  # m3 in a later millisecond than m2: startingTimestamp picks m3
+    client.publish(topic, [b"m3", b"m4"])
+    start = client.poll(topic)[3]
+    assert start.payload == b"m3"
+    assert start.id.publish_ts > client.poll(topic)[2].id.publish_ts
+    expected = [b"m3", b"m4"]
+    try:
+        assert [
+            m.payload for m in client.poll(topic, start.id, transaction=client.snapshot())
+        ] == expected
+        for option, value in (
+            ("startingMessageId", start.id.hex),
+            ("startingTimestamp", str(start.id.publish_ts)),
+        ):
+            df = (
+                spark.read.format("tidings")
+                .option("url", server.url)
+                .option("topic", topic)
+                .option(option, value)
+                .load()
+            )
+            assert [bytes(r.value) for r in df.orderBy("messageId").collect()] == expected
+        name = "past_" + uuid.uuid4().hex[:8]
+        query = (
+            spark.readStream.format("tidings")
+            .option("url", server.url)
+            .option("topic", topic)
+            .option("startingMessageId", start.id.hex)
+            .load()
+            .writeStream.format("memory")
+            .queryName(name)
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(120)
+        assert query.exception() is None
+        rows = spark.table(name).orderBy("messageId").collect()
+        assert [bytes(r.value) for r in rows] == expected
+    finally:
+        client.abort(stuck.write_pointer)
+
+
+def test_position_reaches() -> None:
+    mid = MessageId(1_000, 5, 0, 0)
+    assert position_reaches("earliest", mid)
+    assert position_reaches("time:1000", mid) and not position_reaches("time:1001", mid)
+    assert position_reaches(f"at:{mid.hex}", mid) and not position_reaches(mid.hex, mid)
+    assert position_reaches(mid.previous().hex, mid)
+    assert not position_reaches(f"at:{MessageId(1_000, 6, 0, 0).hex}", mid)

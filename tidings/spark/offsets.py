@@ -33,6 +33,7 @@ __all__ = [
     "poll_start",
     "position_after",
     "position_floor_ts",
+    "position_reaches",
     "slices",
 ]
 
@@ -84,6 +85,17 @@ def position_floor_ts(position: str) -> int | None:
     if position.startswith("at:"):
         return MessageId.from_hex(position[3:]).publish_ts
     return MessageId.from_hex(position).publish_ts
+
+
+def position_reaches(position: str, message_id: MessageId) -> bool:
+    """True if a read from ``position`` on would meet ``message_id`` (it lies at or
+    after the position); False if the read starts past it."""
+    start, inclusive = poll_start(position)
+    if start is None:
+        return True
+    if isinstance(start, int):
+        return message_id.publish_ts >= start
+    return message_id >= start if inclusive else message_id > start
 
 
 def encode_offset(positions: Mapping[str, str]) -> dict[str, str]:

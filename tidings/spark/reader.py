@@ -17,7 +17,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from tidings.client import Client
 from tidings.spark.bodies import poll_batch
-from tidings.spark.offsets import EARLIEST, poll_start, slices
+from tidings.spark.offsets import EARLIEST, poll_start, position_reaches, slices
 from tidings.spark.options import Bound, ReadOptions, Start
 from tidings.spark.scan import (
     Scan,
@@ -135,14 +135,22 @@ def _find(
     asked for before the snapshot ``tx`` was taken, so it is not past what ``tx`` reads
     as stable: every entry before the last stable position then belonged to a
     transaction already ended, and every entry written later has a greater id. With a
-    bound, or where the server cannot tell the last stable position, the ids are
-    scanned as before."""
-    if end is None or (o.committed and not end.stable_known):
+    bound, where the server cannot tell the last stable position, or where the read
+    starts past it, the ids are scanned as before."""
+    stop = end.last_stable_id if end is not None and o.committed else None
+    if (
+        end is None
+        or (o.committed and not end.stable_known)
+        # A read starting past the oldest open transaction's first entry does not
+        # stop there but at the first open entry after its start, which only a
+        # scan finds (as a read-committed consumer starting there reads on).
+        or (stop is not None and not position_reaches(position, stop))
+    ):
         bound = o.ends[topic]
         return scan(client, topic, position, tx, fetch_size=o.fetch_size, **_bound_args(bound))
     last: MessageId | None = end.newest_id
-    if o.committed and end.last_stable_id is not None:
-        last = end.last_stable_id.previous()  # up to the oldest open transaction
+    if stop is not None:
+        last = stop.previous()  # up to the oldest open transaction
     if last is None:
         return Scan()
     start, inclusive = poll_start(position)

@@ -36,6 +36,7 @@ from tidings.spark.offsets import (
     encode_offset,
     position_after,
     position_floor_ts,
+    position_reaches,
     slices,
 )
 from tidings.spark.options import ReadOptions
@@ -118,18 +119,23 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _stable_ends(self, positions: dict[str, str]) -> dict[str, str]:
         """Per topic, the position after its last stable message now: the
         Trigger.AvailableNow target. The server seeks each topic's end; only when it
-        cannot tell the last stable position (no transaction service in its process)
-        is a read-committed topic scanned to its end."""
+        cannot tell the last stable position (no transaction service in its process),
+        or the position is past it, is a read-committed topic scanned to its end."""
         ends: dict[str, str] = {}
         for topic, position in positions.items():
             end = self.client.end(topic)
-            if self.options.committed and not end.stable_known:
+            stop = end.last_stable_id if self.options.committed else None
+            if (self.options.committed and not end.stable_known) or (
+                # Past the oldest open transaction's first entry the read stops at the
+                # first open entry after its position, which only a scan finds.
+                stop is not None and not position_reaches(position, stop)
+            ):
                 found = self._scan_all({topic: position}, None)[topic]
                 ends[topic] = position if found.last is None else position_after(found.last)
-            elif self.options.committed and end.last_stable_id is not None:
+            elif stop is not None:
                 # Up to the first entry of the oldest open transaction, as a
                 # read-committed poll stops there.
-                ends[topic] = position_after(end.last_stable_id.previous())
+                ends[topic] = position_after(stop.previous())
             else:
                 ends[topic] = position if end.newest_id is None else position_after(end.newest_id)
         return ends
