@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -219,3 +220,27 @@ def test_position_reaches() -> None:
     assert position_reaches(f"at:{mid.hex}", mid) and not position_reaches(mid.hex, mid)
     assert position_reaches(mid.previous().hex, mid)
     assert not position_reaches(f"at:{MessageId(1_000, 6, 0, 0).hex}", mid)
+
+
+def test_a_named_streaming_write_with_a_checkpoint_is_accepted(
+    spark: Any, server: ServerProcess, client: Client, new_topic: Callable[[], str], tmp_path: Path
+) -> None:
+    # Spark adds queryName and checkpointLocation to the sink's options itself.
+    source, sink = new_topic(), new_topic()
+    client.publish(source, [b"a", b"b"])
+    query = (
+        spark.readStream.format("tidings")
+        .option("url", server.url)
+        .option("topic", source)
+        .load()
+        .writeStream.format("tidings")
+        .queryName("named_" + uuid.uuid4().hex[:8])
+        .option("url", server.url)
+        .option("topic", sink)
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(120)
+    assert query.exception() is None
+    assert [m.payload for m in client.poll(sink, transaction=client.snapshot())] == [b"a", b"b"]
