@@ -256,3 +256,78 @@ def test_metrics_need_a_token_only_with_metrics_auth(
     assert httpx.get(guarded.url + "/metrics").status_code == 401
     assert httpx.get(guarded.url + "/metrics", headers=bearer("nobody")).status_code == 200
     assert httpx.get(guarded.url + "/healthz").status_code == 200
+
+
+def test_ending_a_producers_transaction_takes_its_transactional_id(
+    secured: ServerProcess,
+) -> None:
+    # Leaving the transactional id out of a commit or abort (the anonymous path) must
+    # not let a principal end a transaction a producer began under an id it may not
+    # use: that would be more than the fencing that registering the id takes.
+    with Client(secured.url, token=TOKENS["admin"]) as admin:
+        admin.create_topic("t-exactly-once")
+    with (
+        Client(secured.url, token=TOKENS["writer"]) as writer,
+        Client(secured.url, token=TOKENS["reader"]) as reader,
+        Client(secured.url, token=TOKENS["nobody"]) as nobody,
+    ):
+        epoch = writer.register_producer("w-1").epoch
+        tx = writer.begin(transactional_id="w-1", epoch=epoch)
+        info = writer.publish("t-exactly-once", [b"once"], write_pointer=tx.write_pointer)
+        for stranger in (reader, nobody):
+            with pytest.raises(Forbidden, match="may not end transaction") as refused:
+                stranger.abort(tx)
+            assert "w-1" not in str(refused.value)  # nor does it learn the id
+            with pytest.raises(Forbidden, match="may not end transaction"):
+                stranger.commit(tx)
+            with pytest.raises(Forbidden, match="transactional id 'w-1'"):
+                stranger.commit(tx, transactional_id="w-1", epoch=epoch)
+        with Client(secured.url, token=TOKENS["admin"]) as admin:
+            assert tx.write_pointer in admin.transactions().in_progress  # nothing changed
+        writer.commit(tx, transactional_id="w-1", epoch=epoch)
+        assert [m.payload for m in reader.poll("t-exactly-once")] == [b"once"]
+        assert info.write_pointer == tx.write_pointer
+        # Its holder may leave the id out (it may use it), and so may an admin.
+        writer.abort(writer.begin(transactional_id="w-1", epoch=epoch))
+        with Client(secured.url, token=TOKENS["admin"]) as admin:
+            admin.abort(writer.begin(transactional_id="w-1", epoch=epoch))
+        # A transaction begun without an id stays anyone's to end (docs/transactions.md).
+        nobody.abort(reader.begin())
+    # The refusals are logged with the principal's name.
+    assert '"principal":"nobody","route":"/v1/transactions/{wp}/abort"' in secured.log()
+
+
+@pytest.mark.parametrize(
+    "header",
+    [b"", b"Bearer", b"Bearer\tx", b"Basic YTpi", b"Token x", b"Bearer \xff\xfe", b"Bearer a b",
+     b"Bearer " + b"x" * 20_000],
+)  # fmt: skip
+def test_a_malformed_authorization_header_is_401(secured: ServerProcess, header: bytes) -> None:
+    answer = httpx.get(
+        secured.url + "/v1/namespaces/default/topics", headers={b"Authorization": header}
+    )
+    assert answer.status_code == 401, answer.text
+    assert answer.json()["type"] == "Unauthorized"
+    assert answer.headers["www-authenticate"].startswith("Bearer")
+
+
+def test_a_reload_holds_for_connections_already_open(
+    secured: ServerProcess, tmp_path: Path
+) -> None:
+    assert secured.proc is not None
+    topics = secured.url + "/v1/namespaces/default/topics"
+    with httpx.Client(headers=bearer("reader")) as kept_alive:
+        assert kept_alive.get(topics).status_code == 200
+        before = kept_alive.post(topics + "/t-x/poll", json={})  # the hot path too
+        assert before.status_code in (200, 404)
+        # The reader goes: the same connection is refused from the reload on.
+        (tmp_path / "auth.toml").write_text(
+            principal_lines("admin", admin=True) + principal_lines("writer", publish=["t-*"])
+        )
+        os.kill(secured.proc.pid, signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while kept_alive.get(topics).status_code != 401:
+            assert time.monotonic() < deadline, secured.log()[-2000:]
+            time.sleep(0.05)
+        assert kept_alive.post(topics + "/t-x/poll", json={}).status_code == 401
+        assert kept_alive.post(topics + "/t-x/queues/q/pop", json={}).status_code == 401

@@ -22,7 +22,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from tidings.consumers import GroupCoordinator, QueueCoordinator
-from tidings.errors import RoleUnavailable, ServerError, TidingsError, Unauthorized
+from tidings.errors import Forbidden, RoleUnavailable, ServerError, TidingsError, Unauthorized
 from tidings.messaging import MessagingService
 from tidings.server import permissions
 from tidings.server.auth import Authenticator, Principal
@@ -134,15 +134,7 @@ class Api:
             return
         principal = self.auth.authenticate(request.headers.get("authorization"))
         request.scope[PRINCIPAL] = principal
-        try:
-            permissions.check(need, principal, request.path_params)
-        except TidingsError:
-            # The principal's name only: never the token.
-            log.warning(
-                "forbidden",
-                extra={"event": "forbidden", "principal": principal.name, "route": route},
-            )
-            raise
+        permissions.check(need, principal, request.path_params)
 
     async def blocking(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a blocking call on the worker threads and await it."""
@@ -163,6 +155,18 @@ class Api:
                         self._authorize(request, route)
                     response = await fn(request)
                 except TidingsError as exc:
+                    if type(exc) is Forbidden:
+                        # Refused by the table or by what the body names: the
+                        # principal's name only, never the token.
+                        principal = principal_of(request)
+                        log.warning(
+                            "forbidden",
+                            extra={
+                                "event": "forbidden",
+                                "principal": None if principal is None else principal.name,
+                                "route": route,
+                            },
+                        )
                     response = error_response(exc)
                 except ClientDisconnect:
                     # Nobody reads the answer; nginx's 499 keeps it apart in the metrics.

@@ -50,6 +50,7 @@ from typing import Any, TypeVar
 from tidings.clock import Clock, SystemClock
 from tidings.errors import (
     BadRequest,
+    InvalidProducer,
     ServerError,
     ServiceUnavailable,
     TidingsError,
@@ -396,6 +397,28 @@ class TransactionManager:
             raise TransactionTimedOut(
                 f"cannot publish under transaction {write_pointer}: it timed out"
             )
+
+    def began_under(self, write_pointer: int) -> str | None:
+        """The transactional id the open transaction ``write_pointer`` was begun under;
+        None if it was begun without one, or is not open (a commit or abort of it then
+        answers why). The server asks before it lets a principal end a transaction
+        without naming its transactional id (docs/security.md).
+
+        :class:`InvalidProducer` if its producer id has no registration (an id with an
+        open transaction is never forgotten, so this does not happen): nobody can be
+        said to hold it."""
+        with self._lock:
+            self._check_running()
+            entry = self._state.in_progress.get(write_pointer)
+            if entry is None or not entry.producer_id:
+                return None
+            info = self._state.producers.of_producer(entry.producer_id)
+        if info is None:
+            raise InvalidProducer(
+                f"transaction {write_pointer} was begun by producer id {entry.producer_id}, "
+                "which no transactional id holds"
+            )
+        return info.transactional_id
 
     def state(self) -> TransactionState:
         """Read pointer, last write pointer, in-progress expiries (ms) and invalid list."""

@@ -39,6 +39,8 @@ class ProducerTable:
 
     def __init__(self) -> None:
         self._by_tid: dict[str, ProducerInfo] = {}
+        #: The same registrations by producer id (each id is handed out once).
+        self._by_pid: dict[int, ProducerInfo] = {}
         self.next_producer_id = 1
         #: The epoch a registration of an id not in the table gets: 0, or once ids
         #: were forgotten (:meth:`expire`), one above the highest epoch any of them had.
@@ -58,6 +60,10 @@ class ProducerTable:
     def get(self, transactional_id: str) -> ProducerInfo | None:
         return self._by_tid.get(transactional_id)
 
+    def of_producer(self, producer_id: int) -> ProducerInfo | None:
+        """The registration holding ``producer_id`` (None: none does)."""
+        return self._by_pid.get(producer_id)
+
     def next_registration(self, transactional_id: str) -> ProducerInfo:
         """What registering ``transactional_id`` now yields (not applied)."""
         tid = validate_transactional_id(transactional_id)
@@ -70,6 +76,9 @@ class ProducerTable:
         """Record ``info`` as current; returns the registration it replaces, if any."""
         previous = self._by_tid.get(info.transactional_id)
         self._by_tid[info.transactional_id] = info
+        if previous is not None and previous.producer_id != info.producer_id:
+            self._by_pid.pop(previous.producer_id, None)
+        self._by_pid[info.producer_id] = info
         self.last_used.pop(info.transactional_id, None)
         self.next_producer_id = max(self.next_producer_id, info.producer_id + 1)
         return previous
@@ -87,6 +96,7 @@ class ProducerTable:
                 idle.append(tid)
         for tid in idle:
             forgotten = self._by_tid.pop(tid)
+            self._by_pid.pop(forgotten.producer_id, None)
             self.epoch_floor = max(self.epoch_floor, forgotten.epoch + 1)
             self.last_used.pop(tid, None)
         return idle

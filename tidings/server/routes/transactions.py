@@ -38,6 +38,7 @@ from tidings.consumers.groups import PositionsWrite
 from tidings.errors import (
     BadRequest,
     EmptyPublish,
+    Forbidden,
     TidingsError,
     TransactionConflict,
     UnsupportedMediaType,
@@ -67,6 +68,31 @@ def _may_use(request: Request, transactional_id: str | None) -> None:
     principal = principal_of(request)
     if principal is not None:
         principal.require_transactional_id(transactional_id)
+
+
+def _may_end(
+    request: Request, tx: TransactionManager, write_pointer: int, transactional_id: str | None
+) -> None:
+    """Forbidden unless the request's principal may end (commit or abort) transaction
+    ``write_pointer``: with the transactional id it names, if any; without one (the
+    anonymous path), a transaction begun under a transactional id takes that id too, or
+    admin. Else leaving out the id would let anyone end a producer's transactions, which
+    is more than the fencing that registering its id takes (docs/security.md)."""
+    principal = principal_of(request)
+    if principal is None:
+        return
+    if transactional_id is not None:
+        principal.require_transactional_id(transactional_id)
+        return
+    if principal.admin:
+        return
+    owner = tx.began_under(write_pointer)
+    if owner is not None and not principal.may_use(owner):
+        # The id is not named: a principal that may not use it need not learn it.
+        raise Forbidden(
+            f"principal {principal.name} may not end transaction {write_pointer}: it was "
+            "begun under a transactional id the principal may not use"
+        )
 
 
 def _write_pointer(request: Request) -> int:
@@ -161,7 +187,7 @@ def routes(api: Api) -> list[Route]:
         changes, (transactional_id, epoch) = admin.read_commit_request(
             await body(request, "commit request")
         )
-        _may_use(request, transactional_id)
+        _may_end(request, tx, wp, transactional_id)
         try:
             await api.inbox.wait(
                 tx.commit_future(wp, changes, transactional_id=transactional_id, epoch=epoch)
@@ -177,7 +203,7 @@ def routes(api: Api) -> list[Route]:
         tx = api.tx
         wp = _write_pointer(request)
         transactional_id, epoch = admin.read_abort_request(await body(request, "abort request"))
-        _may_use(request, transactional_id)
+        _may_end(request, tx, wp, transactional_id)
         await api.inbox.wait(tx.abort_future(wp, transactional_id=transactional_id, epoch=epoch))
         counts.aborted += 1
         return json_response({})
