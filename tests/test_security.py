@@ -1,5 +1,6 @@
 """What the server's permission checks ask the transaction manager (docs/security.md):
-who began a transaction. Through the real server: tests/e2e/test_security.py."""
+who began a transaction, and whether a transaction committed. Through the real
+server: tests/e2e/test_security.py."""
 
 from __future__ import annotations
 
@@ -48,3 +49,22 @@ def test_began_under_names_the_transactional_id_of_an_open_transaction(
             assert m.began_under(owned.write_pointer) == "orders-1"
             m.commit(owned.write_pointer)
             assert m.began_under(owned.write_pointer) is None  # ended
+
+
+def test_has_committed_only_for_committed_transactions() -> None:
+    with TransactionManager(None, TxConfig(sweep_interval=3600, history_size=2)) as m:
+        committed, aborted, invalid, open_ = (m.begin() for _ in range(4))
+        m.commit(committed.write_pointer)
+        m.abort(aborted.write_pointer)
+        m.invalidate(invalid.write_pointer)
+        assert m.has_committed(committed.write_pointer)
+        for tx in (aborted, invalid, open_):
+            assert not m.has_committed(tx.write_pointer)
+        # Too old for the history: committed if readers see it, that is, unless invalid.
+        later = [m.begin() for _ in range(3)]
+        for tx in later:
+            m.commit(tx.write_pointer)
+        assert m.has_committed(committed.write_pointer)
+        assert not m.has_committed(invalid.write_pointer)
+        assert not m.has_committed(open_.write_pointer)
+        assert not m.has_committed(later[-1].write_pointer + 10**9)  # never begun, above

@@ -297,6 +297,39 @@ def test_ending_a_producers_transaction_takes_its_transactional_id(
     assert '"principal":"nobody","route":"/v1/transactions/{wp}/abort"' in secured.log()
 
 
+def test_a_rollback_after_the_commit_leaves_the_committed_messages(
+    secured: ServerProcess,
+) -> None:
+    # A rollback naming a committed transaction changes nothing: neither its client,
+    # which lost the commit's answer, nor anyone else who may publish to the topic can
+    # take committed messages away from read-committed readers.
+    with Client(secured.url, token=TOKENS["admin"]) as admin:
+        admin.create_topic("t-kept-after-commit")
+    with (
+        Client(secured.url, token=TOKENS["writer"]) as writer,
+        Client(secured.url, token=TOKENS["admin"]) as other,
+        Client(secured.url, token=TOKENS["reader"]) as reader,
+    ):
+        tx = writer.begin()
+        info = writer.publish("t-kept-after-commit", [b"committed"], write_pointer=tx.write_pointer)
+        writer.commit(tx)
+        for who in (writer, other):
+            assert who.rollback("t-kept-after-commit", info) == 0
+        committed = reader.poll("t-kept-after-commit", isolation="read_committed")
+        assert [m.payload for m in committed] == [b"committed"]
+        # Before the commit, and after an abort, a rollback does what it always did.
+        for end in ("before", "after"):
+            tx = writer.begin()
+            info = writer.publish("t-kept-after-commit", [b"no"], write_pointer=tx.write_pointer)
+            if end == "after":
+                writer.abort(tx)
+            assert writer.rollback("t-kept-after-commit", info) == 1
+            if end == "before":
+                writer.abort(tx)
+        committed = reader.poll("t-kept-after-commit", isolation="read_committed")
+        assert [m.payload for m in committed] == [b"committed"]
+
+
 @pytest.mark.parametrize(
     "header",
     [b"", b"Bearer", b"Bearer\tx", b"Basic YTpi", b"Token x", b"Bearer \xff\xfe", b"Bearer a b",

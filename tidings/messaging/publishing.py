@@ -563,15 +563,22 @@ def check_rollback_info(info: RollbackInfo) -> None:
 
 
 def rollback_fn(
-    topics: Topics, namespace: str, topic: str, info: RollbackInfo
+    topics: Topics,
+    namespace: str,
+    topic: str,
+    info: RollbackInfo,
+    committed: Callable[[int], bool] | None = None,
 ) -> Callable[[WriteView], int]:
     """The write function of a rollback: ``t -> -t`` on exactly the entries in the range
-    whose ``t`` is the write pointer (the Payload Table is left alone)."""
+    whose ``t`` is the write pointer (the Payload Table is left alone); nothing (0) if
+    ``committed(write_pointer)`` says its transaction committed."""
     write_pointer = info.write_pointer
     flipped = -write_pointer
 
     def rollback(view: WriteView) -> int:
         ref = topics.resolve(view, namespace, topic)
+        if committed is not None and committed(write_pointer):
+            return 0
         generation = ref.state.generation
         start = keys.message_key(ref.topic_id, generation, info.start_ts, info.start_seq)
         # Keys are fixed-width, so key + b"\0" is the first possible key after it.

@@ -109,6 +109,7 @@ class MessagingService:
         self._general_pages: dict[tuple[str, str], int] = {}
         self._listeners: list[Callable[[str, str], None]] = []
         self._guard: Callable[[int], None] | None = None
+        self._committed: Callable[[int], bool] | None = None
         self._cleaner = Cleaner(
             store,
             self._topics,
@@ -415,7 +416,7 @@ class MessagingService:
         if not isinstance(info, RollbackInfo):
             raise BadRequest(f"rollback needs a RollbackInfo, got {type(info).__name__}")
         publishing.check_rollback_info(info)
-        fn = publishing.rollback_fn(self._topics, namespace, topic, info)
+        fn = publishing.rollback_fn(self._topics, namespace, topic, info, self._committed)
         return self._submit(fn, namespace, topic, None, 0, 0)
 
     def _submit(
@@ -769,6 +770,15 @@ class MessagingService:
         (which is what makes pruning the invalid list safe, see
         :meth:`referenced_pointers`). None (the default) checks nothing."""
         self._guard = check
+
+    def guard_rollbacks(self, committed: Callable[[int], bool] | None) -> None:
+        """Ask ``committed(write_pointer)`` inside the write function of every rollback:
+        if true, the rollback changes nothing and answers 0. The server passes the
+        transaction manager's :meth:`~tidings.tx.TransactionManager.has_committed`
+        when it runs both services, so a rollback after the commit (one whose answer
+        was lost, or anyone's who may publish to the topic) cannot take committed
+        messages away from readers. None (the default) checks nothing."""
+        self._committed = committed
 
     def barrier(self) -> None:
         """Wait until every write function submitted before this call has committed

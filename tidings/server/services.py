@@ -107,6 +107,9 @@ class Services:
                 # Nothing is published under a transaction that has ended, which is
                 # also what lets the pruner drop invalid pointers no entry names.
                 services.messaging.guard_publishes(services.tx.check_writable)
+                # Committed messages stay: a rollback naming a committed transaction
+                # changes nothing (as a group's or a queue's rollback).
+                services.messaging.guard_rollbacks(services.tx.has_committed)
                 assert services.store is not None
                 services.groups = GroupCoordinator(services.store, services.messaging, services.tx)
                 services.queues = QueueCoordinator(services.store, services.messaging, services.tx)

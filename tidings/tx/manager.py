@@ -63,7 +63,16 @@ from tidings.structs import ProducerInfo, Transaction, TransactionState
 from tidings.tx.config import TxConfig
 from tidings.tx.durable import TxStorage
 from tidings.tx.log import WriteAheadLog
-from tidings.tx.records import Abort, Begin, Commit, Prune, Release, Reserve, encode_record
+from tidings.tx.records import (
+    Abort,
+    Begin,
+    Commit,
+    Outcome,
+    Prune,
+    Release,
+    Reserve,
+    encode_record,
+)
 from tidings.tx.state import Result, TxStateMachine
 from tidings.tx.stored import StoreLog, StoreTxStorage
 
@@ -397,6 +406,24 @@ class TransactionManager:
             raise TransactionTimedOut(
                 f"cannot publish under transaction {write_pointer}: it timed out"
             )
+
+    def has_committed(self, write_pointer: int) -> bool:
+        """True if ``write_pointer`` committed: its entries are the topic's for good.
+
+        The messaging core asks inside a rollback's write function (on the store's
+        writer thread, as :meth:`check_writable`), so a rollback that comes after the
+        commit (a client that lost the commit's answer, or anyone else who names the
+        pointer) leaves the committed entries as they are. A transaction too old for
+        the history counts as committed if readers see it (not invalid, at most the
+        read pointer): rolling it back would change what they have read.
+        """
+        state = self._state
+        if write_pointer in state.in_progress:
+            return False
+        outcome = state.outcome(write_pointer)
+        if outcome is not None:
+            return outcome is Outcome.COMMITTED
+        return 0 < write_pointer <= state.read_pointer
 
     def began_under(self, write_pointer: int) -> str | None:
         """The transactional id the open transaction ``write_pointer`` was begun under;
