@@ -297,6 +297,28 @@ def test_ending_a_producers_transaction_takes_its_transactional_id(
     assert '"principal":"nobody","route":"/v1/transactions/{wp}/abort"' in secured.log()
 
 
+def test_invalidating_a_transaction_takes_what_ending_it_takes(secured: ServerProcess) -> None:
+    # The clients invalidate their own transaction where a rollback failed or a
+    # commit's answer was lost: a producer that may end its transaction may invalidate
+    # it, and a stranger may not invalidate a producer's transaction.
+    with (
+        Client(secured.url, token=TOKENS["writer"]) as writer,
+        Client(secured.url, token=TOKENS["reader"]) as reader,
+        Client(secured.url, token=TOKENS["admin"]) as admin,
+    ):
+        epoch = writer.register_producer("w-2").epoch
+        held = writer.begin(transactional_id="w-2", epoch=epoch)
+        with pytest.raises(Forbidden, match="may not end transaction"):
+            reader.invalidate(held)
+        assert held.write_pointer in admin.transactions().in_progress  # nothing changed
+        writer.invalidate(held)
+        assert held.write_pointer in admin.transactions().invalid
+        # A transaction begun without an id is anyone's to end, and so to invalidate.
+        anonymous = writer.begin()
+        reader.invalidate(anonymous)
+        assert anonymous.write_pointer in admin.transactions().invalid
+
+
 def test_a_rollback_after_the_commit_leaves_the_committed_messages(
     secured: ServerProcess,
 ) -> None:

@@ -69,7 +69,7 @@ PERMISSIONS: Mapping[tuple[str, str], Need] = {
     ("POST", _TX): Need.BODY,
     ("POST", _TX + "/{wp}/commit"): Need.BODY,
     ("POST", _TX + "/{wp}/abort"): Need.BODY,
-    ("POST", _TX + "/{wp}/invalidate"): Need.ADMIN,
+    ("POST", _TX + "/{wp}/invalidate"): Need.BODY,
     ("POST", _TX + "/producers"): Need.BODY,
     ("POST", _TX + "/prune"): Need.ADMIN,
     ("POST", _NS + "/transactions/publish"): Need.BODY,

@@ -73,7 +73,7 @@ def _may_use(request: Request, transactional_id: str | None) -> None:
 def _may_end(
     request: Request, tx: TransactionManager, write_pointer: int, transactional_id: str | None
 ) -> None:
-    """Forbidden unless the request's principal may end (commit or abort) transaction
+    """Forbidden unless the request's principal may end (commit, abort or invalidate) transaction
     ``write_pointer``: with the transactional id it names, if any; without one (the
     anonymous path), a transaction begun under a transactional id takes that id too, or
     admin. Else leaving out the id would let anyone end a producer's transactions, which
@@ -212,6 +212,10 @@ def routes(api: Api) -> list[Route]:
     async def invalidate(request: Request) -> Response:
         tx = api.tx
         wp = _write_pointer(request)
+        # Whoever may end the transaction may invalidate it: a client invalidates its
+        # own transaction where a rollback failed or a commit's answer was lost, and
+        # keeping its entries invisible for good takes no more than aborting it.
+        _may_end(request, tx, wp, None)
         await api.inbox.wait(tx.invalidate_future(wp))
         counts.invalidated += 1
         return json_response({})
