@@ -117,9 +117,7 @@ def resolve_start(start: StartPosition) -> MessageId | int | Literal["latest"] |
     if isinstance(start, bool):
         raise InvalidMessageId(f"not a start position: {start!r}")
     if isinstance(start, int):
-        if start < 0:
-            raise InvalidMessageId(f"a start timestamp must not be negative: {start}")
-        return start
+        return _timestamp(start)
     if isinstance(start, str):
         text = start.strip()
         lowered = text.lower()
@@ -130,7 +128,7 @@ def resolve_start(start: StartPosition) -> MessageId | int | Literal["latest"] |
         if len(text) == 40 and all(c in "0123456789abcdefABCDEF" for c in text):
             return MessageId.from_hex(text)
         if text.isdigit():
-            return int(text)
+            return _timestamp(int(text))
         ago = _AGO.fullmatch(lowered)
         if ago is not None:  # "-10m": that long before now
             seconds = int(ago.group(1)) * _UNIT_SECONDS[ago.group(2)]
@@ -143,6 +141,14 @@ def resolve_start(start: StartPosition) -> MessageId | int | Literal["latest"] |
         "start must be earliest, latest, a message id (40 hex), "
         f"a timestamp in ms or an ISO-8601 time: {start!r}"
     )
+
+
+def _timestamp(ms: int) -> int:
+    """``ms`` as a start time, which the server takes only in 0..2**63-1: anything
+    else is refused here, with the other bad starts, rather than sent."""
+    if not 0 <= ms <= INT64_MAX:
+        raise InvalidMessageId(f"a start timestamp must be from 0 to {INT64_MAX} ms: {ms}")
+    return ms
 
 
 def concrete_start(start: StartPosition) -> MessageId | int | None:
