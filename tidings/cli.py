@@ -1054,14 +1054,15 @@ def _inspect_topic(
     if raw_state is None:
         raise click.ClickException(f"topic {namespace}/{topic} has no state record")
     state = values.decode_state(raw_state)
-    console = _console()
-    console.print(
+    # Plain text: property names and values are the user's, and brackets in them are
+    # no markup (rich would drop them, or fail on a closing tag without an opening one).
+    click.echo(
         f"topic {namespace}/{topic}: id {topic_id}, generation {state.generation}, "
         f"ttl {state.ttl}s, last key ({state.last_ts}, {state.last_seq}), "
         f"properties {properties}"
     )
     if state.generation < 0:
-        console.print("the topic is deleted")
+        click.echo("the topic is deleted")
         return
     # Plain lines rather than a table: ids and pointers must show in full, and grep.
     click.echo(f"{'publish_ts':<14} {'seq':>5}  {'message id':<40}  {'write pointer':>20}  entry")
@@ -1130,6 +1131,15 @@ def _inspect_batch(ts: int, seq: int, value: bytes) -> None:
         )
 
 
+#: Control characters as escapes in a preview: a newline in a payload must not split
+#: an entry's line, nor an escape sequence reach the terminal.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\t"): "\\t",
+}
+
+
 def _preview(payload: bytes, width: int = 40) -> str:
-    text = _text(payload[:width])
+    text = _text(payload[:width]).translate(_CONTROLS)
     return text + ("…" if len(payload) > width else "")
