@@ -228,12 +228,26 @@ def auth_token(name: str) -> None:
     click.echo(f"token: {token}")
     click.echo("")
     click.echo("[[principal]]")
-    click.echo(f'name = "{name}"')
+    click.echo(f"name = {_toml_string(name)}")
     click.echo(f'token_sha256 = "{digest}"')
     click.echo("admin = false")
     click.echo("publish = []")
     click.echo("consume = []")
     click.echo("transactional_ids = []")
+
+
+def _toml_string(text: str) -> str:
+    """``text`` as a TOML basic string: quotes, backslashes and control characters
+    escaped, so that any name gives lines the server's auth file reads back."""
+    out = []
+    for char in text:
+        if char in ('"', "\\"):
+            out.append("\\" + char)
+        elif char < " " or char == "\x7f":
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
 
 
 @main.group("config")
