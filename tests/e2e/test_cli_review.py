@@ -1,0 +1,97 @@
+"""The ``tidings`` command on inputs at the edges: start times past 64 bits, topic
+properties that look like markup, payloads with control characters, principal names
+that need quoting in TOML."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from tests.e2e.serverproc import ServerProcess
+from tidings import Client
+from tidings.cli import main
+from tidings.server.auth import load_principals
+
+pytestmark = pytest.mark.e2e
+
+Run = Callable[..., Result]
+
+PAST_INT64 = str(2**64)
+
+
+@pytest.fixture
+def run(server: ServerProcess) -> Run:
+    runner = CliRunner()
+
+    def invoke(*args: str, input: str | bytes | None = None) -> Result:
+        return runner.invoke(main, list(args), input=input, env={"TIDINGS_URL": server.url})
+
+    return invoke
+
+
+def _usage_error(result: Result, option: str) -> None:
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.startswith(f"Error: Invalid value for {option}:"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_start_time_past_64_bits_is_a_usage_error(
+    run: Run, server: ServerProcess, topic: str
+) -> None:
+    """A time in ms the server cannot take is wrong usage (exit 2, nothing sent), as
+    every other bad ``--from``/``--to``: ``groups reset`` used to crash with a
+    traceback encoding it, and ``consume`` sent it and failed with the server's 400."""
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"a"])
+    _usage_error(run("groups", "reset", topic, "g", "--to", PAST_INT64), "--to")
+    _usage_error(run("consume", topic, "--from", PAST_INT64), "--from")
+    # The largest time the server takes still works.
+    assert run("consume", topic, "--from", str(2**63 - 1)).exit_code == 0
+
+
+def test_inspect_shows_properties_with_brackets_as_they_are(
+    run: Run, server: ServerProcess, topic: str
+) -> None:
+    """Topic properties are printed as text: a value such as ``[/b]`` used to stop
+    ``inspect --topic`` with a markup error, and ``[red]x[/red]`` lost its brackets."""
+    with Client(server.url) as client:
+        client.create_topic(topic, properties={"note": "[/b] end", "colour": "[red]x[/red]"})
+        client.publish(topic, [b"hello"])
+    result = run("inspect", str(server.data_dir), "--topic", topic)
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "'[/b] end'" in result.stdout and "'[red]x[/red]'" in result.stdout
+    assert "message 5 B: hello" in result.stdout
+
+
+def test_inspect_previews_keep_one_line_per_entry(
+    run: Run, server: ServerProcess, topic: str
+) -> None:
+    """A payload's newlines and escape sequences are escaped in the preview: they used
+    to split an entry over lines and reach the terminal raw."""
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"one\ntwo\x1b[2Jthree\tfour"])
+    result = run("inspect", str(server.data_dir), "--topic", topic)
+    assert result.exit_code == 0, (result.output, result.exception)
+    entries = result.stdout.splitlines()[2:]  # after the topic line and the header
+    assert len(entries) == 1
+    assert entries[0].endswith(r"one\ntwo\x1b[2Jthree\tfour")
+    assert "\x1b" not in result.stdout
+
+
+@pytest.mark.parametrize("name", ['ops "night" shift', "back\\slash", "two\nlines", "plain"])
+def test_auth_token_lines_read_back_for_any_name(tmp_path: Path, name: str) -> None:
+    """The printed auth-file lines are valid TOML naming the principal as given: a
+    quote or backslash in ``--name`` used to give a file the server refused."""
+    result = CliRunner().invoke(main, ["auth", "token", "--name", name])
+    assert result.exit_code == 0, (result.output, result.exception)
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("token: ")
+    path = tmp_path / "auth.toml"
+    path.write_text("\n".join(lines[2:]) + "\n")
+    (principal,) = load_principals(path)
+    assert principal.name == name
