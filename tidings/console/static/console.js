@@ -216,7 +216,7 @@ function render(data) {
     try {
       const value = JSON.parse(text);
       if (typeof value === "object" && value !== null) {
-        return { kind: "json", text: JSON.stringify(value, null, 2) };
+        return { kind: "json", text: indentJson(text) };
       }
     } catch {
       // not JSON: shown as text below
@@ -227,6 +227,48 @@ function render(data) {
     return { kind: "text", text };
   }
   return { kind: "binary", text: hexDump(data) };
+}
+
+/**
+ * Valid JSON text indented by two spaces per level, its tokens kept as written:
+ * JSON.stringify(JSON.parse(text)) would round numbers a double cannot hold (64-bit
+ * ids, amounts with many digits), and the page must show what the message holds.
+ */
+function indentJson(text) {
+  const out = [];
+  let depth = 0;
+  const blank = (c) => c === " " || c === "\n" || c === "\r" || c === "\t"; // JSON's only
+  const newline = () => `\n${"  ".repeat(depth)}`;
+  for (let i = 0; i < text.length; i += 1) {
+    const c = text[i];
+    if (c === '"') {
+      let j = i + 1;
+      while (text[j] !== '"') j += text[j] === "\\" ? 2 : 1;
+      out.push(text.slice(i, j + 1));
+      i = j;
+    } else if (c === "{" || c === "[") {
+      const close = c === "{" ? "}" : "]";
+      let j = i + 1;
+      while (blank(text[j])) j += 1;
+      if (text[j] === close) {
+        out.push(c + close); // an empty object or array stays on its line
+        i = j;
+      } else {
+        depth += 1;
+        out.push(c, newline());
+      }
+    } else if (c === "}" || c === "]") {
+      depth -= 1;
+      out.push(newline(), c);
+    } else if (c === ",") {
+      out.push(",", newline());
+    } else if (c === ":") {
+      out.push(": ");
+    } else if (!blank(c)) {
+      out.push(c);
+    }
+  }
+  return out.join("");
 }
 
 function hexDump(data) {
