@@ -115,6 +115,7 @@ class _Main(click.Group):
     "--token",
     envvar="TIDINGS_TOKEN",
     default=None,
+    callback=lambda ctx, param, value: _check_token(value),
     help="The bearer token, where the server has an auth file [env: TIDINGS_TOKEN].",
 )
 @click.option(
@@ -131,6 +132,23 @@ def main(
 ) -> None:
     """Tidings: a transactional messaging system."""
     ctx.obj = _Settings(_with_scheme(url), namespace, token, cacert)
+
+
+def _check_token(token: str | None) -> str | None:
+    """A token goes in a header line as is: a line break or another control character
+    in it would end that line early (and what follows would be sent as headers of its
+    own), so such a token is wrong usage. Space around it (a token file's final line
+    break) is dropped, as the server drops it. The message never shows the token."""
+    if token is None:
+        return None
+    token = token.strip()
+    if any(c < " " or c == "\x7f" for c in token):
+        raise click.BadParameter(
+            "a bearer token is one line of printable characters; this one holds a line "
+            "break or another control character",
+            param_hint="--token",
+        )
+    return token
 
 
 def _with_scheme(url: str) -> str:

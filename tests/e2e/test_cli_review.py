@@ -4,6 +4,7 @@ that need quoting in TOML."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -95,3 +96,28 @@ def test_auth_token_lines_read_back_for_any_name(tmp_path: Path, name: str) -> N
     path.write_text("\n".join(lines[2:]) + "\n")
     (principal,) = load_principals(path)
     assert principal.name == name
+
+
+def test_a_token_with_a_line_break_is_a_usage_error(run: Run) -> None:
+    """A token with a line break inside is refused before anything is sent (it used to
+    go out raw and end the header line, sending the rest as headers of its own); the
+    message does not show the token."""
+    result = run("--token", "secret-1\r\nX-Forged: yes", "topics", "list")
+    _usage_error(result, "--token")
+    assert "secret-1" not in result.output
+
+
+def test_a_token_file_s_final_line_break_is_dropped(
+    start_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """``TIDINGS_TOKEN="$(cat file)"`` keeps a CRLF file's ``\\r``: the check above
+    must not refuse it; the token is used without the space around it, as the server
+    reads it."""
+    token = "cli-review-token-0123456789"
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    auth = tmp_path / "auth.toml"
+    auth.write_text(f'[[principal]]\nname = "ops"\ntoken_sha256 = "{digest}"\nadmin = true\n')
+    server = start_server("--auth-file", str(auth))
+    env = {"TIDINGS_URL": server.url, "TIDINGS_TOKEN": token + "\r\n"}
+    result = CliRunner().invoke(main, ["topics", "list"], env=env)
+    assert result.exit_code == 0, (result.output, result.exception)
