@@ -1002,6 +1002,17 @@ async function ratesPage() {
 // ---------------------------------------------------------------------------------
 // login, navigation
 
+const UNSENDABLE = "This is no token: a token is one line of letters, digits and punctuation.";
+
+/**
+ * Whether a browser can send the token in a header: fetch() refuses a header with a
+ * control character or one past U+00FF (a pasted zero-width space, a typographic
+ * quote), and a token kept that way would fail every request until the tab closes.
+ */
+function sendable(token) {
+  return /^[\x20-\x7e\xa0-\xff]+$/.test(token);
+}
+
 function loginPage(message) {
   const token = h("input", { type: "password", id: "token", autocomplete: "current-password", required: true });
   show(h("div", { class: "login panel" },
@@ -1013,7 +1024,12 @@ function loginPage(message) {
       id: "login-form",
       onsubmit: (event) => {
         event.preventDefault();
-        sessionStorage.setItem(TOKEN_KEY, token.value.trim());
+        const value = token.value.trim();
+        if (!sendable(value)) {
+          loginPage(UNSENDABLE);
+          return;
+        }
+        sessionStorage.setItem(TOKEN_KEY, value);
         start();
       },
     }, h("label", { for: "token" }, "Token"), token, h("button", { type: "submit", id: "login" }, "Log in"))));
@@ -1076,6 +1092,13 @@ async function route() {
 }
 
 async function start() {
+  const kept = sessionStorage.getItem(TOKEN_KEY);
+  if (kept && !sendable(kept)) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    state.me = null;
+    loginPage(UNSENDABLE);
+    return;
+  }
   try {
     state.me = await get("/v1/whoami");
   } catch (err) {
