@@ -6,13 +6,22 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from tests.e2e.serverproc import ServerProcess
-from tests.e2e.test_console import Console, driver, shots  # noqa: F401 (fixtures)
+from tests.e2e.test_console import (  # noqa: F401 (driver, shots: fixtures)
+    WAIT,
+    Console,
+    Select,
+    driver,
+    patient_wait,
+    shots,
+)
 from tidings import Client
 
 if TYPE_CHECKING:  # selenium may be missing: test_console then skips this module
@@ -116,3 +125,33 @@ def test_a_token_the_browser_cannot_send_is_refused_at_login(
     _submit_token(console, TOKEN)
     assert "ops" in console.wait_for("#who b").text
     console.check_clean("review-login-unsendable-token")
+
+
+def test_a_date_alone_is_midnight_in_the_browser_s_time_zone(
+    console: Console, server: ServerProcess
+) -> None:
+    """``2026-03-01`` in the Date-time field is the start of that day where the
+    browser is, as ``2026-03-01 00:00`` is (and as the CLI reads it): it used to be
+    taken as UTC midnight, nine hours off in Tokyo."""
+    with Client(server.url) as client:
+        client.create_topic("days")
+        client.publish("days", [b"one"])
+    console.driver.execute_cdp_cmd(  # type: ignore[attr-defined]
+        "Emulation.setTimezoneOverride", {"timezoneId": "Asia/Tokyo"}
+    )
+    try:
+        console.open("#/topic/days/messages")
+        Select(console.find("#start-kind")).select_by_value("time")
+        console.find("#start-value").send_keys("2026-03-01")
+        console.find("#browse-go").click()
+        patient_wait(console.driver, WAIT).until(lambda d: "from=time" in d.current_url)
+        console.settled()
+        value = parse_qs(urlsplit(console.driver.current_url).fragment.split("?", 1)[1])
+        tokyo = timezone(timedelta(hours=9))  # no daylight saving time there
+        assert value["value"] == [str(int(datetime(2026, 3, 1, tzinfo=tokyo).timestamp() * 1000))]
+        assert "2026-03-01 00:00:00.000" in console.find("#page-where").text
+        console.check_clean("review-date-alone")
+    finally:
+        console.driver.execute_cdp_cmd(  # type: ignore[attr-defined]
+            "Emulation.setTimezoneOverride", {"timezoneId": ""}
+        )

@@ -196,8 +196,12 @@ function idTime(hex) {
 
 /** A date-time the user typed: "2025-03-01 14:02:03" (local), ISO 8601, or ms. */
 function parseTime(text) {
-  const t = text.trim();
+  let t = text.trim();
   if (/^\d{10,16}$/.test(t)) return Number(t);
+  // Date.parse takes a date alone as UTC midnight, unlike a date-time without an offset
+  // (local): a date alone is the start of that day here, as the page promises.
+  if (/^\d{4}-\d{2}$/.test(t)) t += "-01";
+  if (/^\d{4}-\d{2}-\d{2}$/.test(t)) t += "T00:00";
   const ms = Date.parse(t.replace(" ", "T"));
   return Number.isNaN(ms) ? null : ms;
 }
