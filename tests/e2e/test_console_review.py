@@ -5,6 +5,7 @@ number cannot hold, a login token the browser cannot send."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -155,3 +156,28 @@ def test_a_date_alone_is_midnight_in_the_browser_s_time_zone(
         console.driver.execute_cdp_cmd(  # type: ignore[attr-defined]
             "Emulation.setTimezoneOverride", {"timezoneId": ""}
         )
+
+
+def test_the_rates_scale_labels_are_distinct_and_even(
+    console: Console, server: ServerProcess
+) -> None:
+    """One message in a quiet namespace is 1/60 messages per second, on a scale up to
+    0.02: its quarter lines (0.005, 0.01, 0.015) used to be labelled to two decimals,
+    three of them "0.01"."""
+    with Client(server.url, "quiet") as client:
+        client.create_topic("once")
+        client.publish("once", [b"one"])
+    console.open("#/topics")  # the console's origin, whose storage the page reads
+    console.driver.execute_script("localStorage.setItem('tidings.namespace', 'quiet')")
+    try:
+        console.open("#/rates")
+        console.wait_for("#rates-chart polyline[data-series=publish]")
+        # The scale's labels stand left of the plot (x = 48); the time axis' below it.
+        labels = [t.text for t in console.all("#rates-chart text.tick[x='48']")]
+        values = [float(label) for label in labels]
+        assert len(set(labels)) == len(labels) == 5, labels
+        steps = [b - a for a, b in itertools.pairwise(values)]
+        assert max(steps) - min(steps) <= values[-1] * 0.01, labels
+        console.check_clean("review-rates-scale")
+    finally:
+        console.driver.execute_script("localStorage.removeItem('tidings.namespace')")

@@ -934,7 +934,9 @@ function chart(points) {
   for (let i = 0; i <= 4; i += 1) {
     const v = (max * i) / 4;
     root.append(svg("line", { class: i ? "grid" : "axis", x1: left, x2: W - right, y1: y(v), y2: y(v) }));
-    root.append(svg("text", { class: "tick", x: left - 8, y: y(v) + 4, "text-anchor": "end" }, Number.isInteger(v) ? v : v.toFixed(2)));
+    // Three significant digits: a quarter of a small maximum (0.005 of 0.02) rounded
+    // to two decimals labelled two lines alike, and the scale wrong.
+    root.append(svg("text", { class: "tick", x: left - 8, y: y(v) + 4, "text-anchor": "end" }, Number(v.toPrecision(3))));
   }
   for (let s = 0; s <= 5; s += 1) {
     const t = start + (span * s) / 5;
