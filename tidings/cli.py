@@ -703,9 +703,13 @@ def cluster(ctx: click.Context, as_json: bool) -> None:
         age = leader.get("leaseAgeMs", 0) / 1000
         title += f", leader epoch {epoch}, lease held {age:.1f} s, renews within {expires:.1f} s"
     table = Table(title=title)
+    instances = view.get("instances", [])
+    # A URL keeps one line where the width allows, else folds: never ends in "…".
+    longest_url = max((len(str(info.get("url"))) for info in instances), default=3)
     for column in ("instance", "url", "role", "owns", "last heard"):
-        table.add_column(column)
-    for info in view.get("instances", []):
+        width = min(longest_url, 60) if column == "url" else None
+        table.add_column(column, overflow="fold", min_width=width)
+    for info in instances:
         seen = info.get("seenAgoMs")
         table.add_row(
             str(info.get("id")),
@@ -753,8 +757,16 @@ def groups_describe(ctx: click.Context, topic: str, group: str, as_json: bool) -
         title=f"{topic}/{group}: generation {info.generation}, {len(info.members)} member(s), "
         f"lag {info.lag}{'' if all(p.lag_exact for p in info.partitions) else '+'}"
     )
+    # Ids fold onto a second line rather than end in "…": a position is what
+    # `groups reset --to` takes, so it must be there to copy; it keeps one line where
+    # the width allows.
     for column in ("partition", "owner", "position", "lag"):
-        table.add_column(column, justify="right" if column in ("partition", "lag") else "left")
+        table.add_column(
+            column,
+            justify="right" if column in ("partition", "lag") else "left",
+            overflow="fold",
+            min_width=40 if column == "position" else None,
+        )
     for p in info.partitions:
         table.add_row(
             str(p.partition),

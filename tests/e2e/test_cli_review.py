@@ -121,3 +121,29 @@ def test_a_token_file_s_final_line_break_is_dropped(
     env = {"TIDINGS_URL": server.url, "TIDINGS_TOKEN": token + "\r\n"}
     result = CliRunner().invoke(main, ["topics", "list"], env=env)
     assert result.exit_code == 0, (result.output, result.exception)
+
+
+def test_tables_show_ids_and_urls_whole_in_80_columns(server: ServerProcess, topic: str) -> None:
+    """In 80 columns (a pipe, a small terminal) ``groups describe`` cut the member id
+    and the position with "…", so the id `groups reset --to` takes could not be
+    copied, and ``cluster`` cut the instance's URL."""
+    env = {"TIDINGS_URL": server.url, "COLUMNS": "80"}
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"a", b"b", b"c"])
+        consumer = client.consume(topic, group="g", follow=False, partitions=2)
+        try:
+            for _ in consumer:
+                pass
+            consumer.commit()
+            info = client.describe_group(topic, "g")
+            described = CliRunner().invoke(main, ["groups", "describe", topic, "g"], env=env)
+        finally:
+            consumer.close()
+    assert described.exit_code == 0, (described.output, described.exception)
+    assert "…" not in described.stdout
+    positions = [p.position.hex for p in info.partitions if p.position is not None]
+    assert positions and all(hex_id in described.stdout for hex_id in positions)
+    cluster = CliRunner().invoke(main, ["cluster"], env=env)
+    assert cluster.exit_code == 0, (cluster.output, cluster.exception)
+    assert "…" not in cluster.stdout and server.url in cluster.stdout
