@@ -10,6 +10,7 @@ from tidings.client.base import (
     READ_ONLY_WRITE_POINTER,
     RetryPolicy,
     as_record,
+    bearer_token,
     encoded_transaction,
     read_only_snapshot,
     resolve_start,
@@ -109,3 +110,21 @@ def test_a_start_before_now() -> None:
     got = resolve_start("-10m")
     assert isinstance(got, int) and before - 600_000 - 1000 <= got <= before - 600_000 + 1000
     assert resolve_start("earliest") is None and resolve_start("latest") == "latest"
+
+
+@pytest.mark.parametrize("token", ["tok\r\nX-Forged: yes", "ab\ncd", "a\x00b", "a\x7fb", 12])
+def test_a_token_that_would_break_its_header_line_is_refused(token: object) -> None:
+    from tidings import AsyncClient, Client
+
+    with pytest.raises(ValueError) as refused:
+        bearer_token(token)  # type: ignore[arg-type]
+    assert "X-Forged" not in str(refused.value)  # the message never shows the token
+    with pytest.raises(ValueError):
+        Client("http://127.0.0.1:1", token=token)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        AsyncClient("http://127.0.0.1:1", token=token)  # type: ignore[arg-type]
+
+
+def test_a_token_is_sent_without_the_space_around_it() -> None:
+    assert bearer_token(" tok-1\r\n") == "tok-1"
+    assert bearer_token(None) is None

@@ -32,6 +32,7 @@ __all__ = [
     "NO_RETRY",
     "READ_ONLY_WRITE_POINTER",
     "BaseClient",
+    "bearer_token",
     "LanePool",
     "ProducerLane",
     "MessageLike",
@@ -65,6 +66,25 @@ StartPosition: TypeAlias = str | int | MessageId | datetime | None
 #: A message as the client sends it: a plain payload, or a Record with extras. Plain
 #: payloads stay bytes, so a batch takes the wire codec's fast path.
 Outgoing: TypeAlias = Record | bytes
+
+
+def bearer_token(token: str | None) -> str | None:
+    """``token`` as it goes in the ``Authorization`` header: space around it (a token
+    file's final line break) dropped, as the server drops it. ValueError for a token
+    with a line break or another control character inside, which would end the header
+    line early and send what follows as headers of its own; the message never shows
+    the token."""
+    if token is None:
+        return None
+    if not isinstance(token, str):
+        raise ValueError(f"a bearer token is a str, got {type(token).__name__}")
+    token = token.strip()
+    if any(c < " " or c == "\x7f" for c in token):
+        raise ValueError(
+            "a bearer token is one line of printable characters; this one holds a line "
+            "break or another control character"
+        )
+    return token
 
 
 def to_record(message: MessageLike) -> Outgoing:

@@ -24,6 +24,7 @@ from tidings.client.base import (
     MessageLike,
     RetryPolicy,
     StartPosition,
+    bearer_token,
     concrete_start,
     encoded_transaction,
     read_only_snapshot,
@@ -107,6 +108,7 @@ class Client(BaseClient):
         )
         # The bearer token rides in every request's headers (docs/security.md);
         # ``verify`` is a CA file or directory, or a bool, as httpx takes it.
+        token = bearer_token(token)
         headers = {} if token is None else {"Authorization": f"Bearer {token}"}
         self._transport = transport or SocketTransport(
             max_connections=max_connections, headers=headers, verify=verify
