@@ -90,6 +90,20 @@ def test_value_forms() -> None:
     assert cfg.data_dir == Path("/var/lib/tidings")
 
 
+def test_allowed_origins_are_kept_as_browsers_write_them(tmp_path: Path) -> None:
+    """Lower-case, without a trailing slash or the scheme's default port: an
+    ``Origin`` header is compared with them as it comes."""
+    env = {"TIDINGS_ALLOWED_ORIGINS": " HTTPS://Console.Example:443/ , http://a.example:8080,"}
+    assert load_config({}, env=env).allowed_origins == (
+        "https://console.example",
+        "http://a.example:8080",
+    )
+    toml = write(tmp_path, 'allowed_origins = ["http://b.example:80", "http://b.example"]\n')
+    assert load_config({}, config_file=toml, env={}).allowed_origins == ("http://b.example",)
+    with pytest.raises(ConfigError, match="list of origins"):
+        load_config({}, config_file=write(tmp_path, "allowed_origins = [1]\n"), env={})
+
+
 def test_flag_values_keep_their_types() -> None:
     cfg = load_config({"data_dir": Path("d"), "port": 0, "host": "::1"}, env={})
     assert (cfg.data_dir, cfg.port, cfg.host) == (Path("d"), 0, "::1")
@@ -108,6 +122,10 @@ def test_flag_values_keep_their_types() -> None:
         ({"TIDINGS_FETCH_DEFAULT_LIMIT": "20000"}, "fetch_default_limit"),
         ({"TIDINGS_TX_DEFAULT_TIMEOUT": "7200"}, "tx_default_timeout"),
         ({"TIDINGS_SHUTDOWN_TIMEOUT": "-1"}, "shutdown_timeout"),
+        ({"TIDINGS_ALLOWED_ORIGINS": "*"}, "allowed_origins"),
+        ({"TIDINGS_ALLOWED_ORIGINS": "null"}, "allowed_origins"),
+        ({"TIDINGS_ALLOWED_ORIGINS": "https://a.example/app"}, "allowed_origins"),
+        ({"TIDINGS_ALLOWED_ORIGINS": "ftp://a.example"}, "allowed_origins"),
     ],
 )
 def test_bad_values(env: dict[str, str], fragment: str) -> None:
@@ -179,6 +197,12 @@ def samples(setting: Setting) -> tuple[Any, Any, Any]:
         return (default + 0.5, default + 1.5, default + 2.5)
     if setting.kind == "path":
         return (Path("/from/toml"), Path("/from/env"), Path("/from/flag"))
+    if setting.kind == "origins":
+        return (
+            ("https://toml.example",),
+            ("https://env.example", "http://localhost:3000"),
+            ("https://flag.example",),
+        )
     assert setting.kind == "str", setting.kind
     return ("from-toml", "from-env", "from-flag")
 
@@ -188,12 +212,16 @@ def as_toml(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(json.dumps(item) for item in value) + "]"
     return json.dumps(str(value))  # a JSON string of plain text is a TOML string
 
 
 def as_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(value)
     return str(value)
 
 

@@ -301,3 +301,23 @@ def test_the_standby_forwards_the_token_and_the_leader_checks_it(
     finally:
         for node in nodes:
             node.kill()
+
+
+def test_the_standby_judges_a_browser_write_by_its_own_origin(
+    instances: Callable[..., ServerProcess], postgres_url: str
+) -> None:
+    """The console served by a standby writes with the standby's origin, which the
+    leader (seeing its own Host on the hop) would take for another site's."""
+    url = fresh_database(postgres_url)
+    a = instances(url)
+    b = instances(url)
+    assert readiness(b) == "forwarding"
+    path = "/v1/namespaces/default/topics/t-origin"
+    with httpx.Client(base_url=b.url, timeout=10) as http, Client(a.url) as client:
+        assert http.put(path, headers={"Origin": b.url}).status_code == 200
+        body = b'{"messages": ["b3du"]}'  # "own"
+        answer = http.post(path + "/publish", content=body, headers={"Origin": b.url})
+        assert answer.status_code == 200, answer.text
+        forged = http.post(path + "/publish", content=body, headers={"Origin": a.url})
+        assert forged.status_code == 403 and forged.json()["type"] == "Forbidden"
+        assert [m.payload for m in client.poll("t-origin", limit=10)] == [b"own"]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tidings.errors import ConfigError
+from tidings.server.origin import normalize_origin
 from tidings.tx.config import MAX_TIMEOUT_LIMIT
 
 __all__ = [
@@ -44,7 +45,7 @@ CONFIG_FLAG = "--config"
 CONFIG_ENV = "TIDINGS_CONFIG"
 
 #: Kinds of value: how a string from the environment (or a TOML value) is read.
-Kind = Literal["str", "int", "float", "bool", "bytes", "path", "role", "level"]
+Kind = Literal["str", "int", "float", "bool", "bytes", "path", "role", "level", "origins"]
 #: Lower bound a number must keep: above zero, or at least zero.
 Bound = Literal["positive", "non-negative"]
 
@@ -145,6 +146,16 @@ class ServerConfig:
         None, "PEM certificate (chain) to serve HTTPS with; needs `tls_key`", flag=True, shown=""
     )
     tls_key: Path | None = _setting(None, "PEM private key of `tls_cert`", flag=True, shown="")
+    allowed_origins: tuple[str, ...] = _setting(
+        (),
+        "origins (`https://host[:port]`; comma-separated in a flag or variable, a list in "
+        "TOML) whose browser pages may send requests that change something, besides the "
+        "server's own: behind a proxy that rewrites `Host`, or an app of your own on "
+        "another origin (docs/security.md)",
+        kind="origins",
+        flag=True,
+        shown="",
+    )
     # store
     store: str | None = _setting(
         None,
@@ -314,7 +325,7 @@ _IMPLIED: dict[object, Kind] = {
     Role: "role",
 }
 # The annotation a named kind is stored as.
-_STORED_AS: dict[Kind, object] = {"bytes": int, "level": str}
+_STORED_AS: dict[Kind, object] = {"bytes": int, "level": str, "origins": tuple[str, ...]}
 
 
 def _row(f: dataclasses.Field[Any], annotation: object) -> Setting:
@@ -387,13 +398,19 @@ def example_toml() -> str:
             rendered = f'"{s.shown}"'
         elif isinstance(value, bool):
             rendered = "true" if value else "false"
+        elif isinstance(value, tuple):
+            rendered = "[" + ", ".join(_toml_string(v) for v in value) + "]"
         elif isinstance(value, int | float):
             rendered = repr(value)
         else:
-            rendered = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+            rendered = _toml_string(str(value))
         lines.append(f"{s.key} = {rendered}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _toml_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 _LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -431,6 +448,8 @@ def _parse(setting: Setting, value: object, source: str) -> Any:
                 raise ConfigError(f"{where} must be one of {', '.join(_LEVELS)}, got {text!r}")
             return text.lower()
         return text
+    if kind == "origins":
+        return _parse_origins(value, where)
     if kind == "bool":
         if isinstance(value, bool):
             return value
@@ -462,6 +481,27 @@ def _parse(setting: Setting, value: object, source: str) -> Any:
     if match is None or match.group(2).lower() not in _UNITS:
         raise ConfigError(f"{where} must be a size like 67108864, 64MiB or 1GB, got {value!r}")
     return int(match.group(1)) * _UNITS[match.group(2).lower()]
+
+
+def _parse_origins(value: object, where: str) -> tuple[str, ...]:
+    """A list of origins: a TOML array, or one string of them separated by commas."""
+    if isinstance(value, str):
+        items: list[object] = [part for part in value.split(",") if part.strip()]
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        raise ConfigError(f"{where} must be a list of origins, got {value!r}")
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ConfigError(f"{where} must be a list of origins, got {item!r} in it")
+        try:
+            origin = normalize_origin(item)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if origin not in out:
+            out.append(origin)
+    return tuple(out)
 
 
 def _check(cfg: ServerConfig) -> None:

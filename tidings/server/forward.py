@@ -6,6 +6,8 @@ all the same, so a load balancer may send any request to any of them: they pass 
 to the leader's advertised URL as it came (method, path, query, body, and the
 ``Authorization`` header, which the leader checks), and pass its answer back. Only
 ``/healthz``, ``/readyz`` and ``/metrics`` are answered here, about this instance.
+A browser's cross-site write is refused here, as the leader would refuse it
+(:mod:`tidings.server.origin`), before anything is forwarded.
 
 Where no leader is known or it cannot be reached (a takeover under way), the answer is
 a retriable 503 ``ServiceUnavailable`` with ``Retry-After: 1``: the clients retry, and
@@ -21,13 +23,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import httpx
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from tidings.errors import PayloadTooLarge, ServerError, ServiceUnavailable, TidingsError
+from tidings.server.origin import SAFE_METHODS, allowed_set, check_origin
 
 __all__ = ["Forwarder"]
 
@@ -48,6 +51,9 @@ _HOP = frozenset(
         b"content-length",
     }
 )
+#: What is not passed on to the leader: the hop's headers, and ``Origin``, which this
+#: instance has checked already (:meth:`Forwarder._check_origin` says why).
+_NOT_PASSED = _HOP | {b"origin"}
 #: Failures of the hop to the leader before the request left: it cannot have taken
 #: effect, so the answer is a retriable 503. Any other failure may come after the leader
 #: received the request (a read timeout, a connection closed while it answered).
@@ -64,7 +70,8 @@ class Forwarder:
 
     ``max_body`` bounds a forwarded body as the server's own limit would (413).
     ``timeout`` bounds the wait for the leader's answer; it must exceed the longest
-    long-poll the leader allows.
+    long-poll the leader allows. ``allowed_origins`` is the ``allowed_origins``
+    setting: the origins whose pages may send writes besides this instance's own.
     """
 
     def __init__(
@@ -75,8 +82,10 @@ class Forwarder:
         max_body: int,
         timeout: float,
         verify: bool | str = True,
+        allowed_origins: Iterable[str] = (),
     ) -> None:
         self._leader = leader
+        self._allowed = allowed_set(allowed_origins)
         self._me = me
         self._max_body = max_body
         self._client = httpx.AsyncClient(
@@ -117,11 +126,37 @@ class Forwarder:
             await _answer(send, 200, text, b"text/plain; version=0.0.4; charset=utf-8")
             return
         try:
+            self._check_origin(scope)
             body_bytes = await self._body(receive)
             await self._forward(scope, body_bytes, send)
         except TidingsError as exc:
             headers = [(b"retry-after", b"1")] if exc.status == 503 else []
             await _answer(send, exc.status, orjson.dumps(exc.to_json()), extra=headers)
+
+    def _check_origin(self, scope: Scope) -> None:
+        """Refuse a browser's write from another origin, as the leader would.
+
+        The check compares ``Origin`` with the ``Host`` the browser addressed, and only
+        this instance sees that one: the hop to the leader carries the leader's own
+        ``Host`` (httpx sets it), so the leader, given the ``Origin``, would refuse
+        every browser write sent through a standby, the console's own included. So the
+        decision is made here, with the same rule and this instance's
+        ``allowed_origins``, and ``Origin`` is not passed on: what reaches the leader is
+        a request already judged, which it serves like any client's that carries no
+        ``Origin``. Passing the ``Host`` on instead (as ``X-Forwarded-Host``) would make
+        the leader trust a header that any client sending to it directly may set.
+        """
+        if scope["method"] in SAFE_METHODS:
+            return
+        origin: str | None = None
+        host: str | None = None
+        for key, value in scope["headers"]:
+            if key == b"origin":
+                origin = value.decode("latin-1")
+            elif key == b"host":
+                host = value.decode("latin-1")
+        if origin is not None:
+            check_origin(origin, host, self._allowed)
 
     async def _body(self, receive: Receive) -> bytes:
         chunks: list[bytes] = []
@@ -149,7 +184,7 @@ class Forwarder:
         url = leader.rstrip("/") + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
         if query:
             url += "?" + query.decode("latin-1")
-        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP]
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _NOT_PASSED]
         request = self._client.build_request(scope["method"], url, headers=headers, content=body)
         try:
             response = await self._client.send(request, stream=True)

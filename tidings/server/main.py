@@ -375,6 +375,7 @@ def _forwarder(config: ServerConfig, lease: LeaderLease) -> Forwarder:
         max_body=config.max_body_bytes,
         timeout=config.max_wait_ms / 1000 + 30,
         verify=str(config.tls_cert) if config.tls_cert is not None else True,
+        allowed_origins=config.allowed_origins,
     )
 
 
