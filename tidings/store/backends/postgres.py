@@ -287,6 +287,9 @@ class _WriteView(_View):
 
     def delete_range(self, table: str, start: bytes, stop: bytes, limit: int | None = None) -> int:
         self._flush()
+        # Deleted in SQL: a function that raises after it must be able to take it
+        # back, even where it had buffered nothing of its own before.
+        self._hold_savepoint()
         self._known.pop(table, None)  # deleted in SQL, not through the buffers
         if limit is None:
             cur = self._conn.execute(
@@ -390,13 +393,18 @@ class _WriteView(_View):
         self.flushed = True
         self.finish()
         if self._mine:
-            if not self._savepoint:
-                self._conn.execute("SAVEPOINT fn")
-                self._savepoint = True
+            self._hold_savepoint()
             _write(self._conn, self._mine, self.open(_probes(self._mine)))
             # Flushed: still this function's writes (undone by the savepoint), but
             # nothing to write again at its end.
             self._mine = _Changes()
+
+    def _hold_savepoint(self) -> None:
+        # Before the function's first write in SQL (the transaction begun): what it
+        # writes there from now on is undone by rolling back to it.
+        if not self._savepoint:
+            self._conn.execute("SAVEPOINT fn")
+            self._savepoint = True
 
 
 def _remember(
