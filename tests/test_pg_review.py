@@ -46,3 +46,46 @@ def test_a_range_delete_after_a_scan_of_a_function_that_raises_is_undone(store: 
     with pytest.raises(Boom):
         store.submit(failing).result()
     assert store.scan_list(M, b"", END) == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]
+
+
+# --- the PostgreSQL store only -------------------------------------------------------
+
+
+def _terminate_sessions(postgres_url: str, database_url: str) -> int:
+    """Cut every session of ``database_url``'s database, as a restart of PostgreSQL
+    does; how many were cut."""
+    import psycopg
+
+    database = database_url.rsplit("/", 1)[1]
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()",
+            (database,),
+        ).fetchall()
+    return len(rows)
+
+
+def test_reads_go_on_after_the_sessions_were_cut(postgres_url: str) -> None:
+    # PostgreSQL restarted (or a proxy dropped idle connections): the pooled
+    # connections are dead, but nothing says so until they are used. A read that
+    # has sent nothing but its BEGIN may take another connection.
+    pytest.importorskip("psycopg")
+    from contextlib import ExitStack
+
+    from tests.conftest import fresh_database
+    from tidings.store.backends.postgres import PostgresStore
+
+    url = fresh_database(postgres_url)
+    store = PostgresStore(url, readers=4)
+    try:
+        store.apply(lambda view: view.put(M, b"k", b"v"))
+        with ExitStack() as stack:  # several pooled connections, all idle afterwards
+            for _ in range(4):
+                stack.enter_context(store.read())
+        assert _terminate_sessions(postgres_url, url) >= 4
+        for _ in range(6):
+            assert store.get(M, b"k") == b"v"
+            assert store.scan_list(M, b"", END) == [(b"k", b"v")]
+    finally:
+        store.close()

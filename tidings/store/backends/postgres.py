@@ -642,14 +642,40 @@ class PostgresStore(Store):
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[ReadView]:
-        with self._pool.connection() as conn:
-            # The snapshot is taken at the first statement, not at BEGIN: take it now,
-            # so the view shows the store as of read(), as the interface promises.
-            conn.execute(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1")
+        conn = self._snapshot()
+        try:
+            yield _View(conn)
+        finally:
             try:
-                yield _View(conn)
-            finally:
                 _rollback(conn)  # read only: nothing to keep
+            finally:
+                self._pool.putconn(conn)
+
+    def _snapshot(self) -> psycopg.Connection[Any]:
+        """A pooled connection inside a new read-only snapshot.
+
+        A pooled connection may have died while idle (PostgreSQL restarted, an idle
+        session was cut): nothing says so until it is used. Where its ``BEGIN`` finds
+        it broken, nothing was read yet, so the read takes another connection (the
+        pool drops the dead one) instead of failing: every idle connection of the
+        pool may be dead at once."""
+        for attempt in range(self._pool.max_size + 1):
+            conn = self._pool.getconn()
+            try:
+                # The snapshot is taken at the first statement, not at BEGIN: take it
+                # now, so the view shows the store as of read(), as the interface
+                # promises.
+                conn.execute(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1")
+            except psycopg.OperationalError:
+                self._pool.putconn(conn)
+                if not conn.broken or attempt == self._pool.max_size:
+                    raise
+                continue
+            except BaseException:
+                self._pool.putconn(conn)
+                raise
+            return conn
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     def read(self) -> contextlib.AbstractContextManager[ReadView]:
         return self._reading()
