@@ -54,6 +54,9 @@ _HOP = frozenset(
 #: What is not passed on to the leader: the hop's headers, and ``Origin``, which this
 #: instance has checked already (:meth:`Forwarder._check_origin` says why).
 _NOT_PASSED = _HOP | {b"origin"}
+#: The leader's answer headers not passed back: the hop's own, and ``Date``, which this
+#: instance's HTTP server sets on every answer (a second one is a malformed answer).
+_NOT_PASSED_BACK = _HOP | {b"date"}
 #: Failures of the hop to the leader before the request left: it cannot have taken
 #: effect, so the answer is a retriable 503. Any other failure may come after the leader
 #: received the request (a read timeout, a connection closed while it answered).
@@ -211,8 +214,14 @@ class Forwarder:
             )
             await _answer(send, _ANSWER_LOST, orjson.dumps(error.to_json()))
             return
-        out = [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP]
-        out.append((b"content-length", str(len(content)).encode()))
+        if scope["method"] == "HEAD":
+            # No body, but the length the leader would send for a GET (RFC 9110,
+            # 9.3.2), as the leader itself answers.
+            length = response.headers.get("content-length", str(len(content))).encode()
+        else:
+            length = str(len(content)).encode()
+        out = [(k, v) for k, v in response.headers.raw if k.lower() not in _NOT_PASSED_BACK]
+        out.append((b"content-length", length))
         await send({"type": "http.response.start", "status": response.status_code, "headers": out})
         await send({"type": "http.response.body", "body": content})
 
