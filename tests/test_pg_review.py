@@ -89,3 +89,41 @@ def test_reads_go_on_after_the_sessions_were_cut(postgres_url: str) -> None:
             assert store.scan_list(M, b"", END) == [(b"k", b"v")]
     finally:
         store.close()
+
+
+def test_a_holder_whose_renewal_hangs_is_told_within_the_lease(postgres_url: str) -> None:
+    # The renewal neither answers nor fails (here: waiting for a row lock; in
+    # production: PostgreSQL cut off without a reset). By the holder's own clock the
+    # lease has passed: it must be told, not go on believing it leads.
+    pytest.importorskip("psycopg")
+    import threading
+    import time
+
+    import psycopg
+
+    from tests.conftest import fresh_database
+    from tidings.cluster.lease import LeaderLease
+
+    url = fresh_database(postgres_url)
+    lost: list[str] = []
+    told = threading.Event()
+
+    def on_lost(why: str) -> None:
+        lost.append(why)
+        told.set()
+
+    lease = LeaderLease(
+        url, instance_id="a", advertise_url="http://a", seconds=0.6, on_lost=on_lost
+    )
+    lease.prepare()
+    lease.acquire(wait=False)
+    lease.start_renewing()
+    with psycopg.connect(url) as blocker:
+        blocker.execute("SELECT 1 FROM tidings_leases FOR UPDATE")  # held until the end
+        began = time.monotonic()
+        assert told.wait(5), "the holder was never told its lease had passed"
+        assert time.monotonic() - began < 0.6 + 0.5
+        blocker.rollback()
+    assert lost == ["the leader lease could not be renewed in time"]
+    assert not lease.held
+    lease.release()

@@ -5,15 +5,20 @@ real PostgreSQL)."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import fresh_database
-from tests.e2e.serverproc import ServerProcess, readiness
+from tests.conftest import PgTestCluster, fresh_database
+from tests.e2e.serverproc import ServerProcess, readiness, wait_leading
+from tidings import Client, RetryPolicy
+from tidings.errors import TidingsError
 
 pytestmark = pytest.mark.e2e
 
@@ -63,3 +68,118 @@ def test_the_standby_sends_one_date_header(pair: tuple[ServerProcess, ServerProc
         for method, path in (("GET", TOPICS), ("PUT", TOPICS + "/date-t"), ("GET", "/nope")):
             answer = http.request(method, standby.url + path, json={} if method == "PUT" else None)
             assert len(answer.headers.get_list("date")) == 1, (method, path, answer.headers)
+
+
+class FreezingProxy:
+    """A TCP proxy to PostgreSQL on 127.0.0.1 that can go silent: once frozen, it
+    passes no byte either way and closes nothing, as a network partition looks from
+    both ends (no reset, no timeout before TCP's own, many minutes later)."""
+
+    def __init__(self, port: int) -> None:
+        import socket
+        import threading
+
+        self._upstream = port
+        self.frozen = threading.Event()
+        self._closed = threading.Event()
+        self._socks: list[socket.socket] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            self._socks.append(client)
+            if self.frozen.is_set():
+                continue  # a connection that never gets an answer
+            upstream = socket.create_connection(("127.0.0.1", self._upstream))
+            self._socks.append(upstream)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: object, dst: object) -> None:
+        import socket
+
+        assert isinstance(src, socket.socket) and isinstance(dst, socket.socket)
+        while not self._closed.is_set():
+            try:
+                data = src.recv(65536)
+            except OSError:
+                return
+            while self.frozen.is_set() and not self._closed.is_set():
+                self._closed.wait(0.05)  # hold what came: nothing passes
+            if not data or self._closed.is_set():
+                return
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+        for sock in self._socks:
+            sock.close()
+
+
+def test_a_leader_cut_off_from_postgresql_stops_within_the_lease(
+    postgres_cluster: PgTestCluster, tmp_path: Path
+) -> None:
+    # Its renewal hangs, it does not fail: the leader must still judge by its own
+    # clock that its lease has passed, and stop, while another instance takes over.
+    url = fresh_database(postgres_cluster.url)
+    proxy = FreezingProxy(postgres_cluster.port)
+    via_proxy = url.replace(f":{postgres_cluster.port}/", f":{proxy.port}/")
+    # In-flight requests get a second once it stops (the default is 30).
+    a = ServerProcess(
+        tmp_path / "a",
+        ["--store", via_proxy, "--lease-seconds", str(LEASE)],
+        {"TIDINGS_SHUTDOWN_TIMEOUT": "1"},
+    )
+    b = ServerProcess(tmp_path / "b", ["--store", url, "--lease-seconds", str(LEASE)])
+    try:
+        a.start()
+        b.start()
+        assert readiness(a) == "ready"
+        with Client(a.url) as client:
+            client.create_topic("t")
+            client.publish("t", [b"before"])
+        proxy.frozen.set()
+        cut = time.monotonic()
+        late: list[object] = []
+
+        def publish_late() -> None:
+            # Its write waits for PostgreSQL's answer, which never comes.
+            try:
+                with Client(a.url, timeout=60.0, retry=RetryPolicy(attempts=1)) as late_client:
+                    late_client.publish("t", [b"late"])
+                late.append("acknowledged")
+            except TidingsError as exc:
+                late.append(exc)
+
+        thread = threading.Thread(target=publish_late)
+        thread.start()
+        wait_leading(b, 20.0)
+        assert a.proc is not None
+        try:
+            code = a.proc.wait(LEASE + 20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the cut-off leader still runs {time.monotonic() - cut:.0f} s later")
+        assert code == 3, a.log()
+        assert "lost the leader lease" in a.log()
+        thread.join(10)
+        assert late and late[0] != "acknowledged", "the cut-off leader acknowledged a write"
+        with Client(b.url) as client:
+            client.publish("t", [b"after"])
+            assert [m.payload for m in client.poll("t")] == [b"before", b"after"]
+    finally:
+        a.kill()
+        b.kill()
+        proxy.close()

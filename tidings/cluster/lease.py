@@ -21,6 +21,7 @@ lease by its own monotonic clock gives up (fail-stop: the server exits).
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import threading
@@ -306,25 +307,30 @@ class LeaderLease:
         return "another instance" if row is None else f"{row[0]} (epoch {row[1]})"
 
     def _renew_loop(self) -> None:
-        conn: psycopg.Connection[Any] | None = None
+        conn: list[psycopg.Connection[Any] | None] = [None]
         every = self.seconds / 3
         try:
             while not self._stop.wait(every):
-                try:
-                    if conn is None or conn.closed or conn.broken:
-                        conn = self._connect()
-                    conn.execute(_SEEN, (self.instance_id, self.advertise_url))
-                    row = conn.execute(
-                        _RENEW,
-                        {
-                            "name": LEADER,
-                            "holder": self.instance_id,
-                            "epoch": self.epoch,
-                            "lease": self.seconds,
-                        },
-                    ).fetchone()
-                except psycopg.Error as exc:
-                    _log.warning(f"cannot renew the leader lease: {exc}")
+                sent = time.monotonic()
+                # The wait for an answer is bounded by what is left of the lease (at
+                # least a renewal period, for a holder that was paused past it and must
+                # still learn whether another instance took over): a renewal that hangs
+                # (PostgreSQL cut off without a reset, a lock) must not keep a holder
+                # believing it leads after the database has let the lease pass.
+                wait = max(self._renewed + self.seconds - sent, every)
+                done, row, error = _bounded(
+                    functools.partial(self._renew_once, conn),
+                    wait,
+                    on_late=functools.partial(_close, conn),
+                )
+                if not done:
+                    # Still in use by the renewal left hanging, which closes it if it
+                    # ever ends (closing it here, under the call, is not safe).
+                    conn = [None]
+                    self._lose("the leader lease could not be renewed in time")
+                    return
+                if error is not None:
+                    _log.warning(f"cannot renew the leader lease: {error}")
                     if time.monotonic() - self._renewed >= self.seconds:
                         self._lose("the leader lease could not be renewed in time")
                         return
@@ -332,10 +338,28 @@ class LeaderLease:
                 if row is None:
                     self._lose("another instance took the leader lease")
                     return
-                self._renewed = time.monotonic()
+                # From when it was sent: the database counts the lease from then on.
+                self._renewed = sent
         finally:
-            if conn is not None:
-                conn.close()
+            if conn[0] is not None:
+                conn[0].close()
+
+    def _renew_once(self, conn: list[psycopg.Connection[Any] | None]) -> object:
+        """One renewal over ``conn[0]`` (opened again where it broke): the row the
+        renewal returned, None where the lease is no longer this instance's."""
+        current = conn[0]
+        if current is None or current.closed or current.broken:
+            current = conn[0] = self._connect()
+        current.execute(_SEEN, (self.instance_id, self.advertise_url))
+        return current.execute(
+            _RENEW,
+            {
+                "name": LEADER,
+                "holder": self.instance_id,
+                "epoch": self.epoch,
+                "lease": self.seconds,
+            },
+        ).fetchone()
 
     def _lose(self, why: str) -> None:
         self._lost = True
@@ -345,6 +369,42 @@ class LeaderLease:
         )
         if self.on_lost is not None:
             self.on_lost(why)
+
+
+def _close(conn: list[psycopg.Connection[Any] | None]) -> None:
+    if conn[0] is not None:
+        conn[0].close()
+
+
+def _bounded(
+    call: Callable[[], object], timeout: float, *, on_late: Callable[[], None]
+) -> tuple[bool, object, Exception | None]:
+    """``call()`` in a thread of its own, waited for at most ``timeout`` seconds:
+    (finished, its result, the error it raised). An unfinished call is left to itself
+    (a daemon thread: what it waits for may never come), and ``on_late()`` (which may
+    run twice) is called once it ends after all."""
+    outcome: list[tuple[object, Exception | None]] = []
+    finished = threading.Event()
+    abandoned = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append((call(), None))
+        except Exception as exc:
+            outcome.append((None, exc))
+        finally:
+            finished.set()
+            if abandoned.is_set():
+                on_late()
+
+    threading.Thread(target=run, name="tidings-lease-renewal", daemon=True).start()
+    if not finished.wait(timeout):
+        abandoned.set()
+        if finished.is_set():  # it ended just now, perhaps before seeing abandoned
+            on_late()
+        return False, None, None
+    result, error = outcome[0]
+    return True, result, error
 
 
 def read_view(conn: psycopg.Connection[Any], window: float) -> ClusterView:

@@ -10,9 +10,12 @@ the transaction service then refuses to start until one with both has recovered.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -172,6 +175,15 @@ class Services:
         # restarts it, and it stands by).
         self.lease_lost = why
         self.serving = False
+        # The stop waits for in-flight requests and then for the store's writer, which
+        # may be waiting for an answer PostgreSQL will never send (the network to it
+        # cut without a reset): past the time a stop allows, exit without closing.
+        # Nothing is lost: acknowledged means committed, and the database refuses
+        # every write of this instance from now on.
+        limit = self.config.shutdown_timeout + self.config.lease_seconds
+        timer = threading.Timer(limit, _exit_lease_lost, args=(why, limit))
+        timer.daemon = True
+        timer.start()
         os.kill(os.getpid(), signal.SIGTERM)
 
     @property
@@ -208,6 +220,21 @@ class Services:
             self.lease = None
         if errors:
             raise errors[0]
+
+
+def _exit_lease_lost(why: str, after: float) -> None:
+    """End the process with the lost lease's exit code (3) at once, its stop having
+    taken ``after`` seconds without finishing."""
+    log.error(
+        f"stopped without closing: lost the leader lease ({why}), and the stop did not "
+        f"finish within {after:g} s",
+        extra={"event": "stop", "reason": "lease_lost"},
+    )
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    sys.stdout.flush()
+    os._exit(3)
 
 
 def _open_store(config: ServerConfig) -> Store:
