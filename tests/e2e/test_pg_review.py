@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -183,3 +184,35 @@ def test_a_leader_cut_off_from_postgresql_stops_within_the_lease(
         a.kill()
         b.kill()
         proxy.close()
+
+
+def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """``tidings serve`` that is expected to stop at once (a timeout otherwise)."""
+    from tests.e2e.serverproc import free_port
+
+    return subprocess.run(
+        [sys.executable, "-m", "tidings", "serve", "--host", "127.0.0.1",
+         "--port", str(free_port()), "--data-dir", str(tmp_path / "data"), *args],
+        capture_output=True,
+        timeout=30,
+    )  # fmt: skip
+
+
+def test_a_store_url_that_is_not_postgresql_is_a_bad_configuration(tmp_path: Path) -> None:
+    done = _serve(tmp_path, "--store", "mysql://nope")
+    assert done.returncode == 2, done  # docs/operations.md: 2 for a bad configuration
+    assert done.stdout.decode().strip().splitlines() == [
+        "Error: cannot start: store must be a postgresql:// URL, got 'mysql://nope'"
+    ]
+    assert b"Traceback" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("role", ["messaging", "transactions"])
+def test_a_postgresql_store_refuses_a_role_other_than_all(
+    tmp_path: Path, postgres_url: str, role: str
+) -> None:
+    # A transactions-only process started, its log in data_dir: the store unused.
+    done = _serve(tmp_path, "--role", role, "--store", fresh_database(postgres_url))
+    assert done.returncode == 2, done
+    assert "needs role `all`" in done.stdout.decode()
+    assert not (tmp_path / "data" / "tx").exists()

@@ -126,9 +126,11 @@ def run(config: ServerConfig) -> int:
     lease: LeaderLease | None = None
     services: Services | None = None
     try:
-        if config.store is not None and config.runs_messaging:
+        if config.store is not None:
             # Several instances may share the database: lead now if nobody does, else
             # stand by (forwarding every request to the leader) until the lease passes.
+            # (Refused for a role other than `all`: a transactions-only process would
+            # otherwise keep its log in data_dir, the store unused.)
             lease = Services.new_lease(config)
         if lease is None or lease.take():
             services = Services.open(config, lease)
@@ -143,7 +145,7 @@ def run(config: ServerConfig) -> int:
             extra={"event": "error", **about},
         )
         _tell(f"cannot start: {reason}")
-        return 1
+        return 2 if isinstance(exc, ConfigError) else 1  # a bad setting (a store URL)
     bind_errors = _LastError()
     logging.getLogger("uvicorn.error").addHandler(bind_errors)
     holder = _Holder(services, lease)
