@@ -127,3 +127,14 @@ def test_a_holder_whose_renewal_hangs_is_told_within_the_lease(postgres_url: str
     assert lost == ["the leader lease could not be renewed in time"]
     assert not lease.held
     lease.release()
+
+
+@pytest.mark.parametrize("limit", [0, -1])
+def test_a_range_delete_of_no_more_than_nothing_deletes_nothing(store: Store, limit: int) -> None:
+    _fill(store)
+    assert store.apply(lambda view: view.delete_range(M, b"", END, limit)) == 0
+    assert store.apply(
+        lambda view: [view.put(M, b"d", b"4"), view.delete_range(M, b"", END, limit)]
+    ) == [None, 0]
+    assert [k for k, _ in store.scan_list(M, b"", END)] == [b"a", b"b", b"c", b"d"]
+    assert store.scan_list(M, b"", END, limit) == []

@@ -286,6 +286,8 @@ class _WriteView(_View):
         return existed
 
     def delete_range(self, table: str, start: bytes, stop: bytes, limit: int | None = None) -> int:
+        if limit is not None and limit <= 0:
+            return 0  # as LMDB (PostgreSQL refuses a negative LIMIT)
         self._flush()
         # Deleted in SQL: a function that raises after it must be able to take it
         # back, even where it had buffered nothing of its own before.
