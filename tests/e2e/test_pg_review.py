@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
 from tests.conftest import PgTestCluster, fresh_database
@@ -216,3 +217,70 @@ def test_a_postgresql_store_refuses_a_role_other_than_all(
     assert done.returncode == 2, done
     assert "needs role `all`" in done.stdout.decode()
     assert not (tmp_path / "data" / "tx").exists()
+
+
+def _cut_sessions(url: str) -> int:
+    """Cut every session of ``url``'s database but this one, as a restart of
+    PostgreSQL would; how many were cut."""
+    database = url.rsplit("/", 1)[1]
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()",
+            (database,),
+        ).fetchall()
+    return len(rows)
+
+
+def test_a_leader_whose_transaction_log_failed_hands_over(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    # A write of the transaction log failed (its connection was cut: a restart of
+    # PostgreSQL does that). The log then refuses every call until it is recovered from
+    # the database; the leader must not go on leading with it (and saying it is ready).
+    url = fresh_database(postgres_url)
+    args = ["--store", url, "--lease-seconds", "5"]
+    a = ServerProcess(tmp_path / "a", args)
+    b = ServerProcess(tmp_path / "b", args)
+    try:
+        a.start()
+        b.start()
+        with Client(b.url) as client:
+            client.create_topic("t")
+            with client.transaction() as tx:
+                tx.publish("t", [b"before"])
+        once = RetryPolicy(attempts=1)
+        failed = False
+        for _ in range(5):  # a write of the server's own may meet the cut first
+            assert _cut_sessions(url) >= 1
+            try:
+                with Client(b.url, retry=once) as client, client.transaction() as tx:
+                    tx.publish("t", [b"cut"])
+            except TidingsError:
+                failed = True
+                break
+        assert failed, "no transaction call met the cut connection"
+        # A transaction whose outcome is unknown is not retried by the client: try
+        # new ones until the transaction service answers again (another instance
+        # recovered it from the database).
+        deadline = time.monotonic() + 30
+        errors: list[TidingsError] = []
+        with Client(b.url, timeout=10.0) as client:
+            while True:
+                try:
+                    with client.transaction() as tx:
+                        tx.publish("t", [b"after"])
+                    break
+                except TidingsError as exc:
+                    errors.append(exc)
+                    assert time.monotonic() < deadline, f"transactions still fail: {errors[-3:]}"
+                    time.sleep(0.2)
+            payloads = [m.payload for m in client.poll("t")]
+        assert payloads[0] == b"before" and payloads[-1] == b"after"
+        assert a.proc is not None
+        assert a.proc.wait(20) == 1, a.log()
+        assert "the transaction log stopped after a failed write" in a.log()
+        assert readiness(b) == "ready"
+    finally:
+        a.kill()
+        b.kill()

@@ -179,6 +179,13 @@ def run(config: ServerConfig) -> int:
             extra={"event": "stop", "reason": "lease_lost", **about},
         )
         return 3
+    if services is not None and services.log_failed is not None:
+        log.error(
+            f"stopped: {services.log_failed}",
+            extra={"event": "stop", "reason": "log_failed", **about},
+        )
+        _tell(f"stopped: {services.log_failed}")
+        return 1
     reason = signal.Signals(received).name if received is not None else "exit"
     log.info("stopped", extra={"event": "stop", "reason": reason, **about})
     return 0

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from tidings.consumers import GroupCoordinator, QueueCoordinator
-from tidings.errors import ConfigError, ServiceUnavailable
+from tidings.errors import ConfigError, LeaseLost, ServiceUnavailable
 from tidings.messaging import MessagingConfig, MessagingService
 from tidings.server.config import ServerConfig
 from tidings.server.pruner import InvalidListPruner
@@ -57,9 +57,13 @@ class Services:
     lease: LeaderLease | None = None
     #: Why the lease was lost (the server then shuts down and exits non-zero).
     lease_lost: str | None = None
+    #: With a PostgreSQL store: why the transaction log stopped (the server then
+    #: shuts down, letting the lease pass, and exits non-zero).
+    log_failed: str | None = None
     #: Runs the calls that block (transaction service, topic admin, stats).
     executor: ThreadPoolExecutor = field(init=False)
     serving: bool = False
+    _stopping: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.executor = ThreadPoolExecutor(
@@ -105,6 +109,8 @@ class Services:
                     # in the store write of its messages (TransactionManager.commit_in_write).
                     message_store=services.store if services.lease is None else None,
                 )
+                if services.lease is not None:
+                    services.tx.on_log_failed(services._log_failed)
                 services.tx.start()
             if services.messaging is not None and services.tx is not None:
                 # Nothing is published under a transaction that has ended, which is
@@ -169,19 +175,42 @@ class Services:
         )
         return lease
 
+    def _log_failed(self, error: BaseException) -> None:
+        # A write of the transaction log failed (PostgreSQL restarted under it, say):
+        # whether it committed is unknown, so the log refuses every later call until
+        # it is recovered from the database (fail-stop). With a file log that is the
+        # next start; here the instance must not go on leading with a dead
+        # transaction service (and say it is ready): it stops, the lease passes at
+        # once, and an instance (another, or this one restarted) recovers the log.
+        if isinstance(error, LeaseLost):
+            return  # the lease is lost: that stop is the lease's (exit code 3)
+        why = f"the transaction log stopped after a failed write: {error}"
+        log.error(
+            f"{why}; stopping so that the transaction state is recovered from the database",
+            extra={"event": "error"},
+        )
+        self.log_failed = why
+        self._stop_at_once(why)
+
     def _lease_lost(self, why: str) -> None:
         # Fail-stop: every write is refused by the store from now on anyway; stop
         # answering as if this instance could still serve, and exit (a supervisor
         # restarts it, and it stands by).
         self.lease_lost = why
+        self._stop_at_once(why)
+
+    def _stop_at_once(self, why: str) -> None:
+        if self._stopping:
+            return  # once: the lease's loss and the log's failure may both come
+        self._stopping = True
         self.serving = False
         # The stop waits for in-flight requests and then for the store's writer, which
         # may be waiting for an answer PostgreSQL will never send (the network to it
         # cut without a reset): past the time a stop allows, exit without closing.
-        # Nothing is lost: acknowledged means committed, and the database refuses
-        # every write of this instance from now on.
+        # Nothing acknowledged is lost: acknowledged means committed.
         limit = self.config.shutdown_timeout + self.config.lease_seconds
-        timer = threading.Timer(limit, _exit_lease_lost, args=(why, limit))
+        code = 3 if self.lease_lost is not None else 1
+        timer = threading.Timer(limit, _exit_unclosed, args=(why, limit, code))
         timer.daemon = True
         timer.start()
         os.kill(os.getpid(), signal.SIGTERM)
@@ -222,13 +251,12 @@ class Services:
             raise errors[0]
 
 
-def _exit_lease_lost(why: str, after: float) -> None:
-    """End the process with the lost lease's exit code (3) at once, its stop having
-    taken ``after`` seconds without finishing."""
+def _exit_unclosed(why: str, after: float, code: int) -> None:
+    """End the process with ``code`` at once, the stop ``why`` having taken ``after``
+    seconds without finishing."""
     log.error(
-        f"stopped without closing: lost the leader lease ({why}), and the stop did not "
-        f"finish within {after:g} s",
-        extra={"event": "stop", "reason": "lease_lost"},
+        f"stopped without closing ({why}): the stop did not finish within {after:g} s",
+        extra={"event": "stop", "reason": "lease_lost" if code == 3 else "error"},
     )
     for handler in logging.getLogger().handlers:
         with contextlib.suppress(Exception):

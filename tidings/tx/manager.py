@@ -170,6 +170,7 @@ class TransactionManager:
         self._visible_seq = 0
         self._synced_seq = 0
         self._listeners: list[Callable[[], None]] = []
+        self._on_log_failed: Callable[[BaseException], None] | None = None
         # For begins answered before their record is durable (see the module doc), all
         # under the lock: commits and aborts whose records may not be on disk yet as
         # (log sequence, write pointer), Reserve records likewise as (sequence, upto),
@@ -204,6 +205,7 @@ class TransactionManager:
                 stored = StoreTxStorage(self.store, history_size=self.config.history_size)
                 self._state = stored.open()
                 self._storage, self._wal = stored, stored.wal
+                stored.wal.on_failed = self._on_log_failed
             self._started = True
         self._thread = threading.Thread(
             target=self._maintain, name="tidings-tx-maintenance", daemon=True
@@ -515,6 +517,16 @@ class TransactionManager:
         wal.sync(seq)
         self._note_synced(seq)
         return tx
+
+    def on_log_failed(self, fn: Callable[[BaseException], None] | None) -> None:
+        """With the log kept in ``store``: call ``fn(error)`` once when the log stops
+        after a failed write (fail-stop: every later call fails until the manager is
+        started again from what the store holds). Call before :meth:`start`.
+
+        It runs on the thread that saw the failure (the store's writer, or a request's
+        worker): it must not block. Its exceptions are logged and ignored.
+        """
+        self._on_log_failed = fn
 
     def add_listener(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` after every durable change that ends transactions or changes

@@ -33,6 +33,7 @@ import logging
 import struct
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
 
@@ -81,6 +82,9 @@ class StoreLog:
         self._closed = False
         self._waiters: list[tuple[int, int, Future[None]]] = []
         self._tickets = itertools.count()
+        #: Called once, with the error, when the log stops after a failed write (from
+        #: the thread that saw the failure; it must not block).
+        self.on_failed: Callable[[BaseException], None] | None = None
 
     @property
     def durable(self) -> int:
@@ -195,10 +199,12 @@ class StoreLog:
     def _advance(self, seq: int, exc: BaseException | None) -> None:
         # A write holding the records up to ``seq`` committed (or failed: ``exc``).
         ready: list[tuple[int, Future[None]]] = []
+        first_failure = False
         with self._cond:
             if exc is not None:
                 if self._failed is None:
                     log.error("transaction log write failed; refusing further changes: %s", exc)
+                    first_failure = True
                 self._failed = exc
                 ready = [(s, f) for s, _, f in self._waiters]
                 self._waiters.clear()
@@ -216,6 +222,11 @@ class StoreLog:
                 waiter.set_result(None)
             else:
                 waiter.set_exception(LogFailed(f"transaction log write failed: {exc}"))
+        if first_failure and exc is not None and self.on_failed is not None:
+            try:
+                self.on_failed(exc)
+            except Exception:
+                log.exception("the transaction log's failure handler failed")
 
 
 class StoreTxStorage:
