@@ -138,3 +138,22 @@ def test_a_range_delete_of_no_more_than_nothing_deletes_nothing(store: Store, li
     ) == [None, 0]
     assert [k for k, _ in store.scan_list(M, b"", END)] == [b"a", b"b", b"c", b"d"]
     assert store.scan_list(M, b"", END, limit) == []
+
+
+@pytest.mark.parametrize(
+    ("host", "advertised"),
+    [("127.0.0.1", "http://127.0.0.1:8470"), ("::1", "http://[::1]:8470")],
+)
+def test_the_default_advertised_url_is_a_url(postgres_url: str, host: str, advertised: str) -> None:
+    # Nothing listens: the lease is only made (its tables created), not taken.
+    pytest.importorskip("psycopg")
+    import httpx
+
+    from tests.conftest import fresh_database
+    from tidings.server.config import ServerConfig
+    from tidings.server.services import Services
+
+    config = ServerConfig(store=fresh_database(postgres_url), host=host, port=8470)
+    lease = Services.new_lease(config)
+    assert lease.advertise_url == advertised
+    assert httpx.URL(lease.advertise_url + "/v1/cluster").port == 8470  # parses

@@ -149,7 +149,7 @@ class Services:
         lease = LeaderLease(
             config.store,
             instance_id=new_instance_id(),
-            advertise_url=config.advertise_url or f"http://{config.host}:{config.port}",
+            advertise_url=config.advertise_url or _default_advertise_url(config),
             seconds=config.lease_seconds,
         )
         _unreachable(lease.prepare)
@@ -263,6 +263,15 @@ def _exit_unclosed(why: str, after: float, code: int) -> None:
             handler.flush()
     sys.stdout.flush()
     os._exit(3)
+
+
+def _default_advertise_url(config: ServerConfig) -> str:
+    """``http://HOST:PORT``, an IPv6 address in brackets (``http://::1:8470`` is no
+    URL: the other instances could not forward to it)."""
+    host = config.host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{config.port}"
 
 
 def _open_store(config: ServerConfig) -> Store:
