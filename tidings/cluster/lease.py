@@ -403,6 +403,8 @@ def _bounded(
         if finished.is_set():  # it ended just now, perhaps before seeing abandoned
             on_late()
         return False, None, None
+    if not outcome:  # ended by a BaseException, not an answer
+        return True, None, RuntimeError("the renewal was interrupted")
     result, error = outcome[0]
     return True, result, error
 
