@@ -289,23 +289,25 @@ class _WriteView(_View):
         if limit is not None and limit <= 0:
             return 0  # as LMDB (PostgreSQL refuses a negative LIMIT)
         self._flush()
-        # Deleted in SQL: a function that raises after it must be able to take it
-        # back, even where it had buffered nothing of its own before.
-        self._hold_savepoint()
         self._known.pop(table, None)  # deleted in SQL, not through the buffers
+        name = _quoted(table)
+        where = b"key >= " + _bytea(bytes(start)) + b" AND key < " + _bytea(bytes(stop))
         if limit is None:
-            cur = self._conn.execute(
-                sql.SQL("DELETE FROM {} WHERE key >= %s AND key < %s").format(_name(table)),
-                (start, stop),
-            )
+            statement = b"DELETE FROM " + name + b" WHERE " + where
         else:
-            cur = self._conn.execute(
-                sql.SQL(
-                    "DELETE FROM {0} WHERE key IN (SELECT key FROM {0} WHERE key >= %s "
-                    "AND key < %s ORDER BY key LIMIT %s)"
-                ).format(_name(table)),
-                (start, stop, limit),
-            )
+            statement = (
+                b"DELETE FROM " + name + b" WHERE key IN (SELECT key FROM " + name
+                + b" WHERE " + where + b" ORDER BY key LIMIT " + str(int(limit)).encode() + b")"
+            )  # fmt: skip
+        # Deleted in SQL: a function that raises after it must be able to take it back,
+        # even where it had buffered nothing of its own before, so the function's
+        # savepoint goes first (in the same round trip, as text).
+        if not self._savepoint:
+            statement = b"SAVEPOINT fn; " + statement
+            self._savepoint = True
+        cur = self._conn.execute(statement)
+        while cur.nextset():
+            pass
         return cur.rowcount
 
     # -- what the store's writer calls ---------------------------------------------------
