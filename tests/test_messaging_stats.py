@@ -471,3 +471,58 @@ def test_after_the_cleaner_stats_equal_what_fetch_returns(ops: list[Any]) -> Non
         assert store.scan_list("metadata", keys.TALLY_PREFIX, b"msg.tally0") == []
     finally:
         service.close()
+
+
+def ends(service: MessagingService) -> tuple[MessageId | None, MessageId | None]:
+    """Brute force: the first and the last id a non-transactional reader gets."""
+    first = last = None
+    start: MessageId | None = None
+    while page := service.fetch("ns", "t", start=start, inclusive=False, limit=10_000):
+        first = first or page[0].id
+        last = start = page[-1].id
+    return first, last
+
+
+@PROPERTY
+@given(operations)
+def test_the_oldest_and_newest_ids_are_those_fetch_returns_first_and_last(
+    ops: list[Any],
+) -> None:
+    # At every step, cleaner or not: the newest entry may be past its own expiry, or
+    # a pointer entry whose rows are past the TTL, while older messages live.
+    clock = FakeClock(NOW)
+    service = MessagingService(MemoryStore(), MessagingConfig(cleanup_batch=3), clock=clock)
+    try:
+        service.create_topic("ns", "t", {"ttl": 6})
+        model = Model()
+        for step, clean_first, op in ops:
+            clock.advance(step)
+            if clean_first:
+                service.clean_once()
+            apply(service, clock, model, op)
+            stats = service.stats("ns", "t")
+            assert (stats.oldest_id, stats.newest_id) == ends(service)
+            assert service.end("ns", "t", None).newest_id == stats.newest_id
+    finally:
+        service.close()
+
+
+def test_the_newest_id_skips_entries_past_their_own_expiry(clock: FakeClock) -> None:
+    service = MessagingService(MemoryStore(), clock=clock)
+    try:
+        service.create_topic("ns", "t", {"ttl": 100})
+        service.publish("ns", "t", [b"a", b"b"])
+        service.publish("ns", "t", [Record(b"c", ttl=1)])
+        service.publish("ns", "t", [Record(b"d", key=b"k", ttl=2), Record(b"e", ttl=1)])
+        assert service.stats("ns", "t").newest_id == MessageId(NOW, 4)
+        clock.advance(1_000)
+        assert service.stats("ns", "t").newest_id == MessageId(NOW, 3)
+        assert service.end("ns", "t", None).newest_id == MessageId(NOW, 3)
+        clock.advance(1_000)
+        assert service.end("ns", "t", None).newest_id == MessageId(NOW, 1)
+        service.clean_once()
+        assert service.end("ns", "t", None).newest_id == MessageId(NOW, 1)
+        clock.advance(100_000)
+        assert service.end("ns", "t", None).newest_id is None
+    finally:
+        service.close()

@@ -108,6 +108,32 @@ class ConsumerCursor:
             self.start, self.inclusive = end.newest_id, False
         self.latest_pending = False
 
+    def needs_stable_scan(self, end: TopicEnd, snapshot: Transaction | None) -> bool:
+        """Whether "latest" must be found by reading the topic's ids: a read-committed
+        consumer whose server cannot tell the last stable position (no transaction
+        service in its process), while a transaction is in progress in ``snapshot``
+        (taken after ``end``: any entry up to ``end.newest_id`` of a transaction still
+        open belongs to one of those). Without one, after the newest entry is right."""
+        return (
+            self.transactional
+            and not end.stable_known
+            and end.newest_id is not None
+            and snapshot is not None
+            and bool(snapshot.in_progress)
+        )
+
+    def resolve_latest_after(self, stable: MessageId | None) -> None:
+        """Start at "latest" found by reading ids with a snapshot from the oldest, a
+        read that stopped before the newest entry, at an entry of a transaction still
+        open: right after ``stable``, the last id it returned (None: none, so at the
+        oldest). So the consumer misses none of that transaction's messages when it
+        commits."""
+        if stable is None:
+            self.start, self.inclusive = None, True
+        else:
+            self.start, self.inclusive = stable, False
+        self.latest_pending = False
+
     @property
     def needs_snapshot(self) -> bool:
         """True if the next poll needs a fresh read-committed snapshot from the client."""

@@ -57,7 +57,7 @@ from tidings.structs import (
 )
 from tidings.tx.visibility import Visibility, classify
 
-__all__ = ["UNBOUNDED", "PageColumns", "fetch_messages", "retention_cutoff"]
+__all__ = ["UNBOUNDED", "PageColumns", "fetch_messages", "newest_id", "retention_cutoff"]
 
 _MESSAGES = "messages"
 _PAYLOADS = "payloads"
@@ -206,6 +206,33 @@ def fetch_messages(
         if len(out) >= limit or budget <= 0:
             break
     return out
+
+
+def newest_id(
+    view: ReadView, topic_id: int, state: TopicState, now: int, most: int
+) -> bytes | None:
+    """The 20-byte id of the newest message a non-transactional reader of the topic's
+    live generation gets, or None: the entries from the last one back, each read
+    alone, until one holds such a message (at most ``most`` ids of a pointer entry are
+    read). The last entry alone is not enough: its messages may be past their own
+    expiry, or its Payload Table rows past the TTL, while older ones are still live;
+    so a seek per such entry, until the cleaner has taken them."""
+    generation = state.generation
+    cutoff = retention_cutoff(state, now)
+    prefix, stop = keys.generation_range(topic_id, generation)
+    floor = prefix + keys.ts_seq(cutoff, 0)
+    out: list[Message | bytes] = []
+    reader = _Reader(view, topic_id, generation, cutoff, now, None, out, most, ids=True)
+    while True:
+        last = view.last_below(_MESSAGES, stop, floor)
+        if last is None:
+            return None
+        reader.entry(last[0], last[1], None, True)
+        if out:
+            found = out[-1]
+            assert isinstance(found, bytes)
+            return found
+        stop = last[0]
 
 
 def _append_avro(

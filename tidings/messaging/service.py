@@ -26,7 +26,7 @@ from tidings.codec.wire import JSON, AvroItems, Media
 from tidings.errors import BadRequest, EmptyPublish, InvalidMessageId
 from tidings.messaging import accounting, publishing
 from tidings.messaging.counters import Counters, TopicCounters
-from tidings.messaging.fetching import PageColumns, fetch_messages
+from tidings.messaging.fetching import PageColumns, fetch_messages, newest_id
 from tidings.messaging.names import parse_ttl
 from tidings.messaging.plain_pages import PlainPage
 from tidings.messaging.retention import Cleaner, CleanupReport
@@ -921,20 +921,9 @@ def _check_start(start: object) -> None:
 
 
 def _newest(view: ReadView, topic_id: int, state: TopicState, now: int) -> MessageId | None:
-    """The newest live message: the last entry's (last) message, by a seek."""
-    prefix, stop = keys.generation_range(topic_id, state.generation)
-    last = view.last_below(_MESSAGES, stop, prefix)
-    if last is None:
-        return None
-    _, _, ts, seq = keys.parse_message_key(last[0])
-    # The entry may stand for many Payload Table rows: its ids, not its payloads.
-    ids = fetch_messages(
-        view, topic_id, state, now, MessageId(ts, seq, 0, 0), True, _NEWEST_SCAN, None,
-        ids=True,
-    )  # fmt: skip
-    if not ids:
-        return None
-    return MessageId.from_bytes(cast(bytes, ids[-1]))
+    """The newest live message, by a seek (or one per entry past its own expiry)."""
+    found = newest_id(view, topic_id, state, now, _NEWEST_SCAN)
+    return None if found is None else MessageId.from_bytes(found)
 
 
 def _drop_keys(doomed: list[bytes], view: WriteView) -> None:

@@ -26,6 +26,9 @@ from tidings.structs import Message, MessageId
 
 __all__ = ["AsyncConsumer"]
 
+#: Ids per poll of the read that finds "latest" where the server cannot tell it.
+_STABLE_SCAN = 10_000
+
 
 class AsyncConsumer(AsyncIterator[Message]):
     """Iterates over a topic's messages, polling as needed (see
@@ -150,7 +153,7 @@ class AsyncConsumer(AsyncIterator[Message]):
         """The next page, read ahead or polled now; the poll after it sent ahead."""
         cursor = self._cursor
         if cursor.latest_pending:
-            cursor.resolve_latest(await self._client.end(self.topic))
+            await self._resolve_latest()
         page = await self._taken_ahead()
         outage = 0
         while page is None:
@@ -166,6 +169,42 @@ class AsyncConsumer(AsyncIterator[Message]):
         if key is not None:
             await self._send_ahead(key)  # before decoding: the server works meanwhile
         return page
+
+    async def _resolve_latest(self) -> None:
+        """Where "latest" is: the server's end of the topic, or, for a read-committed
+        consumer whose server cannot tell the last stable position while a transaction
+        is in progress, the ids read with a snapshot from the oldest up to where such a
+        read stops (before that transaction's first entry) or reaches the newest."""
+        cursor = self._cursor
+        end = await self._client.end(self.topic)
+        newest = end.newest_id
+        snapshot = None
+        if cursor.transactional and not end.stable_known and newest is not None:
+            snapshot = await self._client.snapshot()  # after the end: see the cursor
+        if newest is None or not cursor.needs_stable_scan(end, snapshot):
+            cursor.resolve_latest(end)
+            return
+        encoded = encoded_transaction(snapshot)
+        start: MessageId | None = None
+        stable: MessageId | None = None
+        while True:
+            ids = await self._client._send(
+                self._client._api.poll_ids(
+                    self.topic,
+                    start,
+                    inclusive=start is None,
+                    limit=_STABLE_SCAN,
+                    transaction=encoded,
+                    wait=0.0,
+                )
+            )
+            if not ids:
+                break
+            if ids[-1] >= newest:
+                cursor.resolve_latest(end)  # stable through the newest entry
+                return
+            stable = start = ids[-1]
+        cursor.resolve_latest_after(stable)
 
     async def _wait_out(self, error: TidingsError, outage: int) -> int:
         """A follower outlives a server restart: on a retriable error it waits (0.1 s,
