@@ -566,3 +566,22 @@ def test_encoded_batch_values_are_the_canonical_encoding(
         for p, k, h, ttl in fields
     ]
     assert batch.size == sum(len(p) for p, *_ in fields)
+
+
+def test_a_retried_idempotent_publish_is_not_counted_again(service: MessagingService) -> None:
+    # A retry writes nothing: the traffic counters (stats' messagesPublished,
+    # bytesPublished, publishRate) count the batch once, like the topic's contents.
+    producer = bytes(range(16))
+    woken: list[str] = []
+    service.add_listener(lambda ns, topic: woken.append(topic))
+    service.publish("ns", "t", [b"abc", b"de"], producer=(producer, 7))
+    service.publish("ns", "t", [b"abc", b"de"], producer=(producer, 7))
+    service.publish("ns", "t", [b"abc", b"de"], producer=(producer, 6))
+    stats = service.stats("ns", "t")
+    assert (stats.message_count, stats.bytes) == (2, 5)
+    assert (stats.messages_published, stats.bytes_published) == (2, 5)
+    assert service.counters()[("ns", "t")].publish_latency.count == 1
+    assert woken == ["t"]
+    service.publish("ns", "t", [b"f"], producer=(producer, 8))
+    stats = service.stats("ns", "t")
+    assert (stats.messages_published, stats.bytes_published) == (3, 6)

@@ -254,13 +254,16 @@ def publish_fn(
     payload_ranges: Sequence[PayloadRange] | None = None,
     guard: Callable[[int], None] | None = None,
     producer: tuple[bytes, int] | None = None,
+    retried: Callable[[], None] | None = None,
 ) -> Callable[[WriteView], RollbackInfo | None]:
     """The write function of a publish: direct messages, or (no messages and a write
     pointer) one pointer entry standing for the Payload Table rows of that pointer --
     or, with ``payload_ranges`` (checked and sorted by :func:`check_payload_ranges`),
     one pointer entry per range, in ascending order, each standing for only its rows.
     ``guard(write_pointer)`` runs inside the write transaction, before the entries are
-    written; if it raises, the write function fails and nothing of it is kept."""
+    written; if it raises, the write function fails and nothing of it is kept.
+    ``retried()`` is called when ``producer`` (an idempotent publish) names a batch
+    written already, so that nothing is written."""
     direct = len(batch)  # messages written here (none: a pointer publish)
     rows: list[bytes] | None = None  # the entries of a publish that is not batch entries
     if not direct:
@@ -284,6 +287,8 @@ def publish_fn(
         if producer is not None and not _next_in_sequence(
             view, ref.topic_id, state.generation, producer, clock.now_ms()
         ):
+            if retried is not None:
+                retried()
             return None  # a retry of a batch already written: its outcome, not a copy
         if not direct:
             _check_unsealed(view, ref.topic_id, state.generation, write_pointer, topic)

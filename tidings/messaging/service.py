@@ -265,6 +265,9 @@ class MessagingService:
             raise EmptyPublish("a publish without a write pointer needs at least one message")
         ranges = _ranges(payload_ranges, write_pointer, messages)
         batch = publishing.encode_batch(messages, write_pointer, self._clock.now_ms())
+        # A retry of an idempotent batch written already writes nothing: not counted as
+        # published (the traffic counters and rates would count the batch twice).
+        retried: list[bool] = []
         fn = publishing.publish_fn(
             self._topics,
             self._clock,
@@ -275,8 +278,11 @@ class MessagingService:
             ranges,
             self._guard,
             producer,
+            partial(retried.append, True),
         )
-        return self._submit(fn, namespace, topic, began, len(batch), batch.size, inline=True)
+        return self._submit(
+            fn, namespace, topic, began, len(batch), batch.size, inline=True, retried=retried
+        )
 
     def publish_with_future(
         self,
@@ -428,9 +434,11 @@ class MessagingService:
         messages: int,
         size: int,
         inline: bool = False,
+        retried: list[bool] | None = None,
     ) -> Future[T]:
         # A future of our own, resolved after counting and notifying, so a caller that
-        # wakes up on it sees the counters and long-polls already updated.
+        # wakes up on it sees the counters and long-polls already updated. ``retried``
+        # is not empty once the write found its batch written already: nothing new.
         result: Future[T] = Future()
         key = (namespace, topic)
 
@@ -438,6 +446,9 @@ class MessagingService:
             exc = inner.exception()
             if exc is not None:
                 result.set_exception(exc)
+                return
+            if retried:
+                result.set_result(inner.result())
                 return
             if began is not None:
                 self._counters.published(key, messages, size, time.perf_counter() - began)
