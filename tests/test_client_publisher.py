@@ -10,7 +10,7 @@ from typing import Any, cast
 import pytest
 
 from tidings.client import AsyncClient, AsyncPublisher, Client, Publisher, RetryPolicy
-from tidings.client.base import as_record
+from tidings.client.base import ProducerLane, as_record
 from tidings.client.batching import Batcher
 from tidings.errors import RequestTimeout, TidingsConnectionError, TopicNotFound
 from tidings.structs import Record
@@ -93,6 +93,12 @@ class FakeClient:
         if self.failures:
             raise self.failures.pop(0)
         self.batches.append((topic, [as_record(r).payload for r in records]))
+
+    def _new_lane(self) -> None:
+        return None  # not idempotent: what the publisher sends is all there is to see
+
+    def _publish_on(self, topic: str, records: list[Record | bytes], lane: None) -> None:
+        self.publish(topic, records)
 
 
 def publisher(client: FakeClient, **kw: Any) -> Publisher:
@@ -203,6 +209,12 @@ class AsyncFakeClient:
         await asyncio.sleep(0)
         self.inner.publish(topic, records)
 
+    def _new_lane(self) -> None:
+        return None
+
+    async def _publish_on(self, topic: str, records: list[Record | bytes], lane: None) -> None:
+        await self.publish(topic, records)
+
 
 async def test_async_publisher_batches_flushes_and_reports_failures() -> None:
     inner = FakeClient(
@@ -236,3 +248,49 @@ async def test_async_publisher_linger() -> None:
     async with AsyncPublisher(cast(AsyncClient, AsyncFakeClient(inner)), linger=0.01) as pub:
         await asyncio.wait_for(await pub.send("t", b"x"), 5)
     assert inner.batches == [("t", [b"x"])]
+
+
+class IdempotentFakeClient(FakeClient):
+    """Records the producer id and sequence each try was sent under."""
+
+    def __init__(self, *failures: BaseException) -> None:
+        super().__init__(*failures)
+        self.tries: list[tuple[str, int, list[bytes]]] = []
+
+    def _new_lane(self) -> ProducerLane:  # type: ignore[override]
+        return ProducerLane()
+
+    def _publish_on(  # type: ignore[override]
+        self, topic: str, records: list[Record | bytes], lane: ProducerLane
+    ) -> None:
+        payloads = [as_record(r).payload for r in records]
+        self.tries.append((lane.producer_id, lane.sequence(topic), payloads))
+        self.publish(topic, records)
+        lane.advance(topic)
+
+
+def test_a_batch_is_retried_under_the_same_producer_sequence() -> None:
+    # So that a try whose answer was lost after it was stored is not stored again:
+    # the server answers the retry of a sequence it wrote without a second copy.
+    client = IdempotentFakeClient(TidingsConnectionError("lost"), RequestTimeout("slow"))
+    with publisher(client) as pub:
+        pub.send("t", b"a").result(timeout=5)
+        pub.send("t", b"b").result(timeout=5)
+    first, retry, again, second = client.tries
+    assert first == retry == again == (first[0], 0, [b"a"])
+    assert second == (first[0], 1, [b"b"])
+
+
+def test_after_a_dropped_batch_the_publisher_takes_a_new_producer() -> None:
+    # The dropped batch may or may not have been written: its sequence is unknown.
+    client = IdempotentFakeClient(*[TidingsConnectionError(f"down {i}") for i in range(3)])
+    with publisher(client) as pub:
+        lost = pub.send("t", b"lost")
+        pub.flush(timeout=5)
+        pub.send("t", b"kept").result(timeout=5)
+    with pytest.raises(TidingsConnectionError):
+        lost.result()
+    dropped = {producer for producer, _, payloads in client.tries if payloads == [b"lost"]}
+    assert len(dropped) == 1
+    ((producer, sequence, _),) = [t for t in client.tries if t[2] == [b"kept"]]
+    assert producer not in dropped and sequence == 0

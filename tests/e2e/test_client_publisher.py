@@ -4,14 +4,13 @@ happens when the server goes away and the retries run out."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
 from tests.e2e.serverproc import ServerProcess
 from tidings import AsyncClient, Client, RetryPolicy, TidingsConnectionError, TopicNotFound
-from tidings.client.base import MessageLike
 from tidings.structs import Record
 
 pytestmark = pytest.mark.e2e
@@ -20,19 +19,21 @@ FAST_RETRY = RetryPolicy(attempts=3, initial_backoff=0.01, max_backoff=0.02)
 
 
 class CountingAsyncClient(AsyncClient):
+    """Counts the publishes the background publisher sends (each try)."""
+
     requests = 0
 
-    async def publish(self, topic: str, messages: Any, **kw: Any) -> Any:
+    async def _publish_on(self, topic: str, records: list[Any], lane: Any) -> None:
         self.requests += 1
-        return await super().publish(topic, messages, **kw)
+        await super()._publish_on(topic, records, lane)
 
 
 class CountingClient(Client):
     requests = 0
 
-    def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike], **kw: Any) -> Any:
+    def _publish_on(self, topic: str, records: list[Any], lane: Any) -> None:
         self.requests += 1
-        return super().publish(topic, messages, **kw)
+        super()._publish_on(topic, records, lane)
 
 
 async def test_async_publisher_batches_and_resolves_every_future(

@@ -1,15 +1,18 @@
 """Plain messaging, black-box, through the real server and clients: where the topic
-ends ("latest", the newest id in stats) and what a consumer starting there gets."""
+ends ("latest", the newest id in stats) and what a consumer starting there gets; the
+background publisher's retries of a batch whose answer was lost."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.e2e.serverproc import ServerProcess
-from tidings import Client, Record
+from tests.e2e.serverproc import ServerProcess, free_port
+from tidings import Client, Record, RetryPolicy
 
 pytestmark = pytest.mark.e2e
 
@@ -88,3 +91,102 @@ def test_latest_on_a_messaging_only_server_waits_for_an_open_transaction(
         assert payloads(after_other.poll()) == [b"newest"]
         after_other.close()
         client.commit(elsewhere)
+
+
+class LostAnswers:
+    """A TCP proxy to a server that, once armed, passes one publish on but drops its
+    answer (the connection is cut), then refuses every connection for ``outage``
+    seconds: a publish that was written, answered by a network failure that outlasts
+    the client's own retries."""
+
+    def __init__(self, target: int, outage: float) -> None:
+        self.target, self.outage = target, outage
+        self.port = free_port()
+        self.armed = False
+        self._swallow = False
+        self._down_until = 0.0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> LostAnswers:
+        self._thread.start()
+        assert self._ready.wait(5)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        server = self._loop.run_until_complete(
+            asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        )
+        self._ready.set()
+        self._loop.run_forever()
+        server.close()
+        tasks = asyncio.all_tasks(self._loop)
+        for task in tasks:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self._loop.run_until_complete(server.wait_closed())
+        self._loop.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if time.monotonic() < self._down_until:
+            writer.transport.abort()
+            return
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+
+        async def upstream() -> None:
+            while data := await reader.read(1 << 16):
+                if self.armed and b"/publish" in data:
+                    self.armed, self._swallow = False, True
+                up_writer.write(data)
+                await up_writer.drain()
+            up_writer.close()
+
+        async def downstream() -> None:
+            while data := await up_reader.read(1 << 16):
+                if self._swallow:  # the publish was written: its answer is lost
+                    self._swallow = False
+                    self._down_until = time.monotonic() + self.outage
+                    writer.transport.abort()
+                    up_writer.close()
+                    return
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        await asyncio.gather(upstream(), downstream(), return_exceptions=True)
+
+
+@pytest.fixture
+def lost_answers(server: ServerProcess) -> Iterator[LostAnswers]:
+    with LostAnswers(server.port, outage=0.6) as proxy:
+        yield proxy
+
+
+def test_the_publisher_retries_a_batch_whose_answer_was_lost_without_a_copy(
+    server: ServerProcess, lost_answers: LostAnswers, topic: str
+) -> None:
+    # The client's own retries (a few, within ~0.2 s) meet refused connections; the
+    # publisher retries the batch later, under the same producer sequence, so the
+    # server answers it as written instead of storing a second copy.
+    with Client(server.url) as direct:
+        direct.create_topic(topic)
+    with Client(lost_answers.url) as client:
+        retry = RetryPolicy(attempts=10, initial_backoff=0.3, max_backoff=0.5)
+        with client.publisher(retry=retry) as publisher:
+            publisher.send(topic, b"first").result(timeout=10)
+            lost_answers.armed = True
+            assert publisher.send(topic, b"second").result(timeout=10) is None
+            assert publisher.send(topic, b"third").result(timeout=10) is None
+        assert (publisher.sent, publisher.failed) == (3, 0)
+        messages = list(client.consume(topic, follow=False))
+    assert payloads(messages) == [b"first", b"second", b"third"]

@@ -23,6 +23,8 @@ from tidings.client.base import (
     DEFAULT_TIMEOUT,
     BaseClient,
     MessageLike,
+    Outgoing,
+    ProducerLane,
     RetryPolicy,
     StartPosition,
     bearer_token,
@@ -276,16 +278,34 @@ class AsyncClient(BaseClient):
                 return None
             # Idempotent: retried after a lost answer, the server keeps one copy.
             lane = lanes.acquire()
-            producer = (lane.producer_id, lane.sequence(topic))
-            await self._send(self._api.publish(topic, records, producer))
+            await self._publish_on(topic, records, lane)
             # Only a lane whose sequence is known goes back (after an error it may or
             # may not have been written, so the lane is dropped with its producer id).
-            lane.advance(topic)
             lanes.release(lane)
             return None
         return await self._send(
             self._api.publish_transactional(topic, records, write_pointer, payload_ranges)
         )
+
+    def _new_lane(self) -> ProducerLane | None:
+        """A producer lane of its own for a caller that sends one publish at a time and
+        retries it itself (the background publisher); None if this client does not
+        publish idempotently."""
+        return None if self._lanes is None else ProducerLane()
+
+    async def _publish_on(
+        self, topic: str, records: list[Outgoing], lane: ProducerLane | None
+    ) -> None:
+        """A non-transactional publish under ``lane``'s next sequence number for
+        ``topic`` (without a lane, not idempotent). Sent again with the same lane after
+        a failure, it is written once; the lane moves on once it is durable. A caller
+        that gives up on the publish must drop the lane (was it written?)."""
+        if lane is None:
+            await self._send(self._api.publish(topic, records))
+            return
+        producer = (lane.producer_id, lane.sequence(topic))
+        await self._send(self._api.publish(topic, records, producer))
+        lane.advance(topic)
 
     async def store(
         self, topic: str, messages: MessageLike | Iterable[MessageLike], *, write_pointer: int

@@ -14,8 +14,9 @@ batches from the buffer, one topic at a time, and publishes each with one reques
   :class:`~tidings.errors.RequestTimeout`).
 - **Futures**: a message's future resolves (to None) once its batch is durable.
 - **Retries**: a batch that fails with a retriable error (cannot connect, no answer,
-  5xx) is resent after a backoff, up to ``retry.attempts`` tries. A retried publish may
-  have been stored the first time, so delivery is at-least-once.
+  5xx) is resent after a backoff, up to ``retry.attempts`` tries, under the same
+  idempotent producer id and sequence number: a batch whose answer was lost after it
+  was stored is not stored again (with ``idempotent=False`` clients, it may be).
 - **When retries run out** (or at once for an error no retry can fix, e.g.
   ``TopicNotFound``): the batch is dropped; each of its futures fails with the last
   error, ``on_error(topic, records, error)`` is called if given, the failure is logged
@@ -94,6 +95,10 @@ class AsyncPublisher:
         self._retry = opts.retry
         self._on_error = opts.on_error
         self._batcher: Batcher[AsyncFuture[None]] = Batcher(**opts.batcher_args)
+        #: The idempotent producer every batch goes out under (one batch in flight at a
+        #: time, so its sequence numbers reach the server in order); replaced after a
+        #: batch is dropped, since that batch may or may not have been written.
+        self._lane = client._new_lane()
         self._cond = AsyncCondition()
         self._flushing = 0
         self._closed = False
@@ -194,10 +199,12 @@ class AsyncPublisher:
         attempt = 1
         while True:
             try:
-                await self._client.publish(topic, records)
+                # Each try under the same producer sequence: written once, however many.
+                await self._client._publish_on(topic, records, self._lane)
                 return None
             except Exception as exc:
                 if not self._retry.should_retry(exc, attempt):
+                    self._lane = self._client._new_lane()
                     return exc
             await sleep(self._retry.backoff(attempt))
             attempt += 1

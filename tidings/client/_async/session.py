@@ -16,7 +16,7 @@ from typing import Protocol, TypeVar, overload
 
 from tidings.client._async.concurrency import AsyncPending, AsyncWorker
 from tidings.client.api import Call, PollPage, RestApi
-from tidings.client.base import MessageLike
+from tidings.client.base import MessageLike, Outgoing, ProducerLane
 from tidings.codec.admin import TransactionGroupCommit
 from tidings.codec.queue_bodies import TransactionAck
 from tidings.structs import (
@@ -69,6 +69,12 @@ class AsyncSession(Protocol):
     async def publish(
         self, topic: str, messages: MessageLike | Iterable[MessageLike], *, write_pointer: int
     ) -> RollbackInfo: ...
+
+    def _new_lane(self) -> ProducerLane | None: ...
+
+    async def _publish_on(
+        self, topic: str, records: list[Outgoing], lane: ProducerLane | None
+    ) -> None: ...
 
     async def store(
         self, topic: str, messages: MessageLike | Iterable[MessageLike], *, write_pointer: int

@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar, overload
 
 from tidings.client._sync.concurrency import Pending, Worker
 from tidings.client.api import Call, PollPage, RestApi
-from tidings.client.base import MessageLike
+from tidings.client.base import MessageLike, Outgoing, ProducerLane
 from tidings.codec.admin import TransactionGroupCommit
 from tidings.codec.queue_bodies import TransactionAck
 from tidings.structs import (
@@ -68,6 +68,12 @@ class Session(Protocol):
     def publish(
         self, topic: str, messages: MessageLike | Iterable[MessageLike], *, write_pointer: int
     ) -> RollbackInfo: ...
+
+    def _new_lane(self) -> ProducerLane | None: ...
+
+    def _publish_on(
+        self, topic: str, records: list[Outgoing], lane: ProducerLane | None
+    ) -> None: ...
 
     def store(
         self, topic: str, messages: MessageLike | Iterable[MessageLike], *, write_pointer: int
