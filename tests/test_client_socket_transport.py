@@ -301,10 +301,11 @@ def test_a_started_exchange_is_read_later_on_the_same_connection(serve: Serve) -
 
 def test_a_started_exchange_holds_a_slot_until_read_cancelled_or_dropped(serve: Serve) -> None:
     server = serve(lambda request: answer())
-    transport = SocketTransport(max_connections=1)
+    transport = SocketTransport(max_connections=2)
     exchange = transport.start(post(server.url))
-    with pytest.raises(RequestTimeout, match="all connections busy"):
-        transport.send(post(server.url, timeout=0.1))
+    # Its slot is held: no other exchange starts (that would take the last one) ...
+    with pytest.raises(RequestTimeout, match="one connection left"):
+        transport.start(post(server.url))
     exchange.cancel()
     # Cancelled: the slot is free; its connection, out of step, is not reused.
     assert transport.send(post(server.url)).body == b"ok"
@@ -314,20 +315,41 @@ def test_a_started_exchange_holds_a_slot_until_read_cancelled_or_dropped(serve: 
     exchange = transport.start(post(server.url))
     del exchange  # dropped unread, as by a consumer abandoned mid-page
     gc.collect()
+    held = transport.start(post(server.url))  # the dropped one's slot came back
     assert transport.send(post(server.url, timeout=1)).body == b"ok"
-    assert server.connections == 3
-    exchange = transport.start(post(server.url))
-    assert exchange.result().body == b"ok"
+    assert held.result().body == b"ok"
     with pytest.raises(TidingsConnectionError, match="cancelled"):
-        exchange.result()  # read once only
-    exchange.cancel()  # nothing left to cancel
+        held.result()  # read once only
+    held.cancel()  # nothing left to cancel
     assert transport.send(post(server.url, timeout=1)).body == b"ok"
+    transport.close()
+
+
+def test_an_exchange_never_waits_for_nor_takes_the_last_connection(serve: Serve) -> None:
+    # Answers read later hold their connections: were they allowed every one, a
+    # thread taking several consumers in turn, each in the middle of a page, could
+    # send nothing more (its next poll waits for a connection only it can free).
+    server = serve(lambda request: answer())
+    transport = SocketTransport(max_connections=3)
+    held = [transport.start(post(server.url)), transport.start(post(server.url))]
+    with pytest.raises(RequestTimeout, match="one connection left"):
+        transport.start(post(server.url))
+    began = time.monotonic()
+    assert transport.send(post(server.url, timeout=5)).body == b"ok"  # the last one
+    assert time.monotonic() - began < 1
+    single = SocketTransport(max_connections=1)
+    with pytest.raises(RequestTimeout, match="one connection left"):
+        single.start(post(server.url))  # nothing is ever sent ahead on one connection
+    assert single.send(post(server.url)).body == b"ok"
+    single.close()
+    for exchange in held:
+        assert exchange.result().body == b"ok"
     transport.close()
 
 
 def test_a_started_exchange_fails_as_send_does(serve: Serve) -> None:
     server = serve(lambda request: None if b"hang" in request else answer())
-    transport = SocketTransport(max_connections=1)
+    transport = SocketTransport(max_connections=2)
     exchange = transport.start(post(server.url, b"hang"))
     with pytest.raises(TidingsConnectionError, match="cannot reach"):
         exchange.result()
@@ -345,4 +367,4 @@ def test_a_started_exchange_fails_as_send_does(serve: Serve) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(TidingsConnectionError, match="cannot connect"):
-        SocketTransport(max_connections=1).start(post(f"http://127.0.0.1:{port}"))
+        SocketTransport(max_connections=2).start(post(f"http://127.0.0.1:{port}"))

@@ -190,3 +190,26 @@ def test_the_publisher_retries_a_batch_whose_answer_was_lost_without_a_copy(
         assert (publisher.sent, publisher.failed) == (3, 0)
         messages = list(client.consume(topic, follow=False))
     assert payloads(messages) == [b"first", b"second", b"third"]
+
+
+def test_more_consumers_than_connections_taken_in_turn_by_one_thread(
+    server: ServerProcess, topic: str
+) -> None:
+    # Each consumer in the middle of a full page has its next poll sent ahead, its
+    # answer read later: were every connection of the client so held, the next
+    # consumer's poll could never be sent from this thread (it timed out, or with
+    # follow=True waited for ever).
+    topics = [f"{topic}-{i}" for i in range(12)]
+    with Client(server.url, timeout=3.0, max_connections=10) as client:
+        for name in topics:
+            client.create_topic(name)
+            client.publish(name, [b"%d" % i for i in range(250)])
+        consumers = [client.consume(name, follow=False, batch_size=100) for name in topics]
+        seen: dict[str, list[bytes]] = {name: [] for name in topics}
+        for _ in range(4):
+            for name, consumer in zip(topics, consumers, strict=True):
+                seen[name] += payloads(consumer.poll())
+        assert all(got == [b"%d" % i for i in range(250)] for got in seen.values())
+        assert client.stats(topics[0]).message_count == 250
+        for consumer in consumers:
+            consumer.close()

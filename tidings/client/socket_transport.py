@@ -309,8 +309,15 @@ class SocketTransport:
         decoding a page: with a thread reading the answer instead, the request waited
         for the decoding thread to let go of the GIL (up to the 5 ms switch interval)
         before it left. Fails as :meth:`send` does; the answer's timeout counts from
-        the call to ``result()``."""
-        origin, conn, data, deadline = self._checkout(request)
+        the call to ``result()``.
+
+        It never waits for a connection, nor takes the last free one: then it fails at
+        once with :class:`RequestTimeout` (a consumer then polls when it needs the
+        page, as without reading ahead). An answer read only later holds its
+        connection meanwhile; were every connection so held -- more consumers in
+        the middle of a page than ``max_connections``, taken in turn by one thread --
+        no other request could be sent until one of them is read, and none would be."""
+        origin, conn, data, deadline = self._checkout(request, ahead=True)
         try:
             try:
                 conn.write(data, deadline)
@@ -328,16 +335,28 @@ class SocketTransport:
             raise
         return Exchange(self, origin, conn, request.url, request.timeout)
 
-    def _checkout(self, request: Request) -> tuple[Origin, _Connection, Wire, float | None]:
+    def _checkout(
+        self, request: Request, ahead: bool = False
+    ) -> tuple[Origin, _Connection, Wire, float | None]:
         """A slot of ``max_connections`` and a connection for ``request`` (marked busy),
-        its bytes and its deadline; the caller gives the slot back."""
+        its bytes and its deadline; the caller gives the slot back. ``ahead`` (a
+        request whose answer is read later): a slot now, and not the last one free,
+        or RequestTimeout at once."""
         url = request.url
         base, target = split_url(url)
         origin = self._origins.get(base) or self._origin(base)
         data = request_bytes(request, target, origin)
         deadline = None if request.timeout is None else time.monotonic() + request.timeout
+        if ahead:
+            if not self._slots.acquire(blocking=False):
+                raise RequestTimeout(f"not sent ahead to {url}: all connections busy")
+            spare = self._slots.acquire(blocking=False)  # one more left for the others?
+            if not spare:
+                self._slots.release()
+                raise RequestTimeout(f"not sent ahead to {url}: one connection left")
+            self._slots.release()
         # Waiting for a slot counts against the timeout.
-        if not self._slots.acquire(timeout=-1 if request.timeout is None else request.timeout):
+        elif not self._slots.acquire(timeout=-1 if request.timeout is None else request.timeout):
             raise RequestTimeout(f"no answer from {url} in time (all connections busy)")
         try:
             conn = self._idle_connection(origin) or self._connect(origin, url, deadline)
