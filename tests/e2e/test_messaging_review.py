@@ -213,3 +213,39 @@ def test_more_consumers_than_connections_taken_in_turn_by_one_thread(
         assert client.stats(topics[0]).message_count == 250
         for consumer in consumers:
             consumer.close()
+
+
+def test_a_follower_from_latest_outlives_a_server_down_when_it_starts(
+    start_server: Callable[..., ServerProcess], topic: str
+) -> None:
+    # Where "latest" is, is asked of the server at the first poll: a follower waits
+    # out an outage there too, as it does for its polls (it raised at once). It then
+    # starts where the topic ends once the server answers again.
+    srv = start_server()
+    stop = threading.Event()
+    with Client(srv.url, timeout=2.0) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"before"])
+        follower = client.consume(topic, "latest", wait=0.5)
+        srv.kill()
+
+        def restart() -> None:
+            time.sleep(1.0)
+            srv.start()
+            with Client(srv.url) as other:
+                n = 0
+                while not stop.wait(0.2):
+                    other.publish(topic, [b"after-%d" % n])
+                    n += 1
+
+        thread = threading.Thread(target=restart)
+        thread.start()
+        try:
+            first = next(follower).payload
+            second = next(follower).payload
+        finally:
+            stop.set()
+            thread.join()
+            follower.close()
+    assert first.startswith(b"after-")
+    assert second == b"after-%d" % (int(first[6:]) + 1)

@@ -152,12 +152,13 @@ class AsyncConsumer(AsyncIterator[Message]):
     async def _next_page(self) -> PollPage:
         """The next page, read ahead or polled now; the poll after it sent ahead."""
         cursor = self._cursor
-        if cursor.latest_pending:
-            await self._resolve_latest()
         page = await self._taken_ahead()
         outage = 0
         while page is None:
             try:
+                if cursor.latest_pending:
+                    # Where "latest" is, outlasting an outage as the polls do.
+                    await self._resolve_latest()
                 if cursor.needs_snapshot:
                     cursor.snapshot = await self._client.snapshot()
                 page = await self._send_page(cursor.key(), cursor.poll_wait())

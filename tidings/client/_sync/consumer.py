@@ -154,12 +154,13 @@ class Consumer(Iterator[Message]):
     def _next_page(self) -> PollPage:
         """The next page, read ahead or polled now; the poll after it sent ahead."""
         cursor = self._cursor
-        if cursor.latest_pending:
-            self._resolve_latest()
         page = self._taken_ahead()
         outage = 0
         while page is None:
             try:
+                if cursor.latest_pending:
+                    # Where "latest" is, outlasting an outage as the polls do.
+                    self._resolve_latest()
                 if cursor.needs_snapshot:
                     cursor.snapshot = self._client.snapshot()
                 page = self._send_page(cursor.key(), cursor.poll_wait())
