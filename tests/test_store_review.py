@@ -1,0 +1,65 @@
+"""Storage, retention and kept counts: cases found wanting, each pinned by a test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tidings.clock import FakeClock
+from tidings.messaging import MessagingConfig, MessagingService
+from tidings.store import Store
+from tidings.structs import MessageId, Record
+
+NOW = 1_700_000_000_000
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(NOW)
+
+
+@pytest.fixture
+def service(store: Store, clock: FakeClock) -> Iterator[MessagingService]:
+    s = MessagingService(store, MessagingConfig(cleanup_batch=3), clock=clock)
+    s.create_topic("ns", "t", {"ttl": 100})
+    yield s
+    s.close()
+
+
+def all_ids(service: MessagingService) -> list[MessageId]:
+    return [m.id for m in service.fetch("ns", "t", limit=10_000)]
+
+
+def test_newest_id_skips_trailing_messages_past_their_own_expiry(
+    service: MessagingService, clock: FakeClock
+) -> None:
+    # The last entries are past their own expiry but the cleaner has not run: the
+    # newest message is the one before them, not "none" (which a consumer starting at
+    # "latest" would take for an empty topic and read everything from the start).
+    service.publish("ns", "t", [b"a", b"b"])
+    service.publish("ns", "t", [b"kept"])
+    for i in range(5):
+        service.publish("ns", "t", [Record(b"brief%d" % i, ttl=1)])
+    clock.advance(2_000)
+    ids = all_ids(service)
+    assert len(ids) == 3
+    stats = service.stats("ns", "t")
+    assert stats.oldest_id == ids[0]
+    assert stats.newest_id == ids[-1]
+    assert service.end("ns", "t", None).newest_id == ids[-1]
+    service.clean_once()
+    assert service.stats("ns", "t").newest_id == ids[-1]
+
+
+def test_newest_id_is_none_when_every_message_is_past_its_expiry(
+    service: MessagingService, clock: FakeClock
+) -> None:
+    service.publish("ns", "t", [Record(b"x", ttl=1)])
+    service.publish("ns", "t", [b"old"])
+    clock.advance(50_000)
+    service.publish("ns", "t", [Record(b"y", ttl=1)])
+    clock.advance(60_000)  # "old" is past the topic's TTL, the others their own
+    assert all_ids(service) == []
+    assert service.end("ns", "t", None).newest_id is None
+    assert service.stats("ns", "t").newest_id is None
