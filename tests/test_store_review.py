@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
+import lmdb
 import pytest
 
 from tidings.clock import FakeClock
+from tidings.errors import StoreFull
 from tidings.messaging import MessagingConfig, MessagingService
-from tidings.store import Store
+from tidings.store import LmdbStore, Store
 from tidings.structs import MessageId, Record
 
 NOW = 1_700_000_000_000
@@ -63,3 +66,40 @@ def test_newest_id_is_none_when_every_message_is_past_its_expiry(
     assert all_ids(service) == []
     assert service.end("ns", "t", None).newest_id is None
     assert service.stats("ns", "t").newest_id is None
+
+
+def fill(service: MessagingService, size: int) -> int:
+    """Publish messages of ``size`` bytes until the store is full; how many went in."""
+    published = 0
+    with pytest.raises(StoreFull) as caught:
+        for _ in range(1_000):
+            service.publish("ns", "t", [b"x" * size])
+            published += 1
+    # Still the exception LMDB raises, for callers that catch that one.
+    assert isinstance(caught.value, lmdb.MapFullError)
+    assert caught.value.to_json()["type"] == "StoreFull"
+    return published
+
+
+def test_a_full_store_takes_writes_again_once_the_cleaner_has_made_room(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    # Filled to the last page: big messages first, then small ones into what is left.
+    # The cleaner must still be able to delete (a whole batch at once finds no room to
+    # commit), and the publish after it must use the room (LMDB reuses the pages a
+    # commit frees only two commits later, and nothing else commits meanwhile).
+    with LmdbStore(tmp_path / "store", map_size=1 << 21) as store:
+        service = MessagingService(store, MessagingConfig(cleanup_batch=5000), clock=clock)
+        try:
+            service.create_topic("ns", "t", {"ttl": 10})
+            published = fill(service, 20_000) + fill(service, 100)
+            assert service.stats("ns", "t").message_count == published
+            clock.advance(11_000)
+            service.clean_once()
+            assert service.stats("ns", "t").message_count == 0
+            for _ in range(3):
+                service.publish("ns", "t", [b"y" * 20_000])
+            assert service.stats("ns", "t").message_count == 3
+            assert len(all_ids(service)) == 3
+        finally:
+            service.close()

@@ -42,6 +42,7 @@
     │   └── CorruptSnapshot           500  a transaction snapshot file is damaged
     ├── ServiceUnavailable            503  not available here now (retriable)
     │   ├── LeaseLost                 503  this instance no longer leads the cluster (retry)
+    │   ├── StoreFull                 503  the store has no room for the write (retry later)
     │   └── RoleUnavailable           503  this process's role does not run that service (final)
     ├── ConfigError                        a server setting is wrong; never sent on the wire
     └── ClientError                        raised only by the client, never sent on the wire
@@ -89,6 +90,7 @@ __all__ = [
     "RoleUnavailable",
     "ServerError",
     "ServiceUnavailable",
+    "StoreFull",
     "TidingsConnectionError",
     "TidingsError",
     "TimeoutTooLarge",
@@ -329,6 +331,12 @@ class LeaseLost(ServiceUnavailable):
     """This instance no longer holds the leader lease of its shared store: another
     instance took over, and the store refused this one's write. Retry the request (a
     load balancer sends it to the new leader)."""
+
+
+class StoreFull(ServiceUnavailable):
+    """The store has no room for the write (LMDB's ``map_size`` is reached); nothing of
+    it was stored. Retriable: room comes back as the cleaner deletes expired messages
+    (or once the server runs with a larger ``map_size``)."""
 
 
 class ConfigError(TidingsError):

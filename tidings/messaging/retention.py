@@ -21,16 +21,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
 
 from tidings.clock import Clock
 from tidings.codec import keys, values
 from tidings.codec.values import TopicState
+from tidings.errors import StoreFull
 from tidings.messaging import accounting
 from tidings.messaging.fetching import retention_cutoff
 from tidings.messaging.topics import Topics
 from tidings.store.backend import Store, WriteView
 
 __all__ = ["CleanupReport", "Cleaner"]
+
+T = TypeVar("T")
 
 _META = "metadata"
 _MESSAGES = "messages"
@@ -166,12 +171,11 @@ class Cleaner:
         live generation, taken off the topic's counts in the same write."""
         if not self._store.scan_list(table, start, stop, 1):
             return
-        batch = self._batch
 
-        def delete(view: WriteView) -> int:
+        def delete(view: WriteView, batch: int) -> int:
             return view.delete_range(table, start, stop, batch)
 
-        def delete_counted(view: WriteView) -> int:
+        def delete_counted(view: WriteView, batch: int) -> int:
             rows = list(view.scan(table, start, stop, batch))
             if rows:
                 accounting.forget_rows(view, table, rows)
@@ -179,12 +183,27 @@ class Cleaner:
             return len(rows)
 
         while True:
-            removed = self._store.apply(delete_counted if counted else delete)
+            removed, batch = self._apply_batch(delete_counted if counted else delete)
             self._batches += 1
             if table in self._deleted:  # seal markers are not counted as rows
                 self._deleted[table] += removed
             if removed < batch:
                 return
+
+    def _apply_batch(self, fn: Callable[[WriteView, int], T]) -> tuple[T, int]:
+        """``fn(view, batch)`` as one write, and the batch it ran with: ``batch`` rows,
+        or fewer where the store is full. A full store may lack the room a deletion of
+        a whole batch needs to commit (the new pages of the tree and the list of the
+        pages it frees), and only deleting can make room: the batch is halved until
+        a write goes through."""
+        batch = self._batch
+        while True:
+            try:
+                return self._store.apply(partial(_with_batch, fn, batch)), batch
+            except StoreFull:
+                if batch == 1:
+                    raise
+                batch //= 2
 
     def _clean_producers(self, now: int) -> None:
         # An idempotent producer idle past the expiry is forgotten: its next publish
@@ -208,9 +227,8 @@ class Cleaner:
         stop = keys.expiry_key(now + 1, "m", b"")[: len(start) + 8]
         if not self._store.scan_list(_META, start, stop, 1):
             return
-        batch = self._batch
 
-        def delete(view: WriteView) -> tuple[int, int, int]:
+        def delete(view: WriteView, batch: int) -> tuple[int, int, int]:
             entries = [k for k, _ in view.scan(_META, start, stop, batch)]
             found: dict[str, dict[bytes, bytes]] = {_MESSAGES: {}, _PAYLOADS: {}}
             for entry in entries:
@@ -226,12 +244,16 @@ class Cleaner:
             return len(entries), len(found[_MESSAGES]), len(found[_PAYLOADS])
 
         while True:
-            entries, messages, payloads = self._store.apply(delete)
+            (entries, messages, payloads), batch = self._apply_batch(delete)
             self._batches += 1
             self._deleted[_MESSAGES] += messages
             self._deleted[_PAYLOADS] += payloads
             if entries < batch:
                 return
+
+
+def _with_batch(fn: Callable[[WriteView, int], T], batch: int, view: WriteView) -> T:
+    return fn(view, batch)
 
 
 def _delete_metadata(view: WriteView, doomed: list[bytes]) -> None:

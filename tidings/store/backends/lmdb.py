@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 import lmdb
 
-from tidings.errors import ServiceUnavailable
+from tidings.errors import ServiceUnavailable, StoreFull
 from tidings.store.backend import TABLES, ReadView, Store, WriteView, check_table
 
 __all__ = ["LmdbStore"]
@@ -46,6 +46,20 @@ DEFAULT_MAX_GROUP = 256
 # Readers each hold a slot in the lock file for the length of a snapshot; a server
 # with many request threads, plus inspection tools, needs more than LMDB's 126.
 _MAX_READERS = 1024
+
+
+class _MapFull(StoreFull, lmdb.MapFullError):
+    """LMDB's ``MapFullError`` as a :class:`~tidings.errors.StoreFull`: callers that
+    catch ``lmdb.MapFullError`` still do, and the server answers it as a 503 with a
+    JSON body instead of an internal error."""
+
+    def to_json(self) -> dict[str, str]:
+        return {"error": self.message, "type": StoreFull.__name__}
+
+
+#: Key of the write that lets LMDB reuse what the last commit freed (see _advance): put
+#: and deleted in one transaction, so never stored. No table's keys start with NUL.
+_ADVANCE_KEY = b"\0tidings.store.advance"
 
 
 #: In the store's directory: held (flock) by the one process that writes the store.
@@ -440,6 +454,29 @@ class LmdbStore(Store):
         live = [(fn, future) for fn, future in group if future.set_running_or_notify_cancel()]
         if not live:
             return
+        outcomes = self._attempt(live)
+        full = [i for i, (ok, value) in enumerate(outcomes) if not ok and _is_full(value)]
+        if full and self._advance():
+            # The map was full, maybe only because LMDB reuses the pages a commit frees
+            # two commits later, not one (the previous state must stay whole): after a
+            # cleaner pass that freed room, every write would fail until something else
+            # commits. The advance was that commit; these functions get one more try.
+            again = self._attempt([live[i] for i in full])
+            for i, outcome in zip(full, again, strict=True):
+                outcomes[i] = outcome
+        # Futures resolve only now, after the commit (and its fsync) returned.
+        for (_, future), (ok, value) in zip(live, outcomes, strict=True):
+            if ok:
+                self._writes += 1
+                future.set_result(value)
+            else:
+                future.set_exception(self._full(value) if _is_full(value) else value)
+
+    def _attempt(
+        self, live: list[tuple[Callable[[WriteView], Any], Future[Any]]]
+    ) -> list[tuple[bool, Any]]:
+        """Run ``live`` in one write transaction and commit it: per function ``(True,
+        result)`` if its writes committed, else ``(False, exception)``."""
         outcomes: list[tuple[bool, Any]] = []
         try:
             txn = self._env.begin(write=True)
@@ -459,15 +496,39 @@ class LmdbStore(Store):
         except BaseException as exc:
             # Nothing of the group was committed: every caller learns it, except that a
             # function that had already raised keeps its own, more telling, error.
-            for i, (_, future) in enumerate(live):
-                own = outcomes[i] if i < len(outcomes) else (True, None)
-                future.set_exception(exc if own[0] else own[1])
-            return
+            return [
+                outcomes[i] if i < len(outcomes) and not outcomes[i][0] else (False, exc)
+                for i in range(len(live))
+            ]
         self._commits += 1
-        # Futures resolve only now, after the commit (and its fsync) returned.
-        for (_, future), (ok, value) in zip(live, outcomes, strict=True):
-            if ok:
-                self._writes += 1
-                future.set_result(value)
-            else:
-                future.set_exception(value)
+        return outcomes
+
+    def _advance(self) -> bool:
+        """Commit a write that changes nothing (a key put and deleted), so that the
+        next transaction may reuse the pages the last commit freed. False if even that
+        found no room."""
+        db = self._dbs["tx"]
+        try:
+            with self._env.begin(write=True) as txn:
+                txn.put(_ADVANCE_KEY, b"", db=db)
+                txn.delete(_ADVANCE_KEY, db=db)
+        except lmdb.MapFullError:
+            return False
+        self._commits += 1
+        return True
+
+    def _full(self, exc: BaseException) -> _MapFull:
+        if isinstance(exc, _MapFull):
+            return exc
+        size = self._env.info()["map_size"]
+        error = _MapFull(
+            f"the store is full: LMDB's map_size ({size} bytes) is reached, and nothing "
+            "of this write was stored; room comes back as the cleaner deletes expired "
+            f"messages, or restart with a larger map_size ({exc})"
+        )
+        error.__cause__ = exc
+        return error
+
+
+def _is_full(exc: object) -> bool:
+    return isinstance(exc, lmdb.MapFullError)
