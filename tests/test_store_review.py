@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
+from typing import TypeVar
 
 import lmdb
 import pytest
@@ -11,10 +13,12 @@ import pytest
 from tidings.clock import FakeClock
 from tidings.errors import StoreFull
 from tidings.messaging import MessagingConfig, MessagingService
-from tidings.store import LmdbStore, Store
+from tidings.store import LmdbStore, MemoryStore, Store
+from tidings.store.backend import WriteView
 from tidings.structs import MessageId, Record
 
 NOW = 1_700_000_000_000
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -103,3 +107,43 @@ def test_a_full_store_takes_writes_again_once_the_cleaner_has_made_room(
             assert len(all_ids(service)) == 3
         finally:
             service.close()
+
+
+class _HookedStore(MemoryStore):
+    """Runs ``hook`` once, right after the next write has been applied."""
+
+    hook: Callable[[], None] | None = None
+
+    def submit(self, fn: Callable[[WriteView], T]) -> Future[T]:
+        future = super().submit(fn)
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            hook()
+        return future
+
+
+def test_a_ttl_made_longer_during_a_cleaner_pass_stops_its_deletions(clock: FakeClock) -> None:
+    # The pass began under a 10 s TTL; after its first write the TTL becomes an hour, so
+    # every message is within it again and fetch shows them. The rest of the pass must
+    # not delete them, nor the rows stored under a pointer not yet published.
+    store = _HookedStore()
+    service = MessagingService(store, MessagingConfig(cleanup_batch=3), clock=clock)
+    try:
+        service.create_topic("ns", "t", {"ttl": 10})
+        for i in range(12):
+            service.publish("ns", "t", [b"m%d" % i])
+        service.store_payloads("ns", "t", 7, [b"p%d" % i for i in range(8)])
+        clock.advance(20_000)
+        assert all_ids(service) == []
+        store.hook = lambda: service.update_topic("ns", "t", {"ttl": 3600})
+        service.clean_once()
+        assert len(all_ids(service)) == 12 - 3  # the first batch went before the change
+        service.publish("ns", "t", [], write_pointer=7)
+        left = all_ids(service)
+        assert len(left) == 12 - 3 + 8
+        assert service.stats("ns", "t").message_count == len(left)
+        service.clean_once()
+        assert all_ids(service) == left
+        assert service.stats("ns", "t").message_count == len(left)
+    finally:
+        service.close()

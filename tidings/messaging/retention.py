@@ -107,14 +107,18 @@ class Cleaner:
         self._drain(_META, *keys.tallies_range(topic_id, 0, live))
         if generation <= 0:
             return
+        # The pass decides from this state, but every write that deletes takes the
+        # cutoff again from the state it reads (_Cutoff): a TTL made longer meanwhile
+        # shows those messages again, and they must stay.
+        live_cutoff = _Cutoff(topic_id, generation, now)
         cutoff_ms = retention_cutoff(state, now)
-        self._clean_seals(topic_id, generation, cutoff_ms)
+        self._clean_seals(topic_id, generation, cutoff_ms, live_cutoff)
         cutoff = keys.ts_seq(cutoff_ms, 0)
         prefix, stop = keys.generation_range(topic_id, generation)
-        self._drain(_MESSAGES, prefix, prefix + cutoff, counted=True)
+        self._drain(_MESSAGES, prefix, prefix + cutoff, counted=live_cutoff)
         for pointer_prefix in self._expired_pointers(prefix, stop, cutoff):
-            self._drain(_PAYLOADS, pointer_prefix, pointer_prefix + cutoff, counted=True)
-        self._clean_tallies(topic_id, generation, cutoff)
+            self._drain(_PAYLOADS, pointer_prefix, pointer_prefix + cutoff, counted=live_cutoff)
+        self._clean_tallies(topic_id, generation, cutoff, live_cutoff)
 
     def _expired_pointers(self, prefix: bytes, stop: bytes, cutoff: bytes) -> list[bytes]:
         # Rows under one pointer sort by write_ts, so its oldest row is its first: one
@@ -134,16 +138,29 @@ class Cleaner:
                     return found
                 cursor = pointer_prefix[:8] + (flipped + 1).to_bytes(8, "big")
 
-    def _clean_seals(self, topic_id: int, generation: int, cutoff_ms: int) -> None:
+    def _clean_seals(
+        self, topic_id: int, generation: int, cutoff_ms: int, live_cutoff: _Cutoff
+    ) -> None:
         # A marker can go once its pointer entries are past the TTL: no fetch reaches
         # them any more, so rows stored under the pointer later are never exposed. What
         # the entries still add to the topic's counts goes with it.
         start, stop = keys.sealed_range(topic_id, generation, generation + 1)
         with self._store.read() as view:
             old = [k for k, v in view.scan(_META, start, stop) if values.seal_time(v) < cutoff_ms]
-        self._in_batches(old, accounting.drop_seals)
 
-    def _clean_tallies(self, topic_id: int, generation: int, cutoff: bytes) -> None:
+        def drop(view: WriteView, chunk: list[bytes]) -> None:
+            now_ms = live_cutoff.ms(view)
+            if now_ms is not None:
+                found = [(k, view.get(_META, k)) for k in chunk]
+                accounting.drop_seals(
+                    view, [k for k, v in found if v is not None and values.seal_time(v) < now_ms]
+                )
+
+        self._in_batches(old, drop)
+
+    def _clean_tallies(
+        self, topic_id: int, generation: int, cutoff: bytes, live_cutoff: _Cutoff
+    ) -> None:
         # Tallies of pointers never published whose last row is past the cutoff: the
         # drain above took each row it deleted off its tally (and a tally with no rows
         # left goes), so this only drops what a store left that no row matches.
@@ -151,7 +168,14 @@ class Cleaner:
         with self._store.read() as view:
             # A tally's value starts with its last position, comparable as bytes.
             old = [k for k, v in view.scan(_META, start, stop) if v[:10] < cutoff]
-        self._in_batches(old, _delete_metadata)
+
+        def drop(view: WriteView, chunk: list[bytes]) -> None:
+            now = live_cutoff.position(view)
+            if now is not None:
+                found = [(k, view.get(_META, k)) for k in chunk]
+                _delete_metadata(view, [k for k, v in found if v is not None and v[:10] < now])
+
+        self._in_batches(old, drop)
 
     def _in_batches(
         self, doomed: list[bytes], delete: Callable[[WriteView, list[bytes]], None]
@@ -166,9 +190,12 @@ class Cleaner:
             self._store.apply(write)
             self._batches += 1
 
-    def _drain(self, table: str, start: bytes, stop: bytes, *, counted: bool = False) -> None:
+    def _drain(
+        self, table: str, start: bytes, stop: bytes, *, counted: _Cutoff | None = None
+    ) -> None:
         """Delete ``[start, stop)``, ``batch`` rows per write; ``counted``: rows of a
-        live generation, taken off the topic's counts in the same write."""
+        live generation below its retention cutoff (``start`` is the prefix the cutoff
+        follows), taken off the topic's counts in the same write."""
         if not self._store.scan_list(table, start, stop, 1):
             return
 
@@ -176,14 +203,19 @@ class Cleaner:
             return view.delete_range(table, start, stop, batch)
 
         def delete_counted(view: WriteView, batch: int) -> int:
-            rows = list(view.scan(table, start, stop, batch))
+            assert counted is not None
+            cutoff = counted.position(view)
+            if cutoff is None:
+                return 0  # the generation ended: the next pass drops all of it
+            end = min(stop, start + cutoff)
+            rows = list(view.scan(table, start, end, batch))
             if rows:
                 accounting.forget_rows(view, table, rows)
-                view.delete_range(table, start, stop, len(rows))
+                view.delete_range(table, start, end, len(rows))
             return len(rows)
 
         while True:
-            removed, batch = self._apply_batch(delete_counted if counted else delete)
+            removed, batch = self._apply_batch(delete if counted is None else delete_counted)
             self._batches += 1
             if table in self._deleted:  # seal markers are not counted as rows
                 self._deleted[table] += removed
@@ -250,6 +282,31 @@ class Cleaner:
             self._deleted[_PAYLOADS] += payloads
             if entries < batch:
                 return
+
+
+@dataclass(frozen=True, slots=True)
+class _Cutoff:
+    """A live generation's retention cutoff at the pass's ``now``, read in the write
+    that deletes by it from the state that write sees."""
+
+    topic_id: int
+    generation: int
+    now: int
+
+    def ms(self, view: WriteView) -> int | None:
+        """The cutoff in ms; None if the generation is not the live one any more."""
+        raw = view.get(_META, keys.state_key(self.topic_id))
+        if raw is None:
+            return None
+        state = values.decode_state(raw)
+        if state.generation != self.generation:
+            return None
+        return retention_cutoff(state, self.now)
+
+    def position(self, view: WriteView) -> bytes | None:
+        """The cutoff as the 10-byte ``ts | seq`` that keys end with."""
+        ms = self.ms(view)
+        return None if ms is None else keys.ts_seq(ms, 0)
 
 
 def _with_batch(fn: Callable[[WriteView, int], T], batch: int, view: WriteView) -> T:
