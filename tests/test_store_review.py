@@ -11,6 +11,7 @@ import lmdb
 import pytest
 
 from tidings.clock import FakeClock
+from tidings.codec import keys
 from tidings.errors import StoreFull
 from tidings.messaging import MessagingConfig, MessagingService
 from tidings.store import LmdbStore, MemoryStore, Store
@@ -147,3 +148,20 @@ def test_a_ttl_made_longer_during_a_cleaner_pass_stops_its_deletions(clock: Fake
         assert service.stats("ns", "t").message_count == len(left)
     finally:
         service.close()
+
+
+def test_a_deleted_generations_open_transaction_markers_go_with_its_rows(
+    store: Store, service: MessagingService
+) -> None:
+    service.publish("ns", "t", [b"a", b"b"], write_pointer=5)
+    service.publish("ns", "t", [b"c"], write_pointer=6)
+    assert store.scan_list("metadata", keys.OPEN_PREFIX, keys.OPEN_PREFIX + b"\xff")
+    service.delete_topic("ns", "t")
+    service.create_topic("ns", "t", {"ttl": 100})
+    service.publish("ns", "t", [b"d"], write_pointer=7)
+    service.clean_once()
+    left = store.scan_list("metadata", keys.OPEN_PREFIX, keys.OPEN_PREFIX + b"\xff")
+    assert [keys.open_write_pointer(k) for k, _ in left] == [7]
+    service.delete_topic("ns", "t")
+    service.clean_once()
+    assert store.scan_list("metadata", keys.OPEN_PREFIX, keys.OPEN_PREFIX + b"\xff") == []

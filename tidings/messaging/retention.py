@@ -3,7 +3,8 @@
 Cleanup of expired and deleted data by a periodic thread, as CDAP TMS does on LevelDB. Per topic:
 
 * rows of older generations (``gen < abs(current)``, and all rows once deleted) in both
-  tables: one contiguous key range per table (see :mod:`tidings.codec.keys`);
+  tables: one contiguous key range per table (see :mod:`tidings.codec.keys`), and
+  their seal markers, tallies and open-transaction markers;
 * Message Table rows older than ``now - ttl``: a key prefix of the live generation;
 * Payload Table rows written before ``now - ttl``: a key prefix under each write pointer;
 * rows past their own per-message expiry, found through the expiry index.
@@ -105,6 +106,8 @@ class Cleaner:
         self._drain(_PAYLOADS, start, stop)
         self._drain(_META, *keys.sealed_range(topic_id, 0, live))
         self._drain(_META, *keys.tallies_range(topic_id, 0, live))
+        # Open-transaction markers of older generations: no end() asks about those.
+        self._drain(_META, keys.open_range(topic_id, 0)[0], keys.open_range(topic_id, live)[0])
         if generation <= 0:
             return
         # The pass decides from this state, but every write that deletes takes the
