@@ -12,7 +12,7 @@ import pytest
 
 from tidings.clock import FakeClock
 from tidings.codec import keys
-from tidings.errors import StoreFull
+from tidings.errors import PayloadsAlreadyPublished, StoreFull
 from tidings.messaging import MessagingConfig, MessagingService
 from tidings.store import LmdbStore, MemoryStore, Store
 from tidings.store.backend import WriteView
@@ -165,3 +165,33 @@ def test_a_deleted_generations_open_transaction_markers_go_with_its_rows(
     service.delete_topic("ns", "t")
     service.clean_once()
     assert store.scan_list("metadata", keys.OPEN_PREFIX, keys.OPEN_PREFIX + b"\xff") == []
+
+
+def test_a_ttl_made_longer_during_a_cleaner_pass_keeps_a_visible_pointer_sealed(
+    clock: FakeClock,
+) -> None:
+    # A published pointer's entry is past the 10 s TTL when the pass begins; the TTL
+    # becomes an hour after the pass's first write. The entry shows again, so its seal
+    # marker must stay (a late store under the pointer would otherwise put messages
+    # where readers have passed), and the counts must still match what fetch returns.
+    store = _HookedStore()
+    service = MessagingService(store, MessagingConfig(cleanup_batch=3), clock=clock)
+    try:
+        service.create_topic("ns", "t", {"ttl": 10})
+        for i in range(6):
+            service.publish("ns", "t", [b"m%d" % i])
+        service.store_payloads("ns", "t", 7, [b"p%d" % i for i in range(4)])
+        service.publish("ns", "t", [], write_pointer=7)
+        clock.advance(20_000)
+        store.hook = lambda: service.update_topic("ns", "t", {"ttl": 3600})
+        service.clean_once()
+        left = all_ids(service)
+        assert len(left) == 6 - 3 + 4
+        assert service.stats("ns", "t").message_count == len(left)
+        with pytest.raises(PayloadsAlreadyPublished):
+            service.store_payloads("ns", "t", 7, [b"late"])
+        service.clean_once()
+        assert all_ids(service) == left
+        assert service.stats("ns", "t").message_count == len(left)
+    finally:
+        service.close()

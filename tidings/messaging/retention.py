@@ -115,12 +115,14 @@ class Cleaner:
         # shows those messages again, and they must stay.
         live_cutoff = _Cutoff(topic_id, generation, now)
         cutoff_ms = retention_cutoff(state, now)
-        self._clean_seals(topic_id, generation, cutoff_ms, live_cutoff)
         cutoff = keys.ts_seq(cutoff_ms, 0)
         prefix, stop = keys.generation_range(topic_id, generation)
         self._drain(_MESSAGES, prefix, prefix + cutoff, counted=live_cutoff)
         for pointer_prefix in self._expired_pointers(prefix, stop, cutoff):
             self._drain(_PAYLOADS, pointer_prefix, pointer_prefix + cutoff, counted=live_cutoff)
+        # Seal markers after the entries they guard: a marker never goes while one of
+        # its entries may still show (the TTL made longer before the entries' write).
+        self._clean_seals(topic_id, generation, cutoff_ms, live_cutoff)
         self._clean_tallies(topic_id, generation, cutoff, live_cutoff)
 
     def _expired_pointers(self, prefix: bytes, stop: bytes, cutoff: bytes) -> list[bytes]:
