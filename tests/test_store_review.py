@@ -12,11 +12,16 @@ import pytest
 
 from tidings.clock import FakeClock
 from tidings.codec import keys
-from tidings.errors import PayloadsAlreadyPublished, StoreFull
+from tidings.errors import PayloadsAlreadyPublished, ServerError, StoreFull
 from tidings.messaging import MessagingConfig, MessagingService
 from tidings.store import LmdbStore, MemoryStore, Store
 from tidings.store.backend import WriteView
 from tidings.structs import MessageId, Record
+from tidings.tx.durable import TAIL_MARKER, TxStorage
+from tidings.tx.log import HEADER, frame, tail_key
+from tidings.tx.records import Begin, encode_record
+from tidings.tx.snapshot import encode_state, write_snapshot
+from tidings.tx.state import TxStateMachine
 
 NOW = 1_700_000_000_000
 T = TypeVar("T")
@@ -195,3 +200,35 @@ def test_a_ttl_made_longer_during_a_cleaner_pass_keeps_a_visible_pointer_sealed(
         assert service.stats("ns", "t").message_count == len(left)
     finally:
         service.close()
+
+
+def test_recovery_refuses_to_drop_carried_records_past_a_damaged_log_record(
+    tmp_path: Path,
+) -> None:
+    # Store writes carried records 3 and 4 (acknowledged commits, say) when record 2
+    # was already durable in the file: so the file's record 2 can only be damaged, not
+    # torn by a crash. Replaying without 2 cannot go on to 3; recovering anyway would
+    # lose 3 and 4 for good (a fresh snapshot, the old files and the carried records
+    # deleted). The start must stop instead, and leave everything as it was.
+    tx_dir = tmp_path / "tx"
+    tx_dir.mkdir()
+    write_snapshot(tx_dir / f"snapshot-{1:020d}.snap", encode_state(TxStateMachine(100).export()))
+    wal = tx_dir / f"wal-{1:020d}.log"
+    records = [Begin(10, NOW), Begin(11, NOW), Begin(12, NOW), Begin(13, NOW)]
+    damaged = bytearray(
+        HEADER + frame(encode_record(records[0])) + frame(encode_record(records[1]))
+    )
+    damaged[-1] ^= 0xFF
+    wal.write_bytes(bytes(damaged))
+    (tx_dir / TAIL_MARKER).touch()
+    store = MemoryStore()
+    carried = [(tail_key(1, i), encode_record(r)) for i, r in enumerate(records, 1)][2:]
+    store.apply(lambda view: view.put_many("tx", carried))
+    storage = TxStorage(tx_dir, store=store)
+    with pytest.raises(ServerError, match="damaged or missing"):
+        storage.open()
+    assert wal.read_bytes() == bytes(damaged)
+    assert store.scan_list("tx", b"", b"\xff") == carried
+    assert sorted(p.name for p in tx_dir.iterdir() if p.name != "LOCK") == sorted(
+        [wal.name, f"snapshot-{1:020d}.snap", TAIL_MARKER]
+    )

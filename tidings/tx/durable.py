@@ -220,9 +220,23 @@ class TxStorage:
             for key, payload in view.scan(
                 _TX_TABLE, tail_key(generation, after + 1), tail_key(generation + 1, 0)
             ):
-                if tail_index(key)[1] != after + len(found) + 1:
-                    # Cannot happen: a carried write holds every record after what was
-                    # durable when it was made. Replaying past a gap would invent a state.
+                index = tail_index(key)[1]
+                if index != after + len(found) + 1:
+                    # A carried write holds every record after what was durable when it
+                    # was made, so a gap means the file lost a record it had made
+                    # durable: damage, not a crash (or, with sync off, an OS crash that
+                    # took what was not flushed, which that setting accepts). Replaying
+                    # past a gap would invent a state; going on without the records
+                    # after it would lose acknowledged commits for good, since recovery
+                    # then deletes the files and the carried records.
+                    if self._sync:
+                        raise ServerError(
+                            f"{self.dir}: log {generation} holds {after} intact records, "
+                            f"but the store carries records of it from {index} on; record "
+                            f"{after + len(found) + 1} is damaged or missing, and the "
+                            "acknowledged records after it cannot be replayed without it. "
+                            "Refusing to start; the files and the store are left as they are"
+                        )
                     log.warning("%s: carried records of log %d stop at a gap", self.dir, generation)
                     break
                 found.append(bytes(payload))
