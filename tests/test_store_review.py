@@ -232,3 +232,17 @@ def test_recovery_refuses_to_drop_carried_records_past_a_damaged_log_record(
     assert sorted(p.name for p in tx_dir.iterdir() if p.name != "LOCK") == sorted(
         [wal.name, f"snapshot-{1:020d}.snap", TAIL_MARKER]
     )
+
+
+def test_no_room_on_the_disk_is_store_full_too(tmp_path: Path) -> None:
+    # LMDB reports a disk without room for the file to grow as DiskError (ENOSPC); a
+    # write function stands in for the put that met it.
+    def no_room(view: WriteView) -> None:
+        raise lmdb.DiskError("mdb_txn_commit: No space left on device")
+
+    with LmdbStore(tmp_path / "store") as store:
+        with pytest.raises(StoreFull) as caught:
+            store.apply(no_room)
+        assert isinstance(caught.value, lmdb.DiskError)
+        assert caught.value.to_json()["type"] == "StoreFull"
+        assert store.apply(lambda view: view.put("tx", b"k", b"v")) is None

@@ -57,6 +57,14 @@ class _MapFull(StoreFull, lmdb.MapFullError):
         return {"error": self.message, "type": StoreFull.__name__}
 
 
+class _DiskFull(StoreFull, lmdb.DiskError):
+    """LMDB's ``DiskError`` (``ENOSPC``: the disk has no room for the file to grow) as
+    a :class:`~tidings.errors.StoreFull`, as :class:`_MapFull` is."""
+
+    def to_json(self) -> dict[str, str]:
+        return {"error": self.message, "type": StoreFull.__name__}
+
+
 #: Key of the write that lets LMDB reuse what the last commit freed (see _advance): put
 #: and deleted in one transaction, so never stored. No table's keys start with NUL.
 _ADVANCE_KEY = b"\0tidings.store.advance"
@@ -512,14 +520,22 @@ class LmdbStore(Store):
             with self._env.begin(write=True) as txn:
                 txn.put(_ADVANCE_KEY, b"", db=db)
                 txn.delete(_ADVANCE_KEY, db=db)
-        except lmdb.MapFullError:
+        except (lmdb.MapFullError, lmdb.DiskError):
             return False
         self._commits += 1
         return True
 
-    def _full(self, exc: BaseException) -> _MapFull:
-        if isinstance(exc, _MapFull):
+    def _full(self, exc: BaseException) -> StoreFull:
+        if isinstance(exc, StoreFull):
             return exc
+        if isinstance(exc, lmdb.DiskError):
+            disk = _DiskFull(
+                "the store is full: the disk holding it has no space left, and nothing of "
+                "this write was stored; room comes back as the cleaner deletes expired "
+                f"messages (their pages are reused), or once the disk has space ({exc})"
+            )
+            disk.__cause__ = exc
+            return disk
         size = self._env.info()["map_size"]
         error = _MapFull(
             f"the store is full: LMDB's map_size ({size} bytes) is reached, and nothing "
@@ -531,4 +547,5 @@ class LmdbStore(Store):
 
 
 def _is_full(exc: object) -> bool:
-    return isinstance(exc, lmdb.MapFullError)
+    # DiskError is ENOSPC: the file could not grow. Both leave the store as it was.
+    return isinstance(exc, (lmdb.MapFullError, lmdb.DiskError))
