@@ -1,0 +1,42 @@
+"""Operations against real servers: metric values, exit codes and settings."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.e2e.serverproc import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+NS = "/v1/namespaces/opsreview"
+
+
+def sample(text: str, name: str, labels: str = "") -> float | None:
+    """The value of one series in a Prometheus text exposition (None: not there)."""
+    prefix = f"{name}{{{labels}}} " if labels else f"{name} "
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix) :])
+    return None
+
+
+def test_a_retried_idempotent_publish_is_counted_once(server: ServerProcess, topic: str) -> None:
+    labels = f'namespace="opsreview",topic="{topic}"'
+    headers = {
+        "Tidings-Producer-Id": "0123456789abcdef0123456789abcdef",
+        "Tidings-Sequence": "0",
+    }
+    with httpx.Client(base_url=server.url, timeout=10) as api:
+        assert api.put(f"{NS}/topics/{topic}").status_code == 200
+        for _ in range(3):  # the first writes, the two retries are answered as done
+            r = api.post(
+                f"{NS}/topics/{topic}/publish", json={"messages": ["YWJj", "ZGVm"]}, headers=headers
+            )
+            assert r.status_code == 200, r.text
+        text = api.get("/metrics").text
+        stats = api.get(f"{NS}/topics/{topic}/stats").json()
+    assert stats["messageCount"] == 2
+    assert sample(text, "tidings_messages_published_total", labels) == 2
+    assert sample(text, "tidings_bytes_published_total", labels) == 6
+    assert stats["messagesPublished"] == 2 and stats["bytesPublished"] == 6
