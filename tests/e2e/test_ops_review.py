@@ -40,3 +40,22 @@ def test_a_retried_idempotent_publish_is_counted_once(server: ServerProcess, top
     assert sample(text, "tidings_messages_published_total", labels) == 2
     assert sample(text, "tidings_bytes_published_total", labels) == 6
     assert stats["messagesPublished"] == 2 and stats["bytesPublished"] == 6
+
+
+def test_deleting_a_topic_takes_nothing_out_of_the_publish_latency_histogram(
+    server: ServerProcess, topic: str
+) -> None:
+    name = "tidings_publish_latency_seconds"
+    with httpx.Client(base_url=server.url, timeout=10) as api:
+        assert api.put(f"{NS}/topics/{topic}").status_code == 200
+        for _ in range(3):
+            api.post(f"{NS}/topics/{topic}/publish", json={"messages": ["YWJj"]})
+        before = api.get("/metrics").text
+        assert api.delete(f"{NS}/topics/{topic}").status_code == 200
+        after = api.get("/metrics").text
+    # Counts of a histogram are counters: they never go down while the process runs.
+    count_before = sample(before, name + "_count")
+    assert count_before is not None and count_before >= 3
+    assert sample(after, name + "_count") == count_before
+    assert sample(after, name + "_sum") == sample(before, name + "_sum")
+    assert sample(after, name + "_bucket", 'le="+Inf"') == count_before

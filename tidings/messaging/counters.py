@@ -120,6 +120,11 @@ class Counters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._topics: dict[tuple[str, str], _Topic] = {}
+        # Every publish's latency, kept apart from the topics': forgetting a deleted
+        # topic must not take its publishes out of the histogram of all of them (its
+        # counts would go down, which Prometheus reads as a restart).
+        self._latency_counts = [0] * len(LATENCY_BUCKETS)
+        self._latency_sum = 0.0
 
     def published(self, topic: tuple[str, str], messages: int, size: int, seconds: float) -> None:
         """Count one durable publish or store of ``messages`` payloads, ``size`` bytes."""
@@ -132,6 +137,8 @@ class Counters:
             t.latency_counts[bucket] += 1
             t.latency_sum += seconds
             t.publish_rate.add(messages, now)
+            self._latency_counts[bucket] += 1
+            self._latency_sum += seconds
 
     def fetched(self, topic: tuple[str, str], messages: int) -> None:
         """Count one fetch that returned ``messages`` messages."""
@@ -141,6 +148,13 @@ class Counters:
             t.fetches += 1
             t.messages_fetched += messages
             t.fetch_rate.add(1, now)
+
+    def latency(self) -> LatencyHistogram:
+        """The latency of every publish and store since the service started, deleted
+        topics' included."""
+        with self._lock:
+            counts = tuple(self._latency_counts)
+            return LatencyHistogram(LATENCY_BUCKETS, counts, self._latency_sum, sum(counts))
 
     def forget(self, topic: tuple[str, str]) -> None:
         """Drop a deleted topic's counters (its metric series go with them)."""

@@ -25,7 +25,7 @@ from tidings.codec.values import TopicState
 from tidings.codec.wire import JSON, AvroItems, Media
 from tidings.errors import BadRequest, EmptyPublish, InvalidMessageId
 from tidings.messaging import accounting, publishing
-from tidings.messaging.counters import Counters, TopicCounters
+from tidings.messaging.counters import Counters, LatencyHistogram, TopicCounters
 from tidings.messaging.fetching import PageColumns, fetch_messages, newest_id
 from tidings.messaging.names import parse_ttl
 from tidings.messaging.plain_pages import PlainPage
@@ -854,6 +854,11 @@ class MessagingService:
     def counters(self) -> Mapping[tuple[str, str], TopicCounters]:
         """A snapshot of every topic's counters, keyed by ``(namespace, topic)``."""
         return self._counters.snapshot()
+
+    def publish_latency(self) -> LatencyHistogram:
+        """Publish and store latency (call to durable) of every topic since the service
+        started, topics deleted since included."""
+        return self._counters.latency()
 
     # --- retention -----------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from prometheus_client.core import (
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from tidings.messaging import TopicCounters
+from tidings.messaging import LatencyHistogram, TopicCounters
 from tidings.structs import QueueStats, TransactionState
 
 __all__ = ["CONTENT_TYPE", "HTTP_BUCKETS", "HttpStats", "Metrics", "TxStats"]
@@ -75,6 +75,8 @@ class Sources:
     """Where scrape-time values come from; None for a service this process does not run."""
 
     topic_counters: Callable[[], Mapping[tuple[str, str], TopicCounters]] | None = None
+    #: Every publish's latency, deleted topics' included (else summed over the topics).
+    publish_latency: Callable[[], LatencyHistogram] | None = None
     tx_state: Callable[[], TransactionState] | None = None
     store_commits: Callable[[], int] | None = None
     tx_pruned: Callable[[], int] | None = None
@@ -167,6 +169,9 @@ class _Collector:
                 latency_counts[i] += n
             latency_sum += hist.sum
         yield from (published, size, fetched, fetches)
+        if self._m.sources.publish_latency is not None:
+            hist = self._m.sources.publish_latency()
+            bounds, latency_counts, latency_sum = hist.bounds, list(hist.counts), hist.sum
         latency = HistogramMetricFamily(
             "tidings_publish_latency_seconds",
             "Time from a publish or store call to its data being durable.",
