@@ -105,6 +105,8 @@ async def test_a_failed_commit_invalidates(manager: TransactionManager) -> None:
     ended: list[str] = []
     with pytest.raises(TransactionTimedOut):
         await transact(manager, messaging, ended, timeout=0.1)
-    assert ended == ["begun", "invalidated"]
+    # Invalid by its timeout already: the invalidation that makes sure of it changes
+    # nothing, so it is not counted (timeouts show in tidings_transactions_invalid).
+    assert ended == ["begun"]
     [wp] = messaging.write_pointers
     assert wp in manager.state().invalid

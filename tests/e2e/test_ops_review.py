@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import httpx
 import pytest
 
@@ -59,3 +61,20 @@ def test_deleting_a_topic_takes_nothing_out_of_the_publish_latency_histogram(
     assert sample(after, name + "_count") == count_before
     assert sample(after, name + "_sum") == sample(before, name + "_sum")
     assert sample(after, name + "_bucket", 'le="+Inf"') == count_before
+
+
+def test_a_repeated_abort_or_invalidate_is_counted_once(
+    start_server: Callable[..., ServerProcess],
+) -> None:
+    srv = start_server()  # of its own: the transaction counters are the process's
+    with httpx.Client(base_url=srv.url, timeout=10) as api:
+        aborted = api.post("/v1/transactions", json={}).json()["writePointer"]
+        invalidated = api.post("/v1/transactions", json={}).json()["writePointer"]
+        for _ in range(2):  # a client that lost the first answer asks again: 200 again
+            assert api.post(f"/v1/transactions/{aborted}/abort", json={}).status_code == 200
+            assert api.post(f"/v1/transactions/{invalidated}/invalidate").status_code == 200
+        text = api.get("/metrics").text
+    assert sample(text, "tidings_transactions_begun_total") == 2
+    assert sample(text, "tidings_transactions_aborted_total") == 1
+    assert sample(text, "tidings_transactions_invalidated_total") == 1
+    assert sample(text, "tidings_transactions_invalid") == 1

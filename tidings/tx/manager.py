@@ -365,14 +365,15 @@ class TransactionManager:
         *,
         transactional_id: str | None = None,
         epoch: int | None = None,
-    ) -> Future[None]:
-        """:meth:`abort` without blocking (see :meth:`commit_future`)."""
+    ) -> Future[bool]:
+        """:meth:`abort` without blocking (see :meth:`commit_future`); resolves to True
+        if this call aborted the transaction, False if it had ended so already."""
         try:
             _check_pointer(write_pointer)
         except TidingsError as exc:
             return _failed(exc)
         return self._run_future(
-            lambda now: self._state.abort(write_pointer, transactional_id, epoch), _none
+            lambda now: self._state.abort(write_pointer, transactional_id, epoch), _applied
         )
 
     def invalidate(self, write_pointer: int) -> None:
@@ -380,13 +381,14 @@ class TransactionManager:
         _check_pointer(write_pointer)
         self._run(lambda now: self._state.invalidate(write_pointer))
 
-    def invalidate_future(self, write_pointer: int) -> Future[None]:
-        """:meth:`invalidate` without blocking (see :meth:`commit_future`)."""
+    def invalidate_future(self, write_pointer: int) -> Future[bool]:
+        """:meth:`invalidate` without blocking (see :meth:`commit_future`); resolves to
+        True if this call invalidated the transaction, False if it had ended so already."""
         try:
             _check_pointer(write_pointer)
         except TidingsError as exc:
             return _failed(exc)
-        return self._run_future(lambda now: self._state.invalidate(write_pointer), _none)
+        return self._run_future(lambda now: self._state.invalidate(write_pointer), _applied)
 
     def check_writable(self, write_pointer: int) -> None:
         """Raise unless ``write_pointer`` is a transaction in progress and not past its
@@ -928,6 +930,11 @@ def _transaction_of(result: Result) -> Transaction:
 
 def _none(result: Result) -> None:
     return None
+
+
+def _applied(result: Result) -> bool:
+    # An idempotent end that found the transaction ended already logs no record.
+    return bool(result.records)
 
 
 def _check_pointer(write_pointer: object) -> None:

@@ -204,8 +204,11 @@ def routes(api: Api) -> list[Route]:
         wp = _write_pointer(request)
         transactional_id, epoch = admin.read_abort_request(await body(request, "abort request"))
         _may_end(request, tx, wp, transactional_id)
-        await api.inbox.wait(tx.abort_future(wp, transactional_id=transactional_id, epoch=epoch))
-        counts.aborted += 1
+        # A repeated abort answers as the first did, but counts only once.
+        if await api.inbox.wait(
+            tx.abort_future(wp, transactional_id=transactional_id, epoch=epoch)
+        ):
+            counts.aborted += 1
         return json_response({})
 
     @api.endpoint(PREFIX + "/{wp}/invalidate")
@@ -216,8 +219,8 @@ def routes(api: Api) -> list[Route]:
         # own transaction where a rollback failed or a commit's answer was lost, and
         # keeping its entries invisible for good takes no more than aborting it.
         _may_end(request, tx, wp, None)
-        await api.inbox.wait(tx.invalidate_future(wp))
-        counts.invalidated += 1
+        if await api.inbox.wait(tx.invalidate_future(wp)):
+            counts.invalidated += 1
         return json_response({})
 
     @api.endpoint(PUBLISH)
@@ -505,19 +508,23 @@ async def _end_failed(
     # The publish wrote nothing (one store write, not committed), so the transaction
     # left no entry behind and may simply abort.
     try:
-        await inbox.wait(tx.abort_future(wp, transactional_id=transactional_id, epoch=epoch))
+        aborted = await inbox.wait(
+            tx.abort_future(wp, transactional_id=transactional_id, epoch=epoch)
+        )
     except TidingsError:
         await _invalidate(inbox, tx, wp, error, ended)
     else:
-        ended.append("aborted")
+        if aborted:
+            ended.append("aborted")
 
 
 async def _invalidate(
     inbox: LoopInbox, tx: TransactionManager, wp: int, error: Exception, ended: list[str]
 ) -> None:
     try:
-        await inbox.wait(tx.invalidate_future(wp))
+        invalidated = await inbox.wait(tx.invalidate_future(wp))
     except TidingsError as exc:
         error.add_note(f"could not invalidate transaction {wp}: {exc}")
     else:
-        ended.append("invalidated")
+        if invalidated:  # not one that had timed out (or ended so) already
+            ended.append("invalidated")
