@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.serverproc import ServerProcess
+from tests.e2e.serverproc import ServerProcess, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -78,3 +82,38 @@ def test_a_repeated_abort_or_invalidate_is_counted_once(
     assert sample(text, "tidings_transactions_aborted_total") == 1
     assert sample(text, "tidings_transactions_invalidated_total") == 1
     assert sample(text, "tidings_transactions_invalid") == 1
+
+
+def serve(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[bytes]:
+    """``tidings serve`` on a free port, expected to stop at once."""
+    return subprocess.run(
+        [sys.executable, "-m", "tidings", "serve", "--port", str(free_port()),
+         "--data-dir", str(tmp_path / "data"), *args],
+        capture_output=True, timeout=30, env={**os.environ, **env},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--store", "mysql://db.example/tidings"], b"store must be a postgresql:// URL"),
+        (
+            ["--store", "postgresql://tidings@127.0.0.1:1/tidings", "--role", "messaging"],
+            b"needs role `all`",
+        ),
+    ],
+)
+def test_a_bad_store_setting_exits_2(tmp_path: Path, args: list[str], fragment: bytes) -> None:
+    proc = serve(tmp_path, *args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout.count(b"Error: ") == 1 and fragment in proc.stdout
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("name", ["TIDINGS_SHUTDOWN_TIMEOUT", "TIDINGS_CLEANUP_INTERVAL"])
+def test_a_time_that_is_not_finite_exits_2_before_anything_opens(tmp_path: Path, name: str) -> None:
+    proc = serve(tmp_path, **{name: "inf"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.decode().splitlines()
+    assert len(lines) == 1 and name in lines[0] and "finite" in lines[0], lines
+    assert not (tmp_path / "data").exists()

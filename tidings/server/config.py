@@ -11,6 +11,7 @@ keeps the two equal). A new setting is one new field.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tomllib
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tidings.errors import ConfigError
+from tidings.messaging.names import MAX_TTL
 from tidings.server.origin import normalize_origin
 from tidings.tx.config import MAX_TIMEOUT_LIMIT
 
@@ -473,6 +475,9 @@ def _parse(setting: Setting, value: object, source: str) -> Any:
                 raise ConfigError(f"{where} must be a number, got {value!r}") from None
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise ConfigError(f"{where} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            # nan passes every bound check below, and inf overflows the timers.
+            raise ConfigError(f"{where} must be a finite number, got {value!r}")
         return float(value)
     assert kind == "bytes"
     if isinstance(value, int) and not isinstance(value, bool):
@@ -514,6 +519,8 @@ def _check(cfg: ServerConfig) -> None:
             problems.append(f"{setting.name} must be positive, got {value}")
         elif setting.bound == "non-negative" and value < 0:
             problems.append(f"{setting.name} must not be negative, got {value}")
+    if cfg.default_ttl > MAX_TTL:
+        problems.append(f"default_ttl must be at most {MAX_TTL}, got {cfg.default_ttl}")
     if cfg.fetch_default_limit > cfg.fetch_max_limit:
         problems.append("fetch_default_limit must not exceed fetch_max_limit")
     if cfg.tx_default_timeout > cfg.tx_max_timeout:
