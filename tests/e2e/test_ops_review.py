@@ -117,3 +117,29 @@ def test_a_time_that_is_not_finite_exits_2_before_anything_opens(tmp_path: Path,
     lines = proc.stderr.decode().splitlines()
     assert len(lines) == 1 and name in lines[0] and "finite" in lines[0], lines
     assert not (tmp_path / "data").exists()
+
+
+def test_a_queue_keeps_its_metrics_across_a_restart(
+    start_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    data = tmp_path / "restarted"
+    labels = 'namespace="opsreview",queue="q",topic="jobs"'
+    srv = start_server(data_dir=data)
+    with httpx.Client(base_url=srv.url, timeout=10) as api:
+        api.put(f"{NS}/topics/jobs")
+        api.post(f"{NS}/topics/jobs/publish", json={"messages": ["YWJj"] * 5})
+        body = {"consumerId": "w1", "start": "earliest", "maxMessages": 2}
+        popped = api.post(f"{NS}/topics/jobs/queues/q/pop", json=body).json()
+        ids = [m["id"] for m in popped]
+        acked = api.post(f"{NS}/topics/jobs/queues/q/ack", json={"consumerId": "w1", "ids": ids})
+        assert acked.status_code == 200 and len(ids) == 2
+    assert srv.stop() == 0
+    # Its workers are gone too: nothing touches the queue after the restart.
+    srv = start_server(data_dir=data)
+    with httpx.Client(base_url=srv.url, timeout=10) as api:
+        text = api.get("/metrics").text
+        waiting = api.get(f"{NS}/topics/jobs/queues/q").json()["waiting"]
+    assert waiting == 3
+    assert sample(text, "tidings_queue_waiting", labels) == 3
+    assert sample(text, "tidings_queue_pending", labels) == 0
+    assert sample(text, "tidings_queue_acked_total", labels) == 0  # counted since the start

@@ -881,13 +881,25 @@ class QueueCoordinator:
         return found
 
     def stats(self) -> list[tuple[str, str, QueueStats]]:
-        """``(namespace, topic, stats)`` of every queue in memory (for ``/metrics``)."""
-        with self._lock:
-            queues = [q for q in self._queues.values() if not q.broken]
+        """``(namespace, topic, stats)`` of every queue of every live topic (for
+        ``/metrics``), used since the server started or not: after a restart, the depth
+        of a queue no worker has come back to is what an operator must see."""
+        names = self._messaging.topic_names()
+        prefix = qkeys.QUEUE_PREFIX
+        with self._store.read() as view:
+            # Up to the prefix with its last byte raised: every queue record.
+            found = [k for k, _ in view.scan(_META, prefix, prefix[:-1] + b"0")]
         out = []
-        for q in queues:
-            with contextlib.suppress(TidingsError):
-                out.append((q.namespace, q.topic, self.describe(q.namespace, q.topic, q.qid[2])))
+        for key in found:
+            topic_id, generation = qkeys.topic_of(key)
+            if topic_id not in names:
+                continue
+            namespace, topic = names[topic_id]
+            with contextlib.suppress(TidingsError):  # deleted meanwhile
+                if self._messaging.identity(namespace, topic) != (topic_id, generation):
+                    continue  # a queue of an older generation: dropped with the topic
+                queue = qkeys.queue_name_of(key)
+                out.append((namespace, topic, self.describe(namespace, topic, queue)))
         return out
 
     # --- internals ---------------------------------------------------------------------
