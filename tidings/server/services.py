@@ -217,8 +217,11 @@ class Services:
 
     @property
     def ready(self) -> bool:
-        """True while every service of the role is open and serving."""
-        return self.serving
+        """True while every service of the role is open and serving: not once a
+        transaction log write has failed, since every transaction call then fails until
+        a restart."""
+        tx = self.tx
+        return self.serving and not (tx is not None and tx.failed)
 
     def close(self) -> None:
         """Finish pending writes, then close the services and the store. Idempotent."""

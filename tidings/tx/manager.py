@@ -451,6 +451,13 @@ class TransactionManager:
             )
         return info.transactional_id
 
+    @property
+    def failed(self) -> bool:
+        """The transaction log stopped (a write or fsync failed): every call fails
+        until the service is restarted (fail-stop)."""
+        wal = self._wal
+        return wal is not None and wal.failed
+
     def state(self) -> TransactionState:
         """Read pointer, last write pointer, in-progress expiries (ms) and invalid list."""
         with self._lock:
