@@ -143,3 +143,11 @@ def test_a_queue_keeps_its_metrics_across_a_restart(
     assert sample(text, "tidings_queue_waiting", labels) == 3
     assert sample(text, "tidings_queue_pending", labels) == 0
     assert sample(text, "tidings_queue_acked_total", labels) == 0  # counted since the start
+
+
+def test_a_store_url_refused_at_start_is_shown_without_its_password(tmp_path: Path) -> None:
+    # The scheme a library of another kind would take: refused, password and all.
+    proc = serve(tmp_path, "--store", "postgresql+psycopg://tidings:Zq81sEcret@db.example/t")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert b"postgresql+psycopg://tidings:***@db.example/t" in proc.stdout
+    assert b"Zq81sEcret" not in proc.stdout + proc.stderr

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
 __all__ = ["Services"]
 
 T = TypeVar("T")
+
+# scheme://user:password@ (a password may hold anything but "@").
+_PASSWORD = re.compile(r"^([^:/@]+://[^:/@]*):[^@]*@")
 
 log = logging.getLogger("tidings.server")
 
@@ -292,7 +296,8 @@ def _check_store_url(config: ServerConfig) -> None:
     """A ``postgresql://`` URL, and psycopg to reach it; ConfigError otherwise."""
     assert config.store is not None
     if not config.store.startswith(("postgresql://", "postgres://")):
-        raise ConfigError(f"store must be a postgresql:// URL, got {config.store!r}")
+        shown = _without_password(config.store)
+        raise ConfigError(f"store must be a postgresql:// URL, got {shown!r}")
     try:
         import psycopg  # noqa: F401
         import psycopg_pool  # noqa: F401
@@ -300,6 +305,12 @@ def _check_store_url(config: ServerConfig) -> None:
         raise ConfigError(
             "a PostgreSQL store needs psycopg: pip install 'tidings[postgres]'"
         ) from None
+
+
+def _without_password(url: str) -> str:
+    """``url`` with the password of its user part masked: the message goes to stdout
+    and the log."""
+    return _PASSWORD.sub(r"\1:***@", url, count=1)
 
 
 def _unreachable(open_: Callable[[], T]) -> T:
