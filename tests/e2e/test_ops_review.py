@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -151,3 +153,54 @@ def test_a_store_url_refused_at_start_is_shown_without_its_password(tmp_path: Pa
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert b"postgresql+psycopg://tidings:***@db.example/t" in proc.stdout
     assert b"Zq81sEcret" not in proc.stdout + proc.stderr
+
+
+def test_reading_lags_and_depths_is_no_fetch(server: ServerProcess, topic: str) -> None:
+    labels = f'namespace="opsreview",topic="{topic}"'
+    base = f"{NS}/topics/{topic}"
+    with httpx.Client(base_url=server.url, timeout=10) as api:
+        api.put(base)
+        api.post(f"{base}/publish", json={"messages": ["YWJj"] * 5})
+        api.post(f"{base}/groups/g/join", json={"start": "earliest"})
+        pop = {"consumerId": "w1", "start": "earliest", "maxMessages": 2}
+        assert len(api.post(f"{base}/queues/q/pop", json=pop).json()) == 2
+        first = api.get("/metrics").text
+        for _ in range(3):  # what a dashboard and an operator read all day
+            api.get("/metrics")
+            assert api.get(f"{base}/groups/g").json()["lag"] == 5
+            assert api.get(f"{base}/queues/q").json()["waiting"] == 3
+            api.get(f"{base}/stats")
+        last = api.get("/metrics").text
+    assert sample(last, "tidings_group_lag", f'group="g",{labels}') == 5
+    for name in ("tidings_fetches_total", "tidings_messages_fetched_total"):
+        assert sample(last, name, labels) == sample(first, name, labels), name
+    assert sample(last, "tidings_messages_fetched_total", labels) == 2  # the pop's
+
+
+def test_a_long_poll_woken_again_and_again_is_one_fetch(server: ServerProcess, topic: str) -> None:
+    labels = f'namespace="opsreview",topic="{topic}"'
+    with httpx.Client(base_url=server.url, timeout=10) as api:
+        api.put(f"{NS}/topics/{topic}")
+        answer: dict[str, httpx.Response] = {}
+        poll = threading.Thread(
+            target=lambda: answer.update(
+                r=httpx.post(
+                    f"{server.url}{NS}/topics/{topic}/poll?waitMs=1500&isolation=read_committed",
+                    json={},
+                    timeout=10,
+                )
+            )
+        )
+        poll.start()
+        time.sleep(0.3)
+        for _ in range(4):  # every end of a transaction wakes read-committed polls
+            wp = api.post("/v1/transactions", json={}).json()["writePointer"]
+            assert api.post(f"/v1/transactions/{wp}/abort", json={}).status_code == 200
+        poll.join(10)
+        assert answer["r"].status_code == 200 and answer["r"].json() == []
+        api.post(f"{NS}/topics/{topic}/publish", json={"messages": ["YWJj"]})
+        got = api.post(f"{NS}/topics/{topic}/poll?waitMs=1000", json={}).json()
+        assert len(got) == 1
+        text = api.get("/metrics").text
+    assert sample(text, "tidings_fetches_total", labels) == 2
+    assert sample(text, "tidings_messages_fetched_total", labels) == 1

@@ -716,6 +716,7 @@ class GroupCoordinator:
                 inclusive=start is None,
                 limit=page_size,
                 transaction=snapshot,
+                count=False,  # counting the lag is no poll
             )
             page = Page(start, columns, False)
             for h, message_id in zip(page.hashes, columns.ids, strict=True):
@@ -812,7 +813,7 @@ class GroupCoordinator:
         if isinstance(to, MessageId):
             return to
         if isinstance(to, int) and not isinstance(to, bool) and to >= 0:
-            first = self._messaging.fetch(namespace, topic, start=to, limit=1)
+            first = self._messaging.fetch(namespace, topic, start=to, limit=1, count=False)
             if not first:
                 return self._latest(namespace, topic)
             # Just before the first message at or after the time: everything earlier is

@@ -1026,7 +1026,7 @@ class QueueCoordinator:
             if message_id in found:
                 continue
             page = self._messaging.fetch(
-                namespace, topic, start=message_id, inclusive=True, limit=1000
+                namespace, topic, start=message_id, inclusive=True, limit=1000, count=False
             )
             found.update((m.id, m) for m in page)
         wanted = set(ids)
@@ -1155,6 +1155,7 @@ class QueueCoordinator:
                 inclusive=start is None,
                 limit=page_size,
                 transaction=snapshot,
+                count=False,  # counting the depth is no poll
             )
             count += len(page)
             if len(page) < page_size:

@@ -473,19 +473,23 @@ class MessagingService:
         limit: int | None = None,
         transaction: Transaction | None = None,
         max_bytes: int | None = None,
+        count: bool = True,
     ) -> list[Message]:
         """Messages in id order from ``start`` (an id, a timestamp in ms, or None for
         the oldest live message), at most ``limit`` (default and maximum configured),
         and none past the message that brings them to ``max_bytes`` (default and
         maximum ``fetch_max_bytes``; how bytes count: :func:`fetch_messages`).
+        ``count=False``: a read of the server's own (a lag or depth count, a long
+        poll's fetch counted once with :meth:`count_fetch`), not a fetch in the counters.
 
         With ``transaction`` only entries visible in that snapshot are returned and the
         fetch stops before the first entry of a transaction in progress; without it,
         everything written is returned, rolled-back entries included.
         """
         items = self._fetch(
-            namespace, topic, start, inclusive, limit, transaction, None, max_bytes=max_bytes
-        )
+            namespace, topic, start, inclusive, limit, transaction, None,
+            max_bytes=max_bytes, count=count,
+        )  # fmt: skip
         return cast("list[Message]", items)
 
     def fetch_ids(
@@ -497,10 +501,11 @@ class MessagingService:
         inclusive: bool = True,
         limit: int | None = None,
         transaction: Transaction | None = None,
+        count: bool = True,
     ) -> list[MessageId]:
         """The ids of the messages :meth:`fetch` returns, without their payloads (to
         find where a range ends, or to count it, without carrying the data)."""
-        raw = self._fetch_ids(namespace, topic, start, inclusive, limit, transaction)
+        raw = self._fetch_ids(namespace, topic, start, inclusive, limit, transaction, count)
         return [MessageId.from_bytes(item) for item in raw]
 
     def fetch_ids_encoded(
@@ -513,11 +518,12 @@ class MessagingService:
         inclusive: bool = True,
         limit: int | None = None,
         transaction: Transaction | None = None,
+        count: bool = True,
     ) -> tuple[bytes, int, MessageId | None]:
         """:meth:`fetch_ids` as an ids-only poll response body in ``media``, with the
         count and the last id (as :meth:`fetch_encoded`); the ids go from the store's
         keys into the body without a :class:`MessageId` each."""
-        raw = self._fetch_ids(namespace, topic, start, inclusive, limit, transaction)
+        raw = self._fetch_ids(namespace, topic, start, inclusive, limit, transaction, count)
         last = MessageId.from_bytes(raw[-1]) if raw else None
         return wire.encode_raw_message_ids(raw, media), len(raw), last
 
@@ -549,9 +555,12 @@ class MessagingService:
         inclusive: bool,
         limit: int | None,
         transaction: Transaction | None,
+        count: bool = True,
     ) -> list[bytes]:
         # Not bounded by bytes: an id is 20 of them, whatever its message holds.
-        items = self._fetch(namespace, topic, start, inclusive, limit, transaction, None, True)
+        items = self._fetch(
+            namespace, topic, start, inclusive, limit, transaction, None, True, count=count
+        )
         return cast("list[bytes]", items)  # with ids=True every item is a 20-byte id
 
     def fetch_items(
@@ -565,14 +574,16 @@ class MessagingService:
         limit: int | None = None,
         transaction: Transaction | None = None,
         max_bytes: int | None = None,
+        count: bool = True,
     ) -> list[Message | bytes]:
         """:meth:`fetch`, with plain messages as their items of an Avro poll response in
         ``media`` (``bytes``, see :func:`tidings.codec.wire.avro_messages`) and the
         others as :class:`Message`; all of them :class:`Message` for JSON."""
         avro = AvroItems.for_media(media)
         return self._fetch(
-            namespace, topic, start, inclusive, limit, transaction, avro, max_bytes=max_bytes
-        )
+            namespace, topic, start, inclusive, limit, transaction, avro,
+            max_bytes=max_bytes, count=count,
+        )  # fmt: skip
 
     def fetch_encoded(
         self,
@@ -585,6 +596,7 @@ class MessagingService:
         limit: int | None = None,
         transaction: Transaction | None = None,
         max_bytes: int | None = None,
+        count: bool = True,
     ) -> tuple[bytes, int, MessageId | None]:
         """:meth:`fetch`, answered as a poll response body in ``media`` directly: the
         body, the number of messages in it and the last one's id (None if empty, for
@@ -592,7 +604,7 @@ class MessagingService:
         the body without a :class:`Message` each (the consumer's hot path)."""
         items = self.fetch_items(
             namespace, topic, media, start=start, inclusive=inclusive, limit=limit,
-            transaction=transaction, max_bytes=max_bytes,
+            transaction=transaction, max_bytes=max_bytes, count=count,
         )  # fmt: skip
         last: MessageId | None = None
         if items:
@@ -615,6 +627,7 @@ class MessagingService:
         limit: int | None = None,
         transaction: Transaction | None = None,
         max_bytes: int | None = None,
+        count: bool = True,
     ) -> tuple[bytes, int, MessageId | None]:
         """:meth:`fetch_encoded` as a columnar poll response
         (:mod:`tidings.codec.columns`): plain and short-keyed messages go from the store
@@ -632,14 +645,14 @@ class MessagingService:
             plain = PlainPage()
             self._fetch(
                 namespace, topic, start, inclusive, limit, transaction, None,
-                columns=plain, max_bytes=max_bytes,
+                columns=plain, max_bytes=max_bytes, count=count,
             )  # fmt: skip
             if plain.complete:
                 return plain.encode(), len(plain), plain.last_id()
             self._general_pages[topic_key] = _GENERAL_PAGES
         columns = self.fetch_page_columns(
             namespace, topic, start=start, inclusive=inclusive, limit=limit,
-            transaction=transaction, max_bytes=max_bytes,
+            transaction=transaction, max_bytes=max_bytes, count=count,
         )  # fmt: skip
         ids = columns.ids
         last = MessageId.from_bytes(ids[-1]) if ids else None
@@ -655,6 +668,7 @@ class MessagingService:
         limit: int | None = None,
         transaction: Transaction | None = None,
         max_bytes: int | None = None,
+        count: bool = True,
     ) -> PageColumns:
         """:meth:`fetch_columns` not encoded yet: the page's columns (what group pages
         hold, each member's answer a selection of its rows; ``cut`` says the page
@@ -662,7 +676,7 @@ class MessagingService:
         columns = PageColumns()
         self._fetch(
             namespace, topic, start, inclusive, limit, transaction, None,
-            columns=columns, max_bytes=max_bytes,
+            columns=columns, max_bytes=max_bytes, count=count,
         )  # fmt: skip
         return columns
 
@@ -678,6 +692,7 @@ class MessagingService:
         ids: bool = False,
         columns: PageColumns | PlainPage | None = None,
         max_bytes: int | None = None,
+        count: bool = True,
     ) -> list[Message | bytes]:
         check_name(namespace, "namespace")
         check_name(topic, "topic")
@@ -702,11 +717,16 @@ class MessagingService:
                 columns=columns,
                 max_bytes=checked_bytes,
             )
-        if isinstance(columns, PlainPage) and not columns.complete:
+        if not count or (isinstance(columns, PlainPage) and not columns.complete):
             return out  # given up: the page is fetched again, and counted then
         fetched = len(out) if columns is None else len(columns)
         self._counters.fetched((namespace, topic), fetched)
         return out
+
+    def count_fetch(self, namespace: str, topic: str, messages: int) -> None:
+        """Count one poll that returned ``messages`` messages, whose fetches were made
+        with ``count=False`` (a long poll fetches again each time it is woken)."""
+        self._counters.fetched((namespace, topic), messages)
 
     def max_bytes(self, max_bytes: object) -> int:
         """A fetch's byte bound: ``max_bytes`` checked and capped at

@@ -209,20 +209,20 @@ def routes(api: Api) -> list[Route]:
 
         columnar = not ids_only and wants_columns(request)
 
-        def fetch() -> tuple[bytes, int, MessageId | None]:
+        def fetch(counted: bool = True) -> tuple[bytes, int, MessageId | None]:
             if columnar:
                 return messaging.fetch_columns(
                     ns, topic, start=req.start, inclusive=req.inclusive, limit=req.limit,
-                    transaction=tx, max_bytes=max_bytes,
+                    transaction=tx, max_bytes=max_bytes, count=counted,
                 )  # fmt: skip
             if ids_only:
                 return messaging.fetch_ids_encoded(
                     ns, topic, media, start=req.start, inclusive=req.inclusive,
-                    limit=req.limit, transaction=tx,
+                    limit=req.limit, transaction=tx, count=counted,
                 )  # fmt: skip
             return messaging.fetch_encoded(
                 ns, topic, media, start=req.start, inclusive=req.inclusive, limit=req.limit,
-                transaction=tx, max_bytes=max_bytes,
+                transaction=tx, max_bytes=max_bytes, count=counted,
             )  # fmt: skip
 
         if wait_ms <= 0:
@@ -239,13 +239,15 @@ def routes(api: Api) -> list[Route]:
                 try:
                     if manager_ is not None:
                         tx = await snapshot(manager_)
-                    body, count, last = fetch()
+                    # Woken polls fetch again: the poll is counted once, when it answers.
+                    body, count, last = fetch(counted=False)
                     remaining = deadline - loop.time()
                     if count or remaining <= 0 or longpolls.closed:
                         break
                     await longpolls.wait(woken, remaining)
                 finally:
                     longpolls.unpark(woken, ns, topic)
+            messaging.count_fetch(ns, topic, count)
         # The page's extent, so a client can ask for the next page before decoding it.
         headers = {COUNT_HEADER: str(count)}
         if last is not None:
