@@ -204,3 +204,43 @@ def test_a_long_poll_woken_again_and_again_is_one_fetch(server: ServerProcess, t
         text = api.get("/metrics").text
     assert sample(text, "tidings_fetches_total", labels) == 2
     assert sample(text, "tidings_messages_fetched_total", labels) == 1
+
+
+@pytest.mark.parametrize("reader", ["queue", "group"])
+def test_a_waiting_pop_or_group_poll_is_one_fetch(
+    server: ServerProcess, topic: str, reader: str
+) -> None:
+    labels = f'namespace="opsreview",topic="{topic}"'
+    base = f"{NS}/topics/{topic}"
+    with httpx.Client(base_url=server.url, timeout=10) as api:
+        api.put(base)
+        if reader == "queue":
+            url = f"{base}/queues/q/pop"
+            body = {"consumerId": "w1", "start": "earliest", "maxMessages": 10}
+        else:
+            joined = api.post(f"{base}/groups/g/join", json={"start": "earliest"}).json()
+            url, body = f"{base}/groups/g/poll", {"memberId": joined["memberId"]}
+        answer: dict[str, httpx.Response] = {}
+        waiting = threading.Thread(
+            target=lambda: answer.update(
+                r=httpx.post(f"{server.url}{url}?waitMs=1500", json=body, timeout=10)
+            )
+        )
+        waiting.start()
+        time.sleep(0.3)
+        # Writes of an open transaction wake it; it finds nothing it may read each time.
+        wp = api.post("/v1/transactions", json={}).json()["writePointer"]
+        for _ in range(4):
+            published = api.post(
+                f"{base}/publish", json={"messages": ["YWJj"], "transactionWritePointer": wp}
+            )
+            assert published.status_code == 200
+            time.sleep(0.05)
+        waiting.join(10)
+        assert answer["r"].status_code == 200 and answer["r"].json() == []
+        assert api.post(f"/v1/transactions/{wp}/commit", json={}).status_code == 200
+        got = api.post(url, json=body).json()
+        assert len(got) == 4
+        text = api.get("/metrics").text
+    assert sample(text, "tidings_fetches_total", labels) == 2
+    assert sample(text, "tidings_messages_fetched_total", labels) == 4

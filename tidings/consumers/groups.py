@@ -405,9 +405,11 @@ class GroupCoordinator:
         self, namespace: str, topic: str, start: MessageId | None, snapshot: Transaction
     ) -> Page:
         size = self._messaging.config.fetch_max_limit
+        # Not counted here: a page serves several members and waits, each poll is
+        # counted once when it answers (its rows).
         columns = self._messaging.fetch_page_columns(
             namespace, topic, start=start, inclusive=start is None, limit=size,
-            transaction=snapshot,
+            transaction=snapshot, count=False,
         )  # fmt: skip
         return Page(start, columns, len(columns.ids) == size or columns.cut)
 

@@ -512,6 +512,7 @@ class QueueCoordinator:
                     limit=max_messages - len(chosen),
                     transaction=snapshot,
                     max_bytes=budget,
+                    count=False,  # the pop is counted once when it answers
                 )
             if not chosen and not dead and not fresh:
                 return Popped([], [], []), None

@@ -146,6 +146,7 @@ def routes(api: Api) -> list[Route]:
                         await longpolls.wait(woken, min(remaining, 1.0))
                 finally:
                     longpolls.unpark(woken, ns, topic)
+        api.messaging.count_fetch(ns, topic, len(rows))
         headers = {
             COUNT_HEADER: str(len(rows)),
             GENERATION_HEADER: str(assignment.generation),

@@ -154,6 +154,7 @@ def routes(api: Api) -> list[Route]:
                     longpolls.unpark(woken, ns, topic)
         if acked is not None:
             await api.inbox.wait(acked)  # the acks are durable when the answer comes
+        api.messaging.count_fetch(ns, topic, len(popped.ids))
         headers = {
             COUNT_HEADER: str(len(popped.ids)),
             queue_bodies.DELIVERY_COUNTS_HEADER: queue_bodies.delivery_counts(popped.counts),
