@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -55,41 +56,59 @@ def test_a_default_ttl_the_store_cannot_hold_is_refused() -> None:
         load_config({}, env={"TIDINGS_DEFAULT_TTL": str(most + 1)})
 
 
-def test_readiness_ends_when_the_transaction_log_fails(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def stopped_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Services]:
+    """Services of role transactions whose log failed (a full disk at an fsync)."""
     config = ServerConfig(data_dir=tmp_path, role="transactions", tx_sweep_interval=60)
     services = Services.open(config)
     try:
         tx = services.tx
         assert tx is not None
-
-        async def readyz() -> int:
-            api = Api(
-                config,
-                services,
-                Metrics(sources=Sources()),
-                LongPolls(),
-                LoopInbox(asyncio.get_running_loop()),
-            )
-            transport = httpx.ASGITransport(app=create_app(api))
-            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-                return (await client.get("/readyz")).status_code
-
-        assert services.ready and asyncio.run(readyz()) == 200
+        assert services.ready and asyncio.run(get(services, "/readyz")).status_code == 200
         began = tx.begin()
 
         def full(fd: int) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(os, "fdatasync", full)
-        with pytest.raises(TidingsError):
-            tx.commit(began.write_pointer, ())
-        monkeypatch.undo()
-        # Fail-stop: every call fails until a restart, so take it out of the balancer.
+        with monkeypatch.context() as patched:
+            patched.setattr(os, "fdatasync", full)
+            with pytest.raises(TidingsError):
+                tx.commit(began.write_pointer, ())
+        # Fail-stop: every call fails until a restart.
         with pytest.raises(TidingsError):
             tx.begin()
-        assert not services.ready
-        assert asyncio.run(readyz()) == 503
+        yield services
     finally:
         services.close()
+
+
+async def get(services: Services, path: str) -> httpx.Response:
+    """``GET path`` of the server's application over ``services``."""
+    tx = services.tx
+    sources = Sources(tx_state=None if tx is None else tx.state)
+    api = Api(
+        services.config,
+        services,
+        Metrics(sources=sources),
+        LongPolls(),
+        LoopInbox(asyncio.get_running_loop()),
+    )
+    transport = httpx.ASGITransport(app=create_app(api))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        return await client.get(path)
+
+
+def test_readiness_ends_when_the_transaction_log_fails(stopped_log: Services) -> None:
+    # Take it out of the load balancer: it cannot serve a transaction until restarted.
+    assert not stopped_log.ready
+    assert asyncio.run(get(stopped_log, "/readyz")).status_code == 503
+
+
+def test_metrics_still_answer_when_the_transaction_log_fails(stopped_log: Services) -> None:
+    answer = asyncio.run(get(stopped_log, "/metrics"))
+    assert answer.status_code == 200
+    text = answer.text
+    # What does not depend on the log is all there; the state's gauges are left out.
+    for name in ("process_cpu_seconds_total", "tidings_transactions_begun_total"):
+        assert f"\n{name} " in text, name
+    assert "\ntidings_transactions_in_progress " not in text

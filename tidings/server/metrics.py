@@ -12,6 +12,7 @@ transaction service's state and the store's commit counter into metric families 
 from __future__ import annotations
 
 import bisect
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +32,8 @@ from tidings.structs import QueueStats, TransactionState
 __all__ = ["CONTENT_TYPE", "HTTP_BUCKETS", "HttpStats", "Metrics", "TxStats"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+log = logging.getLogger("tidings.server")
 
 #: Upper bounds (seconds) of the request duration histogram; +Inf is implied.
 HTTP_BUCKETS: tuple[float, ...] = (
@@ -121,16 +124,40 @@ class Metrics:
 class _Collector:
     def __init__(self, metrics: Metrics) -> None:
         self._m = metrics
+        # Sections that failed at the last scrape: logged when they start failing.
+        self._failing: set[str] = set()
 
     def describe(self) -> Iterable[Metric]:
         return ()
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._topics()
-        yield from self._http()
-        yield from self._transactions()
-        yield from self._groups()
-        yield from self._queues()
+        for section in (
+            self._topics,
+            self._http,
+            self._transaction_counts,
+            self._transaction_state,
+            self._groups,
+            self._queues,
+            self._store,
+        ):
+            # A source that fails (the transaction log stopped, say) leaves out its
+            # own families, not the whole scrape: the rest is what shows the trouble.
+            name = section.__name__
+            try:
+                families = list(section())
+            except Exception:
+                if name not in self._failing:
+                    self._failing.add(name)
+                    log.warning(
+                        f"metrics: {name.strip('_')} left out, its source failed",
+                        exc_info=True,
+                        extra={"event": "metrics"},
+                    )
+                continue
+            self._failing.discard(name)
+            yield from families
+
+    def _store(self) -> Iterator[Metric]:
         if self._m.sources.store_commits is not None:
             commits = self._m.sources.store_commits()
             family = CounterMetricFamily(
@@ -196,10 +223,9 @@ class _Collector:
             durations.add_metric([route], _cumulative(HTTP_BUCKETS, slots[:-1]), slots[-1])
         yield durations
 
-    def _transactions(self) -> Iterator[Metric]:
+    def _transaction_counts(self) -> Iterator[Metric]:
         if self._m.sources.tx_state is None:
             return
-        state = self._m.sources.tx_state()
         tx = self._m.tx
         for name, value, doc in (
             ("begun", tx.begun, "Transactions begun."),
@@ -219,6 +245,11 @@ class _Collector:
             )
             family.add_metric([], pruned())
             yield family
+
+    def _transaction_state(self) -> Iterator[Metric]:
+        if self._m.sources.tx_state is None:
+            return
+        state = self._m.sources.tx_state()
         yield GaugeMetricFamily(
             "tidings_transactions_in_progress",
             "Transactions in progress.",
