@@ -1051,11 +1051,17 @@ def _inspect_store(view: ReadView, path: Path) -> None:
             progress.advance(progress.task_ids[0])
     console.print(counts)
 
-    listing = Table(title="topics")
-    for column in ("namespace/topic", "id", "generation", "ttl s", "entries", "payload rows"):
-        listing.add_column(column, justify="left" if column == "namespace/topic" else "right")
     start, stop = keys.TOPIC_PREFIX, keys.TOPIC_PREFIX + b"\xff"
-    for key, value in view.scan("metadata", start, stop):
+    records = list(view.scan("metadata", start, stop))
+    listing = Table(title="topics")
+    # Names whole (folded over lines past the width, never cut with an ellipsis): a name
+    # is what the next command takes. Up to 24 characters they keep one line in 80
+    # columns, the number columns giving way instead.
+    longest = max((len(key) - len(keys.TOPIC_PREFIX) for key, _ in records), default=0)
+    listing.add_column("namespace/topic", min_width=min(longest, 24), overflow="fold")
+    for column in ("id", "generation", "ttl s", "entries", "payload rows"):
+        listing.add_column(column, justify="right")
+    for key, value in records:
         name = key[len(keys.TOPIC_PREFIX) :].decode("ascii", "replace")
         topic_id, _ = values.decode_topic_record(value)
         raw_state = view.get("metadata", keys.state_key(topic_id))

@@ -147,3 +147,24 @@ def test_tables_show_ids_and_urls_whole_in_80_columns(server: ServerProcess, top
     cluster = CliRunner().invoke(main, ["cluster"], env=env)
     assert cluster.exit_code == 0, (cluster.output, cluster.exception)
     assert "…" not in cluster.stdout and server.url in cluster.stdout
+
+
+def test_inspect_lists_topic_names_whole_however_many_and_long(tmp_path: Path) -> None:
+    # Beside a long name and a deleted topic, the listing squeezed the name column in
+    # 80 columns and cut names with an ellipsis: the name the next command takes.
+    from tidings.messaging import MessagingService
+    from tidings.store import LmdbStore
+
+    store = LmdbStore(str(tmp_path / "store"))
+    messaging = MessagingService(store)
+    messaging.create_topic("default", "t-" + "x" * 120)
+    names = [f"t-{i:012x}" for i in range(4)]
+    for name in names:
+        messaging.create_topic("default", name)
+    messaging.create_topic("default", "gone")
+    messaging.delete_topic("default", "gone")
+    store.close()
+    listing = CliRunner().invoke(main, ["inspect", str(tmp_path)])
+    assert listing.exit_code == 0, listing.output
+    assert all(f"default/{name} " in listing.output for name in names)
+    assert "…" not in listing.output
