@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -244,3 +245,20 @@ def test_a_waiting_pop_or_group_poll_is_one_fetch(
         text = api.get("/metrics").text
     assert sample(text, "tidings_fetches_total", labels) == 2
     assert sample(text, "tidings_messages_fetched_total", labels) == 4
+
+
+def test_a_sighup_without_an_auth_file_changes_nothing(
+    start_server: Callable[..., ServerProcess],
+) -> None:
+    # A service manager's "reload" sends SIGHUP: with no auth file to reload, the
+    # server carries on (it stopped as on a hangup, without its shutdown).
+    srv = start_server()
+    assert srv.proc is not None
+    topics = srv.url + "/v1/namespaces/default/topics"
+    assert httpx.put(topics + "/after-hup").status_code == 200
+    os.kill(srv.proc.pid, signal.SIGHUP)
+    time.sleep(0.5)
+    assert srv.proc.poll() is None
+    assert "after-hup" in httpx.get(topics).json()
+    assert "no auth file to reload" in srv.log()
+    assert srv.stop() == 0

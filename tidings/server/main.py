@@ -311,9 +311,14 @@ async def _serve(
     auth: Authenticator | None = None,
 ) -> tuple[bool, int | None]:
     loop = asyncio.get_running_loop()
-    if auth is not None and threading.current_thread() is threading.main_thread():
-        # SIGHUP reloads the principals; a file that does not load changes nothing.
-        loop.add_signal_handler(signal.SIGHUP, lambda: loop.run_in_executor(None, auth.reload))
+    if threading.current_thread() is threading.main_thread():
+        if auth is not None:
+            # SIGHUP reloads the principals; a file that does not load changes nothing.
+            loop.add_signal_handler(signal.SIGHUP, lambda: loop.run_in_executor(None, auth.reload))
+        else:
+            # Nothing to reload; a service manager's "reload" must not stop the server
+            # as a hangup would (without its shutdown: the next start recovers).
+            loop.add_signal_handler(signal.SIGHUP, _nothing_to_reload)
     longpolls: list[LongPolls] = []
     forwarder: Forwarder | None = None
     takeover: asyncio.Task[None] | None = None
@@ -416,3 +421,7 @@ async def _take_over(
     longpolls.append(polls)
     switch.app = app
     log.info("took over: this instance leads", extra={"event": "takeover", "epoch": lease.epoch})
+
+
+def _nothing_to_reload() -> None:
+    log.info("SIGHUP: no auth file to reload, nothing changed", extra={"event": "reload"})
