@@ -278,7 +278,7 @@ class MessagingService:
             ranges,
             self._guard,
             producer,
-            partial(retried.append, True),
+            None if producer is None else partial(retried.append, True),
         )
         return self._submit(
             fn, namespace, topic, began, len(batch), batch.size, inline=True, retried=retried

@@ -30,7 +30,7 @@ import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from tidings.errors import PayloadTooLarge, ServerError, ServiceUnavailable, TidingsError
-from tidings.server.origin import SAFE_METHODS, allowed_set, check_origin
+from tidings.server.origin import allowed_set, check_request
 
 __all__ = ["Forwarder"]
 
@@ -149,17 +149,7 @@ class Forwarder:
         ``Origin``. Passing the ``Host`` on instead (as ``X-Forwarded-Host``) would make
         the leader trust a header that any client sending to it directly may set.
         """
-        if scope["method"] in SAFE_METHODS:
-            return
-        origin: str | None = None
-        host: str | None = None
-        for key, value in scope["headers"]:
-            if key == b"origin":
-                origin = value.decode("latin-1")
-            elif key == b"host":
-                host = value.decode("latin-1")
-        if origin is not None:
-            check_origin(origin, host, self._allowed)
+        check_request(scope["method"], scope["headers"], self._allowed)
 
     async def _body(self, receive: Receive) -> bytes:
         chunks: list[bytes] = []

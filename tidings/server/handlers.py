@@ -30,7 +30,7 @@ from tidings.server.config import ServerConfig
 from tidings.server.inbox import LoopInbox
 from tidings.server.longpoll import LongPolls
 from tidings.server.metrics import Metrics
-from tidings.server.origin import SAFE_METHODS, allowed_set, check_origin
+from tidings.server.origin import allowed_set, check_request
 from tidings.server.services import Services
 from tidings.tx import TransactionManager
 
@@ -155,15 +155,8 @@ class Api:
                 try:
                     # A browser's write from another site (docs/security.md, "Requests
                     # from other sites"), before authorization: the refusal does not
-                    # depend on the token and costs no hashing. Clients send no
-                    # Origin: for them this is one pass over the raw header names,
-                    # with none of Headers.get's lower-casing, encoding and KeyError.
-                    for name, value in request.scope["headers"]:
-                        if name == b"origin":
-                            if request.method not in SAFE_METHODS:
-                                host = request.headers.get("host")
-                                check_origin(value.decode("latin-1"), host, allowed)
-                            break
+                    # depend on the token and costs no hashing.
+                    check_request(request.method, request.scope["headers"], allowed)
                     if self.auth is not None:
                         self._authorize(request, route)
                     response = await fn(request)

@@ -14,11 +14,18 @@ Reads stay open: the browser's same-origin policy keeps their answers from the p
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from tidings.errors import Forbidden
 
-__all__ = ["SAFE_METHODS", "allowed_set", "check_origin", "normalize_origin", "refused_origin"]
+__all__ = [
+    "SAFE_METHODS",
+    "allowed_set",
+    "check_origin",
+    "check_request",
+    "normalize_origin",
+    "refused_origin",
+]
 
 #: Methods that change nothing here, so need no check (OPTIONS is not routed at all).
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -71,3 +78,20 @@ def check_origin(origin: str, host: str | None, allowed: frozenset[str]) -> None
 def allowed_set(origins: Iterable[str]) -> frozenset[str]:
     """The configured origins as :func:`refused_origin` compares them."""
     return frozenset(normalize_origin(o) for o in origins)
+
+
+def check_request(
+    method: str, headers: Sequence[tuple[bytes, bytes]], allowed: frozenset[str]
+) -> None:
+    """:func:`check_origin` for a request's method and raw ASGI headers (names lower
+    case). Clients send no ``Origin``: for them this is one pass over the header names,
+    without Starlette's lower-casing and encoding, and ``Host`` is looked for only
+    where ``Origin`` is present."""
+    if method in SAFE_METHODS:
+        return
+    for name, value in headers:
+        if name == b"origin":
+            host = next((v for n, v in headers if n == b"host"), None)
+            named = None if host is None else host.decode("latin-1")
+            check_origin(value.decode("latin-1"), named, allowed)
+            return
