@@ -252,7 +252,8 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
                 "lastStableId": _nullable({"type": "string", "pattern": "^[0-9a-f]{40}$"}),
                 "groupLag": {
                     "type": "object",
-                    "description": "each consumer group of the topic with its lag",
+                    "description": "each consumer group of the topic with its lag (empty for a "
+                    "principal that may publish to the topic but not consume it)",
                     "additionalProperties": {"type": "integer", "minimum": 0},
                 },
             },

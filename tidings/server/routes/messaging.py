@@ -31,7 +31,7 @@ from tidings.codec.transaction import decode_transaction
 from tidings.errors import BadRequest, RoleUnavailable
 from tidings.names import check_name
 from tidings.server.bodies import json_object, read_body, request_media, require_json
-from tidings.server.handlers import Api, json_response
+from tidings.server.handlers import Api, json_response, principal_of
 from tidings.server.routes.consumers import wants_columns
 from tidings.structs import MessageId, TopicEnd, Transaction
 from tidings.tx import TransactionManager
@@ -341,7 +341,14 @@ def routes(api: Api) -> list[Route]:
         found = await api.blocking(messaging.stats, ns, topic)
         end = await end_of(ns, topic)
         groups = api.services.groups
-        lags = {} if groups is None else await api.blocking(groups.topic_lags, ns, topic)
+        principal = principal_of(request)
+        if groups is None or (principal is not None and not principal.may_consume(topic)):
+            # Group names and positions are the consumers' business: a principal that
+            # may only publish here sees the topic's numbers without them (the table
+            # lets it in with publish alone, docs/security.md).
+            lags = {}
+        else:
+            lags = await api.blocking(groups.topic_lags, ns, topic)
         found = dataclasses.replace(found, last_stable_id=end.last_stable_id, group_lags=lags)
         return json_response(admin.stats_json(found))
 
