@@ -5,7 +5,9 @@ transaction log, groups and queues (:mod:`tidings.cluster.lease`). The others li
 all the same, so a load balancer may send any request to any of them: they pass it on
 to the leader's advertised URL as it came (method, path, query, body, and the
 ``Authorization`` header, which the leader checks), and pass its answer back. Only
-``/healthz``, ``/readyz`` and ``/metrics`` are answered here, about this instance.
+``/healthz``, ``/readyz`` and ``/metrics`` are answered here, about this instance,
+``/metrics`` under the leader's rule: with an auth file and ``metrics_auth``, only to a
+principal's token.
 A browser's cross-site write is refused here, as the leader would refuse it
 (:mod:`tidings.server.origin`), before anything is forwarded.
 
@@ -29,7 +31,14 @@ import httpx
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
-from tidings.errors import PayloadTooLarge, ServerError, ServiceUnavailable, TidingsError
+from tidings.errors import (
+    PayloadTooLarge,
+    ServerError,
+    ServiceUnavailable,
+    TidingsError,
+    Unauthorized,
+)
+from tidings.server.auth import Authenticator
 from tidings.server.origin import allowed_set, check_request
 
 __all__ = ["Forwarder"]
@@ -75,6 +84,9 @@ class Forwarder:
     ``timeout`` bounds the wait for the leader's answer; it must exceed the longest
     long-poll the leader allows. ``allowed_origins`` is the ``allowed_origins``
     setting: the origins whose pages may send writes besides this instance's own.
+    ``auth`` (the auth file's principals, reloaded on SIGHUP as the leader's are) and
+    ``metrics_auth`` decide who may read this instance's ``/metrics``, as they do at
+    the leader.
     """
 
     def __init__(
@@ -86,8 +98,12 @@ class Forwarder:
         timeout: float,
         verify: bool | str = True,
         allowed_origins: Iterable[str] = (),
+        auth: Authenticator | None = None,
+        metrics_auth: bool = False,
     ) -> None:
         self._leader = leader
+        # Only with both: without an auth file there are no tokens to ask for.
+        self._metrics_auth = auth if metrics_auth else None
         self._allowed = allowed_set(allowed_origins)
         self._me = me
         self._max_body = max_body
@@ -124,16 +140,20 @@ class Forwarder:
             body = {"status": "ok" if path == "/healthz" else "forwarding", "leader": leader}
             await _answer(send, 200 if path == "/healthz" or leader else 503, orjson.dumps(body))
             return
-        if path == "/metrics":
-            text = b"# TYPE tidings_instance_leader gauge\ntidings_instance_leader 0\n"
-            await _answer(send, 200, text, b"text/plain; version=0.0.4; charset=utf-8")
-            return
         try:
+            if path == "/metrics":
+                if self._metrics_auth is not None:
+                    self._metrics_auth.authenticate(_header(scope, b"authorization"))
+                text = b"# TYPE tidings_instance_leader gauge\ntidings_instance_leader 0\n"
+                await _answer(send, 200, text, b"text/plain; version=0.0.4; charset=utf-8")
+                return
             self._check_origin(scope)
             body_bytes = await self._body(receive)
             await self._forward(scope, body_bytes, send)
         except TidingsError as exc:
             headers = [(b"retry-after", b"1")] if exc.status == 503 else []
+            if isinstance(exc, Unauthorized):
+                headers.append((b"www-authenticate", b'Bearer realm="tidings"'))
             await _answer(send, exc.status, orjson.dumps(exc.to_json()), extra=headers)
 
     def _check_origin(self, scope: Scope) -> None:
@@ -214,6 +234,14 @@ class Forwarder:
         out.append((b"content-length", length))
         await send({"type": "http.response.start", "status": response.status_code, "headers": out})
         await send({"type": "http.response.body", "body": content})
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    """A request header's value (``name`` lower case), as Starlette would decode it."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
 
 
 async def _answer(

@@ -330,7 +330,7 @@ async def _serve(
             app = _Switch(app)
     else:
         assert holder.lease is not None
-        forwarder = _forwarder(config, holder.lease)
+        forwarder = _forwarder(config, holder.lease, auth)
         switch = _Switch(forwarder)
         app = switch
         takeover = loop.create_task(_take_over(config, holder, auth, switch, longpolls))
@@ -380,7 +380,7 @@ async def _serve(
     return server.started, server.received
 
 
-def _forwarder(config: ServerConfig, lease: LeaderLease) -> Forwarder:
+def _forwarder(config: ServerConfig, lease: LeaderLease, auth: Authenticator | None) -> Forwarder:
     from tidings.server.forward import Forwarder  # only instances on PostgreSQL need it
 
     # Forwarded long-polls wait up to max_wait_ms at the leader: allow that and more.
@@ -391,6 +391,8 @@ def _forwarder(config: ServerConfig, lease: LeaderLease) -> Forwarder:
         timeout=config.max_wait_ms / 1000 + 30,
         verify=str(config.tls_cert) if config.tls_cert is not None else True,
         allowed_origins=config.allowed_origins,
+        auth=auth,
+        metrics_auth=config.metrics_auth,
     )
 
 
