@@ -94,7 +94,7 @@ async def get(services: Services, path: str) -> httpx.Response:
         LoopInbox(asyncio.get_running_loop()),
     )
     transport = httpx.ASGITransport(app=create_app(api))
-    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         return await client.get(path)
 
 

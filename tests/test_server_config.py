@@ -104,6 +104,21 @@ def test_allowed_origins_are_kept_as_browsers_write_them(tmp_path: Path) -> None
         load_config({}, config_file=write(tmp_path, "allowed_origins = [1]\n"), env={})
 
 
+def test_allowed_hosts_are_kept_as_host_headers_name_them(tmp_path: Path) -> None:
+    """Lower-case, an IPv6 address in brackets, without a trailing dot: the name part of
+    a ``Host`` header is compared with them as it comes."""
+    env = {"TIDINGS_ALLOWED_HOSTS": " Tidings.Example. , ::1, [2001:DB8::1],tidings.example"}
+    assert load_config({}, env=env).allowed_hosts == (
+        "tidings.example",
+        "[::1]",
+        "[2001:db8::1]",
+    )
+    toml = write(tmp_path, 'allowed_hosts = ["*", "a.example"]\n')
+    assert load_config({}, config_file=toml, env={}).allowed_hosts == ("*", "a.example")
+    with pytest.raises(ConfigError, match="list of host names"):
+        load_config({}, config_file=write(tmp_path, "allowed_hosts = [1]\n"), env={})
+
+
 def test_flag_values_keep_their_types() -> None:
     cfg = load_config({"data_dir": Path("d"), "port": 0, "host": "::1"}, env={})
     assert (cfg.data_dir, cfg.port, cfg.host) == (Path("d"), 0, "::1")
@@ -126,6 +141,12 @@ def test_flag_values_keep_their_types() -> None:
         ({"TIDINGS_ALLOWED_ORIGINS": "null"}, "allowed_origins"),
         ({"TIDINGS_ALLOWED_ORIGINS": "https://a.example/app"}, "allowed_origins"),
         ({"TIDINGS_ALLOWED_ORIGINS": "ftp://a.example"}, "allowed_origins"),
+        ({"TIDINGS_ALLOWED_HOSTS": "tidings.example:8470"}, "without a port"),
+        ({"TIDINGS_ALLOWED_HOSTS": "[::1]:8470"}, "allowed_hosts"),
+        ({"TIDINGS_ALLOWED_HOSTS": "https://tidings.example"}, "allowed_hosts"),
+        ({"TIDINGS_ALLOWED_HOSTS": "a b.example"}, "allowed_hosts"),
+        ({"TIDINGS_ALLOWED_HOSTS": "a..example"}, "allowed_hosts"),
+        ({"TIDINGS_ALLOWED_HOSTS": "*.example"}, "allowed_hosts"),
     ],
 )
 def test_bad_values(env: dict[str, str], fragment: str) -> None:
@@ -203,6 +224,8 @@ def samples(setting: Setting) -> tuple[Any, Any, Any]:
             ("https://env.example", "http://localhost:3000"),
             ("https://flag.example",),
         )
+    if setting.kind == "hosts":
+        return (("toml.example",), ("env.example", "[::1]"), ("flag.example",))
     assert setting.kind == "str", setting.kind
     return ("from-toml", "from-env", "from-flag")
 

@@ -4,16 +4,19 @@ allowlist against DNS rebinding (docs/security.md)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
 from tests.conftest import fresh_database
 from tests.e2e.serverproc import ServerProcess, readiness
 from tests.e2e.test_security import TOKENS, auth_file, bearer
-from tidings import Client
+from tidings import AsyncClient, Client
+from tidings.cli import main
 
 pytestmark = pytest.mark.e2e
 
@@ -85,3 +88,144 @@ def test_a_standbys_metrics_need_a_token_as_the_leaders_do(
     open_standby = pg_instances(url, "--auth-file", path)
     assert readiness(open_standby) == "forwarding"
     assert httpx.get(open_standby.url + "/metrics").status_code == 200
+
+
+# --- the Host allowlist (DNS rebinding) ------------------------------------------------
+
+EVIL = "evil.example"
+
+
+def _publish(srv: ServerProcess, topic: str, host: str | None) -> httpx.Response:
+    """A publish as a page of ``host`` whose name was rebound to 127.0.0.1 sends it:
+    its own host in ``Host`` and in ``Origin``, so the origin check passes."""
+    headers = {} if host is None else {"Host": host, "Origin": f"http://{host}"}
+    return httpx.post(
+        f"{srv.url}/v1/namespaces/default/topics/{topic}/publish",
+        content=b'{"messages": ["cmViaW5k"]}',  # "rebind"
+        headers=headers,
+    )
+
+
+def _assert_refused(answer: httpx.Response) -> None:
+    assert answer.status_code == 400, answer.text
+    body = answer.json()
+    assert body["type"] == "BadRequest" and "allowed_hosts" in body["error"]
+
+
+def test_a_rebound_page_can_neither_read_nor_write(server: ServerProcess, topic: str) -> None:
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"secret"])
+    evil = f"{EVIL}:{server.port}"
+    _assert_refused(_publish(server, topic, evil))
+    reads = [
+        "/v1/namespaces/default/topics",
+        f"/v1/namespaces/default/topics/{topic}/messages",
+        "/metrics",
+        "/console/",
+        "/v1/whoami",
+    ]
+    for path in reads:
+        answer = httpx.get(server.url + path, headers={"Host": evil})
+        _assert_refused(answer)
+        assert "secret" not in answer.text
+    polled = httpx.post(
+        f"{server.url}/v1/namespaces/default/topics/{topic}/poll",
+        content=b"{}",
+        headers={"Host": evil, "Content-Type": "application/json"},
+    )
+    _assert_refused(polled)
+    # A name that merely starts like a loopback one is another name.
+    for host in ("localhost.evil.example", "127.0.0.1.evil.example", f"{EVIL}:8470"):
+        _assert_refused(httpx.get(server.url + "/v1/whoami", headers={"Host": host}))
+    # Liveness and readiness answer whatever a probe calls the instance.
+    for path in ("/healthz", "/readyz"):
+        assert httpx.get(server.url + path, headers={"Host": evil}).status_code == 200
+    with Client(server.url) as client:
+        assert [m.payload for m in client.poll(topic)] == [b"secret"]  # nothing published
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["127.0.0.1:{port}", "localhost:{port}", "LOCALHOST", "[::1]:{port}", "127.0.0.2", None],
+)
+def test_loopback_names_are_answered(server: ServerProcess, topic: str, host: str | None) -> None:
+    with Client(server.url) as client:
+        client.create_topic(topic)
+    named = None if host is None else host.format(port=server.port)
+    assert _publish(server, topic, named).status_code == 200
+    with Client(server.url) as client:
+        assert [m.payload for m in client.poll(topic)] == [b"rebind"]
+
+
+def test_clients_and_the_cli_reach_a_loopback_server_by_name(
+    server: ServerProcess, topic: str
+) -> None:
+    by_name = f"http://localhost:{server.port}"
+    with Client(by_name) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"sync"])
+        with client.transaction() as tx:
+            tx.publish(topic, [b"tx"])
+    result = CliRunner().invoke(main, ["topics", "list"], env={"TIDINGS_URL": by_name})
+    assert result.exit_code == 0 and topic in result.stdout.split(), result.output
+
+    async def use_async() -> list[bytes]:
+        async with AsyncClient(by_name) as client:
+            await client.publish(topic, [b"async"])
+            return [m.payload for m in await client.poll(topic)]
+
+    assert asyncio.run(use_async()) == [b"sync", b"tx", b"async"]
+    assert httpx.get(by_name + "/console/").status_code == 200
+
+
+def test_allowed_hosts_adds_names_to_a_loopback_server(
+    start_server: Callable[..., ServerProcess],
+) -> None:
+    srv = start_server("--allowed-hosts", "tidings.example,Proxy.Example.")
+    with Client(srv.url) as client:
+        client.create_topic("t")
+    for host in ("tidings.example", f"tidings.example:{srv.port}", "proxy.example:443"):
+        assert _publish(srv, "t", host).status_code == 200, host
+    assert _publish(srv, "t", f"localhost:{srv.port}").status_code == 200
+    _assert_refused(_publish(srv, "t", f"{EVIL}:{srv.port}"))
+    with Client(srv.url) as client:
+        assert len(client.poll("t")) == 4
+    anything = start_server(TIDINGS_ALLOWED_HOSTS="*")
+    answer = httpx.get(anything.url + "/v1/namespaces/default/topics", headers={"Host": EVIL})
+    assert answer.status_code == 200
+
+
+def test_a_bad_allowed_hosts_stops_the_server_at_start(tmp_path: Path) -> None:
+    proc = ServerProcess(tmp_path / "data", ["--allowed-hosts", "tidings.example:8470"])
+    with pytest.raises(RuntimeError, match="without a port"):
+        proc.start(timeout=10)
+    assert proc.proc is not None and proc.proc.wait(5) == 2
+
+
+def test_a_standby_answers_the_hosts_the_leader_does_and_forwards(
+    pg_instances: Callable[..., ServerProcess], postgres_url: str
+) -> None:
+    url = fresh_database(postgres_url)
+    leader = pg_instances(url, "--allowed-hosts", "tidings.example")
+    standby = pg_instances(url, "--allowed-hosts", "tidings.example")
+    assert readiness(leader) == "ready" and readiness(standby) == "forwarding"
+    # Clients through the standby: the hop to the leader names the leader's address.
+    with Client(standby.url) as client, Client(f"http://localhost:{standby.port}") as by_name:
+        client.create_topic("t-hosts")
+        client.publish("t-hosts", [b"one"])
+        by_name.publish("t-hosts", [b"two"])
+    for host in (f"tidings.example:{standby.port}", f"localhost:{standby.port}"):
+        assert _publish(standby, "t-hosts", host).status_code == 200, host
+    # Refused at the standby, before anything is forwarded.
+    _assert_refused(_publish(standby, "t-hosts", f"{EVIL}:{standby.port}"))
+    _assert_refused(httpx.get(standby.url + "/metrics", headers={"Host": EVIL}))
+    for path in ("/healthz", "/readyz"):
+        assert httpx.get(standby.url + path, headers={"Host": EVIL}).status_code == 200
+    with Client(leader.url) as client:
+        assert [m.payload for m in client.poll("t-hosts")] == [
+            b"one",
+            b"two",
+            b"rebind",
+            b"rebind",
+        ]

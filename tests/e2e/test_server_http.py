@@ -48,7 +48,7 @@ def _request(
     method: str, path: str, body: bytes = b"", extra: str = "", length: int | None = None
 ) -> bytes:
     size = len(body) if length is None else length
-    head = f"{method} {path} HTTP/1.1\r\nhost: test\r\ncontent-length: {size}\r\n"
+    head = f"{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: {size}\r\n"
     return (head + extra + "\r\n").encode() + body
 
 

@@ -16,14 +16,14 @@ import os
 import re
 import tomllib
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from tidings.errors import ConfigError
 from tidings.messaging.names import MAX_TTL
-from tidings.server.origin import normalize_origin
+from tidings.server.origin import normalize_host, normalize_origin
 from tidings.tx.config import MAX_TIMEOUT_LIMIT
 
 __all__ = [
@@ -47,7 +47,7 @@ CONFIG_FLAG = "--config"
 CONFIG_ENV = "TIDINGS_CONFIG"
 
 #: Kinds of value: how a string from the environment (or a TOML value) is read.
-Kind = Literal["str", "int", "float", "bool", "bytes", "path", "role", "level", "origins"]
+Kind = Literal["str", "int", "float", "bool", "bytes", "path", "role", "level", "origins", "hosts"]
 #: Lower bound a number must keep: above zero, or at least zero.
 Bound = Literal["positive", "non-negative"]
 
@@ -155,6 +155,16 @@ class ServerConfig:
         "server's own: behind a proxy that rewrites `Host`, or an app of your own on "
         "another origin (docs/security.md)",
         kind="origins",
+        flag=True,
+        shown="",
+    )
+    allowed_hosts: tuple[str, ...] = _setting(
+        (),
+        "host names or addresses (no port; comma-separated in a flag or variable, a list "
+        "in TOML) the server answers requests for, by their `Host` header, against DNS "
+        "rebinding: on a loopback `host`, these besides `localhost` and the loopback "
+        "addresses; on another, only these (unset: any). `*`: any (docs/security.md)",
+        kind="hosts",
         flag=True,
         shown="",
     )
@@ -327,7 +337,12 @@ _IMPLIED: dict[object, Kind] = {
     Role: "role",
 }
 # The annotation a named kind is stored as.
-_STORED_AS: dict[Kind, object] = {"bytes": int, "level": str, "origins": tuple[str, ...]}
+_STORED_AS: dict[Kind, object] = {
+    "bytes": int,
+    "level": str,
+    "origins": tuple[str, ...],
+    "hosts": tuple[str, ...],
+}
 
 
 def _row(f: dataclasses.Field[Any], annotation: object) -> Setting:
@@ -451,7 +466,9 @@ def _parse(setting: Setting, value: object, source: str) -> Any:
             return text.lower()
         return text
     if kind == "origins":
-        return _parse_origins(value, where)
+        return _parse_list(value, where, "origins", normalize_origin)
+    if kind == "hosts":
+        return _parse_list(value, where, "host names", normalize_host)
     if kind == "bool":
         if isinstance(value, bool):
             return value
@@ -488,24 +505,27 @@ def _parse(setting: Setting, value: object, source: str) -> Any:
     return int(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
-def _parse_origins(value: object, where: str) -> tuple[str, ...]:
-    """A list of origins: a TOML array, or one string of them separated by commas."""
+def _parse_list(
+    value: object, where: str, what: str, normalize: Callable[[str], str]
+) -> tuple[str, ...]:
+    """A list of origins or host names: a TOML array, or one string of them separated
+    by commas; each as ``normalize`` writes it, once."""
     if isinstance(value, str):
         items: list[object] = [part for part in value.split(",") if part.strip()]
     elif isinstance(value, list | tuple):
         items = list(value)
     else:
-        raise ConfigError(f"{where} must be a list of origins, got {value!r}")
+        raise ConfigError(f"{where} must be a list of {what}, got {value!r}")
     out: list[str] = []
     for item in items:
         if not isinstance(item, str):
-            raise ConfigError(f"{where} must be a list of origins, got {item!r} in it")
+            raise ConfigError(f"{where} must be a list of {what}, got {item!r} in it")
         try:
-            origin = normalize_origin(item)
+            normalized = normalize(item)
         except ValueError as exc:
             raise ConfigError(f"{where}: {exc}") from None
-        if origin not in out:
-            out.append(origin)
+        if normalized not in out:
+            out.append(normalized)
     return tuple(out)
 
 

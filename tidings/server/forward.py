@@ -8,8 +8,10 @@ to the leader's advertised URL as it came (method, path, query, body, and the
 ``/healthz``, ``/readyz`` and ``/metrics`` are answered here, about this instance,
 ``/metrics`` under the leader's rule: with an auth file and ``metrics_auth``, only to a
 principal's token.
-A browser's cross-site write is refused here, as the leader would refuse it
-(:mod:`tidings.server.origin`), before anything is forwarded.
+A browser's cross-site write, and a request for a ``Host`` this instance does not
+answer (``allowed_hosts``), are refused here, as the leader would refuse them
+(:mod:`tidings.server.origin`), before anything is forwarded. The hop to the leader
+carries the leader's advertised host, which the leader always answers.
 
 Where no leader is known or it cannot be reached (a takeover under way), the answer is
 a retriable 503 ``ServiceUnavailable`` with ``Retry-After: 1``: the clients retry, and
@@ -39,7 +41,7 @@ from tidings.errors import (
     Unauthorized,
 )
 from tidings.server.auth import Authenticator
-from tidings.server.origin import allowed_set, check_request
+from tidings.server.origin import HostAllowlist, allowed_set, check_request
 
 __all__ = ["Forwarder"]
 
@@ -86,7 +88,8 @@ class Forwarder:
     setting: the origins whose pages may send writes besides this instance's own.
     ``auth`` (the auth file's principals, reloaded on SIGHUP as the leader's are) and
     ``metrics_auth`` decide who may read this instance's ``/metrics``, as they do at
-    the leader.
+    the leader. ``hosts`` is the ``Host`` check the leader makes of its own requests
+    (None: any ``Host``), made here of the requests this instance is sent.
     """
 
     def __init__(
@@ -100,8 +103,10 @@ class Forwarder:
         allowed_origins: Iterable[str] = (),
         auth: Authenticator | None = None,
         metrics_auth: bool = False,
+        hosts: HostAllowlist | None = None,
     ) -> None:
         self._leader = leader
+        self._hosts = hosts
         # Only with both: without an auth file there are no tokens to ask for.
         self._metrics_auth = auth if metrics_auth else None
         self._allowed = allowed_set(allowed_origins)
@@ -142,6 +147,7 @@ class Forwarder:
             return
         try:
             if path == "/metrics":
+                check_request("GET", scope["headers"], self._allowed, self._hosts)
                 if self._metrics_auth is not None:
                     self._metrics_auth.authenticate(_header(scope, b"authorization"))
                 text = b"# TYPE tidings_instance_leader gauge\ntidings_instance_leader 0\n"
@@ -157,7 +163,8 @@ class Forwarder:
             await _answer(send, exc.status, orjson.dumps(exc.to_json()), extra=headers)
 
     def _check_origin(self, scope: Scope) -> None:
-        """Refuse a browser's write from another origin, as the leader would.
+        """Refuse a request for a ``Host`` this instance does not answer, and a
+        browser's write from another origin, as the leader would.
 
         The check compares ``Origin`` with the ``Host`` the browser addressed, and only
         this instance sees that one: the hop to the leader carries the leader's own
@@ -169,7 +176,7 @@ class Forwarder:
         ``Origin``. Passing the ``Host`` on instead (as ``X-Forwarded-Host``) would make
         the leader trust a header that any client sending to it directly may set.
         """
-        check_request(scope["method"], scope["headers"], self._allowed)
+        check_request(scope["method"], scope["headers"], self._allowed, self._hosts)
 
     async def _body(self, receive: Receive) -> bytes:
         chunks: list[bytes] = []

@@ -14,7 +14,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 import orjson
@@ -30,11 +30,20 @@ from tidings.server.config import ServerConfig
 from tidings.server.inbox import LoopInbox
 from tidings.server.longpoll import LongPolls
 from tidings.server.metrics import Metrics
-from tidings.server.origin import allowed_set, check_request
+from tidings.server.origin import HostAllowlist, allowed_set, check_request, host_allowlist
 from tidings.server.services import Services
 from tidings.tx import TransactionManager
 
-__all__ = ["PRINCIPAL", "Api", "Endpoint", "error_response", "json_response", "principal_of"]
+__all__ = [
+    "PRINCIPAL",
+    "UNCHECKED_HOSTS",
+    "Api",
+    "Endpoint",
+    "error_response",
+    "hosts_of",
+    "json_response",
+    "principal_of",
+]
 
 log = logging.getLogger("tidings.server")
 
@@ -70,6 +79,15 @@ def principal_of(request: Request) -> Principal | None:
     return found
 
 
+#: The routes answered whatever the ``Host`` (:attr:`Api.hosts`).
+UNCHECKED_HOSTS = frozenset({"/healthz", "/readyz"})
+
+
+def hosts_of(config: ServerConfig) -> HostAllowlist | None:
+    """The ``Host`` check ``config`` asks for (:func:`host_allowlist`)."""
+    return host_allowlist(config.host, config.allowed_hosts, config.advertise_url)
+
+
 @dataclass
 class Api:
     """The state the routes close over: configuration, services, metrics, long-polls,
@@ -82,6 +100,11 @@ class Api:
     inbox: LoopInbox
     #: The auth file's principals; None: no auth file, every request is allowed.
     auth: Authenticator | None = None
+    #: The ``Host`` values answered (``allowed_hosts``); None: any.
+    hosts: HostAllowlist | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.hosts = hosts_of(self.config)
 
     @property
     def messaging(self) -> MessagingService:
@@ -147,16 +170,21 @@ class Api:
         """Wrap an endpoint: map errors to responses and count it under ``route``."""
         observe = self.metrics.http.observe
         allowed = allowed_set(self.config.allowed_origins)
+        # Probes (a load balancer's, Kubernetes') address an instance by whatever
+        # name or address they have for it, and liveness and readiness tell a page
+        # nothing worth a rebinding.
+        hosts = None if route in UNCHECKED_HOSTS else self.hosts
 
         def wrap(fn: Endpoint) -> Endpoint:
             @functools.wraps(fn)
             async def endpoint(request: Request) -> Response:
                 start = time.perf_counter()
                 try:
-                    # A browser's write from another site (docs/security.md, "Requests
-                    # from other sites"), before authorization: the refusal does not
-                    # depend on the token and costs no hashing.
-                    check_request(request.method, request.scope["headers"], allowed)
+                    # A request for another Host (DNS rebinding) and a browser's write
+                    # from another site (docs/security.md, "Requests from other
+                    # sites"), before authorization: the refusal does not depend on
+                    # the token and costs no hashing.
+                    check_request(request.method, request.scope["headers"], allowed, hosts)
                     if self.auth is not None:
                         self._authorize(request, route)
                     response = await fn(request)

@@ -34,7 +34,7 @@ from tidings.server.alone import LoneRequest
 from tidings.server.app import create_app
 from tidings.server.auth import Authenticator
 from tidings.server.config import ServerConfig
-from tidings.server.handlers import Api
+from tidings.server.handlers import Api, hosts_of
 from tidings.server.inbox import LoopInbox
 from tidings.server.logs import configure_logging
 from tidings.server.longpoll import LongPolls
@@ -393,6 +393,7 @@ def _forwarder(config: ServerConfig, lease: LeaderLease, auth: Authenticator | N
         allowed_origins=config.allowed_origins,
         auth=auth,
         metrics_auth=config.metrics_auth,
+        hosts=hosts_of(config),
     )
 
 

@@ -10,19 +10,34 @@ other clients (the Python clients, curl, Spark) send none. So a request that cha
 something and carries an ``Origin`` naming another origin than the request's own
 (compared with its ``Host``) is refused with 403, unless ``allowed_origins`` names it.
 Reads stay open: the browser's same-origin policy keeps their answers from the page.
+
+That policy is what DNS rebinding gets around: a page of ``evil.example`` has its name
+resolve to 127.0.0.1, and its requests to ``http://evil.example:8470`` then reach the
+server as the page's own origin, reads and writes alike. What gives them away is the
+``Host`` header, which names the page's host. So a server on a loopback address answers
+only ``Host`` values that are loopback names or addresses, plus ``allowed_hosts``
+(:class:`HostAllowlist`); one on another address answers any unless ``allowed_hosts``
+is set. A refused ``Host`` gets 400, before anything else is looked at.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable, Sequence
+from urllib.parse import urlsplit
 
-from tidings.errors import Forbidden
+from tidings.errors import BadRequest, Forbidden
 
 __all__ = [
+    "LOOPBACK_HOSTS",
     "SAFE_METHODS",
+    "HostAllowlist",
     "allowed_set",
     "check_origin",
     "check_request",
+    "host_allowlist",
+    "is_loopback",
+    "normalize_host",
     "normalize_origin",
     "refused_origin",
 ]
@@ -80,18 +95,164 @@ def allowed_set(origins: Iterable[str]) -> frozenset[str]:
     return frozenset(normalize_origin(o) for o in origins)
 
 
+#: The ``Host`` names a server on a loopback address always answers (any port).
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
+#: The most ``Host`` values whose verdict is remembered: a client sending a new one on
+#: every request must not grow the server's memory.
+_REMEMBERED = 1024
+
+
+def is_loopback(host: str) -> bool:
+    """Whether the listening address ``host`` is a loopback one (``localhost`` too)."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host.lower() == "localhost"
+
+
+def normalize_host(host: str) -> str:
+    """``host`` as :class:`HostAllowlist` compares it: lower case, an IPv6 address in
+    brackets, without a trailing dot; ``"*"`` stays. ``ValueError`` for anything else,
+    a port included (every port of a listed name is answered)."""
+    text = host.strip().lower()
+    if text == "*":
+        return text
+    inner = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    if ":" in inner:
+        try:
+            return f"[{ipaddress.IPv6Address(inner).compressed}]"
+        except ValueError:
+            raise ValueError(f"not a host name or address (without a port): {host!r}") from None
+    name = text.removesuffix(".")
+    if (
+        not name
+        or len(name) > 253
+        or not all(c.isascii() and (c.isalnum() or c in "-._") for c in name)
+        or any(not label for label in name.split("."))
+    ):
+        raise ValueError(f"not a host name or address (without a port): {host!r}")
+    return name
+
+
+class HostAllowlist:
+    """The ``Host`` header values a server answers to (the module's docstring says
+    why): the names listed, every port of each, and with ``loopback`` any loopback
+    address. Verdicts are remembered per raw header value, so a request costs one
+    dictionary lookup once its ``Host`` has been seen."""
+
+    def __init__(self, names: Iterable[str], *, loopback: bool) -> None:
+        self.names = frozenset(names)
+        self.loopback = loopback
+        self._seen: dict[bytes, bool] = {}
+
+    def allows(self, host: bytes) -> bool:
+        """Whether ``host`` (a raw ``Host`` header value) is answered."""
+        verdict = self._seen.get(host)
+        if verdict is None:
+            verdict = self._judge(host.decode("latin-1"))
+            if len(self._seen) < _REMEMBERED:
+                self._seen[host] = verdict
+        return verdict
+
+    def check(self, host: bytes) -> None:
+        """:class:`~tidings.errors.BadRequest` unless :meth:`allows` ``host``."""
+        if not self.allows(host):
+            shown = host.decode("latin-1")[:200]
+            raise BadRequest(
+                f"Host {shown!r} is not a name this server answers to; list it in "
+                "allowed_hosts if clients reach the server by it (docs/security.md)"
+            )
+
+    def _judge(self, host: str) -> bool:
+        text = host.strip().lower()
+        if text.startswith("["):
+            end = text.find("]") + 1
+            name, port = text[:end], text[end:]
+            if not end:
+                return False
+        else:
+            name, sep, rest = text.partition(":")
+            port = sep + rest
+        digits = port[1:]
+        if port and (port[0] != ":" or not ((digits.isascii() and digits.isdigit()) or not digits)):
+            return False
+        name = name.removesuffix(".")
+        if name in self.names:
+            return True
+        if not self.loopback:
+            return False
+        try:
+            return ipaddress.ip_address(name.strip("[]")).is_loopback
+        except ValueError:
+            return False
+
+
+def host_allowlist(
+    listen: str, allowed: Iterable[str], advertise_url: str | None = None
+) -> HostAllowlist | None:
+    """The ``Host`` check of a server listening on ``listen`` with ``allowed_hosts``
+    ``allowed``; None where every ``Host`` is answered (another address than a loopback
+    one and no ``allowed_hosts``, or ``"*"`` among them).
+
+    The server's own address (``listen``, and ``advertise_url``'s host, by which the
+    other instances forward to it) is always answered: the instances on one store reach
+    each other by these."""
+    names = {normalize_host(name) for name in allowed}
+    loopback = is_loopback(listen)
+    if "*" in names or not (names or loopback):
+        return None
+    if loopback:
+        names |= LOOPBACK_HOSTS
+    own = [listen]
+    if advertise_url:
+        own.append(urlsplit(advertise_url).hostname or "")
+    for address in own:
+        # An address is never what a rebinding page names (it needs a name of its own
+        # to point at this server), so answering its own ones opens nothing.
+        try:
+            names.add(normalize_host(address))
+        except ValueError:
+            continue
+    return HostAllowlist(names, loopback=loopback)
+
+
 def check_request(
-    method: str, headers: Sequence[tuple[bytes, bytes]], allowed: frozenset[str]
+    method: str,
+    headers: Sequence[tuple[bytes, bytes]],
+    allowed: frozenset[str],
+    hosts: HostAllowlist | None = None,
 ) -> None:
-    """:func:`check_origin` for a request's method and raw ASGI headers (names lower
-    case). Clients send no ``Origin``: for them this is one pass over the header names,
-    without Starlette's lower-casing and encoding, and ``Host`` is looked for only
-    where ``Origin`` is present."""
-    if method in SAFE_METHODS:
-        return
-    for name, value in headers:
-        if name == b"origin":
-            host = next((v for n, v in headers if n == b"host"), None)
-            named = None if host is None else host.decode("latin-1")
-            check_origin(value.decode("latin-1"), named, allowed)
+    """The ``Host`` check (``hosts``; None: every ``Host`` is answered), then
+    :func:`check_origin`, for a request's method and raw ASGI headers (names lower
+    case). One pass over the header names, without Starlette's lower-casing and
+    decoding: for a read it stops at ``Host`` (which clients send first); without
+    ``hosts``, reads are not scanned at all, and ``Host`` is looked for only where
+    ``Origin`` is present."""
+    if hosts is None:
+        if method in SAFE_METHODS:
             return
+        for name, value in headers:
+            if name == b"origin":
+                host = next((v for n, v in headers if n == b"host"), None)
+                named = None if host is None else host.decode("latin-1")
+                check_origin(value.decode("latin-1"), named, allowed)
+                return
+        return
+    safe = method in SAFE_METHODS
+    host = origin = None
+    for name, value in headers:
+        if name == b"host":
+            if host is None:
+                host = value
+            if safe or origin is not None:
+                break
+        elif name == b"origin" and not safe:
+            origin = value
+            if host is not None:
+                break
+    # No Host at all (HTTP/1.0) is no browser's request: browsers always send one.
+    if host is not None:
+        hosts.check(host)
+    if origin is not None:
+        named = None if host is None else host.decode("latin-1")
+        check_origin(origin.decode("latin-1"), named, allowed)
