@@ -229,3 +229,23 @@ def test_a_standby_answers_the_hosts_the_leader_does_and_forwards(
             b"rebind",
             b"rebind",
         ]
+
+
+def test_the_namespaces_queues_are_listed_to_who_may_consume_their_topic(
+    start_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    srv = start_server("--auth-file", str(auth_file(tmp_path / "auth.toml")))
+    with Client(srv.url, token=TOKENS["admin"]) as admin:
+        for topic in ("t-open", "hidden"):
+            admin.create_topic(topic)
+            admin.publish(topic, [b"m"])
+            admin.queue(topic, f"{topic}-workers").pop(max_messages=1)
+        everything = [("hidden", "hidden-workers"), ("t-open", "t-open-workers")]
+        assert sorted(admin.queues()) == everything
+    with Client(srv.url, token=TOKENS["reader"]) as reader:
+        assert reader.queues() == [("t-open", "t-open-workers")]
+    for who in ("writer", "nobody"):
+        with Client(srv.url, token=TOKENS[who]) as client:
+            assert client.queues() == []
+    raw = httpx.get(srv.url + "/v1/namespaces/default/queues", headers=bearer("reader"))
+    assert raw.status_code == 200 and "hidden" not in raw.text

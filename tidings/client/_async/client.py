@@ -599,7 +599,8 @@ class AsyncClient(BaseClient):
         )
 
     async def queues(self, topic: str | None = None) -> list[tuple[str, str]]:
-        """``(topic, queue)`` of every queue of the namespace, or of ``topic``'s."""
+        """``(topic, queue)`` of every queue of the namespace, or of ``topic``'s (with
+        an auth file, the namespace's are those of topics the principal may consume)."""
         if topic is None:
             return await self._send(self._api.queue_list_all())
         return [(topic, q) for q in await self._send(self._api.queue_list(topic))]

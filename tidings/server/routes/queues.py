@@ -49,6 +49,11 @@ def routes(api: Api) -> list[Route]:
         coordinator = api.queues
         ns = check_name(request.path_params["ns"], "namespace")
         found = await api.blocking(coordinator.all_names, ns)
+        principal = principal_of(request)
+        if principal is not None:
+            # Any principal may ask, but a queue's name is its topic's consumers'
+            # business, as the topic's own queue list is (docs/security.md).
+            found = [(t, q) for t, q in found if principal.may_consume(t)]
         return json_response([{"topic": t, "queue": q} for t, q in found])
 
     @api.endpoint(QUEUES)
