@@ -658,6 +658,8 @@ def stats(ctx: click.Context, topic: str, as_json: bool) -> None:
         ("fetches", s.fetches),
         ("publish rate /s", s.publish_rate),
         ("fetch rate /s", s.fetch_rate),
+        # "-": the group starts at latest and committed nothing (no place to count from).
+        *((f"lag of group {g}", lag) for g, lag in sorted(s.group_lags.items())),
     ]
     if as_json:
         from tidings.codec.admin import stats_json
@@ -749,9 +751,16 @@ def groups_describe(ctx: click.Context, topic: str, group: str, as_json: bool) -
         return
     from rich.table import Table
 
+    total = "-" if info.lag is None else str(info.lag)
+    if info.lag is not None and not all(p.lag_exact for p in info.partitions):
+        total += "+"
+    unknown = sum(p.lag is None for p in info.partitions)
+    if unknown and info.lag is not None:
+        # Kafka's tool shows "-" for these: the total leaves them out.
+        total += f" ({unknown} partition(s) with no committed position not counted)"
     table = Table(
         title=f"{topic}/{group}: generation {info.generation}, {len(info.members)} member(s), "
-        f"lag {info.lag}{'' if all(p.lag_exact for p in info.partitions) else '+'}"
+        f"lag {total}"
     )
     # Ids fold onto a second line rather than end in "…": a position is what
     # `groups reset --to` takes, so it must be there to copy; it keeps one line where
@@ -768,7 +777,7 @@ def groups_describe(ctx: click.Context, topic: str, group: str, as_json: bool) -
             str(p.partition),
             p.owner or "-",
             p.position.hex if p.position else "-",
-            f"{p.lag}{'' if p.lag_exact else '+'}",
+            "-" if p.lag is None else f"{p.lag}{'' if p.lag_exact else '+'}",
         )
     _console().print(table)
 

@@ -242,7 +242,7 @@ class TopicStats:
     #: is, or the server cannot tell); see :class:`TopicEnd`.
     last_stable_id: MessageId | None = None
     #: Each consumer group of the topic with its lag in messages.
-    group_lags: Mapping[str, int] = field(default_factory=dict)
+    group_lags: Mapping[str, int | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,12 +261,15 @@ class GroupAssignment:
 class GroupPartition:
     """One partition of a consumer group: its owner, committed position (the id of the
     last message consumed; None: none yet) and lag (read-committed messages after the
-    position; a lower bound where ``lag_exact`` is False)."""
+    position; a lower bound where ``lag_exact`` is False). Without a position the lag
+    counts from where a member would start: every message for a group starting at
+    "earliest"; None for one starting at "latest", which has no place to count from
+    (Kafka's "-")."""
 
     partition: int
     owner: str | None
     position: MessageId | None
-    lag: int
+    lag: int | None
     lag_exact: bool = True
 
 
@@ -283,9 +286,11 @@ class GroupInfo:
     end: MessageId | None
 
     @property
-    def lag(self) -> int:
-        """The group's total lag, in messages."""
-        return sum(p.lag for p in self.partitions)
+    def lag(self) -> int | None:
+        """The group's total lag, in messages: the sum over the partitions that have a
+        lag (None where none has: a group starting at "latest" that committed nothing)."""
+        known = [p.lag for p in self.partitions if p.lag is not None]
+        return sum(known) if known else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -234,9 +234,9 @@ def read_stats(obj: Any) -> TopicStats:
         fetch_rate=float(_field(obj, "fetchRate", (int, float))),
         last_stable_id=_optional_id(obj.get("lastStableId")),
         group_lags={
-            str(g): n
+            str(g): _optional_int(n)
             for g, n in (obj.get("groupLag") or {}).items()
-            if isinstance(n, int) and not isinstance(n, bool)
+            if n is None or (isinstance(n, int) and not isinstance(n, bool))
         },
     )
 
@@ -741,7 +741,7 @@ def read_group(obj: Any) -> GroupInfo:
             partition=_field(p, "partition", int),
             owner=p.get("owner") if isinstance(p.get("owner"), str) else None,
             position=_optional_id(p.get("position")),
-            lag=_field(p, "lag", int),
+            lag=_optional_int(p.get("lag")),
             lag_exact=bool(p.get("lagExact", True)),
         )
         for p in _field(obj, "partitions", list)

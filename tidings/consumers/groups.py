@@ -684,7 +684,7 @@ class GroupCoordinator:
             start=record.start,
             members={m: v.partitions for m, v in record.members.items()},
             partitions=tuple(
-                GroupPartition(p, record.owner(p), positions.get(p), lags.get(p, 0), exact)
+                GroupPartition(p, record.owner(p), positions.get(p), lags.get(p), exact)
                 for p in range(record.partitions)
             ),
             end=self._messaging.end(namespace, topic, snapshot).newest_id,
@@ -699,11 +699,19 @@ class GroupCoordinator:
         snapshot: Transaction,
         budget: int = _LAG_BUDGET,
     ) -> tuple[dict[int, int], bool]:
+        """Each partition's lag: the messages after its committed position or, with
+        none, after where a member would start it now. For a group starting at "latest"
+        that is wherever the topic ends when a member gets the partition: no place to
+        count from, so such partitions have no lag (Kafka's "-"), rather than a 0 that
+        stays 0 however far the group falls behind."""
         floors: dict[int, MessageId | None] = {
-            p: positions.get(p, self._start_position(namespace, topic, record))
-            for p in range(record.partitions)
+            p: positions.get(p) for p in range(record.partitions)
         }
+        if record.start == "latest":
+            floors = {p: f for p, f in floors.items() if f is not None}
         lags = dict.fromkeys(floors, 0)
+        if not floors:
+            return lags, True
         firsts = list(floors.values())
         start = None if None in firsts else min(f for f in firsts if f)
         examined = 0
@@ -723,6 +731,8 @@ class GroupCoordinator:
             page = Page(start, columns, False)
             for h, message_id in zip(page.hashes, columns.ids, strict=True):
                 p = h % record.partitions
+                if p not in raw_floors:
+                    continue
                 floor = raw_floors[p]
                 if floor is None or message_id > floor:
                     lags[p] += 1
@@ -736,10 +746,11 @@ class GroupCoordinator:
 
     def lags(
         self, budget: int = _METRICS_LAG_BUDGET, only: tuple[str, str] | None = None
-    ) -> list[tuple[str, str, str, int, bool]]:
+    ) -> list[tuple[str, str, str, int | None, bool]]:
         """``(namespace, topic, group, lag, exact)`` of every group of every live topic
         (or of the ``only`` one), for ``/metrics`` and stats: each lag counted by a scan of
-        at most ``budget`` entries (a lower bound past it)."""
+        at most ``budget`` entries (a lower bound past it), the sum over the partitions
+        that have one (None: none has, see :meth:`_lags`)."""
         if only is None:
             names = self._messaging.topic_names()
             start, stop = gkeys.GROUP_PREFIX, gkeys.GROUP_PREFIX[:-1] + b"0"
@@ -765,10 +776,11 @@ class GroupCoordinator:
             gid = (topic_id, generation, gkeys.group_name_of(key))
             positions = self.positions(gid, snapshot)
             lags, exact = self._lags(namespace, topic, record, positions, snapshot, budget)
-            out.append((namespace, topic, gid[2], sum(lags.values()), exact))
+            total = sum(lags.values()) if lags else None
+            out.append((namespace, topic, gid[2], total, exact))
         return out
 
-    def topic_lags(self, namespace: str, topic: str) -> dict[str, int]:
+    def topic_lags(self, namespace: str, topic: str) -> dict[str, int | None]:
         """Each group of the topic with its total lag (for topic stats)."""
         only = (namespace, topic)
         return {group: lag for _, _, group, lag, _ in self.lags(_METRICS_LAG_BUDGET, only)}
@@ -791,14 +803,15 @@ class GroupCoordinator:
                 raise GroupNotFound(f"topic {namespace}:{topic} has no group {group}")
             if self._alive(gid, record):
                 raise Conflict(f"group {group} has members: reset it when they are gone")
-            position = self._reset_position(namespace, topic, to)
+            # On an empty topic "latest" is before every message: written as such, since
+            # no position would hand the group back to its own start and show no lag.
+            position = self._reset_position(namespace, topic, to) or MessageId(0, 0, 0, 0)
             start, stop = gkeys.positions_range(*gid)
 
             def write(view: WriteView) -> None:
                 view.delete_range(_META, start, stop)
-                if position is not None:
-                    for p in range(record.partitions):
-                        view.put(_META, gkeys.position_key(*gid, p, 0), position.to_bytes())
+                for p in range(record.partitions):
+                    view.put(_META, gkeys.position_key(*gid, p, 0), position.to_bytes())
 
             self._store.apply(write)
 

@@ -84,7 +84,7 @@ class Sources:
     store_commits: Callable[[], int] | None = None
     tx_pruned: Callable[[], int] | None = None
     #: ``(namespace, topic, group, lag, exact)`` of every consumer group.
-    group_lags: Callable[[], list[tuple[str, str, str, int, bool]]] | None = None
+    group_lags: Callable[[], list[tuple[str, str, str, int | None, bool]]] | None = None
     #: ``(namespace, topic, stats)`` of every queue the server has used.
     queue_stats: Callable[[], list[tuple[str, str, QueueStats]]] | None = None
 
@@ -267,11 +267,15 @@ class _Collector:
         lag = GaugeMetricFamily(
             "tidings_group_lag",
             "Read-committed messages after a consumer group's committed positions (a lower "
-            "bound past 100,000 examined per group).",
+            "bound past 100,000 examined per group); absent for a group starting at latest "
+            "that committed nothing.",
             labels=["namespace", "topic", "group"],
         )
         for namespace, topic, group, value, _ in self._m.sources.group_lags():
-            lag.add_metric([namespace, topic, group], value)
+            # No series rather than a 0 that would read as "caught up" (Prometheus's way
+            # of saying unknown; kafka_exporter likewise leaves such partitions out of its sum).
+            if value is not None:
+                lag.add_metric([namespace, topic, group], value)
         yield lag
 
     def _queues(self) -> Iterator[Metric]:

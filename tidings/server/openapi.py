@@ -252,9 +252,10 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
                 "lastStableId": _nullable({"type": "string", "pattern": "^[0-9a-f]{40}$"}),
                 "groupLag": {
                     "type": "object",
-                    "description": "each consumer group of the topic with its lag (empty for a "
-                    "principal that may publish to the topic but not consume it)",
-                    "additionalProperties": {"type": "integer", "minimum": 0},
+                    "description": "each consumer group of the topic with its lag (null: "
+                    "no partition has one, a group starting at latest that committed nothing; "
+                    "empty for a principal that may publish to the topic but not consume it)",
+                    "additionalProperties": _nullable({"type": "integer", "minimum": 0}),
                 },
             },
         },
@@ -653,13 +654,13 @@ def _group_schemas() -> dict[str, Any]:
                             "partition": {"type": "integer"},
                             "owner": _nullable(member_id),
                             "position": _nullable({"type": "string", "pattern": "^[0-9a-f]{40}$"}),
-                            "lag": {"type": "integer", "minimum": 0},
+                            "lag": _nullable({"type": "integer", "minimum": 0}),
                             "lagExact": {"type": "boolean"},
                         },
                     },
                 },
                 "end": _nullable({"type": "string", "pattern": "^[0-9a-f]{40}$"}),
-                "lag": {"type": "integer", "minimum": 0},
+                "lag": _nullable({"type": "integer", "minimum": 0}),
             },
         },
         **_queue_schemas(),

@@ -616,7 +616,8 @@ function plural(n, word) {
 }
 
 function lagText(lag, exact) {
-  return exact ? count(lag) : `≥ ${count(lag)}`;
+  // null: no committed position to count from (a group starting at latest), Kafka's "-".
+  return exact || lag === null ? count(lag) : `≥ ${count(lag)}`;
 }
 
 function queuesTable(queues, withTopic = false) {
