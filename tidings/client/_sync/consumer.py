@@ -23,7 +23,8 @@ from tidings.client.cursor import (
     ConsumerCursor,
     PollKey,
 )
-from tidings.errors import ServiceUnavailable, TidingsError
+from tidings.client.outage import Outage
+from tidings.errors import RoleUnavailable, TidingsError
 from tidings.structs import Message, MessageId
 
 __all__ = ["Consumer"]
@@ -155,7 +156,7 @@ class Consumer(Iterator[Message]):
         """The next page, read ahead or polled now; the poll after it sent ahead."""
         cursor = self._cursor
         page = self._taken_ahead()
-        outage = 0
+        outage: Outage | None = None
         while page is None:
             try:
                 if cursor.latest_pending:
@@ -164,10 +165,17 @@ class Consumer(Iterator[Message]):
                 if cursor.needs_snapshot:
                     cursor.snapshot = self._client.snapshot()
                 page = self._send_page(cursor.key(), cursor.poll_wait())
-            except ServiceUnavailable as exc:
-                cursor.fall_back(exc)  # an answer, not an outage: no waiting it out
+            except RoleUnavailable as exc:
+                # This process takes no snapshots (its role): an answer, not an outage.
+                # Any other 503 (a store out of reach, a cluster between leaders) is
+                # waited out below like a lost connection.
+                cursor.fall_back(exc)
             except TidingsError as exc:
-                outage = self._wait_out(exc, outage)
+                if outage is None:
+                    outage = Outage(f"consumer of topic {self.topic!r}")
+                self._wait_out(exc, outage)
+        if outage is not None:
+            outage.ended()
         key = cursor.ahead_of(page)
         if key is not None:
             self._send_ahead(key)  # before decoding: the server works meanwhile
@@ -209,14 +217,14 @@ class Consumer(Iterator[Message]):
             stable = start = ids[-1]
         cursor.resolve_latest_after(stable)
 
-    def _wait_out(self, error: TidingsError, outage: int) -> int:
+    def _wait_out(self, error: TidingsError, outage: Outage) -> None:
         """A follower outlives a server restart: on a retriable error it waits (0.1 s,
-        doubling to 5 s) and polls again from its position; anything else is raised."""
+        doubling to 5 s; logged, see :mod:`tidings.client.outage`) and polls again from
+        its position; anything else is raised."""
         if not (self._cursor.follow and error.retriable):
             raise error
         self._cursor.snapshot = None  # a fresh one after the outage
-        sleep(min(5.0, 0.1 * 2**outage))
-        return outage + 1
+        sleep(outage.failed(error))
 
     def __iter__(self) -> Iterator[Message]:
         # A generator over the pages: a loop over the consumer takes each message

@@ -44,6 +44,7 @@ from tidings.client._sync.concurrency import Pending, Worker, sleep, yield_turns
 from tidings.client._sync.session import Session
 from tidings.client._sync.transactions import TransactionContext
 from tidings.client.api import Call, GroupPage, PollPage, check_max_bytes
+from tidings.client.outage import Outage
 from tidings.codec.admin import START_ALIASES, TransactionGroupCommit
 from tidings.codec.groups import partition_of
 from tidings.errors import (
@@ -495,10 +496,11 @@ class GroupConsumer(Iterator[Message]):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _wait_out(self, error: TidingsError, outage: int) -> int:
+    def _wait_out(self, error: TidingsError, outage: Outage) -> None:
         """A follower outlives a server restart: on a retriable error it waits (0.1 s,
-        doubling to 5 s) and polls again, rejoining if the group forgot it; the server
-        delivers from the committed positions. Anything else is raised."""
+        doubling to 5 s; logged, see :mod:`tidings.client.outage`) and polls again,
+        rejoining if the group forgot it; the server delivers from the committed
+        positions. Anything else is raised."""
         if not (self._follow and error.retriable):
             raise error
         # A restarted server delivers again from the committed positions and refuses
@@ -506,22 +508,25 @@ class GroupConsumer(Iterator[Message]):
         # (it comes again). If the server did not restart, a later commit covers it.
         self._returned.clear()
         self._delivered = None  # ...and comes again, not dropped as delivered
-        sleep(min(5.0, 0.1 * 2**outage))
-        return outage + 1
+        sleep(outage.failed(error))
 
     def __iter__(self) -> GroupConsumer:
         return self
 
     def __next__(self) -> Message:
         message = next(self._rest, None)
-        outage = 0
+        outage: Outage | None = None
         while message is None:
             try:
                 count, rest = self._fetch_rows()
             except TidingsError as exc:
-                outage = self._wait_out(exc, outage)
+                if outage is None:
+                    outage = Outage(f"member of group {self.group!r} of topic {self.topic!r}")
+                self._wait_out(exc, outage)
                 continue
-            outage = 0
+            if outage is not None:
+                outage.ended()
+                outage = None
             if not count and not self._follow:
                 raise StopIteration
             self._rest = rest
