@@ -13,7 +13,7 @@ from tests.e2e.serverproc import ServerProcess
 from tidings import Client
 from tidings.cli import main
 from tidings.codec.groups import partition_of
-from tidings.structs import Record
+from tidings.structs import MessageId, Record
 
 pytestmark = pytest.mark.e2e
 
@@ -118,3 +118,29 @@ def test_reset_to_latest_on_an_empty_topic_is_a_position(server: ServerProcess, 
         member = client.consume(topic, group="g", follow=False)
         assert [m.payload for m in member.poll()] == [b"a", b"b"]
         member.close()
+
+
+def test_a_reset_to_an_id_past_the_end_goes_to_the_end_not_into_the_future(
+    server: ServerProcess, topic: str
+) -> None:
+    """An id newer than every message (another topic's, a typo) parked the group there:
+    every message published until that time was skipped without a word. As Kafka moves
+    an offset past the log end to the log end, the group goes to the end."""
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [Record(b"old")])
+        joined = client.consume(topic, group="g", follow=False, partitions=1)
+        joined.heartbeat()
+        joined.close()
+        future = MessageId(2**62, 0)
+        client.reset_group(topic, "g", future)
+        (p,) = client.describe_group(topic, "g").partitions
+        assert p.position is not None and p.position < future and p.lag == 0
+        client.publish(topic, [Record(b"new")])
+        member = client.consume(topic, group="g", follow=False)
+        assert [m.payload for m in member.poll()] == [b"new"]
+        member.close()
+        # Through the command line too (a 40-hex id).
+        result = _cli(server, "groups", "reset", topic, "g", "--to", "f" * 40)
+        assert "reset group g" in result
+        assert client.describe_group(topic, "g").lag == 0

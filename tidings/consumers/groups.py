@@ -826,6 +826,12 @@ class GroupCoordinator:
         if to == "latest":
             return self._latest(namespace, topic)
         if isinstance(to, MessageId):
+            # Past the newest message (an id of another topic, a typo) it would park the
+            # group in the future, skipping whatever comes until then: to the end
+            # instead, as Kafka moves an offset past the log end to the log end.
+            newest = self._messaging.end(namespace, topic, None).newest_id
+            if newest is None or to > newest:
+                return self._latest(namespace, topic)
             return to
         if isinstance(to, int) and not isinstance(to, bool) and to >= 0:
             first = self._messaging.fetch(namespace, topic, start=to, limit=1, count=False)
