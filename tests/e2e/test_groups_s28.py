@@ -144,3 +144,28 @@ def test_a_reset_to_an_id_past_the_end_goes_to_the_end_not_into_the_future(
         result = _cli(server, "groups", "reset", topic, "g", "--to", "f" * 40)
         assert "reset group g" in result
         assert client.describe_group(topic, "g").lag == 0
+
+
+@pytest.mark.parametrize("auto_commit", [False, True])
+def test_a_following_member_outlives_its_group_being_deleted(
+    server: ServerProcess, topic: str, auto_commit: bool
+) -> None:
+    """Deleting a group (to start it over) made a following member with auto_commit end
+    with GroupNotFound, its commit of what it had returned finding no group, while one
+    without auto_commit joins again and goes on; both join again now, and close()
+    after the topic is deleted is quiet, as the leave in it is."""
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [Record(b"a"), Record(b"b")])
+        member = client.consume(
+            topic, group="g", partitions=1, auto_commit=auto_commit, wait=0.2, batch_size=1
+        )
+        messages = iter(member)
+        assert next(messages).payload == b"a"
+        client.delete_group(topic, "g")
+        # Delivered again from the start of the group joined anew (at least once).
+        rest = [next(messages).payload for _ in range(2)]
+        assert sorted(rest) == [b"a", b"b"]
+        assert client.groups(topic) == ["g"]
+        client.delete_topic(topic)
+        member.close()  # nothing to commit to nor to leave: no error

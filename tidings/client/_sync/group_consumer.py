@@ -256,13 +256,18 @@ class GroupConsumer(Iterator[Message]):
         this member has not heard of yet moved one of those partitions (or dropped it),
         it learns its assignment, which keeps the positions of the partitions it still
         owns, and commits those: the others' messages go to their new owner again (at
-        least once). Raising instead would refuse every later poll the same way."""
+        least once). Raising instead would refuse every later poll the same way. A group
+        deleted meanwhile took its positions with it: nothing to commit to, and the
+        member joins again as after a poll that found it gone (rather than ending a
+        following loop that would go on without ``auto_commit``)."""
         try:
             self.commit()
         except PartitionFenced:
             if self._refresh() is None or not self._returned:
                 return
             self.commit()
+        except GroupNotFound:
+            self._lost()
 
     def _fetch(self) -> list[Message]:
         """The next messages not delivered before, decoded whole (for poll())."""
@@ -482,7 +487,10 @@ class GroupConsumer(Iterator[Message]):
         member_id = self._assignment.member_id
         try:
             if self._auto_commit and self._returned:
-                self._commit_returned()
+                # A topic deleted meanwhile took the group and its positions with it:
+                # nothing left to commit to, as there is nothing left to leave.
+                with contextlib.suppress(TopicNotFound):
+                    self._commit_returned()
         finally:
             self._assignment = None
             # Dropped already, or dropped with its group (deleted, or with its topic):
