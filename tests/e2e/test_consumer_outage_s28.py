@@ -4,6 +4,7 @@ alike, at start and mid-stream)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.serverproc import ServerProcess, free_port
-from tidings import Client
+from tidings import AsyncClient, Client
 from tidings.structs import Message, Record
 
 pytestmark = pytest.mark.e2e
@@ -124,3 +125,28 @@ def test_a_following_group_member_warns_when_its_server_goes_away_mid_stream(
         assert any("answers again" in r.getMessage() for r in caplog.records)
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("group", [None, "ag"])
+async def test_an_async_follower_started_while_the_server_is_down_warns_then_reads(
+    down_server: ServerProcess, caplog: pytest.LogCaptureFixture, group: str | None
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    async with AsyncClient(down_server.url, timeout=5) as client:
+        consumer = (
+            client.consume("t", wait=1.0)
+            if group is None
+            else client.consume("t", group=group, wait=1.0, partitions=1)
+        )
+        first = asyncio.create_task(anext(aiter(consumer)))
+        deadline = time.monotonic() + 20
+        while not any(r.levelno == logging.WARNING for r in caplog.records):
+            assert time.monotonic() < deadline and not first.done()
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(down_server.start)
+        message = await asyncio.wait_for(first, 30)
+        assert message.payload == b"first"
+        assert [r.levelname for r in caplog.records if r.name == LOGGER] == ["WARNING", "INFO"]
+        close = consumer.close()
+        if close is not None:
+            await close
