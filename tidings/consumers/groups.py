@@ -59,6 +59,7 @@ from tidings.errors import (
     MemberNotFound,
     PartitionFenced,
     TidingsError,
+    TopicNotFound,
     TransactionConflict,
 )
 from tidings.messaging import MessagingService
@@ -775,7 +776,10 @@ class GroupCoordinator:
                 continue
             gid = (topic_id, generation, gkeys.group_name_of(key))
             positions = self.positions(gid, snapshot)
-            lags, exact = self._lags(namespace, topic, record, positions, snapshot, budget)
+            try:
+                lags, exact = self._lags(namespace, topic, record, positions, snapshot, budget)
+            except TopicNotFound:
+                continue  # deleted since it was listed: its groups went with it
             total = sum(lags.values()) if lags else None
             out.append((namespace, topic, gid[2], total, exact))
         return out
