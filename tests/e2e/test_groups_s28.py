@@ -4,6 +4,7 @@ line: lag where nothing is committed, and the like."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import httpx
 import pytest
@@ -13,6 +14,7 @@ from tests.e2e.serverproc import ServerProcess
 from tidings import Client
 from tidings.cli import main
 from tidings.codec.groups import partition_of
+from tidings.errors import BadRequest
 from tidings.structs import MessageId, Record
 
 pytestmark = pytest.mark.e2e
@@ -169,3 +171,35 @@ def test_a_following_member_outlives_its_group_being_deleted(
         assert client.groups(topic) == ["g"]
         client.delete_topic(topic)
         member.close()  # nothing to commit to nor to leave: no error
+
+
+def test_reset_group_takes_what_consume_and_the_command_line_take(
+    server: ServerProcess, topic: str
+) -> None:
+    """``client.reset_group(t, g, "-1h")`` (or a 40-hex id, an ISO time, a datetime) was
+    refused with BadRequest, while ``tidings groups reset --to -1h`` and
+    ``consume(t, "-1h")`` take it."""
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [Record(b"a"), Record(b"b"), Record(b"c")])
+        joined = client.consume(topic, group="g", follow=False, partitions=1)
+        joined.heartbeat()
+        joined.close()
+        first, second, _ = client.poll(topic)
+
+        def lag() -> int | None:
+            return client.describe_group(topic, "g").lag
+
+        client.reset_group(topic, "g", "latest")
+        client.reset_group(topic, "g", "-1h")
+        assert lag() == 3
+        client.reset_group(topic, "g", "end")
+        client.reset_group(topic, "g", first.id.hex)
+        assert lag() == 2
+        client.reset_group(topic, "g", datetime.fromtimestamp(second.id.publish_ts / 1000))
+        assert lag() in (2, 3)  # the three may share a millisecond
+        client.reset_group(topic, "g", "latest")
+        for bad in ("middle", "-1y", True):
+            with pytest.raises(BadRequest):
+                client.reset_group(topic, "g", bad)  # type: ignore[arg-type]
+        assert lag() == 0  # unchanged

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Self, TypeVar, overload
 
 # ---- sync only
@@ -31,6 +32,7 @@ from tidings.client.base import (
     concrete_start,
     encoded_transaction,
     read_only_snapshot,
+    resolve_start,
     to_records,
 )
 from tidings.client.batching import ErrorCallback
@@ -548,11 +550,20 @@ class AsyncClient(BaseClient):
         :class:`GroupNotFound` if there is none."""
         return await self._send(self._api.group_describe(topic, group))
 
-    async def reset_group(self, topic: str, group: str, to: str | MessageId | int) -> None:
+    async def reset_group(
+        self, topic: str, group: str, to: str | MessageId | int | datetime
+    ) -> None:
         """Move every position of a group without members: ``"earliest"``,
         ``"latest"``, after a message id, or to the first message at or after a time
-        (ms since the epoch)."""
-        await self._send(self._api.group_reset(topic, group, to))
+        (ms since the epoch). ``to`` takes every form ``consume``'s ``start`` takes, as
+        ``tidings groups reset --to`` does: a 40-hex id, an ISO-8601 time, a time before
+        now such as ``"-1h"``, a ``datetime``; anything else is
+        :class:`~tidings.errors.InvalidMessageId` (a ``BadRequest``), sent nowhere."""
+        if to is None:
+            raise BadRequest("reset_group needs where to: earliest, latest, an id or a time")
+        position = resolve_start(to)
+        where = "earliest" if position is None else position
+        await self._send(self._api.group_reset(topic, group, where))
 
     async def delete_group(self, topic: str, group: str) -> None:
         """Delete a consumer group and its positions."""

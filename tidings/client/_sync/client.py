@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import Any, Self, TypeVar, overload
 
 from tidings.client._sync.concurrency import Pending, Worker, sleep
@@ -30,6 +31,7 @@ from tidings.client.base import (
     concrete_start,
     encoded_transaction,
     read_only_snapshot,
+    resolve_start,
     to_records,
 )
 from tidings.client.batching import ErrorCallback
@@ -520,11 +522,18 @@ class Client(BaseClient):
         :class:`GroupNotFound` if there is none."""
         return self._send(self._api.group_describe(topic, group))
 
-    def reset_group(self, topic: str, group: str, to: str | MessageId | int) -> None:
+    def reset_group(self, topic: str, group: str, to: str | MessageId | int | datetime) -> None:
         """Move every position of a group without members: ``"earliest"``,
         ``"latest"``, after a message id, or to the first message at or after a time
-        (ms since the epoch)."""
-        self._send(self._api.group_reset(topic, group, to))
+        (ms since the epoch). ``to`` takes every form ``consume``'s ``start`` takes, as
+        ``tidings groups reset --to`` does: a 40-hex id, an ISO-8601 time, a time before
+        now such as ``"-1h"``, a ``datetime``; anything else is
+        :class:`~tidings.errors.InvalidMessageId` (a ``BadRequest``), sent nowhere."""
+        if to is None:
+            raise BadRequest("reset_group needs where to: earliest, latest, an id or a time")
+        position = resolve_start(to)
+        where = "earliest" if position is None else position
+        self._send(self._api.group_reset(topic, group, where))
 
     def delete_group(self, topic: str, group: str) -> None:
         """Delete a consumer group and its positions."""
