@@ -57,3 +57,30 @@ def test_a_role_without_snapshots_is_an_answer_not_an_outage(
     assert client.polls[-1]["transaction"] is not None  # its own snapshots from now on
     assert caplog.records == []  # nothing to warn of
     consumer.close()
+
+
+def test_an_outage_warns_once_then_each_minute_and_says_when_it_ends(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tidings.client import outage as module
+    from tidings.errors import TidingsConnectionError
+
+    now = [100.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: now[0])
+    caplog.set_level(logging.INFO, logger="tidings.client.consumer")
+    outage = module.Outage("consumer of topic 't'")
+    waits = []
+    for _ in range(40):  # 40 tries, 5 s apart once the backoff is at its cap
+        waits.append(outage.failed(TidingsConnectionError("refused")))
+        now[0] += waits[-1]
+    assert waits[:3] == [0.1, 0.2, 0.4] and max(waits) == 5.0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    elapsed = now[0] - 100.0
+    assert len(warnings) == 1 + int(elapsed // module.REMIND_EVERY)
+    assert "consumer of topic 't'" in warnings[0] and "refused" in warnings[0]
+    assert "still failing after" in warnings[1]
+    outage.ended()
+    outage.ended()  # once per outage
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(infos) == 1 and "answers again" in infos[0]
+    assert outage.failed(TidingsConnectionError("refused")) == 0.1  # a new outage
