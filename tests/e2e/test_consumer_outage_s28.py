@@ -150,3 +150,21 @@ async def test_an_async_follower_started_while_the_server_is_down_warns_then_rea
         close = consumer.close()
         if close is not None:
             await close
+
+
+def test_a_member_closed_while_its_server_is_down_logs_instead_of_raising(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    proc = ServerProcess(tmp_path / "data", port=free_port()).start()
+    try:
+        with Client(proc.url, timeout=5) as client:
+            client.create_topic("t")
+            client.publish("t", [Record(b"first", b"k")])
+            member = client.consume("t", group="g", follow=False, partitions=1)
+            assert [m.payload for m in member.poll()] == [b"first"]
+            proc.stop()
+            member.close()  # the leave goes unanswered: logged, not raised
+        assert any("could not leave" in r.getMessage() for r in caplog.records)
+    finally:
+        proc.kill()

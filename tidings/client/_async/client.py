@@ -503,7 +503,9 @@ class AsyncClient(BaseClient):
         applies only where the group has no committed position; positions move only
         on ``commit()`` (or each poll, with ``auto_commit``). ``session_timeout``
         seconds without a poll or heartbeat drop the member; ``partitions`` (default
-        32) is fixed when the group is first joined.
+        32) is fixed when the group is first joined. ``transactional=False`` and
+        ``inclusive=False`` are for a plain consumer: with ``group`` they raise
+        ``ValueError``.
 
         Each poll asks for up to ``batch_size`` messages and, with ``max_bytes``,
         stops after the message that brings the page to that many bytes (the server
@@ -513,6 +515,12 @@ class AsyncClient(BaseClient):
         if group is not None:
             if not isinstance(start, str):
                 raise ValueError("a group starts at 'earliest' or 'latest'")
+            # A group reads committed messages from its own positions: these would be
+            # ignored, and a caller passing them means something a group cannot do.
+            if not transactional:
+                raise ValueError("a group reads committed messages only: drop transactional")
+            if not inclusive:
+                raise ValueError("a group starts from its committed positions: drop inclusive")
             return AsyncGroupConsumer(
                 self,
                 topic,

@@ -45,6 +45,7 @@ from tidings.client._sync.session import Session
 from tidings.client._sync.transactions import TransactionContext
 from tidings.client.api import Call, GroupPage, PollPage, check_max_bytes
 from tidings.client.outage import Outage
+from tidings.client.outage import log as outage_log
 from tidings.codec.admin import START_ALIASES, TransactionGroupCommit
 from tidings.codec.groups import partition_of
 from tidings.errors import (
@@ -474,7 +475,9 @@ class GroupConsumer(Iterator[Message]):
         self._returned.clear()
 
     def close(self) -> None:
-        """Leave the group (committing first with ``auto_commit``)."""
+        """Leave the group (committing first with ``auto_commit``). A leave the server
+        does not answer (it is down) is logged, not raised: the server drops the member
+        after its session timeout."""
         if self._closed:
             return
         self._closed = True
@@ -495,8 +498,24 @@ class GroupConsumer(Iterator[Message]):
             self._assignment = None
             # Dropped already, or dropped with its group (deleted, or with its topic):
             # there is nothing left to leave.
-            with contextlib.suppress(MemberNotFound, GroupNotFound, TopicNotFound):
+            try:
                 self._client._send(self._client._api.group_leave(self.topic, self.group, member_id))
+            except (MemberNotFound, GroupNotFound, TopicNotFound):
+                pass
+            except TidingsError as error:
+                # Leaving is a courtesy, as Kafka's close makes it: unanswered, the
+                # server drops the member after its session timeout all the same, and a
+                # raise here would hide whatever ended the caller's ``with`` block.
+                if not error.retriable:
+                    raise
+                outage_log.warning(
+                    "group %r of %r: could not leave (%s: %s); the server drops the "
+                    "member after its session timeout",
+                    self.group,
+                    self.topic,
+                    type(error).__name__,
+                    error,
+                )
 
     def __enter__(self) -> GroupConsumer:
         return self
