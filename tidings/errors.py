@@ -43,6 +43,7 @@
     ├── ServiceUnavailable            503  not available here now (retriable)
     │   ├── LeaseLost                 503  this instance no longer leads the cluster (retry)
     │   ├── StoreFull                 503  the store has no room for the write (retry later)
+    │   ├── TooManyTransactions       503  the server's cap on open transactions is reached (retry)
     │   └── RoleUnavailable           503  this process's role does not run that service (final)
     ├── ConfigError                        a server setting is wrong; never sent on the wire
     └── ClientError                        raised only by the client, never sent on the wire
@@ -94,6 +95,7 @@ __all__ = [
     "TidingsConnectionError",
     "TidingsError",
     "TimeoutTooLarge",
+    "TooManyTransactions",
     "TopicAlreadyExists",
     "TopicNotFound",
     "TransactionAborted",
@@ -337,6 +339,12 @@ class StoreFull(ServiceUnavailable):
     """The store has no room for the write (LMDB's ``map_size`` is reached); nothing of
     it was stored. Retriable: room comes back as the cleaner deletes expired messages
     (or once the server runs with a larger ``map_size``)."""
+
+
+class TooManyTransactions(ServiceUnavailable):
+    """A begin (or a transaction in one request) found as many transactions open as the
+    server allows (``tx_max_open``); nothing was begun. Retriable: a slot comes free as
+    soon as an open transaction commits, aborts, is invalidated or times out."""
 
 
 class ConfigError(TidingsError):

@@ -266,6 +266,15 @@ class ServerConfig:
         "transaction log records between snapshots (bounds recovery time)",
         bound="positive",
     )
+    tx_max_open: int = _setting(
+        10_000,
+        "most transactions open at once, of every kind (with or without a "
+        "`transactionalId`, and one-request transactions while they run); a begin "
+        "beyond it is refused with 503 `TooManyTransactions` (retriable) and begins "
+        "nothing. A transaction frees its slot when it ends (one past its timeout at "
+        "the next sweep)",
+        bound="positive",
+    )
     tx_history_size: int = _setting(
         100_000,
         "ended transactions remembered, to answer 410 rather than 404 for them",

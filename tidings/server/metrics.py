@@ -71,6 +71,8 @@ class TxStats:
     aborted: int = 0
     invalidated: int = 0
     conflicts: int = 0
+    #: Begins refused because ``tx_max_open`` transactions were open.
+    refused: int = 0
 
 
 @dataclass
@@ -233,6 +235,7 @@ class _Collector:
             ("aborted", tx.aborted, "Transactions aborted."),
             ("invalidated", tx.invalidated, "Transactions invalidated by request."),
             ("conflicts", tx.conflicts, "Commits refused for a write conflict."),
+            ("refused", tx.refused, "Begins refused: tx_max_open transactions were open."),
         ):
             family = CounterMetricFamily(f"tidings_transactions_{name}", doc)
             family.add_metric([], value)

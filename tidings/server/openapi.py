@@ -1282,6 +1282,12 @@ def _transaction_paths() -> dict[str, Any]:
     }
     ended = {"410": _error("the transaction already ended")}
     producer_unknown = {"404": _error("transactionalId never registered (ProducerNotFound)")}
+    full = {
+        "503": _error(
+            "the service does not run in this process (role), or tx_max_open transactions "
+            "are open (TooManyTransactions: nothing was begun; retry)"
+        )
+    }
     base = "/v1/transactions"
     return {
         base: {
@@ -1291,6 +1297,7 @@ def _transaction_paths() -> dict[str, Any]:
                     "200": _json("the snapshot", _ref("TransactionSnapshot")),
                     **fenced,
                     **producer_unknown,
+                    **full,
                 },
                 body={JSON: {"schema": _ref("BeginRequest")}},
                 tags=tags,
@@ -1357,6 +1364,7 @@ def _transaction_paths() -> dict[str, Any]:
                         "or another open transaction holds a group position it commits"
                     ),
                     **ended,
+                    **full,
                 },
                 body={
                     JSON: {"schema": _ref("TransactionalPublishRequest")},

@@ -107,6 +107,7 @@ class Services:
                         sync=config.sync,
                         history_size=config.tx_history_size,
                         producer_expiry=config.tx_producer_expiry,
+                        max_open=config.tx_max_open,
                     ),
                     store=services.store if services.lease is not None else None,
                     # Both services over LMDB: a one-request transaction's commit rides

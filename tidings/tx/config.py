@@ -23,7 +23,9 @@ class TxConfig:
     ``sync=False`` skips the fsync of each group commit: acknowledged changes then
     survive a crash of the process (the data is in the OS page cache) but not a crash
     of the machine. ``history_size`` bounds how many ended transactions are remembered
-    to answer "already committed/aborted" rather than "not found".
+    to answer "already committed/aborted" rather than "not found". ``max_open`` bounds
+    the transactions open at once (each holds memory and holds back what readers see):
+    a begin beyond it is refused with :class:`~tidings.errors.TooManyTransactions`.
     """
 
     default_timeout: float = 30.0
@@ -34,6 +36,7 @@ class TxConfig:
     history_size: int = 100_000
     #: Seconds a transactional id may go unused before it is forgotten.
     producer_expiry: float = 7 * 24 * 3600.0
+    max_open: int = 10_000
 
     def __post_init__(self) -> None:
         for name in ("default_timeout", "max_timeout", "sweep_interval", "producer_expiry"):
@@ -48,5 +51,9 @@ class TxConfig:
             )
         if self.snapshot_every < 1:
             raise ValueError("TxConfig.snapshot_every must be at least 1")
+        if isinstance(self.max_open, bool) or not isinstance(self.max_open, int):
+            raise ValueError(f"TxConfig.max_open must be an integer, got {self.max_open!r}")
+        if self.max_open < 1:
+            raise ValueError("TxConfig.max_open must be at least 1")
         if self.history_size < 0:
             raise ValueError("TxConfig.history_size must not be negative")

@@ -258,7 +258,10 @@ class TransactionManager:
         timeout_ms = self._timeout_ms(timeout)
         result = self._run(
             lambda now: self._noted(
-                now, self._state.begin(now, timeout_ms, transactional_id, epoch)
+                now,
+                self._state.begin(
+                    now, timeout_ms, transactional_id, epoch, max_open=self.config.max_open
+                ),
             ),
             early=True,
         )
@@ -280,7 +283,10 @@ class TransactionManager:
             return _failed(exc)
         return self._run_future(
             lambda now: self._noted(
-                now, self._state.begin(now, timeout_ms, transactional_id, epoch)
+                now,
+                self._state.begin(
+                    now, timeout_ms, transactional_id, epoch, max_open=self.config.max_open
+                ),
             ),
             _transaction_of,
             early=True,

@@ -31,6 +31,7 @@ from tidings.errors import (
     InvalidProducer,
     ServerError,
     TidingsError,
+    TooManyTransactions,
     TransactionAborted,
     TransactionCommitted,
     TransactionConflict,
@@ -163,8 +164,20 @@ class TxStateMachine:
         timeout_ms: int,
         transactional_id: str | None = None,
         epoch: int | None = None,
+        *,
+        max_open: int | None = None,
     ) -> Result:
         producer = self.producers.check(transactional_id, epoch)
+        if max_open is not None and len(self.in_progress) >= max_open:
+            # Each open transaction costs memory, and read-committed readers stop at
+            # its first entry until it ends: a cap keeps a flood of begins from
+            # holding back everyone. A transaction frees its slot as it ends (a
+            # timed-out one at the next sweep). len() is O(1): no scan per begin.
+            raise TooManyTransactions(
+                f"{len(self.in_progress)} transactions are open, as many as the server "
+                f"allows (tx_max_open = {max_open}); nothing was begun: retry once some "
+                "have ended"
+            )
         if producer is not None:
             self.producers.last_used[producer.transactional_id] = now_ms
         wp = self._next_pointer(now_ms)

@@ -58,6 +58,7 @@ from tidings.errors import (
     PayloadTooLarge,
     ServiceUnavailable,
     TidingsError,
+    TooManyTransactions,
     TransactionCommitted,
     TransactionFailure,
     TransactionNotInProgress,
@@ -409,8 +410,11 @@ class TransactionContext(ContextState):
                 acks=self._acks,
                 group_commits=[c for c, _ in self._group_commits],
             )
-        except ServiceUnavailable:
-            self._client._no_one_request_transactions()
+        except ServiceUnavailable as exc:
+            # A full server (TooManyTransactions) can run one-request transactions:
+            # this one goes the step-by-step way, the next ones ask again.
+            if not isinstance(exc, TooManyTransactions):
+                self._client._no_one_request_transactions()
             return False
         except PayloadTooLarge:
             return False  # refused unread (its JSON is bigger than the Avro publishes)

@@ -40,6 +40,7 @@ from tidings.errors import (
     EmptyPublish,
     Forbidden,
     TidingsError,
+    TooManyTransactions,
     TransactionConflict,
     UnsupportedMediaType,
 )
@@ -174,9 +175,13 @@ def routes(api: Api) -> list[Route]:
             await body(request, "begin request")
         )
         _may_use(request, transactional_id)
-        snapshot = await _result(
-            api.inbox, tx.begin_future(timeout, transactional_id=transactional_id, epoch=epoch)
-        )
+        try:
+            snapshot = await _result(
+                api.inbox, tx.begin_future(timeout, transactional_id=transactional_id, epoch=epoch)
+            )
+        except TooManyTransactions:
+            counts.refused += 1
+            raise
         counts.begun += 1
         return json_response(admin.snapshot_json(snapshot, encode_transaction(snapshot)))
 
@@ -413,9 +418,13 @@ async def _transact(
     (refused in the write, or after it), the transaction is invalidated. ``ended``
     collects the counters to bump.
     """
-    snapshot = await _result(
-        inbox, tx.begin_future(timeout, transactional_id=transactional_id, epoch=epoch)
-    )
+    try:
+        snapshot = await _result(
+            inbox, tx.begin_future(timeout, transactional_id=transactional_id, epoch=epoch)
+        )
+    except TooManyTransactions:
+        ended.append("refused")
+        raise
     ended.append("begun")
     wp = snapshot.write_pointer
     # The commit in the publish's own store write where the manager can: one fsync.
