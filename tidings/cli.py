@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import click
 import orjson
 
-from tidings.errors import ConfigError, TidingsError
+from tidings.errors import ConfigError, TidingsError, TransactionInvalid, TransactionTimedOut
 from tidings.names import DEFAULT_URL, INT64_MAX
 from tidings.structs import MessageId, Record
 
@@ -967,9 +967,23 @@ def tx_list(ctx: click.Context, as_json: bool) -> None:
 @click.argument("write_pointer", type=_WRITE_POINTER)
 @click.pass_context
 def tx_abort(ctx: click.Context, write_pointer: int) -> None:
-    """Abort a transaction (its published entries must have been rolled back)."""
-    _client(ctx).abort(write_pointer)
-    click.echo(f"aborted transaction {write_pointer}")
+    """Abort a transaction (its published entries must have been rolled back).
+
+    Exits 1 if it was not aborted: unknown, committed, or invalid already (timed out,
+    invalidated, fenced), which the server accepts without changing anything.
+    """
+    end = _client(ctx).abort(write_pointer)
+    if end.aborted:
+        if end.already:
+            click.echo(f"transaction {write_pointer} was already aborted")
+        else:
+            click.echo(f"aborted transaction {write_pointer}")
+        return
+    error = TransactionTimedOut if end.outcome == "timedOut" else TransactionInvalid
+    raise error(
+        f"transaction {write_pointer} was not aborted: {_why_invalid(end.outcome)}, "
+        "so its writes never show"
+    )
 
 
 @tx_group.command("invalidate")
@@ -977,8 +991,22 @@ def tx_abort(ctx: click.Context, write_pointer: int) -> None:
 @click.pass_context
 def tx_invalidate(ctx: click.Context, write_pointer: int) -> None:
     """Invalidate a transaction: its writes are never visible."""
-    _client(ctx).invalidate(write_pointer)
-    click.echo(f"invalidated transaction {write_pointer}")
+    end = _client(ctx).invalidate(write_pointer)
+    if end.already:
+        click.echo(f"transaction {write_pointer} was already invalid: {_why_invalid(end.outcome)}")
+    else:
+        click.echo(f"invalidated transaction {write_pointer}")
+
+
+def _why_invalid(outcome: str) -> str:
+    """How a transaction became invalid, from the outcome an abort or invalidate names."""
+    return {
+        "timedOut": "it timed out",
+        "invalidated": "it was invalidated",
+        "fenced": "it was invalidated when its transactional id was registered again",
+        "unlogged": "it was invalidated because the transaction service stopped "
+        "before its begin was durable",
+    }.get(outcome, f"it ended as {outcome!r}")
 
 
 @tx_group.command("prune")

@@ -29,6 +29,7 @@ __all__ = [
     "TopicMetadata",
     "TopicStats",
     "Transaction",
+    "TransactionEnd",
     "TransactionState",
 ]
 
@@ -200,6 +201,27 @@ class Transaction:
     write_pointer: int
     invalid: tuple[int, ...] = ()
     in_progress: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionEnd:
+    """How an abort or invalidate left a transaction.
+
+    ``outcome`` is how it ended: ``"aborted"``, or invalid: ``"invalidated"``,
+    ``"timedOut"`` (its timeout passed), ``"fenced"`` (its transactional id was
+    registered again) or ``"unlogged"`` (the service stopped before its begin was
+    durable). ``already`` is True if it had ended so before the call, which then
+    changed nothing: an abort of a transaction that timed out answers
+    ``TransactionEnd("timedOut", already=True)``.
+    """
+
+    outcome: str
+    already: bool = False
+
+    @property
+    def aborted(self) -> bool:
+        """The transaction is aborted (by this call or an earlier one), not invalid."""
+        return self.outcome == "aborted"
 
 
 @dataclass(frozen=True, slots=True)

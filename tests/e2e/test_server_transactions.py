@@ -92,8 +92,12 @@ def test_timed_out_is_410(api: httpx.Client) -> None:
 
 def test_abort(api: httpx.Client) -> None:
     wp = begin(api)["writePointer"]
-    assert (api.post(f"{TX}/{wp}/abort", json={}).json()) == {}
-    assert api.post(f"{TX}/{wp}/abort").status_code == 200  # idempotent
+    assert (api.post(f"{TX}/{wp}/abort", json={}).json()) == {
+        "outcome": "aborted",
+        "already": False,
+    }
+    again = api.post(f"{TX}/{wp}/abort")  # idempotent
+    assert (again.status_code, again.json()) == (200, {"outcome": "aborted", "already": True})
     r = api.post(f"{TX}/{wp}/commit")
     assert r.status_code == 410 and r.json()["type"] == "TransactionAborted"
 
@@ -101,7 +105,7 @@ def test_abort(api: httpx.Client) -> None:
 def test_invalidate_and_prune(api: httpx.Client) -> None:
     wp = begin(api)["writePointer"]
     r = api.post(f"{TX}/{wp}/invalidate")
-    assert (r.status_code, r.json()) == (200, {})
+    assert (r.status_code, r.json()) == (200, {"outcome": "invalidated", "already": False})
     assert wp in api.get(TX).json()["invalid"]
     assert wp in begin(api)["invalid"]
     r = api.post(f"{TX}/{wp}/commit")

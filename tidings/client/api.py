@@ -42,6 +42,7 @@ from tidings.structs import (
     TopicMetadata,
     TopicStats,
     Transaction,
+    TransactionEnd,
     TransactionState,
 )
 
@@ -289,6 +290,14 @@ def _cluster(response: Response) -> dict[str, Any]:
 
 def _producer(response: Response) -> ProducerInfo:
     return admin.read_producer(_json(response))
+
+
+def _aborted(response: Response) -> TransactionEnd:
+    return admin.read_ended(_json(response), "aborted")
+
+
+def _invalidated(response: Response) -> TransactionEnd:
+    return admin.read_ended(_json(response), "invalidated")
 
 
 def _pruned(response: Response) -> list[int]:
@@ -783,17 +792,20 @@ class RestApi:
         transactional_id: str | None,
         epoch: int | None,
     ) -> Call[None]:
+        wp = int(write_pointer)
         body = admin.commit_request(changes, transactional_id, epoch)
-        return self._json_call("POST", f"{self._tx_url}/{int(write_pointer)}/commit", _ignore, body)
+        return self._json_call("POST", f"{self._tx_url}/{wp}/commit", _ignore, body)
 
     def abort(
         self, write_pointer: int, transactional_id: str | None, epoch: int | None
-    ) -> Call[None]:
+    ) -> Call[TransactionEnd]:
+        wp = int(write_pointer)
         body = admin.abort_request(transactional_id, epoch)
-        return self._json_call("POST", f"{self._tx_url}/{int(write_pointer)}/abort", _ignore, body)
+        return self._json_call("POST", f"{self._tx_url}/{wp}/abort", _aborted, body)
 
-    def invalidate(self, write_pointer: int) -> Call[None]:
-        return self._json_call("POST", f"{self._tx_url}/{int(write_pointer)}/invalidate", _ignore)
+    def invalidate(self, write_pointer: int) -> Call[TransactionEnd]:
+        wp = int(write_pointer)
+        return self._json_call("POST", f"{self._tx_url}/{wp}/invalidate", _invalidated)
 
     def cluster(self) -> Call[dict[str, Any]]:
         return self._json_call("GET", f"{self.url}/v1/cluster", _cluster, idempotent=True)

@@ -26,6 +26,7 @@ from tidings.structs import (
     TopicMetadata,
     TopicStats,
     Transaction,
+    TransactionEnd,
     TransactionState,
 )
 
@@ -38,6 +39,7 @@ __all__ = [
     "begin_request",
     "changes_json",
     "end_json",
+    "ended_json",
     "commit_request",
     "group_commit_request",
     "group_json",
@@ -53,6 +55,7 @@ __all__ = [
     "read_changes",
     "read_commit_request",
     "read_end",
+    "read_ended",
     "read_group",
     "read_group_commit_request",
     "read_group_rollback_request",
@@ -413,6 +416,20 @@ def read_producer(obj: Any) -> ProducerInfo:
         producer_id=_field(obj, "producerId", int),
         epoch=_field(obj, "epoch", int),
     )
+
+
+def ended_json(end: TransactionEnd) -> dict[str, Any]:
+    """The answer of an abort or invalidate: how the transaction stands now."""
+    return {"outcome": end.outcome, "already": end.already}
+
+
+def read_ended(obj: Any, verb: str) -> TransactionEnd:
+    """The :class:`TransactionEnd` in an answer written by :func:`ended_json`. An
+    answer without it (``{}``, from a server before it) reads as the call having done
+    what it asked (``verb``: "aborted" or "invalidated"), as such a server said."""
+    if obj is None or (isinstance(obj, dict) and "outcome" not in obj):
+        return TransactionEnd(verb)
+    return TransactionEnd(_field(obj, "outcome", str), _field(obj, "already", bool))
 
 
 def prune_request(below: int | None, ids: Iterable[int] | None) -> dict[str, Any]:

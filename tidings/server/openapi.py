@@ -526,6 +526,21 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
             "properties": {"pruned": {"type": "array", "items": _INT64}},
         },
         "Empty": {"type": "object", "maxProperties": 0},
+        "TransactionEnd": {
+            "type": "object",
+            "required": ["outcome", "already"],
+            "properties": {
+                "outcome": {
+                    "type": "string",
+                    "enum": ["aborted", "invalidated", "timedOut", "fenced", "unlogged"],
+                    "description": "aborted, or how the transaction is invalid",
+                },
+                "already": {
+                    "type": "boolean",
+                    "description": "it had ended so before the request (nothing changed)",
+                },
+            },
+        },
         **_group_schemas(),
     }
 
@@ -1273,6 +1288,7 @@ def _transaction_paths() -> dict[str, Any]:
     tags = ("transactions",)
     wp = [_param("wp", {"type": "integer", "minimum": 1, "maximum": INT64_MAX})]
     ok = {"200": _json("done", _ref("Empty"))}
+    ending = {"200": _json("how the transaction stands now", _ref("TransactionEnd"))}
     unknown = {
         "404": _error("unknown transaction, or transactionalId never registered (ProducerNotFound)")
     }
@@ -1326,14 +1342,14 @@ def _transaction_paths() -> dict[str, Any]:
         base + "/{wp}/abort": {
             "post": _op(
                 "Abort",
-                {**ok, **unknown, **fenced, **ended},
+                {**ending, **unknown, **fenced, **ended},
                 body={JSON: {"schema": _ref("AbortRequest")}},
                 tags=tags,
                 parameters=wp,
             )
         },
         base + "/{wp}/invalidate": {
-            "post": _op("Invalidate", {**ok, **unknown, **ended}, tags=tags, parameters=wp)
+            "post": _op("Invalidate", {**ending, **unknown, **ended}, tags=tags, parameters=wp)
         },
         base + "/producers": {
             "post": _op(

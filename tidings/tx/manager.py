@@ -76,7 +76,13 @@ from tidings.tx.records import (
 from tidings.tx.state import Result, TxStateMachine
 from tidings.tx.stored import StoreLog, StoreTxStorage
 
-__all__ = ["OneWriteCommit", "OpenTransaction", "TransactionDetails", "TransactionManager"]
+__all__ = [
+    "Ending",
+    "OneWriteCommit",
+    "OpenTransaction",
+    "TransactionDetails",
+    "TransactionManager",
+]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +111,17 @@ class OpenTransaction:
     began_at: int | None
     #: Who began it (None: no transactional id), with the epoch it began under.
     producer: ProducerInfo | None
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How an abort or invalidation left a transaction."""
+
+    #: ``ABORTED`` or one of the invalid outcomes (invalidated, timed out, fenced,
+    #: unlogged): what the call did, or how the transaction had ended before it.
+    outcome: Outcome
+    #: The transaction had ended so before the call, which changed nothing.
+    already: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +398,33 @@ class TransactionManager:
         return self._run_future(
             lambda now: self._state.abort(write_pointer, transactional_id, epoch), _applied
         )
+
+    def abort_ending_future(
+        self,
+        write_pointer: int,
+        *,
+        transactional_id: str | None = None,
+        epoch: int | None = None,
+    ) -> Future[Ending]:
+        """:meth:`abort_future` that also says how the transaction stands: aborted by
+        this call, aborted before, or invalid already (its data is skipped anyway, so
+        the abort succeeds without changing anything)."""
+        try:
+            _check_pointer(write_pointer)
+        except TidingsError as exc:
+            return _failed(exc)
+        return self._run_future(
+            lambda now: self._state.abort(write_pointer, transactional_id, epoch), _ending
+        )
+
+    def invalidate_ending_future(self, write_pointer: int) -> Future[Ending]:
+        """:meth:`invalidate_future` that also says how the transaction stands:
+        invalidated by this call, or invalid before (and why)."""
+        try:
+            _check_pointer(write_pointer)
+        except TidingsError as exc:
+            return _failed(exc)
+        return self._run_future(lambda now: self._state.invalidate(write_pointer), _ending)
 
     def invalidate(self, write_pointer: int) -> None:
         """Move an in-progress transaction to the invalid list; idempotent."""
@@ -948,6 +992,11 @@ def _none(result: Result) -> None:
 def _applied(result: Result) -> bool:
     # An idempotent end that found the transaction ended already logs no record.
     return bool(result.records)
+
+
+def _ending(result: Result) -> Ending:
+    assert result.outcome is not None  # every abort and invalidate that succeeds says
+    return Ending(result.outcome, already=not result.records)
 
 
 def _check_pointer(write_pointer: object) -> None:

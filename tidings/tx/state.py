@@ -89,6 +89,9 @@ class Result:
     transaction: Transaction | None = None
     producer: ProducerInfo | None = None
     ids: tuple[int, ...] = ()
+    #: How an abort or invalidate left the transaction (what it did, or how the
+    #: transaction had ended already).
+    outcome: Outcome | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,17 +239,23 @@ class TxStateMachine:
         if entry is None:
             outcome = self.outcome(write_pointer)
             if outcome is Outcome.ABORTED or outcome in _ENDED_INVALID:
-                return Result()  # already aborted, or its data is skipped anyway
+                # Already aborted, or its data is skipped anyway.
+                return Result(outcome=outcome)
             return Result(error=self.ended_error(write_pointer, "abort"))
         _check_owner(write_pointer, entry, producer)
-        return self._applied(Abort(write_pointer))
+        record = Abort(write_pointer)
+        self.apply(record)
+        return Result((record,), outcome=Outcome.ABORTED)
 
     def invalidate(self, write_pointer: int) -> Result:
         if write_pointer not in self.in_progress:
-            if write_pointer in self.invalid or self.outcome(write_pointer) in _ENDED_INVALID:
-                return Result()
+            outcome = self.outcome(write_pointer)
+            if outcome in _ENDED_INVALID:  # also INVALIDATED for any on the invalid list
+                return Result(outcome=outcome)
             return Result(error=self.ended_error(write_pointer, "invalidate"))
-        return self._applied(Invalidate(write_pointer, Outcome.INVALIDATED))
+        record = Invalidate(write_pointer, Outcome.INVALIDATED)
+        self.apply(record)
+        return Result((record,), outcome=Outcome.INVALIDATED)
 
     def expire(self, now_ms: int) -> Result:
         expired = [wp for wp, tx in self.in_progress.items() if now_ms >= tx.expiry_ms]

@@ -56,6 +56,7 @@ from tidings.structs import (
     TopicMetadata,
     TopicStats,
     Transaction,
+    TransactionEnd,
     TransactionState,
 )
 
@@ -726,13 +727,19 @@ class AsyncClient(BaseClient):
         *,
         transactional_id: str | None = None,
         epoch: int | None = None,
-    ) -> None:
-        """Abort; its published entries must have been rolled back first (Tephra)."""
-        await self._send(self._api.abort(_wp(transaction), transactional_id, epoch))
+    ) -> TransactionEnd:
+        """Abort; its published entries must have been rolled back first (Tephra).
 
-    async def invalidate(self, transaction: Transaction | int) -> None:
-        """Make a transaction invalid: its writes are never visible."""
-        await self._send(self._api.invalidate(_wp(transaction)))
+        Says how the transaction stands: aborted (``already`` if an earlier call did),
+        or invalid already, having timed out or been invalidated or fenced: the abort
+        then succeeds without changing anything, since its writes never show anyway.
+        """
+        return await self._send(self._api.abort(_wp(transaction), transactional_id, epoch))
+
+    async def invalidate(self, transaction: Transaction | int) -> TransactionEnd:
+        """Make a transaction invalid: its writes are never visible. Says whether this
+        call invalidated it or it was invalid already (and why)."""
+        return await self._send(self._api.invalidate(_wp(transaction)))
 
     async def cluster(self) -> dict[str, Any]:
         """The instances sharing the server's store (``GET /v1/cluster``): the leader

@@ -26,6 +26,7 @@ from tidings.structs import (
     TopicEnd,
     TopicStats,
     Transaction,
+    TransactionEnd,
 )
 
 # ---- sync only
@@ -105,9 +106,9 @@ class AsyncSession(Protocol):
         *,
         transactional_id: str | None = None,
         epoch: int | None = None,
-    ) -> None: ...
+    ) -> TransactionEnd: ...
 
-    async def invalidate(self, transaction: Transaction | int) -> None: ...
+    async def invalidate(self, transaction: Transaction | int) -> TransactionEnd: ...
 
     async def publish_transaction(
         self,

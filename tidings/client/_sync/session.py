@@ -29,6 +29,7 @@ from tidings.structs import (
     TopicEnd,
     TopicStats,
     Transaction,
+    TransactionEnd,
 )
 
 __all__ = ["Session"]
@@ -104,9 +105,9 @@ class Session(Protocol):
         *,
         transactional_id: str | None = None,
         epoch: int | None = None,
-    ) -> None: ...
+    ) -> TransactionEnd: ...
 
-    def invalidate(self, transaction: Transaction | int) -> None: ...
+    def invalidate(self, transaction: Transaction | int) -> TransactionEnd: ...
 
     def publish_transaction(
         self,

@@ -51,9 +51,10 @@ from tidings.server.handlers import Api, json_response, principal_of
 from tidings.server.inbox import LoopInbox
 from tidings.server.routes.consumers import read_snapshot
 from tidings.store.backend import WriteView
-from tidings.structs import Record, Transaction
+from tidings.structs import Record, Transaction, TransactionEnd
 from tidings.tx import TransactionManager
-from tidings.tx.manager import OneWriteCommit
+from tidings.tx.manager import Ending, OneWriteCommit
+from tidings.tx.records import Outcome
 
 __all__ = ["PREFIX", "PUBLISH", "routes"]
 
@@ -94,6 +95,21 @@ def _may_end(
             f"principal {principal.name} may not end transaction {write_pointer}: it was "
             "begun under a transactional id the principal may not use"
         )
+
+
+#: How an ended transaction's outcome is named in the answers (docs/api.md).
+_OUTCOME_NAMES = {
+    Outcome.ABORTED: "aborted",
+    Outcome.INVALIDATED: "invalidated",
+    Outcome.TIMED_OUT: "timedOut",
+    Outcome.FENCED: "fenced",
+    Outcome.UNLOGGED: "unlogged",
+}
+
+
+def _ended(ending: Ending) -> dict[str, object]:
+    """The answer of an abort or invalidate."""
+    return admin.ended_json(TransactionEnd(_OUTCOME_NAMES[ending.outcome], ending.already))
 
 
 def _write_pointer(request: Request) -> int:
@@ -209,12 +225,15 @@ def routes(api: Api) -> list[Route]:
         wp = _write_pointer(request)
         transactional_id, epoch = admin.read_abort_request(await body(request, "abort request"))
         _may_end(request, tx, wp, transactional_id)
-        # A repeated abort answers as the first did, but counts only once.
-        if await api.inbox.wait(
-            tx.abort_future(wp, transactional_id=transactional_id, epoch=epoch)
-        ):
+        # A repeated abort succeeds again, but counts only once; the answer says
+        # whether this call aborted it, and how one that had ended already ended (an
+        # abort of a timed-out transaction succeeds, but it is invalid, not aborted).
+        ending = await api.inbox.wait(
+            tx.abort_ending_future(wp, transactional_id=transactional_id, epoch=epoch)
+        )
+        if not ending.already:
             counts.aborted += 1
-        return json_response({})
+        return json_response(_ended(ending))
 
     @api.endpoint(PREFIX + "/{wp}/invalidate")
     async def invalidate(request: Request) -> Response:
@@ -224,9 +243,10 @@ def routes(api: Api) -> list[Route]:
         # own transaction where a rollback failed or a commit's answer was lost, and
         # keeping its entries invisible for good takes no more than aborting it.
         _may_end(request, tx, wp, None)
-        if await api.inbox.wait(tx.invalidate_future(wp)):
+        ending = await api.inbox.wait(tx.invalidate_ending_future(wp))
+        if not ending.already:
             counts.invalidated += 1
-        return json_response({})
+        return json_response(_ended(ending))
 
     @api.endpoint(PUBLISH)
     async def publish(request: Request) -> Response:
