@@ -792,19 +792,19 @@ class RestApi:
         transactional_id: str | None,
         epoch: int | None,
     ) -> Call[None]:
-        wp = int(write_pointer)
+        wp = _write_pointer_arg(write_pointer, "write_pointer")
         body = admin.commit_request(changes, transactional_id, epoch)
         return self._json_call("POST", f"{self._tx_url}/{wp}/commit", _ignore, body)
 
     def abort(
         self, write_pointer: int, transactional_id: str | None, epoch: int | None
     ) -> Call[TransactionEnd]:
-        wp = int(write_pointer)
+        wp = _write_pointer_arg(write_pointer, "write_pointer")
         body = admin.abort_request(transactional_id, epoch)
         return self._json_call("POST", f"{self._tx_url}/{wp}/abort", _aborted, body)
 
     def invalidate(self, write_pointer: int) -> Call[TransactionEnd]:
-        wp = int(write_pointer)
+        wp = _write_pointer_arg(write_pointer, "write_pointer")
         return self._json_call("POST", f"{self._tx_url}/{wp}/invalidate", _invalidated)
 
     def cluster(self) -> Call[dict[str, Any]]:
