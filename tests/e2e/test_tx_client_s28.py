@@ -1,11 +1,14 @@
-"""Write pointers the client cannot name are refused before anything is sent."""
+"""Arguments of the transaction calls that the client cannot send are refused with the
+errors the server gives for them, before anything is sent."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.e2e.serverproc import ServerProcess
-from tidings import Client
+from tidings import AVRO_EXT, JSON, Client
+from tidings.codec.media import Media
+from tidings.errors import BadRequest, TimeoutTooLarge
 
 pytestmark = pytest.mark.e2e
 
@@ -33,3 +36,44 @@ def test_the_client_refuses_write_pointers_that_are_not_64_bit_integers(
             before.last_write_pointer,
         )
         client.abort(open_tx)
+
+
+@pytest.mark.parametrize("media", [JSON, AVRO_EXT])
+def test_timeouts_and_epochs_json_cannot_carry_get_the_servers_errors(
+    server: ServerProcess, topic: str, media: Media
+) -> None:
+    # Integers past 64 bits failed in the JSON encoder with a bare TypeError (or an
+    # OverflowError), where the same call in Avro got the server's 400.
+    with Client(server.url, media=media) as client:
+        client.create_topic(topic)
+        info = client.register_producer("s28-" + topic)
+        before = client.transactions().last_write_pointer
+        for timeout in (2**64, 10**30, -(10**30), 10**400):
+            with pytest.raises(TimeoutTooLarge):
+                client.begin(timeout)
+            with pytest.raises(TimeoutTooLarge):
+                client.publish_transaction({topic: [b"x"]}, timeout=timeout)
+        for epoch in (2**64, -1):
+            with pytest.raises(BadRequest, match="epoch"):
+                client.begin(transactional_id=info.transactional_id, epoch=epoch)
+        assert client.transactions().last_write_pointer == before
+        tx = client.begin(transactional_id=info.transactional_id, epoch=info.epoch)
+        with pytest.raises(BadRequest, match="epoch"):
+            client.abort(tx, transactional_id=info.transactional_id, epoch=2**64)
+        with pytest.raises(BadRequest, match="epoch"):
+            client.commit(tx, transactional_id=info.transactional_id, epoch=2**64)
+        assert tx.write_pointer in client.transactions().in_progress
+        client.abort(tx, transactional_id=info.transactional_id, epoch=info.epoch)
+        assert [m.payload for m in client.poll(topic)] == []
+
+
+def test_change_keys_that_are_not_bytes_are_refused(server: ServerProcess) -> None:
+    # bytes(1) is b"\x00" and iterating over b"ab" gives ints: such a commit went
+    # through under change keys nobody wrote (a str failed with a bare TypeError).
+    with Client(server.url) as client:
+        tx = client.begin()
+        for changes in ([1], b"ab", "ab", [b"k", "k"]):
+            with pytest.raises(BadRequest, match="change"):
+                client.commit(tx, changes)  # type: ignore[arg-type]
+        assert tx.write_pointer in client.transactions().in_progress
+        client.commit(tx, [b"k", bytearray(b"l"), memoryview(b"m")])

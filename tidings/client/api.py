@@ -25,9 +25,10 @@ from tidings.errors import (
     ServerError,
     ServiceUnavailable,
     TidingsError,
+    TimeoutTooLarge,
     error_for,
 )
-from tidings.names import INT64_MAX, check_name
+from tidings.names import INT64_MAX, INT64_MIN, check_name
 from tidings.structs import (
     GroupAssignment,
     GroupInfo,
@@ -132,7 +133,17 @@ def check_timeout(timeout: float | None) -> float | None:
     ValueError otherwise. JSON has no NaN or infinity (the encoder would send null,
     which the server reads as "its default timeout"), so such a timeout is refused here,
     whatever the medium, rather than begin a transaction with another timeout. Its range
-    is the server's to check (400 ``TimeoutTooLarge``)."""
+    is the server's to check (400 ``TimeoutTooLarge``); an integer past 64 bits, which
+    JSON cannot carry, goes as a float (and one past a float's range is refused here)."""
+    if isinstance(timeout, int) and not isinstance(timeout, bool):
+        if INT64_MIN <= timeout <= INT64_MAX:
+            return timeout
+        try:
+            return float(timeout)
+        except OverflowError:
+            raise TimeoutTooLarge(
+                f"timeout is not in the server's range: an integer of {timeout.bit_length()} bits"
+            ) from None
     if timeout is not None and (
         isinstance(timeout, bool)
         or not isinstance(timeout, int | float)
@@ -771,7 +782,7 @@ class RestApi:
                     content_type, lambda: self.publish_transaction(*args)
                 ),
             )
-        body = admin.begin_request(timeout, transactional_id, epoch)
+        body = admin.begin_request(check_timeout(timeout), transactional_id, epoch)
         body["topics"] = [_json_batch(topic, records) for topic, records in batches]
         if acks:
             body["acks"] = queue_bodies.transaction_acks_json(acks)

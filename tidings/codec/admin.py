@@ -288,7 +288,9 @@ def _producer_fields(transactional_id: str | None, epoch: int | None) -> dict[st
     if transactional_id is not None:
         fields["transactionalId"] = transactional_id
     if epoch is not None:
-        fields["epoch"] = epoch
+        # The server's own check, made before sending: JSON cannot even carry an
+        # integer past 64 bits, which failed in the encoder with a TypeError.
+        fields["epoch"] = integer(epoch, "epoch", 0, INT64_MAX, optional=False)
     return fields
 
 
@@ -316,7 +318,16 @@ def commit_request(
 ) -> dict[str, Any]:
     """A commit body: the change keys (base64) and the producer fields."""
     body = _producer_fields(transactional_id, epoch)
-    encoded = [b64encode(bytes(c)) for c in changes]
+    # bytes(c) of an int is that many zero bytes, and iterating over one string or
+    # bytes object gives characters or ints: refused as the manager refuses them,
+    # rather than committed under change keys nobody wrote.
+    if isinstance(changes, str | bytes | bytearray | memoryview):
+        raise BadRequest("changes is a collection of byte strings, not one string")
+    encoded = []
+    for c in changes:
+        if not isinstance(c, bytes | bytearray | memoryview):
+            raise BadRequest(f"change keys are bytes, got {type(c).__name__}")
+        encoded.append(b64encode(bytes(c)))
     if encoded:
         body["changes"] = encoded
     return body
