@@ -1018,7 +1018,8 @@ def _why_invalid(outcome: str) -> str:
 def tx_prune(ctx: click.Context, below: int | None, write_pointers: tuple[int, ...]) -> None:
     """Drop pointers from the invalid list once no stored entry refers to them.
 
-    Name them (WRITE_POINTERS) and/or give --below; prints what was dropped.
+    Name them (WRITE_POINTERS) and/or give --below; prints what was dropped, and the
+    named pointers that were not on the invalid list.
     """
     if below is None and not write_pointers:
         raise click.UsageError("name write pointers and/or give --below")
@@ -1026,6 +1027,11 @@ def tx_prune(ctx: click.Context, below: int | None, write_pointers: tuple[int, .
     click.echo(f"pruned {len(pruned)} invalid pointer{'' if len(pruned) == 1 else 's'}")
     for wp in pruned:
         click.echo(f"  {wp}")
+    # A pointer named but not dropped was not invalid (in progress, ended otherwise,
+    # unknown, or pruned already): say so rather than let a mistyped one pass unseen.
+    kept = sorted(set(write_pointers).difference(pruned))
+    if kept:
+        click.echo(f"not on the invalid list: {' '.join(map(str, kept))}")
 
 
 # --- inspect ------------------------------------------------------------------------

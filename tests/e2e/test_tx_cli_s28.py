@@ -112,3 +112,21 @@ def test_the_answers_and_the_client_name_the_outcome(server: ServerProcess) -> N
         fresh = client.begin().write_pointer
         assert client.invalidate(fresh) == TransactionEnd("invalidated", already=False)
         assert client.invalidate(fresh) == TransactionEnd("invalidated", already=True)
+
+
+def test_prune_names_the_pointers_that_were_not_on_the_invalid_list(
+    run: Run, server: ServerProcess
+) -> None:
+    with Client(server.url) as client:
+        invalid = client.begin().write_pointer
+        client.invalidate(invalid)
+        open_tx = client.begin().write_pointer
+        result = run("prune", str(invalid), str(open_tx), "1")
+        assert result.exit_code == 0, result.output
+        assert result.stdout.splitlines() == [
+            "pruned 1 invalid pointer",
+            f"  {invalid}",
+            f"not on the invalid list: 1 {open_tx}",
+        ]
+        assert open_tx in client.transactions().in_progress
+        client.abort(open_tx)
