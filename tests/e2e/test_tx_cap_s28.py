@@ -35,7 +35,7 @@ def test_begins_beyond_the_cap_are_refused_with_a_retriable_503_that_changes_not
             client.begin()
         assert caught.value.retriable
         answer = httpx.post(f"{server.url}/v1/transactions", json={})
-        assert answer.status_code == 503
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
         assert answer.json()["type"] == "TooManyTransactions"
         assert "tx_max_open" in answer.json()["error"]
 

@@ -22,7 +22,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from tidings.consumers import GroupCoordinator, QueueCoordinator
-from tidings.errors import Forbidden, RoleUnavailable, ServerError, TidingsError, Unauthorized
+from tidings.errors import (
+    Forbidden,
+    RoleUnavailable,
+    ServerError,
+    TidingsError,
+    TooManyTransactions,
+    Unauthorized,
+)
 from tidings.messaging import MessagingService
 from tidings.server import permissions
 from tidings.server.auth import Authenticator, Principal
@@ -66,9 +73,13 @@ PRINCIPAL = "tidings.principal"
 
 def error_response(exc: TidingsError, headers: dict[str, str] | None = None) -> Response:
     """The error's status with ``{"error": ..., "type": ...}`` (and, for a 401, the
-    ``WWW-Authenticate`` challenge)."""
+    ``WWW-Authenticate`` challenge; for a full transaction service, ``Retry-After``)."""
     if isinstance(exc, Unauthorized):
         headers = {**(headers or {}), "WWW-Authenticate": 'Bearer realm="tidings"'}
+    elif isinstance(exc, TooManyTransactions):
+        # A slot frees as a transaction ends, or at the next timeout sweep (1 s by
+        # default), as a standby's 503 says while a new leader takes over.
+        headers = {**(headers or {}), "Retry-After": "1"}
     return Response(orjson.dumps(exc.to_json()), exc.status, headers, media_type=JSON_TYPE)
 
 
