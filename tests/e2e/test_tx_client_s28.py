@@ -77,3 +77,22 @@ def test_change_keys_that_are_not_bytes_are_refused(server: ServerProcess) -> No
                 client.commit(tx, changes)  # type: ignore[arg-type]
         assert tx.write_pointer in client.transactions().in_progress
         client.commit(tx, [b"k", bytearray(b"l"), memoryview(b"m")])
+
+
+@pytest.mark.parametrize("media", [JSON, AVRO_EXT])
+@pytest.mark.parametrize("bad", [2**64, 1.5, True, 0, -5])
+def test_publish_and_store_refuse_write_pointers_that_are_not_64_bit_integers(
+    server: ServerProcess, topic: str, media: Media, bad: object
+) -> None:
+    # Avro's writer failed with a bare struct.error on a float or a pointer past 64
+    # bits (JSON's with a TypeError), and True stored payloads under pointer 1.
+    with Client(server.url, media=media) as client:
+        client.create_topic(topic)
+        for call in (
+            lambda: client.publish(topic, b"x", write_pointer=bad),  # type: ignore[arg-type]
+            lambda: client.store(topic, [b"x"], write_pointer=bad),  # type: ignore[arg-type]
+        ):
+            with pytest.raises(ValueError, match="write_pointer"):
+                call()
+        assert client.stats(topic).message_count == 0
+        assert [m.payload for m in client.poll(topic)] == []

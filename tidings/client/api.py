@@ -580,6 +580,9 @@ class RestApi:
         write_pointer: int,
         payload_ranges: Sequence[PayloadRange] | None = None,
     ) -> Call[RollbackInfo]:
+        # Before encoding: Avro's writer fails on a float or a pointer past 64 bits
+        # with a bare struct.error, and took True for transaction 1.
+        write_pointer = _write_pointer_arg(write_pointer, "write_pointer")
         media = self.media
         if payload_ranges is None:
             body, content_type = self._publish_body(write_pointer, records)
@@ -609,6 +612,7 @@ class RestApi:
     def store(
         self, topic: str, records: Sequence[Record | bytes], write_pointer: int
     ) -> Call[PayloadRange]:
+        write_pointer = _write_pointer_arg(write_pointer, "write_pointer")
         body, content_type = self._publish_body(write_pointer, records)
         return Call(
             Request("POST", self._topic_url(topic, "/store"), body, content_type, self.timeout),
