@@ -652,10 +652,21 @@ class QueueCoordinator:
                 writes = q.flush(touched)
                 guard = None
             else:
+                # Each message keeps the deadline of the lease it leaves (0: it was not
+                # the worker's any more), so a transaction that fails can give it back
+                # to the worker as it held it (:meth:`rollback` with ``keep_leases``).
+                held: dict[int, list[MessageId]] = {}
+                for message_id in todo:
+                    lease = q.leases[q.entries[message_id].lease]
+                    until = lease.deadline if lease.active() else 0
+                    held.setdefault(until, []).append(message_id)
                 touched = q.take(todo)
-                lease_no = q.new_lease(consumer, 0, write_pointer)
-                q.put_in(lease_no, todo)
-                writes = q.flush([*touched, lease_no])
+                made = []
+                for until, group in held.items():
+                    lease_no = q.new_lease(consumer, until, write_pointer)
+                    q.put_in(lease_no, group)
+                    made.append(lease_no)
+                writes = q.flush([*touched, *made])
                 guard = write_pointer
             if not writes:
                 # The store already says these are acked once the writes queued before
@@ -712,10 +723,24 @@ class QueueCoordinator:
         self._notify(namespace, topic)
         return count
 
-    def rollback(self, namespace: str, topic: str, queue: str, write_pointer: int) -> int:
+    def rollback(
+        self,
+        namespace: str,
+        topic: str,
+        queue: str,
+        write_pointer: int,
+        *,
+        keep_leases: bool = False,
+    ) -> int:
         """Give back the messages acked under ``write_pointer``: its transaction is being
         aborted (Tephra's rollback before abort: an aborted transaction leaves nothing
-        behind). How many messages came back."""
+        behind). How many messages came back.
+
+        ``keep_leases``: back to the worker that acked them, under the lease it held
+        them by until that lease's deadline (as SQS keeps a message whose delete failed
+        invisible), rather than to the queue at once: the server refused the
+        transaction, and the worker may ack them again. Those whose lease ran out
+        meanwhile go back to the queue."""
         q = self._require(namespace, topic, queue)
         snapshot = self._snapshot()
         with q.lock:
@@ -726,17 +751,27 @@ class QueueCoordinator:
                 return 0
             held = [n for n, lease in q.leases.items() if lease.write_pointer == write_pointer]
             count = 0
+            returned = False
             for lease_no in held:
                 lease = q.leases[lease_no]
+                count += len(lease.ids)
+                if keep_leases and lease.owner:
+                    lease.write_pointer = 0
+                    q.dirty.add(lease_no)
+                    continue  # the settle below returns it if its deadline passed
                 lease.write_pointer, lease.owner, lease.deadline = 0, "", 0
                 for message_id in lease.ids:
                     heapq.heappush(q.available, message_id)
-                count += len(lease.ids)
+                returned = True
             if not held:
                 return 0
+            expired = q.expired
+            self._settle(q, snapshot)
+            returned = returned or q.expired != expired
             done = self._submit(q, _write_all(q.flush(held)))
         self._await(q, done)
-        self._notify(namespace, topic)
+        if returned:
+            self._notify(namespace, topic)
         return count
 
     def next_deadline(self, namespace: str, topic: str, queue: str) -> float | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -330,18 +330,25 @@ def routes(api: Api) -> list[Route]:
                     carried.append(prepared)
             return carried, queued
 
-        async def unsettle(wp: int) -> bool:
+        async def unsettle(wp: int, invalid: bool = False) -> bool:
             # True if every ack went back and every position was removed. Else the
             # transaction must be invalidated, not aborted: an aborted transaction's
             # acks and positions that are still there count as committed (Tephra: an
-            # abort says the writes were undone).
+            # abort says the writes were undone). The acks go back to the workers'
+            # leases, not to the queues: the request was refused, and a worker that
+            # sends its acks again must find its messages still its own (rather than
+            # handed to another worker meanwhile). ``invalid``: the transaction is
+            # invalid already (its commit was refused), so only the acks are given
+            # back; left alone, they would go back to the queues at once.
             undone = True
             for a in acks:
                 assert queues is not None
                 try:
-                    await api.blocking(queues.rollback, ns, a.topic, a.queue, wp)
+                    await api.blocking(queues.rollback, ns, a.topic, a.queue, wp, keep_leases=True)
                 except TidingsError:
                     undone = False
+            if invalid:
+                return undone
             for g in group_commits:
                 assert groups is not None
                 # The positions only: a refused request changes nothing of the member.
@@ -416,7 +423,7 @@ async def _transact(
     ended: list[str],
     consumed: tuple[
         Callable[[int], Awaitable[tuple[list[PositionsWrite], list[Future[None]]]]],
-        Callable[[int], Awaitable[bool]],
+        _Unsettle,
     ]
     | None = None,
 ) -> Transaction:
@@ -426,8 +433,10 @@ async def _transact(
     With ``consumed`` (``(settle, unsettle)``), ``settle(wp)`` acks queue messages under the
     write pointer first and answers the group positions to write under it and the
     futures of the acks' store writes (queued before the publish, awaited after it), and
-    ``unsettle(wp)`` gives the acks back and removes the positions if anything after
-    fails (False if it could not: the transaction is then invalidated, not aborted).
+    ``unsettle(wp)`` gives the acks back and removes the positions if anything
+    after fails (False if it could not: the transaction is then invalidated, not
+    aborted); ``unsettle(wp, True)`` gives the acks back once a refused commit left the
+    transaction invalid.
     The positions ride in the publish's store write where the commit does, else they
     are a write of their own before it.
     The batches are published in one store write: all of them, or none. Where the
@@ -483,7 +492,8 @@ async def _transact(
     except Exception as exc:
         if step is not None and (step.refused or step.decided):
             # The commit failed, not the publish: as a failed commit below.
-            await _invalidate(inbox, tx, wp, exc, ended)
+            if await _invalidate(inbox, tx, wp, exc, ended) and consumed is not None:
+                await consumed[1](wp, True)
             raise
         if consumed is not None and not await consumed[1](wp):
             await _invalidate(inbox, tx, wp, exc, ended)
@@ -497,11 +507,19 @@ async def _transact(
             )
         except TidingsError as exc:
             # Timed out or fenced: already invalid. Anything else: make sure it never
-            # commits (its writes then never show; its acks come back as it resolves).
-            await _invalidate(inbox, tx, wp, exc, ended)
+            # commits (its writes then never show; its acks go back to their workers).
+            if await _invalidate(inbox, tx, wp, exc, ended) and consumed is not None:
+                await consumed[1](wp, True)
             raise
     ended.append("committed")
     return snapshot
+
+
+class _Unsettle(Protocol):
+    """Gives a failed transaction's queue acks back (and, unless ``refused``, removes
+    its group positions); False if it could not."""
+
+    def __call__(self, wp: int, refused: bool = False) -> Awaitable[bool]: ...
 
 
 def _carrying(carried: list[PositionsWrite], step: OneWriteCommit) -> Callable[[WriteView], None]:
@@ -549,11 +567,13 @@ async def _end_failed(
 
 async def _invalidate(
     inbox: LoopInbox, tx: TransactionManager, wp: int, error: Exception, ended: list[str]
-) -> None:
+) -> bool:
+    """Invalidate ``wp``; True if it is invalid now (by this call, or ended so before)."""
     try:
         invalidated = await inbox.wait(tx.invalidate_future(wp))
     except TidingsError as exc:
         error.add_note(f"could not invalidate transaction {wp}: {exc}")
-    else:
-        if invalidated:  # not one that had timed out (or ended so) already
-            ended.append("invalidated")
+        return False
+    if invalidated:  # not one that had timed out (or ended so) already
+        ended.append("invalidated")
+    return True

@@ -1,0 +1,97 @@
+"""Queues through the real server and the real clients: what a refused transaction
+leaves of its acks, give-backs of messages that moved on, and bad input."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import httpx
+import pytest
+
+from tests.e2e.serverproc import ServerProcess
+from tests.e2e.test_queues import fill
+from tidings import Client
+from tidings.errors import AckConflict, TopicNotFound
+from tidings.structs import MessageId
+
+pytestmark = pytest.mark.e2e
+
+
+def b64(ids: list[MessageId]) -> list[str]:
+    return [base64.b64encode(i.to_bytes()).decode() for i in ids]
+
+
+def one_request(server: ServerProcess) -> str:
+    return f"{server.url}/v1/namespaces/default/transactions/publish"
+
+
+def test_acks_of_a_refused_transaction_stay_with_their_worker(
+    server: ServerProcess, topic: str
+) -> None:
+    # The server refuses the transaction after it took the acks (an unknown output
+    # topic): the worker keeps its lease, so no other worker gets the messages early,
+    # and it may ack them again.
+    with Client(server.url) as client:
+        fill(client, topic, 3)
+        q = client.queue(topic, "work", ack_timeout=60)
+        batch = q.pop(2)
+        with pytest.raises(TopicNotFound), client.transaction() as tx:
+            tx.publish(topic + "-nowhere", [m.payload for m in batch])
+            q.ack(batch, transaction=tx)
+        other = client.queue(topic, "work")
+        assert [m.payload for m in other.pop(10)] == [b"job-2"]
+        stats = client.describe_queue(topic, "work")
+        assert stats.consumers == {q.consumer_id: 2, other.consumer_id: 1}
+        q.ack(batch)
+        assert client.describe_queue(topic, "work").acked == 2
+
+
+def test_acks_taken_before_a_conflicting_one_stay_with_their_worker(
+    server: ServerProcess, topic: str
+) -> None:
+    with Client(server.url) as client:
+        fill(client, topic, 3)
+        client.create_topic(topic + "-out")
+        mine = client.queue(topic, "work", ack_timeout=60)
+        theirs = client.queue(topic, "work", ack_timeout=60)
+        a, b = mine.pop(2), theirs.pop(1)
+        body = {
+            "topics": [{"topic": topic + "-out", "messages": ["eA=="]}],
+            "acks": [
+                {"topic": topic, "queue": "work", "consumerId": mine.consumer_id,
+                 "ids": b64([m.id for m in a])},
+                {"topic": topic, "queue": "work", "consumerId": mine.consumer_id,
+                 "ids": b64([b[0].id])},
+            ],
+        }  # fmt: skip
+        answer = httpx.post(one_request(server), json=body)
+        assert answer.status_code == 409, answer.text
+        assert answer.json()["type"] in ("NotDelivered", "AckConflict")
+        assert client.queue(topic, "work").pop(10) == []  # nothing handed out again
+        stats = client.describe_queue(topic, "work")
+        assert stats.consumers == {mine.consumer_id: 2, theirs.consumer_id: 1}
+        assert [m.delivery_count for m in a] == [1, 1]
+        mine.ack(a)
+        theirs.ack(b)
+        assert client.poll(topic + "-out") == []
+
+
+def test_acks_of_a_refused_transaction_whose_lease_ran_out_go_back_to_the_queue(
+    server: ServerProcess, topic: str
+) -> None:
+    with Client(server.url) as client:
+        fill(client, topic, 1)
+        q = client.queue(topic, "work", ack_timeout=0.3)
+        got = q.pop(1)
+        time.sleep(0.4)  # ran out; still the worker's to ack while nobody took it
+        body = {
+            "topics": [{"topic": topic + "-nowhere", "messages": ["eA=="]}],
+            "acks": [{"topic": topic, "queue": "work", "consumerId": q.consumer_id,
+                      "ids": b64([got[0].id])}],
+        }  # fmt: skip
+        assert httpx.post(one_request(server), json=body).status_code == 404
+        again = client.queue(topic, "work").pop(1)
+        assert [(m.id, m.delivery_count) for m in again] == [(got[0].id, 2)]
+        with pytest.raises(AckConflict):
+            q.ack(got)
