@@ -150,7 +150,7 @@ def test_a_batch_fetched_ahead_and_taken_by_another_worker_is_not_handed_out(
         other = client.queue(topic, "work", ack_timeout=30)
         taken = other.pop(100)
         assert [m.payload for m in taken] == payloads[10:]
-        assert q.pop(10) == []  # its nack refused (another worker holds them): no error
+        assert q.pop(10) == []  # its nack skips them (another worker holds them): no error
         other.ack(taken)
         assert client.describe_queue(topic, "work").acked == 20
         q.close()

@@ -95,3 +95,45 @@ def test_acks_of_a_refused_transaction_whose_lease_ran_out_go_back_to_the_queue(
         assert [(m.id, m.delivery_count) for m in again] == [(got[0].id, 2)]
         with pytest.raises(AckConflict):
             q.ack(got)
+
+
+def test_a_give_back_skips_the_messages_that_moved_on_and_gives_back_the_rest(
+    server: ServerProcess, topic: str
+) -> None:
+    with Client(server.url) as client:
+        fill(client, topic, 2)
+        q = client.queue(topic, "work", ack_timeout=0.3)
+        stale = q.pop(1)
+        q.ack_timeout = 60
+        held = q.pop(1)
+        time.sleep(0.4)  # the first lease ran out: another worker takes it
+        other = client.queue(topic, "work")
+        assert [m.id for m in other.pop(5)] == [stale[0].id]
+        assert q.nack([stale[0], held[0]]) == [stale[0].id]
+        again = client.queue(topic, "work").pop(5)
+        assert [(m.id, m.delivery_count) for m in again] == [(held[0].id, 2)]
+        assert client.describe_queue(topic, "work").nacked == 1
+        other.ack([stale[0]])  # still the other worker's
+
+        # Dead-lettered meanwhile, or never delivered at all: skipped as well, and
+        # answered in the order given.
+        fill(client, topic + "-b", 2)
+        q = client.queue(topic + "-b", "work", ack_timeout=0.3, max_deliveries=1)
+        stale = q.pop(1)
+        q.ack_timeout = 60
+        held = q.pop(1)
+        time.sleep(0.4)
+        assert client.queue(topic + "-b", "work", max_deliveries=1).pop(5) == []
+        never = MessageId(1, 2, 3, 4)
+        url = f"{server.url}/v1/namespaces/default/topics/{topic}-b/queues/work/nack"
+        body = {"consumerId": q.consumer_id, "ids": b64([never, held[0].id, stale[0].id])}
+        answer = httpx.post(url, json=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"skipped": b64([never, stale[0].id])}
+        assert client.describe_queue(topic + "-b", "work").nacked == 1
+        # Given back, it was delivered its one time: the next pop dead-letters it too.
+        assert client.queue(topic + "-b", "work").pop(5) == []
+        assert [m.payload for m in client.poll(topic + "-b-dlq")] == [b"job-0", b"job-1"]
+        # Malformed ids are still refused as a whole.
+        body = {"consumerId": q.consumer_id, "ids": ["bm90IGFuIGlk"]}
+        assert httpx.post(url, json=body).status_code == 400

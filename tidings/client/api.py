@@ -353,6 +353,10 @@ def _released(response: Response) -> int:
     return queue_bodies.read_count(_json(response), "released")
 
 
+def _nacked(response: Response) -> list[MessageId]:
+    return queue_bodies.read_nack(_json(response))
+
+
 def _returned(response: Response) -> int:
     return queue_bodies.read_count(_json(response), "returned")
 
@@ -988,9 +992,10 @@ class RestApi:
 
     def queue_nack(
         self, topic: str, queue: str, consumer: str, ids: Sequence[MessageId]
-    ) -> Call[None]:
+    ) -> Call[list[MessageId]]:
+        """Give messages back; answers those the consumer no longer held (skipped)."""
         body = queue_bodies.ack_request(consumer, ids)
-        return self._json_call("POST", self._queue_url(topic, queue, "/nack"), _ignore, body)
+        return self._json_call("POST", self._queue_url(topic, queue, "/nack"), _nacked, body)
 
     def queue_rollback(self, topic: str, queue: str, write_pointer: int) -> Call[int]:
         body = queue_bodies.rollback_request(write_pointer)

@@ -193,6 +193,24 @@ def _read_ids(raw: list[Any], *, binary: bool) -> list[MessageId]:
     return ids
 
 
+def nack_json(skipped: Sequence[MessageId]) -> dict[str, Any]:
+    """A nack's answer: the ids it did not give back (the worker no longer held them)."""
+    return {"skipped": _base64_ids(skipped)}
+
+
+def read_nack(obj: Any) -> list[MessageId]:
+    """The skipped ids of a nack's answer (none from a server that does not say)."""
+    if not isinstance(obj, dict):
+        raise ServerError(f"malformed nack answer: {obj!r}"[:200])
+    raw = obj.get("skipped", [])
+    if not isinstance(raw, list):
+        raise ServerError(f"malformed nack answer: skipped is {raw!r}"[:200])
+    try:
+        return _read_ids(raw, binary=False)
+    except BadRequest as exc:
+        raise ServerError(f"malformed nack answer: {exc}") from exc
+
+
 def rollback_request(write_pointer: int) -> dict[str, Any]:
     """A rollback body: the aborted transaction's write pointer."""
     return {"transactionWritePointer": write_pointer}

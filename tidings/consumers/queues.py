@@ -677,19 +677,24 @@ class QueueCoordinator:
 
     def nack(
         self, namespace: str, topic: str, queue: str, consumer: str, ids: Sequence[MessageId]
-    ) -> None:
+    ) -> list[MessageId]:
         """Give messages back to the queue at once (a queue's rollback): they go ahead
-        of newer ones. Errors as :meth:`ack`."""
+        of newer ones. Those ``consumer`` no longer holds are skipped and answered, in
+        the order given: a give-back of messages that moved on meanwhile (their lease
+        ran out and another worker took, acked or dead-lettered them; a transaction
+        acked them) still gives back the rest, which would otherwise stay leased until
+        their deadline (as SQS's batch calls answer each entry, and Pulsar's negative
+        ack of a message no longer held is dropped)."""
         _check_consumer(consumer)
         _check_ids(ids)
         q = self._require(namespace, topic, queue)
         with q.lock:
             self._settle(q, self._snapshot())
-            todo = [
-                m for m in self._claim(q, consumer, ids, None) if not q.is_available(q.entries[m])
-            ]
+            skipped: list[MessageId] = []
+            claimed = self._claim(q, consumer, ids, None, skipped=skipped)
+            todo = [m for m in claimed if not q.is_available(q.entries[m])]
             if not todo:
-                return
+                return skipped
             touched = q.take(todo)
             lease_no = q.new_lease("", 0, 0)
             q.put_in(lease_no, todo)
@@ -699,6 +704,7 @@ class QueueCoordinator:
             done = self._submit(q, _write_all(q.flush([*touched, lease_no])))
         self._await(q, done)
         self._notify(namespace, topic)
+        return skipped
 
     def release(self, namespace: str, topic: str, queue: str, consumer: str) -> int:
         """Give back every lease ``consumer`` holds (its ``close()``); how many messages."""
@@ -1102,10 +1108,17 @@ class QueueCoordinator:
                     heapq.heappush(q.available, message_id)
 
     def _claim(
-        self, q: _Queue, consumer: str, ids: Sequence[MessageId], write_pointer: int | None
+        self,
+        q: _Queue,
+        consumer: str,
+        ids: Sequence[MessageId],
+        write_pointer: int | None,
+        *,
+        skipped: list[MessageId] | None = None,
     ) -> list[MessageId]:
         """The messages of ``ids`` the call may act on (those it acked already are left
-        out), or the error naming those it may not."""
+        out), or the error naming those it may not. ``skipped``: raise nothing; every
+        id the call may not act on (or that was acked) is added to it instead."""
         unknown: list[MessageId] = []
         conflicts: list[tuple[MessageId, str]] = []
         todo: dict[MessageId, None] = {}
@@ -1120,6 +1133,8 @@ class QueueCoordinator:
                     conflicts.append((message_id, "another worker acked it"))
                 elif write_pointer is not None:
                     conflicts.append((message_id, "it was acked already, outside this transaction"))
+                elif skipped is not None:
+                    skipped.append(message_id)
                 continue
             lease = q.leases[entry.lease]
             if lease.write_pointer:
@@ -1132,6 +1147,10 @@ class QueueCoordinator:
                 conflicts.append((message_id, "its lease passed to another worker"))
             else:
                 todo[message_id] = None
+        if skipped is not None:
+            left = {*unknown, *(m for m, _ in conflicts), *skipped}
+            skipped[:] = [m for m in dict.fromkeys(ids) if m in left]
+            return list(todo)
         if unknown:
             raise NotDelivered(
                 f"{len(unknown)} message(s) were never delivered to this worker by queue "

@@ -1110,6 +1110,19 @@ def _queue_schemas() -> dict[str, Any]:
             "required": ["consumerId", "ids"],
             "properties": {"consumerId": consumer_id, "ids": ids},
         },
+        "QueueNackAnswer": {
+            "type": "object",
+            "required": ["skipped"],
+            "properties": {
+                "skipped": {
+                    "type": "array",
+                    "items": _MESSAGE_ID,
+                    "description": "ids not given back: the worker no longer held them "
+                    "(another worker took or acked them, they were dead-lettered, acked, "
+                    "or never delivered to it); the others were given back",
+                }
+            },
+        },
         "QueueConsumerRequest": {
             "type": "object",
             "required": ["consumerId"],
@@ -1259,8 +1272,8 @@ def _queue_paths() -> dict[str, Any]:
             "QueueAckRequest",
         ),
         queue + "/nack": post(
-            "Give messages back to the queue at once",
-            {**ok, **not_delivered, **unknown, **conflict},
+            "Give back the messages the worker holds to the queue at once; skip the others",
+            {"200": _json("the ids skipped", _ref("QueueNackAnswer")), **not_delivered, **unknown},
             "QueueNackRequest",
         ),
         queue + "/rollback": post(

@@ -150,8 +150,8 @@ class AsyncQueue:
         await self._take_ahead()
         fetched = self._fetched
         if fetched and time.monotonic() - self._fetched_at > self.ack_timeout / 2:
-            # Too near the end of its lease to hand out: back to the queue (a lease
-            # that ran out already needs no nack, and gets a refusal).
+            # Too near the end of its lease to hand out: back to the queue (messages
+            # that passed to another worker since are skipped, the rest go back).
             self._fetched = []
             with contextlib.suppress(TidingsError):
                 await self.nack(fetched)
@@ -226,14 +226,18 @@ class AsyncQueue:
             api.queue_ack(self.topic, self.group, self.consumer_id, ids, tx.write_pointer)
         )
 
-    async def nack(self, messages: Sequence[Message | MessageId]) -> None:
+    async def nack(self, messages: Sequence[Message | MessageId]) -> list[MessageId]:
         """Give ``messages`` back to the queue at once: they are delivered again, ahead
-        of newer ones."""
+        of newer ones. Returns the ids of those it skipped because this handle no
+        longer held them (their lease ran out and another worker took or acked them,
+        they were dead-lettered or acked, or never popped by this handle); the rest
+        were given back all the same."""
         ids = _ids(messages)
-        if ids:
-            await self._client._send(
-                self._client._api.queue_nack(self.topic, self.group, self.consumer_id, ids)
-            )
+        if not ids:
+            return []
+        return await self._client._send(
+            self._client._api.queue_nack(self.topic, self.group, self.consumer_id, ids)
+        )
 
     async def stats(self) -> QueueStats:
         """The queue's state and counters (:class:`~tidings.structs.QueueStats`)."""

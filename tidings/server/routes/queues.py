@@ -198,8 +198,8 @@ def routes(api: Api) -> list[Route]:
         )
         if write_pointer is not None:
             raise BadRequest("a nack takes effect at once: it takes no transaction")
-        await api.blocking(coordinator.nack, ns, topic, name, consumer, ids)
-        return json_response({})
+        skipped = await api.blocking(coordinator.nack, ns, topic, name, consumer, ids)
+        return json_response(queue_bodies.nack_json(skipped))
 
     @api.endpoint(QUEUE + "/rollback")
     async def rollback(request: Request) -> Response:
