@@ -137,3 +137,26 @@ def test_a_give_back_skips_the_messages_that_moved_on_and_gives_back_the_rest(
         # Malformed ids are still refused as a whole.
         body = {"consumerId": q.consumer_id, "ids": ["bm90IGFuIGlk"]}
         assert httpx.post(url, json=body).status_code == 400
+
+
+def test_a_pop_naming_settings_no_queue_may_have_is_refused_once_the_queue_exists(
+    server: ServerProcess, topic: str
+) -> None:
+    # The first pop checks them as it creates the queue; later pops answered from
+    # memory must refuse them too, not ignore them.
+    with Client(server.url) as client:
+        fill(client, topic, 2)
+        q = client.queue(topic, "work")
+        assert len(q.pop(1)) == 1
+        url = f"{server.url}/v1/namespaces/default/topics/{topic}/queues/work/pop"
+        for body, needle in (
+            ({"consumerId": "x1", "start": "middle"}, "start"),
+            ({"consumerId": "x1", "start": ""}, "start"),
+            ({"consumerId": "x1", "maxDeliveries": 1001}, "maxDeliveries"),
+            ({"consumerId": "x1", "deadLetterTopic": topic}, "dead-letter"),
+        ):
+            answer = httpx.post(url, json=body)
+            assert answer.status_code == 400, (body, answer.text)
+            assert needle in answer.json()["error"]
+        stats = client.describe_queue(topic, "work")
+        assert (stats.popped, stats.consumers, stats.max_deliveries) == (1, {q.consumer_id: 1}, 20)

@@ -399,12 +399,16 @@ class QueueCoordinator:
         max_deliveries: int | None = None,
         dead_letter: str | None = None,
         max_bytes: int | None = None,
+        start: str = "earliest",
     ) -> Popped | None:
         """:meth:`pop_items` for the event loop: None, having changed nothing, where it would
         wait for the store (the queue is not in memory, its settings change, or a
         message is due for its dead-letter topic); call :meth:`pop_items` on a worker
         then."""
         self.check_pop(consumer, max_messages, ack_timeout_ms)
+        # Checked though an existing queue ignores them: a pop that names settings no
+        # queue may have is refused whether or not its queue exists yet.
+        self.check_settings(topic, max_deliveries, dead_letter, start)
         budget = self._messaging.max_bytes(max_bytes)
         q = self._in_memory(namespace, topic, queue)
         if q is None or not _same_settings(q.record, max_deliveries, dead_letter):

@@ -115,6 +115,7 @@ def routes(api: Api) -> list[Route]:
                 max_deliveries=req.max_deliveries,
                 dead_letter=req.dead_letter_topic,
                 max_bytes=max_bytes,
+                start=req.start,
             )
             if found is not None:
                 return found
