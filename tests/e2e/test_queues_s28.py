@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -160,3 +161,44 @@ def test_a_pop_naming_settings_no_queue_may_have_is_refused_once_the_queue_exist
             assert needle in answer.json()["error"]
         stats = client.describe_queue(topic, "work")
         assert (stats.popped, stats.consumers, stats.max_deliveries) == (1, {q.consumer_id: 1}, 20)
+
+
+def test_an_ack_sent_again_after_a_server_kill_is_answered_as_done(
+    start_server: Callable[..., ServerProcess],
+) -> None:
+    # Its answer lost with the server, the worker sends the ack again: the message is
+    # acked (durably), so the retry is answered as done, as it is before a restart.
+    srv = start_server()
+    with Client(srv.url) as client:
+        fill(client, "jobs", 3)
+        q = client.queue("jobs", "work", ack_timeout=60)
+        got = q.pop(2)
+        q.ack(got[:1])
+        q.ack(got[:1])
+    srv.kill()
+    srv.start()
+    base = f"{srv.url}/v1/namespaces/default/topics/jobs/queues/work"
+    body = {"consumerId": q.consumer_id, "ids": b64([got[0].id])}
+    answer = httpx.post(base + "/ack", json=body)
+    assert answer.status_code == 200, answer.text
+    # Never delivered, or in a transaction: refused as before.
+    body["ids"] = b64([MessageId(1, 2, 3, 4)])
+    assert httpx.post(base + "/ack", json=body).json()["type"] == "NotDelivered"
+    wp = httpx.post(f"{srv.url}/v1/transactions", json={}).json()["writePointer"]
+    body = {"consumerId": q.consumer_id, "ids": b64([got[0].id]), "transactionWritePointer": wp}
+    assert httpx.post(base + "/ack", json=body).status_code == 409
+    with Client(srv.url) as client:
+        stats = client.describe_queue("jobs", "work")
+        assert (stats.pending, stats.waiting, stats.consumers) == (1, 1, {q.consumer_id: 1})
+
+
+def test_an_ack_of_a_dead_lettered_message_is_a_conflict(server: ServerProcess, topic: str) -> None:
+    with Client(server.url) as client:
+        fill(client, topic, 1)
+        slow = client.queue(topic, "work", ack_timeout=0.3, max_deliveries=1)
+        got = slow.pop(1)
+        time.sleep(0.4)
+        assert client.queue(topic, "work").pop(1) == []  # dead-lettered
+        with pytest.raises(AckConflict, match="dead-letter"):
+            slow.ack(got)
+        assert slow.nack(got) == [got[0].id]

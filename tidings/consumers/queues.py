@@ -103,6 +103,9 @@ STARTS = ("earliest", "latest")
 #: answered as done (and an ack of a message another worker acked is told apart from
 #: one of a message never delivered).
 _RECENT_ACKS = 100_000
+#: Who "acked" a dead-lettered message among a queue's recent acks (never a consumer
+#: id: those are 1-64 letters and digits).
+_DEAD = ""
 #: Most unread messages a depth count examines (a lower bound past it).
 _DEPTH_BUDGET = 100_000
 #: Headers a dead-lettered message carries besides its own.
@@ -523,6 +526,9 @@ class QueueCoordinator:
             touched = q.take(message_id for message_id, _ in chosen + dead)
             for message_id, _ in dead:
                 del q.entries[message_id]
+            if dead:
+                # So that an ack of one of them is told apart from a retried ack.
+                q.remember_acked([message_id for message_id, _ in dead], _DEAD)
             lease_no = q.new_lease(consumer, now + ack_timeout_ms, 0)
             chosen.sort(key=_first)
             ids: list[MessageId] = []
@@ -1126,13 +1132,20 @@ class QueueCoordinator:
         unknown: list[MessageId] = []
         conflicts: list[tuple[MessageId, str]] = []
         todo: dict[MessageId, None] = {}
+        #: Read, held by no lease and not among the acks remembered: acked, by a worker
+        #: no longer known (before a restart, or long ago), if the topic holds it.
+        forgotten: dict[MessageId, None] = {}
         read = q.record.read
         for message_id in ids:
             entry = q.entries.get(message_id)
             if entry is None:
                 acker = q.recent.get(_ID.pack(*message_id))
-                if acker is None or read is None or message_id > read:
+                if read is None or message_id > read:
                     unknown.append(message_id)
+                elif acker is None:
+                    forgotten[message_id] = None
+                elif acker == _DEAD:
+                    conflicts.append((message_id, "it was moved to the dead-letter topic"))
                 elif acker != consumer:
                     conflicts.append((message_id, "another worker acked it"))
                 elif write_pointer is not None:
@@ -1151,6 +1164,18 @@ class QueueCoordinator:
                 conflicts.append((message_id, "its lease passed to another worker"))
             else:
                 todo[message_id] = None
+        if forgotten:
+            # A plain ack sent again after its answer was lost (the server restarted
+            # meanwhile) is answered as done, as before the restart; a transactional
+            # one cannot tell whether it conflicts, so it is refused as before.
+            held: set[MessageId] = set()
+            if write_pointer is None:
+                held = self._messaging.held_ids(q.namespace, q.topic, list(forgotten))
+            for message_id in forgotten:
+                if message_id not in held:
+                    unknown.append(message_id)
+                elif skipped is not None:
+                    skipped.append(message_id)
         if skipped is not None:
             left = {*unknown, *(m for m, _ in conflicts), *skipped}
             skipped[:] = [m for m in dict.fromkeys(ids) if m in left]
