@@ -12,7 +12,7 @@ import pytest
 
 from tests.e2e.serverproc import ServerProcess
 from tests.e2e.test_queues import fill
-from tidings import Client
+from tidings import AsyncClient, Client
 from tidings.errors import AckConflict, TopicNotFound
 from tidings.structs import MessageId
 
@@ -202,3 +202,15 @@ def test_an_ack_of_a_dead_lettered_message_is_a_conflict(server: ServerProcess, 
         with pytest.raises(AckConflict, match="dead-letter"):
             slow.ack(got)
         assert slow.nack(got) == [got[0].id]
+
+
+async def test_an_endless_ack_timeout_is_refused_when_the_handle_is_made(
+    server: ServerProcess, topic: str
+) -> None:
+    with Client(server.url) as client:
+        for bad in (float("inf"), float("nan"), 0, -1):
+            with pytest.raises(ValueError, match="ack_timeout"):
+                client.queue(topic, "work", ack_timeout=bad)
+    async with AsyncClient(server.url) as aclient:
+        with pytest.raises(ValueError, match="ack_timeout"):
+            aclient.queue(topic, "work", ack_timeout=float("inf"))

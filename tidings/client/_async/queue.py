@@ -17,6 +17,7 @@ application works on this one; see :class:`AsyncQueue`.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -97,8 +98,9 @@ class AsyncQueue:
         prefetch: bool = False,
         max_bytes: int | None = None,
     ) -> None:
-        if not ack_timeout > 0:
-            raise ValueError("ack_timeout must be positive")
+        if not (ack_timeout > 0 and math.isfinite(ack_timeout)):
+            # Infinity would pass and then fail each pop as it became milliseconds.
+            raise ValueError(f"ack_timeout must be a positive number of seconds, got {ack_timeout}")
         start = START_ALIASES.get(start, start)
         if start not in ("earliest", "latest"):
             raise ValueError(
