@@ -214,3 +214,50 @@ async def test_an_endless_ack_timeout_is_refused_when_the_handle_is_made(
     async with AsyncClient(server.url) as aclient:
         with pytest.raises(ValueError, match="ack_timeout"):
             aclient.queue(topic, "work", ack_timeout=float("inf"))
+
+
+def test_a_worker_extends_its_lease_for_a_long_job(
+    start_server: Callable[..., ServerProcess],
+) -> None:
+    srv = start_server()
+    with Client(srv.url) as client:
+        fill(client, "jobs", 4)
+        q = client.queue("jobs", "work", ack_timeout=0.5)
+        job = q.pop(2)
+        assert q.extend(job, 60) == []
+        time.sleep(0.7)  # past the pop's lease, not past the extension
+        other = client.queue("jobs", "work")
+        theirs = other.pop(10)
+        assert [m.payload for m in theirs] == [b"job-2", b"job-3"]
+        stats = client.describe_queue("jobs", "work")
+        assert stats.consumers == {q.consumer_id: 2, other.consumer_id: 2}
+        assert (stats.expired, stats.redelivered) == (0, 0)
+        # Those it does not hold are skipped (given back, never popped, another
+        # worker's), in the order given; the rest are extended.
+        q.nack(job[1:])
+        never = MessageId(1, 2, 3, 4)
+        skipped = q.extend([never, *job, theirs[0]], 60)
+        assert skipped == [never, job[1].id, theirs[0].id]
+    srv.kill()
+    srv.start()
+    time.sleep(0.6)  # past the pop's 0.5 s, had the extension not been written
+    with Client(srv.url) as client:
+        after = client.queue("jobs", "work").pop(10)
+        # The nacked one comes back; the extended one stays its worker's.
+        assert [(m.id, m.delivery_count) for m in after] == [(job[1].id, 2)]
+        base = f"{srv.url}/v1/namespaces/default/topics/jobs/queues/work"
+        good = {"consumerId": q.consumer_id, "ids": b64([job[0].id])}
+        for bad in (
+            {**good, "ackTimeoutMs": 0},
+            {**good, "ackTimeoutMs": 43_200_001},
+            {**good, "ackTimeoutMs": "60"},
+            {**good, "transactionWritePointer": 5},
+            {**good, "ids": []},
+            {"ids": good["ids"]},
+        ):
+            answer = httpx.post(base + "/extend", json=bad)
+            assert answer.status_code == 400, (bad, answer.text)
+        nowhere = base.replace("/work", "/nope") + "/extend"
+        assert httpx.post(nowhere, json=good).status_code == 404
+        assert httpx.post(base + "/ack", json=good).status_code == 200
+        assert client.describe_queue("jobs", "work").acked == 1

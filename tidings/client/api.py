@@ -997,6 +997,20 @@ class RestApi:
         body = queue_bodies.ack_request(consumer, ids)
         return self._json_call("POST", self._queue_url(topic, queue, "/nack"), _nacked, body)
 
+    def queue_extend(
+        self,
+        topic: str,
+        queue: str,
+        consumer: str,
+        ids: Sequence[MessageId],
+        ack_timeout_ms: int | None = None,
+    ) -> Call[list[MessageId]]:
+        """Lease messages again from now; answers those the consumer no longer held."""
+        body = queue_bodies.extend_request(consumer, ids, ack_timeout_ms)
+        url = self._queue_url(topic, queue, "/extend")
+        # Safe to resend: a second extend moves the deadline as the first did.
+        return self._json_call("POST", url, _nacked, body, idempotent=True)
+
     def queue_rollback(self, topic: str, queue: str, write_pointer: int) -> Call[int]:
         body = queue_bodies.rollback_request(write_pointer)
         url = self._queue_url(topic, queue, "/rollback")

@@ -193,13 +193,33 @@ def _read_ids(raw: list[Any], *, binary: bool) -> list[MessageId]:
     return ids
 
 
+def extend_request(
+    consumer: str, ids: Sequence[MessageId], ack_timeout_ms: int | None = None
+) -> dict[str, Any]:
+    """An extend body (``ack_timeout_ms`` None: the server's default)."""
+    body: dict[str, Any] = {"consumerId": consumer, "ids": _base64_ids(ids)}
+    if ack_timeout_ms is not None:
+        body["ackTimeoutMs"] = ack_timeout_ms
+    return body
+
+
+def read_extend_request(obj: Mapping[str, Any]) -> tuple[str, list[MessageId], int | None]:
+    """Consumer, ids and lease length (None: the default) of an extend body."""
+    consumer, ids, write_pointer = read_ack_request(obj)
+    if write_pointer is not None:
+        raise BadRequest("an extend takes effect at once: it takes no transaction")
+    ack_timeout = integer(obj.get("ackTimeoutMs"), "ackTimeoutMs", 1, INT64_MAX, optional=True)
+    return consumer, ids, ack_timeout
+
+
 def nack_json(skipped: Sequence[MessageId]) -> dict[str, Any]:
     """A nack's answer: the ids it did not give back (the worker no longer held them)."""
     return {"skipped": _base64_ids(skipped)}
 
 
 def read_nack(obj: Any) -> list[MessageId]:
-    """The skipped ids of a nack's answer (none from a server that does not say)."""
+    """The skipped ids of a nack's or an extend's answer (none from a server that does
+    not say)."""
     if not isinstance(obj, dict):
         raise ServerError(f"malformed nack answer: {obj!r}"[:200])
     raw = obj.get("skipped", [])

@@ -716,6 +716,49 @@ class QueueCoordinator:
         self._notify(namespace, topic)
         return skipped
 
+    def extend(
+        self,
+        namespace: str,
+        topic: str,
+        queue: str,
+        consumer: str,
+        ids: Sequence[MessageId],
+        ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS,
+    ) -> list[MessageId]:
+        """Lease messages ``consumer`` holds for ``ack_timeout_ms`` from now (SQS's
+        ChangeMessageVisibility, Pub/Sub's modifyAckDeadline): a worker on a long job
+        keeps it from going to another worker, without asking for a long timeout for
+        every pop. A message whose lease ran out counts as held while nobody else took
+        it (as for an ack). Not a delivery: counts stay. Those ``consumer`` does not
+        hold are skipped and answered, in the order given (as :meth:`nack`). The new
+        deadline is written at once, so it holds after a restart."""
+        _check_consumer(consumer)
+        _check_ids(ids)
+        if isinstance(ack_timeout_ms, bool) or not 1 <= ack_timeout_ms <= MAX_ACK_TIMEOUT_MS:
+            raise BadRequest(
+                f"ackTimeoutMs must be in [1, {MAX_ACK_TIMEOUT_MS}], got {ack_timeout_ms}"
+            )
+        q = self._require(namespace, topic, queue)
+        with q.lock:
+            self._settle(q, self._snapshot())
+            skipped: list[MessageId] = []
+            claimed = self._claim(q, consumer, ids, None, skipped=skipped)
+            # Not those it gave back itself (a nack or close): they are the queue's.
+            todo = [m for m in claimed if q.leases[q.entries[m].lease].owner == consumer]
+            if len(todo) < len(claimed):
+                left = {*skipped, *set(claimed).difference(todo)}
+                skipped = [m for m in dict.fromkeys(ids) if m in left]
+            if not todo:
+                return skipped
+            touched = q.take(todo)
+            lease_no = q.new_lease(consumer, self._now() + ack_timeout_ms, 0)
+            q.put_in(lease_no, todo)
+            # Those that were back in the queue stay in its heap: a pop skips them now
+            # that they are leased.
+            done = self._submit(q, _write_all(q.flush([*touched, lease_no])))
+        self._await(q, done)
+        return skipped
+
     def release(self, namespace: str, topic: str, queue: str, consumer: str) -> int:
         """Give back every lease ``consumer`` holds (its ``close()``); how many messages."""
         _check_consumer(consumer)

@@ -1123,6 +1123,20 @@ def _queue_schemas() -> dict[str, Any]:
                 }
             },
         },
+        "QueueExtendRequest": {
+            "type": "object",
+            "required": ["consumerId", "ids"],
+            "properties": {
+                "consumerId": consumer_id,
+                "ids": ids,
+                "ackTimeoutMs": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAX_ACK_TIMEOUT_MS,
+                    "description": "the lease's new length from now (default 30000)",
+                },
+            },
+        },
         "QueueConsumerRequest": {
             "type": "object",
             "required": ["consumerId"],
@@ -1275,6 +1289,11 @@ def _queue_paths() -> dict[str, Any]:
             "Give back the messages the worker holds to the queue at once; skip the others",
             {"200": _json("the ids skipped", _ref("QueueNackAnswer")), **not_delivered, **unknown},
             "QueueNackRequest",
+        ),
+        queue + "/extend": post(
+            "Lease the messages the worker holds for ackTimeoutMs from now; skip the others",
+            {"200": _json("the ids skipped", _ref("QueueNackAnswer")), **not_delivered, **unknown},
+            "QueueExtendRequest",
         ),
         queue + "/rollback": post(
             "Give back the messages an aborting transaction acked",

@@ -92,6 +92,7 @@ PERMISSIONS: Mapping[tuple[str, str], Need] = {
     ("POST", _QUEUE + "/pop"): Need.CONSUME,
     ("POST", _QUEUE + "/ack"): Need.CONSUME,
     ("POST", _QUEUE + "/nack"): Need.CONSUME,
+    ("POST", _QUEUE + "/extend"): Need.CONSUME,
     ("POST", _QUEUE + "/rollback"): Need.CONSUME,
     ("POST", _QUEUE + "/release"): Need.CONSUME,
     ("POST", _QUEUE + "/purge"): Need.ADMIN,

@@ -243,6 +243,27 @@ class Queue:
             self._client._api.queue_nack(self.topic, self.group, self.consumer_id, ids)
         )
 
+    def extend(
+        self, messages: Sequence[Message | MessageId], ack_timeout: float | None = None
+    ) -> list[MessageId]:
+        """Keep ``messages`` leased to this handle for ``ack_timeout`` seconds from now
+        (default the handle's ``ack_timeout``): a worker on a long job calls it before
+        its lease runs out, so no other worker gets the job meanwhile. Not a delivery
+        (counts stay). Returns the ids it skipped because this handle no longer held
+        them (as :meth:`nack`); a message whose lease ran out is still held while no
+        other worker took it."""
+        ids = _ids(messages)
+        if not ids:
+            return []
+        seconds = self.ack_timeout if ack_timeout is None else ack_timeout
+        if not (seconds > 0 and math.isfinite(seconds)):
+            raise ValueError(f"ack_timeout must be a positive number of seconds, got {seconds}")
+        return self._client._send(
+            self._client._api.queue_extend(
+                self.topic, self.group, self.consumer_id, ids, max(1, round(seconds * 1000))
+            )
+        )
+
     def stats(self) -> QueueStats:
         """The queue's state and counters (:class:`~tidings.structs.QueueStats`)."""
         return self._client._send(self._client._api.queue_describe(self.topic, self.group))

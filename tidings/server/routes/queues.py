@@ -202,6 +202,24 @@ def routes(api: Api) -> list[Route]:
         skipped = await api.blocking(coordinator.nack, ns, topic, name, consumer, ids)
         return json_response(queue_bodies.nack_json(skipped))
 
+    @api.endpoint(QUEUE + "/extend")
+    async def extend(request: Request) -> Response:
+        coordinator = api.queues
+        ns, topic, name = path_names(request, "queue")
+        consumer, ids, ack_timeout_ms = queue_bodies.read_extend_request(
+            await json_body(api, request, "extend request")
+        )
+        skipped = await api.blocking(
+            coordinator.extend,
+            ns,
+            topic,
+            name,
+            consumer,
+            ids,
+            ack_timeout_ms or DEFAULT_ACK_TIMEOUT_MS,
+        )
+        return json_response(queue_bodies.nack_json(skipped))
+
     @api.endpoint(QUEUE + "/rollback")
     async def rollback(request: Request) -> Response:
         coordinator = api.queues
@@ -233,6 +251,7 @@ def routes(api: Api) -> list[Route]:
         Route(QUEUE + "/pop", pop, methods=["POST"]),
         Route(QUEUE + "/ack", ack, methods=["POST"]),
         Route(QUEUE + "/nack", nack, methods=["POST"]),
+        Route(QUEUE + "/extend", extend, methods=["POST"]),
         Route(QUEUE + "/rollback", rollback, methods=["POST"]),
         Route(QUEUE + "/release", release, methods=["POST"]),
         Route(QUEUE + "/purge", purge, methods=["POST"]),
