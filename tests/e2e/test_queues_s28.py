@@ -96,6 +96,7 @@ def test_acks_of_a_refused_transaction_whose_lease_ran_out_go_back_to_the_queue(
         assert [(m.id, m.delivery_count) for m in again] == [(got[0].id, 2)]
         with pytest.raises(AckConflict):
             q.ack(got)
+        assert client.describe_queue(topic, "work").expired == 1  # its lease ran out once
 
 
 def test_a_give_back_skips_the_messages_that_moved_on_and_gives_back_the_rest(

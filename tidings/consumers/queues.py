@@ -811,22 +811,19 @@ class QueueCoordinator:
             held = [n for n, lease in q.leases.items() if lease.write_pointer == write_pointer]
             count = 0
             returned = False
+            now = self._now()
             for lease_no in held:
                 lease = q.leases[lease_no]
                 count += len(lease.ids)
-                if keep_leases and lease.owner:
+                if keep_leases and lease.owner and lease.deadline > now:
                     lease.write_pointer = 0
-                    q.dirty.add(lease_no)
-                    continue  # the settle below returns it if its deadline passed
+                    continue
                 lease.write_pointer, lease.owner, lease.deadline = 0, "", 0
                 for message_id in lease.ids:
                     heapq.heappush(q.available, message_id)
                 returned = True
             if not held:
                 return 0
-            expired = q.expired
-            self._settle(q, snapshot)
-            returned = returned or q.expired != expired
             done = self._submit(q, _write_all(q.flush(held)))
         self._await(q, done)
         if returned:
