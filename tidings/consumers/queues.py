@@ -196,6 +196,10 @@ class _Queue:
         #: is, and its 100,000s of entries made each full collection walk them all.
         self.recent: dict[bytes, str] = {}
         self.broken = False
+        #: Write pointers whose acks the store refused (their transaction ended before
+        #: the write): the leases under them went to the store as their workers held
+        #: them, and memory follows at the next settle. Added to on the store's writer.
+        self.refused: set[int] = set()
         #: The last write queued for this queue's records: the store applies writes in
         #: the order they are queued, so once it lands every earlier one has too.
         self.last_write: Future[None] | None = None
@@ -596,9 +600,11 @@ class QueueCoordinator:
         _check_consumer(consumer)
         _check_ids(ids)
         q = self._require(namespace, topic, queue)
-        done = self._ack(q, consumer, ids, write_pointer, self._snapshot())
+        done, refused = self._ack(q, consumer, ids, write_pointer, self._snapshot())
         if done is not None:
             self._await(q, done)
+        if refused:
+            raise refused[0]
 
     def ack_nowait(
         self,
@@ -622,7 +628,7 @@ class QueueCoordinator:
         q = self._in_memory(namespace, topic, queue)
         if q is None:
             return None
-        written = self._ack(q, consumer, ids, write_pointer, snapshot, invalidate=False)
+        written, refused = self._ack(q, consumer, ids, write_pointer, snapshot, invalidate=False)
         # The caller gets a future of its own: cancelling it (a request cancelled
         # while it waits) must not cancel the store write, which memory is already
         # ahead of.
@@ -630,7 +636,7 @@ class QueueCoordinator:
         if written is None:
             done.set_result(None)
         else:
-            written.add_done_callback(lambda f: _settle_from(q, f, done))
+            written.add_done_callback(lambda f: _settle_from(q, f, done, refused))
         return done
 
     def _ack(
@@ -642,7 +648,11 @@ class QueueCoordinator:
         snapshot: Transaction,
         *,
         invalidate: bool = True,
-    ) -> Future[None] | None:
+    ) -> tuple[Future[None] | None, list[TidingsError]]:
+        """The ack in memory and the future of its store write (None: nothing to
+        write or wait for), and a list that holds, once that write landed, the error
+        that refused a transactional ack there (its transaction ended meanwhile)."""
+        refused: list[TidingsError] = []
         with q.lock:
             self._settle(q, snapshot)
             try:
@@ -660,7 +670,6 @@ class QueueCoordinator:
                 q.acked += len(todo)
                 q.ack_rate.add(len(todo), time.monotonic())
                 writes = q.flush(touched)
-                guard = None
             else:
                 # Each message keeps the deadline of the lease it leaves (0: it was not
                 # the worker's any more), so a transaction that fails can give it back
@@ -677,13 +686,26 @@ class QueueCoordinator:
                     q.put_in(lease_no, group)
                     made.append(lease_no)
                 writes = q.flush([*touched, *made])
-                guard = write_pointer
+                # What the store gets instead where the transaction ended before the
+                # write: the messages as the worker held them, so that memory (told by
+                # `refused`) and the records agree again without a rebuild, which would
+                # forget every lease not written yet, of every worker.
+                held_by: dict[bytes, bytes] = {}
+                for lease_no in made:
+                    lease = q.leases[lease_no]
+                    entries = tuple((m, q.entries[m].count) for m in lease.ids)
+                    owner = consumer if lease.deadline else ""
+                    record = LeaseRecord(owner, lease.deadline, 0, entries)
+                    held_by[q.lease_key(lease_no)] = qkeys.encode_lease(record)
+                write = _ack_write(writes, held_by, self._tx, write_pointer, q, refused)
             if not writes:
                 # The store already says these are acked once the writes queued before
                 # land: wait for those.
                 last = q.last_write
-                return None if last is None or last.done() else last
-            return self._submit(q, _write_all(writes, self._tx, guard))
+                return (None if last is None or last.done() else last), refused
+            if write_pointer is None:
+                write = _write_all(writes)
+            return self._submit(q, write), refused
 
     def nack(
         self, namespace: str, topic: str, queue: str, consumer: str, ids: Sequence[MessageId]
@@ -803,6 +825,7 @@ class QueueCoordinator:
         q = self._require(namespace, topic, queue)
         snapshot = self._snapshot()
         with q.lock:
+            self._unrefuse(q)
             if is_visible(snapshot, write_pointer):
                 # Committed already (a rollback sent after the commit): its acks count,
                 # as they would at the queue's next call.
@@ -1131,6 +1154,7 @@ class QueueCoordinator:
         queue's next write (a lease's record under a pointer that ended resolves the
         same way after a restart, and keeps that pointer off the pruned invalid list
         until then; a deadline that passed says the same)."""
+        self._unrefuse(q)
         for lease_no, lease in list(q.leases.items()):
             wp = lease.write_pointer
             if not wp:
@@ -1156,6 +1180,21 @@ class QueueCoordinator:
                 q.expired += len(lease.ids)
                 for message_id in lease.ids:
                     heapq.heappush(q.available, message_id)
+
+    def _unrefuse(self, q: _Queue) -> None:
+        """Memory as the store has it after acks it refused (see :func:`_ack_write`):
+        their messages back with their workers, or in the queue where the worker's
+        lease had run out."""
+        while q.refused:
+            write_pointer = q.refused.pop()
+            for lease in q.leases.values():
+                if lease.write_pointer != write_pointer:
+                    continue
+                lease.write_pointer = 0
+                if not lease.deadline:
+                    lease.owner = ""
+                    q.available.extend(lease.ids)
+                    heapq.heapify(q.available)
 
     def _claim(
         self,
@@ -1311,8 +1350,11 @@ def _same_settings(
     )
 
 
-def _settle_from(q: _Queue, written: Future[None], done: Future[None]) -> None:
-    """Pass a store write's outcome on to the future a caller waits on."""
+def _settle_from(
+    q: _Queue, written: Future[None], done: Future[None], refused: Sequence[TidingsError] = ()
+) -> None:
+    """Pass a store write's outcome on to the future a caller waits on (``refused``:
+    the error that refused a transactional ack in that write, which landed)."""
     exc: BaseException | None
     if written.cancelled():
         exc = ServerError("a queue's store write was cancelled")
@@ -1320,6 +1362,8 @@ def _settle_from(q: _Queue, written: Future[None], done: Future[None]) -> None:
         exc = written.exception()
     if exc is not None:
         q.broken = True  # memory ran ahead of a write that failed: rebuild it
+    elif refused:
+        exc = refused[0]
     if done.set_running_or_notify_cancel():
         if exc is not None:
             done.set_exception(exc)
@@ -1346,6 +1390,37 @@ def _write_all(
             # that ended, so pruning the invalid list stays safe.
             tx.check_writable(write_pointer)
         for key, value in writes:
+            if value is None:
+                view.delete(_META, key)
+            else:
+                view.put(_META, key, value)
+
+    return write
+
+
+def _ack_write(
+    writes: list[tuple[bytes, bytes | None]],
+    held_by: dict[bytes, bytes],
+    tx: TransactionManager,
+    write_pointer: int,
+    q: _Queue,
+    refused: list[TidingsError],
+) -> Callable[[WriteView], None]:
+    """The store write of a transactional ack: ``writes``, unless the transaction ended
+    before it lands (nothing may be written under an ended pointer: pruning its invalid
+    entry would make it count); then the leases under the pointer are written as
+    ``held_by`` has them, and the error goes in ``refused`` and the pointer in
+    ``q.refused``, for memory to follow at the queue's next call."""
+
+    def write(view: WriteView) -> None:
+        chosen = writes
+        try:
+            tx.check_writable(write_pointer)
+        except TidingsError as exc:
+            refused.append(exc)
+            q.refused.add(write_pointer)
+            chosen = [(key, held_by.get(key, value)) for key, value in writes]
+        for key, value in chosen:
             if value is None:
                 view.delete(_META, key)
             else:
