@@ -1187,10 +1187,13 @@ class QueueCoordinator:
         lease had run out."""
         while q.refused:
             write_pointer = q.refused.pop()
-            for lease in q.leases.values():
+            for lease_no, lease in q.leases.items():
                 if lease.write_pointer != write_pointer:
                     continue
                 lease.write_pointer = 0
+                # Written again with the next write: an earlier ack under the same
+                # pointer, which landed, still has the pointer in its record.
+                q.dirty.add(lease_no)
                 if not lease.deadline:
                     lease.owner = ""
                     q.available.extend(lease.ids)
