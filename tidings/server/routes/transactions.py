@@ -330,16 +330,17 @@ def routes(api: Api) -> list[Route]:
                     carried.append(prepared)
             return carried, queued
 
-        async def unsettle(wp: int, invalid: bool = False) -> bool:
+        async def unsettle(wp: int, refused: bool = False) -> bool:
             # True if every ack went back and every position was removed. Else the
             # transaction must be invalidated, not aborted: an aborted transaction's
             # acks and positions that are still there count as committed (Tephra: an
             # abort says the writes were undone). The acks go back to the workers'
             # leases, not to the queues: the request was refused, and a worker that
             # sends its acks again must find its messages still its own (rather than
-            # handed to another worker meanwhile). ``invalid``: the transaction is
-            # invalid already (its commit was refused), so only the acks are given
-            # back; left alone, they would go back to the queues at once.
+            # handed to another worker meanwhile). ``refused``: the transaction was
+            # refused its commit (it is made invalid next, or was already), so only the
+            # acks are given back: left to the invalidation, they would go back to the
+            # queues at once. A commit that got through after all leaves them acked.
             undone = True
             for a in acks:
                 assert queues is not None
@@ -347,7 +348,7 @@ def routes(api: Api) -> list[Route]:
                     await api.blocking(queues.rollback, ns, a.topic, a.queue, wp, keep_leases=True)
                 except TidingsError:
                     undone = False
-            if invalid:
+            if refused:
                 return undone
             for g in group_commits:
                 assert groups is not None
@@ -435,8 +436,8 @@ async def _transact(
     futures of the acks' store writes (queued before the publish, awaited after it), and
     ``unsettle(wp)`` gives the acks back and removes the positions if anything
     after fails (False if it could not: the transaction is then invalidated, not
-    aborted); ``unsettle(wp, True)`` gives the acks back once a refused commit left the
-    transaction invalid.
+    aborted); ``unsettle(wp, True)`` gives the acks back where the commit was refused
+    (before the transaction is invalidated).
     The positions ride in the publish's store write where the commit does, else they
     are a write of their own before it.
     The batches are published in one store write: all of them, or none. Where the
@@ -492,8 +493,9 @@ async def _transact(
     except Exception as exc:
         if step is not None and (step.refused or step.decided):
             # The commit failed, not the publish: as a failed commit below.
-            if await _invalidate(inbox, tx, wp, exc, ended) and consumed is not None:
+            if consumed is not None:
                 await consumed[1](wp, True)
+            await _invalidate(inbox, tx, wp, exc, ended)
             raise
         if consumed is not None and not await consumed[1](wp):
             await _invalidate(inbox, tx, wp, exc, ended)
@@ -507,9 +509,12 @@ async def _transact(
             )
         except TidingsError as exc:
             # Timed out or fenced: already invalid. Anything else: make sure it never
-            # commits (its writes then never show; its acks go back to their workers).
-            if await _invalidate(inbox, tx, wp, exc, ended) and consumed is not None:
+            # commits (its writes then never show). Its acks go back to their workers
+            # first: once it is invalid, the queue's next call would give them back to
+            # the queue, for any worker to take.
+            if consumed is not None:
                 await consumed[1](wp, True)
+            await _invalidate(inbox, tx, wp, exc, ended)
             raise
     ended.append("committed")
     return snapshot
@@ -567,13 +572,11 @@ async def _end_failed(
 
 async def _invalidate(
     inbox: LoopInbox, tx: TransactionManager, wp: int, error: Exception, ended: list[str]
-) -> bool:
-    """Invalidate ``wp``; True if it is invalid now (by this call, or ended so before)."""
+) -> None:
     try:
         invalidated = await inbox.wait(tx.invalidate_future(wp))
     except TidingsError as exc:
         error.add_note(f"could not invalidate transaction {wp}: {exc}")
-        return False
-    if invalidated:  # not one that had timed out (or ended so) already
-        ended.append("invalidated")
-    return True
+    else:
+        if invalidated:  # not one that had timed out (or ended so) already
+            ended.append("invalidated")
