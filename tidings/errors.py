@@ -29,7 +29,7 @@
     │   ├── OutOfOrderSequence        409  an idempotent publish skipped sequence numbers
     │   ├── UnknownProducerEpoch      409  an epoch of the transactional id never handed out
     │   ├── AckConflict               409  ack of a message whose lease passed to another worker
-    │   └── NotDelivered              409  ack/nack of messages never delivered to the caller
+    │   └── NotDelivered              409  ack of messages never delivered to the caller
     ├── TransactionNotInProgress      410  the transaction already ended; subclasses say how
     │   ├── TransactionCommitted      410
     │   ├── TransactionAborted        410
@@ -252,15 +252,16 @@ class UnknownProducerEpoch(Conflict):
 
 
 class AckConflict(Conflict):
-    """An ack or nack of a message whose lease passed to another worker (its lease
-    timed out and the queue redelivered it), that another worker acked, or that another
-    transaction acked: the caller's work on it lost the race. In a transaction, that
-    transaction is invalidated, so its output never joins the other worker's."""
+    """An ack of a message whose lease passed to another worker (its lease timed out
+    and the queue redelivered it), that another worker or transaction acked, or that
+    was moved to the dead-letter topic: the caller's work on it lost the race. In a
+    transaction, that transaction is invalidated, so its output never joins the other
+    worker's. (A nack or an extend skips such messages instead, and lists them.)"""
 
 
 class NotDelivered(Conflict):
-    """An ack or nack named messages the queue never delivered to the caller (never
-    popped, acked already by a worker the queue no longer remembers, or messages of
+    """An ack named messages the queue never delivered to the caller (never popped,
+    popped from a server that restarted before the lease was written, or messages of
     another group); the message names them. Nothing was changed. A 409 rather than a
     400: the same request is right for the worker that popped them."""
 

@@ -1439,7 +1439,7 @@ def _check_consumer(consumer: object) -> None:
 
 def _check_ids(ids: Sequence[MessageId]) -> None:
     if not ids:
-        raise BadRequest("an ack or nack names at least one message id")
+        raise BadRequest("an ack, nack or extend names at least one message id")
 
 
 def _ids_text(ids: Sequence[MessageId]) -> str:
