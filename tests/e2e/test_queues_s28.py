@@ -13,7 +13,7 @@ import pytest
 from tests.e2e.serverproc import ServerProcess
 from tests.e2e.test_queues import fill
 from tidings import AsyncClient, Client
-from tidings.errors import AckConflict, TopicNotFound
+from tidings.errors import AckConflict, TopicNotFound, TransactionTimedOut
 from tidings.structs import MessageId
 
 pytestmark = pytest.mark.e2e
@@ -262,3 +262,35 @@ def test_a_worker_extends_its_lease_for_a_long_job(
         assert httpx.post(nowhere, json=good).status_code == 404
         assert httpx.post(base + "/ack", json=good).status_code == 200
         assert client.describe_queue("jobs", "work").acked == 1
+
+
+def test_acks_of_a_transaction_refused_step_by_step_stay_with_their_worker(
+    server: ServerProcess, topic: str
+) -> None:
+    # Begun before its commit (defer_begin=False; so also a transaction whose
+    # messages are streamed): the server refuses the commit, the client rolls back,
+    # and the worker keeps its messages as in the one-request case.
+    with Client(server.url) as client:
+        fill(client, topic, 3)
+        client.create_topic(topic + "-out")
+        q = client.queue(topic, "work", ack_timeout=60)
+        batch = q.pop(2)
+        with (
+            pytest.raises(TransactionTimedOut),
+            client.transaction(timeout=0.3, defer_begin=False) as tx,
+        ):
+            tx.publish(topic + "-out", [m.payload for m in batch])
+            q.ack(batch, transaction=tx)
+            time.sleep(0.5)
+        assert tx.state == "aborted"
+        assert [m.payload for m in client.queue(topic, "work").pop(10)] == [b"job-2"]
+        q.ack(batch)
+        assert client.poll(topic + "-out") == []
+        # The application's own failure still gives them back to the queue at once.
+        fill(client, topic + "-b", 1)
+        q = client.queue(topic + "-b", "work", ack_timeout=60)
+        got = q.pop(1)
+        with pytest.raises(RuntimeError), client.transaction(defer_begin=False) as tx:
+            q.ack(got, transaction=tx)
+            raise RuntimeError("the job failed")
+        assert [m.id for m in client.queue(topic + "-b", "work").pop(1)] == [got[0].id]

@@ -1011,8 +1011,10 @@ class RestApi:
         # Safe to resend: a second extend moves the deadline as the first did.
         return self._json_call("POST", url, _nacked, body, idempotent=True)
 
-    def queue_rollback(self, topic: str, queue: str, write_pointer: int) -> Call[int]:
-        body = queue_bodies.rollback_request(write_pointer)
+    def queue_rollback(
+        self, topic: str, queue: str, write_pointer: int, keep_leases: bool = False
+    ) -> Call[int]:
+        body = queue_bodies.rollback_request(write_pointer, keep_leases)
         url = self._queue_url(topic, queue, "/rollback")
         return self._json_call("POST", url, _returned, body, idempotent=True)
 

@@ -231,9 +231,21 @@ def read_nack(obj: Any) -> list[MessageId]:
         raise ServerError(f"malformed nack answer: {exc}") from exc
 
 
-def rollback_request(write_pointer: int) -> dict[str, Any]:
-    """A rollback body: the aborted transaction's write pointer."""
-    return {"transactionWritePointer": write_pointer}
+def rollback_request(write_pointer: int, keep_leases: bool = False) -> dict[str, Any]:
+    """A rollback body: the aborted transaction's write pointer (``keep_leases``: the
+    messages go back to the leases of the workers that acked them)."""
+    body: dict[str, Any] = {"transactionWritePointer": write_pointer}
+    if keep_leases:
+        body["keepLeases"] = True
+    return body
+
+
+def read_rollback_keeps_leases(obj: Mapping[str, Any]) -> bool:
+    """Whether a rollback body asks to give the messages back to their workers."""
+    keep = obj.get("keepLeases", False)
+    if not isinstance(keep, bool):
+        raise BadRequest(f"keepLeases must be true or false, got {keep!r}"[:200])
+    return keep
 
 
 def read_rollback_request(obj: Mapping[str, Any]) -> int:

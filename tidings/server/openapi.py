@@ -1145,7 +1145,15 @@ def _queue_schemas() -> dict[str, Any]:
         "QueueRollbackRequest": {
             "type": "object",
             "required": ["transactionWritePointer"],
-            "properties": {"transactionWritePointer": _POSITIVE_INT64},
+            "properties": {
+                "transactionWritePointer": _POSITIVE_INT64,
+                "keepLeases": {
+                    "type": "boolean",
+                    "description": "back to the leases of the workers that acked them "
+                    "(until those leases' deadlines), not to the queue: the server "
+                    "refused the transaction",
+                },
+            },
         },
         "QueueCount": {
             "type": "object",

@@ -36,12 +36,14 @@ __all__ = ["AsyncQueue"]
 class _QueueAck:
     """A queue's acks as a participant of a transaction: the server holds them under
     its write pointer, and they count once it commits; a rollback gives them back to
-    the queue (the transaction then aborts, leaving nothing behind)."""
+    the queue (the transaction then aborts, leaving nothing behind), or to this
+    handle's leases where the server refused the transaction."""
 
     name = "queue"
 
-    def __init__(self, queue: AsyncQueue) -> None:
+    def __init__(self, queue: AsyncQueue, context: AsyncTransactionContext) -> None:
         self._queue = queue
+        self._context = context
         self._write_pointer: int | None = None
 
     async def start(self, transaction: Transaction) -> None:
@@ -58,9 +60,11 @@ class _QueueAck:
 
     async def rollback(self) -> None:
         if self._write_pointer is not None:
-            queue = self._queue
+            queue, keep = self._queue, self._context.keeps_leases
             await queue._client._send(
-                queue._client._api.queue_rollback(queue.topic, queue.group, self._write_pointer)
+                queue._client._api.queue_rollback(
+                    queue.topic, queue.group, self._write_pointer, keep
+                )
             )
 
 
@@ -223,7 +227,7 @@ class AsyncQueue:
             return
         if transaction.defer_acks(self.topic, self.group, self.consumer_id, ids):
             return  # they go with the transaction's one request
-        tx = await transaction.enlist(_QueueAck(self))
+        tx = await transaction.enlist(_QueueAck(self, transaction))
         await self._client._send(
             api.queue_ack(self.topic, self.group, self.consumer_id, ids, tx.write_pointer)
         )

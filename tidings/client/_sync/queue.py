@@ -38,12 +38,14 @@ __all__ = ["Queue"]
 class _QueueAck:
     """A queue's acks as a participant of a transaction: the server holds them under
     its write pointer, and they count once it commits; a rollback gives them back to
-    the queue (the transaction then aborts, leaving nothing behind)."""
+    the queue (the transaction then aborts, leaving nothing behind), or to this
+    handle's leases where the server refused the transaction."""
 
     name = "queue"
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: Queue, context: TransactionContext) -> None:
         self._queue = queue
+        self._context = context
         self._write_pointer: int | None = None
 
     def start(self, transaction: Transaction) -> None:
@@ -60,9 +62,11 @@ class _QueueAck:
 
     def rollback(self) -> None:
         if self._write_pointer is not None:
-            queue = self._queue
+            queue, keep = self._queue, self._context.keeps_leases
             queue._client._send(
-                queue._client._api.queue_rollback(queue.topic, queue.group, self._write_pointer)
+                queue._client._api.queue_rollback(
+                    queue.topic, queue.group, self._write_pointer, keep
+                )
             )
 
 
@@ -225,7 +229,7 @@ class Queue:
             return
         if transaction.defer_acks(self.topic, self.group, self.consumer_id, ids):
             return  # they go with the transaction's one request
-        tx = transaction.enlist(_QueueAck(self))
+        tx = transaction.enlist(_QueueAck(self, transaction))
         self._client._send(
             api.queue_ack(self.topic, self.group, self.consumer_id, ids, tx.write_pointer)
         )

@@ -119,9 +119,12 @@ class _QueueAcks:
 
     name = "queue acks"
 
-    def __init__(self, client: Session, acks: list[TransactionAck]) -> None:
+    def __init__(
+        self, client: Session, acks: list[TransactionAck], context: TransactionContext
+    ) -> None:
         self._client = client
         self._acks = acks
+        self._context = context
         self._write_pointer: int | None = None
 
     def start(self, transaction: Transaction) -> None:
@@ -145,8 +148,11 @@ class _QueueAcks:
     def rollback(self) -> None:
         if self._write_pointer is None:
             return
+        keep = self._context.keeps_leases
         for topic, queue in dict.fromkeys((a.topic, a.queue) for a in self._acks):
-            self._client._send(self._client._api.queue_rollback(topic, queue, self._write_pointer))
+            self._client._send(
+                self._client._api.queue_rollback(topic, queue, self._write_pointer, keep)
+            )
 
 
 class TransactionContext(ContextState):
@@ -180,6 +186,11 @@ class TransactionContext(ContextState):
         self._client = client
         #: Queue acks of a deferred transaction, sent with its one request.
         self._acks: list[TransactionAck] = []
+        #: The rollback under way follows a refusal by the server (a TidingsError),
+        #: not the application's own failure: acked messages go back to the leases of
+        #: their workers, as where the server refuses a transaction in one request,
+        #: rather than to their queues.
+        self.keeps_leases = False
         #: Group positions of a deferred transaction, likewise, with their members.
         self._group_commits: list[tuple[TransactionGroupCommit, GroupMember]] = []
         #: Held while the transaction begins: publishes that run concurrently and find
@@ -270,7 +281,7 @@ class TransactionContext(ContextState):
         if self._acks:
             # Held for a one request that is not coming: sent now, under the pointer.
             acks, self._acks = self._acks, []
-            self._all = (*self._all[:-1], _QueueAcks(self._client, acks), self._all[-1])
+            self._all = (*self._all[:-1], _QueueAcks(self._client, acks, self), self._all[-1])
         if self._group_commits:
             commits, self._group_commits = self._group_commits, []
             held = tuple(member._participant(commit) for commit, member in commits)
@@ -440,6 +451,7 @@ class TransactionContext(ContextState):
 
     def _rollback_and_end(self, cause: BaseException | None) -> None:
         tx = self._snapshot()
+        self.keeps_leases = isinstance(cause, TidingsError)
         failed = []
         for participant in self._all:
             try:

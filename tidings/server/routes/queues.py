@@ -224,10 +224,12 @@ def routes(api: Api) -> list[Route]:
     async def rollback(request: Request) -> Response:
         coordinator = api.queues
         ns, topic, name = path_names(request, "queue")
-        write_pointer = queue_bodies.read_rollback_request(
-            await json_body(api, request, "rollback request")
+        body = await json_body(api, request, "rollback request")
+        write_pointer = queue_bodies.read_rollback_request(body)
+        keep = queue_bodies.read_rollback_keeps_leases(body)
+        returned = await api.blocking(
+            coordinator.rollback, ns, topic, name, write_pointer, keep_leases=keep
         )
-        returned = await api.blocking(coordinator.rollback, ns, topic, name, write_pointer)
         return json_response({"returned": returned})
 
     @api.endpoint(QUEUE + "/release")
