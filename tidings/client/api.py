@@ -161,14 +161,20 @@ def _write_pointer_arg(value: object, name: str, low: int = 1) -> int:
     return value
 
 
+#: The longest ``waitMs`` sent (about 11.6 days). The server caps a wait at its
+#: ``max_wait_ms`` anyway; a longer one would not fit the request's socket timeout.
+MAX_WAIT_MS = 10**9
+
+
 def _wait_ms(wait: float | None) -> int:
     """``wait`` seconds (None: none) as the whole milliseconds of ``waitMs``
-    (negative: 0); ValueError for a wait that is not a finite number."""
+    (negative: 0; at most :data:`MAX_WAIT_MS`); ValueError for a wait that is not a
+    finite number."""
     if not wait:
         return 0
     if isinstance(wait, bool) or not isinstance(wait, int | float) or not math.isfinite(wait):
         raise ValueError(f"wait must be a finite number of seconds, got {wait!r}")
-    return max(0, round(wait * 1000))
+    return min(MAX_WAIT_MS, max(0, round(wait * 1000)))
 
 
 def _wait_and_bytes(wait_ms: int, max_bytes: int | None) -> str:
