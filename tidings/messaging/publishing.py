@@ -475,10 +475,12 @@ def store_fn(
     topic: str,
     batch: EncodedBatch,
     write_pointer: int,
+    guard: Callable[[int], None] | None = None,
 ) -> Callable[[WriteView], PayloadRange]:
     """The write function of a store: Payload Table rows under ``write_pointer``, their
     ``(write_ts, p_seq)`` assigned by the same monotonic rule as publish keys. Returns
-    the positions assigned: one contiguous range holding exactly this store's rows."""
+    the positions assigned: one contiguous range holding exactly this store's rows.
+    ``guard`` is the publishes' (:meth:`MessagingService.guard_publishes`)."""
     batch.values  # noqa: B018 - made here, on the caller's thread, not in the write
 
     def store(view: WriteView) -> PayloadRange:
@@ -486,6 +488,10 @@ def store_fn(
         state = ref.state
         if view.get(_META, keys.sealed_key(ref.topic_id, state.generation, write_pointer)):
             raise _already_published(write_pointer, topic)
+        if guard is not None:
+            # Rows stored under an ended transaction could never be published (the
+            # pointer publish is refused), so they would only take room until expiry.
+            guard(write_pointer)
         count = len(batch)
         start_ts, start_seq, end_ts, end_seq = assign(
             state.last_write_ts, state.last_p_seq, clock.now_ms(), count

@@ -408,7 +408,9 @@ class MessagingService:
         if not messages:
             raise EmptyPublish("a store needs at least one message")
         batch = publishing.encode_batch(messages, None, self._clock.now_ms())
-        fn = publishing.store_fn(self._topics, self._clock, namespace, topic, batch, write_pointer)
+        fn = publishing.store_fn(
+            self._topics, self._clock, namespace, topic, batch, write_pointer, self._guard
+        )
         return self._submit(fn, namespace, topic, began, len(batch), batch.size)
 
     def rollback(self, namespace: str, topic: str, info: RollbackInfo) -> int:
@@ -794,11 +796,11 @@ class MessagingService:
 
     def guard_publishes(self, check: Callable[[int], None] | None) -> None:
         """Run ``check(write_pointer)`` inside the write function of every publish with
-        a write pointer, in the write transaction: if it raises, nothing of that publish
-        is written and its caller gets the error. The server passes the transaction
-        manager's :meth:`~tidings.tx.TransactionManager.check_writable` when it runs
-        both services, so nothing is published under a transaction that has ended
-        (which is what makes pruning the invalid list safe, see
+        a write pointer (and every store), in the write transaction: if it raises,
+        nothing of that write happens and its caller gets the error. The server passes
+        the transaction manager's :meth:`~tidings.tx.TransactionManager.check_writable`
+        when it runs both services, so nothing is published under a transaction that
+        has ended (which is what makes pruning the invalid list safe, see
         :meth:`referenced_pointers`). None (the default) checks nothing."""
         self._guard = check
 
