@@ -17,12 +17,20 @@ locked past about half a lease.
 Times are the database's (``now()``), so the instances' clocks need not agree. The
 holder renews every third of the lease; a holder that has not renewed within the
 lease by its own monotonic clock gives up (fail-stop: the server exits).
+
+An instance standing by polls the lease row over one connection of its own, kept
+open between polls (a new connection per poll cost PostgreSQL a backend start every
+twentieth of the lease, per standby), and keeps what the last poll saw: who leads, at
+which URL. Its forwarder asks that view, never the database, so a request is not held
+up by a database that does not answer; a view older than the lease says nothing about
+who leads now, and is treated as no leader at all (503).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
 import socket
 import threading
 import time
@@ -30,7 +38,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 
@@ -95,6 +103,13 @@ RETURNING epoch
 _RELEASE = """
 UPDATE tidings_leases SET expires_at = now() - interval '1 second'
 WHERE name = %(name)s AND holder = %(holder)s AND epoch = %(epoch)s
+"""
+
+# What a standing-by instance reads first: an exclusive lock on the lease row (the
+# acquisition's) would wait for the leader's write in flight and hold up its next one.
+_LOOK = """
+SELECT holder, url, epoch, extract(epoch FROM expires_at - now()) FROM tidings_leases
+WHERE name = %s
 """
 
 _SEEN = """
@@ -179,6 +194,14 @@ class LeaderLease:
         self._thread: threading.Thread | None = None
         self._renewed = 0.0  # monotonic time of the last renewal the database confirmed
         self._lost = False
+        # The connection a standing-by instance polls over (opened again where it
+        # broke), and when it last said it was alive (tidings_instances.seen_at).
+        self._poll_conn: list[psycopg.Connection[Any] | None] = [None]
+        self._seen_sent = -math.inf
+        #: (monotonic time of the last poll that got an answer, the live leader's URL
+        #: then); None until a poll has answered.
+        self._seen_leader: tuple[float, str | None] | None = None
+        self._polling = False
 
     @property
     def held(self) -> bool:
@@ -197,31 +220,40 @@ class LeaderLease:
 
         Polls every ``poll`` seconds (default a twentieth of the lease, at most 0.5 s),
         so a lease that passes is taken within that of its expiry. With ``wait=False``
-        raises :class:`~tidings.errors.ServiceUnavailable` instead of waiting.
+        raises :class:`~tidings.errors.ServiceUnavailable` instead of waiting. Every poll
+        goes over the same connection, and none waits for an answer longer than the
+        lease: a database cut off without a reset must neither hold up a stop nor keep
+        the instance from polling again once it is back.
         """
         interval = poll if poll is not None else min(self.seconds / 20, 0.5)
         announced = False
-        while True:
-            epoch = self._try_acquire()
-            if epoch is not None:
-                self.epoch = epoch
-                self._renewed = time.monotonic()
-                _log.info(
-                    f"leading the cluster (epoch {epoch})",
-                    extra={"event": "lease", "epoch": epoch, "instance": self.instance_id},
-                )
-                return epoch
-            if not wait:
-                raise ServiceUnavailable("another instance holds the leader lease")
-            if not announced:
-                holder = self._holder()
-                _log.info(
-                    f"standing by: {holder} leads the cluster",
-                    extra={"event": "standby", "instance": self.instance_id},
-                )
-                announced = True
-            if self._stop.wait(interval):
-                raise ServiceUnavailable("stopped while standing by")
+        self._polling = True
+        try:
+            while True:
+                epoch, holder = self._poll()
+                if epoch is not None:
+                    self.epoch = epoch
+                    self._renewed = time.monotonic()
+                    _log.info(
+                        f"leading the cluster (epoch {epoch})",
+                        extra={"event": "lease", "epoch": epoch, "instance": self.instance_id},
+                    )
+                    return epoch
+                if not wait:
+                    raise ServiceUnavailable("another instance holds the leader lease")
+                if not announced and holder is not None:
+                    _log.info(
+                        f"standing by: {holder} leads the cluster",
+                        extra={"event": "standby", "instance": self.instance_id},
+                    )
+                    announced = True
+                if self._stop.wait(interval):
+                    raise ServiceUnavailable("stopped while standing by")
+        finally:
+            self._polling = False
+            # A leader has no more use for it; one that stands by again opens another.
+            _close(self._poll_conn)
+            self._poll_conn = [None]
 
     def take(self) -> bool:
         """Take the lease if it is free now; True if this instance leads."""
@@ -260,7 +292,18 @@ class LeaderLease:
                 _log.warning(f"could not release the leader lease: {exc}")
 
     def leader_url(self) -> str | None:
-        """The URL the live leader advertises (None while nobody's lease is live)."""
+        """The URL the live leader advertises (None while nobody's lease is live).
+
+        While :meth:`acquire` stands by, what its last poll saw, without asking the
+        database: None once that is older than the lease (the database has not
+        answered since, and whoever led then may have lost the lease). Otherwise read
+        from the database."""
+        seen = self._seen_leader
+        if self._polling and seen is not None:
+            at, url = seen
+            return url if time.monotonic() - at <= self.seconds else None
+        if self._polling:
+            return None  # no poll has answered yet
         with self._connect() as conn:
             row = conn.execute(
                 "SELECT url FROM tidings_leases WHERE name = %s AND expires_at > now()",
@@ -278,33 +321,61 @@ class LeaderLease:
     def _connect(self) -> psycopg.Connection[Any]:
         return psycopg.connect(self.url, autocommit=True, connect_timeout=5)
 
-    def _try_acquire(self) -> int | None:
-        try:
-            with self._connect() as conn:
-                conn.execute(_SEEN, (self.instance_id, self.advertise_url))
-                row = conn.execute(
-                    _ACQUIRE,
-                    {
-                        "name": LEADER,
-                        "holder": self.instance_id,
-                        "url": self.advertise_url,
-                        "lease": self.seconds,
-                    },
-                ).fetchone()
-        except psycopg.Error as exc:
-            _log.warning(f"cannot reach the store to take the lease: {exc}")
-            return None
-        return None if row is None else int(row[0])
+    def _poll(self) -> tuple[int | None, str | None]:
+        """One poll of the lease: (the epoch, where this instance took the lease; who
+        holds it, where another instance does and the database answered)."""
+        slot = self._poll_conn
+        sent = time.monotonic()
+        # A poll given up on that takes the lease after all leaves the cluster without
+        # a leader only briefly: the lease counts from its statement's start, before
+        # the poll was given up on, so it passes at most what the poll spent before
+        # that statement (a connect, two reads) later.
+        done, result, error = _bounded(
+            functools.partial(self._poll_once, slot),
+            self.seconds,
+            on_late=functools.partial(_close, slot),
+        )
+        if not done:
+            # Still in use by the poll left hanging, which closes it if it ever ends.
+            self._poll_conn = [None]
+            _log.warning(f"no answer from the store to a lease poll in {self.seconds} s")
+            return None, None
+        if error is not None:
+            _close(slot)
+            if isinstance(error, psycopg.Error):
+                _log.warning(f"cannot reach the store to take the lease: {error}")
+                return None, None
+            raise error
+        epoch, holder, url = cast(tuple[int | None, str | None, str | None], result)
+        self._seen_leader = (sent, url)
+        return epoch, holder
 
-    def _holder(self) -> str:
-        try:
-            with self._connect() as conn:
-                row = conn.execute(
-                    "SELECT holder, epoch FROM tidings_leases WHERE name = %s", (LEADER,)
-                ).fetchone()
-        except psycopg.Error:
-            return "another instance"
-        return "another instance" if row is None else f"{row[0]} (epoch {row[1]})"
+    def _poll_once(
+        self, slot: list[psycopg.Connection[Any] | None]
+    ) -> tuple[int | None, str | None, str | None]:
+        """(epoch taken, holder, the live leader's URL), over ``slot[0]``."""
+        conn = slot[0]
+        if conn is None or conn.closed or conn.broken:
+            conn = slot[0] = psycopg.connect(self.url, autocommit=True, connect_timeout=2)
+        now = time.monotonic()
+        if now - self._seen_sent >= self.seconds / 3:  # as often as a leader renews
+            conn.execute(_SEEN, (self.instance_id, self.advertise_url))
+            self._seen_sent = now
+        row = conn.execute(_LOOK, (LEADER,)).fetchone()
+        if row is not None and float(row[3]) > 0:
+            return None, f"{row[0]} (epoch {row[2]})", str(row[1])
+        taken = conn.execute(
+            _ACQUIRE,
+            {
+                "name": LEADER,
+                "holder": self.instance_id,
+                "url": self.advertise_url,
+                "lease": self.seconds,
+            },
+        ).fetchone()
+        if taken is None:
+            return None, "another instance", None
+        return int(taken[0]), None, self.advertise_url
 
     def _renew_loop(self) -> None:
         conn: list[psycopg.Connection[Any] | None] = [None]
