@@ -10,7 +10,11 @@ in its checkpoint, so they must be plain data):
 
 A streaming offset is ``{topic: position}`` with its topics sorted, so equal offsets
 serialise to equal JSON (Spark compares them as text). Message ids compare as their
-hex strings do, because ids sort byte-wise.
+hex strings do, because ids sort byte-wise. Since the source checks that a topic was
+not deleted and created again under a query, the offset also records each topic's
+generation, under the key ``"@generations"`` (no topic name has an ``@``), last:
+``{"t": "<id>", "@generations": {"t": 1}}``. An offset without it (checkpointed
+before) is read as one whose generations are not known yet.
 
 Pure functions only: the I/O that finds positions lives in :mod:`tidings.spark.scan`.
 """
@@ -19,15 +23,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tidings.errors import InvalidMessageId
 from tidings.structs import MessageId
 
 __all__ = [
     "EARLIEST",
+    "GENERATIONS",
     "Slice",
     "allocate",
     "check_position",
+    "decode_generations",
     "decode_offset",
     "encode_offset",
     "poll_start",
@@ -38,6 +45,8 @@ __all__ = [
 ]
 
 EARLIEST = "earliest"
+#: The offset's key for the topics' generations (not a topic name: those have no ``@``).
+GENERATIONS = "@generations"
 
 
 def position_after(message_id: MessageId) -> str:
@@ -98,16 +107,38 @@ def position_reaches(position: str, message_id: MessageId) -> bool:
     return message_id >= start if inclusive else message_id > start
 
 
-def encode_offset(positions: Mapping[str, str]) -> dict[str, str]:
-    """The Spark offset for ``positions``: topics sorted so equal offsets are equal JSON."""
-    return {topic: check_position(positions[topic]) for topic in sorted(positions)}
+def encode_offset(
+    positions: Mapping[str, str], generations: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """The Spark offset for ``positions`` (and the ``generations`` of their topics):
+    topics sorted so equal offsets are equal JSON."""
+    offset: dict[str, Any] = {t: check_position(positions[t]) for t in sorted(positions)}
+    if generations:
+        offset[GENERATIONS] = {t: int(generations[t]) for t in sorted(generations)}
+    return offset
 
 
 def decode_offset(offset: object) -> dict[str, str]:
     """Positions from a Spark offset (as checkpointed); ValueError if it is not ours."""
     if not isinstance(offset, dict):
         raise ValueError(f"a Tidings offset is a JSON object of topic -> position: {offset!r}")
-    return {str(t): check_position(p, f"offset of topic {t!r}") for t, p in offset.items()}
+    return {
+        str(t): check_position(p, f"offset of topic {t!r}")
+        for t, p in offset.items()
+        if t != GENERATIONS
+    }
+
+
+def decode_generations(offset: object) -> dict[str, int]:
+    """The topics' generations a Spark offset records (none in an older offset)."""
+    if not isinstance(offset, dict):
+        raise ValueError(f"a Tidings offset is a JSON object of topic -> position: {offset!r}")
+    raw = offset.get(GENERATIONS, {})
+    if not isinstance(raw, dict) or not all(
+        isinstance(g, int) and not isinstance(g, bool) for g in raw.values()
+    ):
+        raise ValueError(f"the offset's {GENERATIONS} is not topic -> generation: {raw!r}")
+    return {str(t): g for t, g in raw.items()}
 
 
 def allocate(available: Mapping[str, int], budget: int) -> dict[str, int]:

@@ -89,6 +89,9 @@ class ReadOptions:
     token: str | None = None
     #: A CA file to check an https server's certificate with (None: the system's).
     cacert: str | None = None
+    #: Streaming: fail when a topic was deleted (and perhaps created again) under the
+    #: query, rather than go on reading the new topic from its start.
+    fail_on_data_loss: bool = True
 
     @property
     def committed(self) -> bool:
@@ -123,6 +126,7 @@ _READ_KEYS = {
     "endingtimestamp",
     "isolation",
     "maxmessagespertrigger",
+    "failondataloss",
     "minpartitions",
     "fetchsize",
     "requesttimeout",
@@ -146,6 +150,7 @@ _NAMES = {
         "endingTimestamp",
         "isolation",
         "maxMessagesPerTrigger",
+        "failOnDataLoss",
         "minPartitions",
         "fetchSize",
         "requestTimeout",
@@ -224,6 +229,15 @@ def _positive_float(options: Mapping[str, str], key: str, what: str) -> float | 
     if not value > 0 or value != value or value == float("inf"):
         raise ValueError(f"option {what} must be a positive number, got {text!r}")
     return value
+
+
+def _boolean(options: Mapping[str, str], key: str, what: str, *, default: bool) -> bool:
+    text = _get(options, key)
+    if text is None:
+        return default
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    raise ValueError(f"option {what} must be true or false, got {text!r}")
 
 
 def _url(options: Mapping[str, str]) -> str:
@@ -335,8 +349,13 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         for key in ("endingmessageid", "endingtimestamp"):
             if key in opts:
                 raise ValueError(f"option {key} applies to batch reads only")
-    elif "maxmessagespertrigger" in opts:
-        raise ValueError("option maxMessagesPerTrigger applies to streaming reads only")
+    else:
+        for key, name in (
+            ("maxmessagespertrigger", "maxMessagesPerTrigger"),
+            ("failondataloss", "failOnDataLoss"),
+        ):
+            if key in opts:
+                raise ValueError(f"option {name} applies to streaming reads only")
     topics = _topics(_get(opts, "topic"), required=True)
     isolation = (_get(opts, "isolation") or "read_committed").lower()
     if isolation not in ("read_committed", "read_uncommitted"):
@@ -359,6 +378,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         request_timeout=_positive_float(opts, "requesttimeout", "requestTimeout") or 30.0,
         token=_get(opts, "token"),
         cacert=_get(opts, "cacert"),
+        fail_on_data_loss=_boolean(opts, "failondataloss", "failOnDataLoss", default=True),
     )
 
 

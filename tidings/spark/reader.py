@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from tidings.client import Client
+from tidings.errors import TopicNotFound
 from tidings.spark.bodies import poll_batch
 from tidings.spark.offsets import EARLIEST, poll_start, position_reaches, slices
 from tidings.spark.options import Bound, ReadOptions, Start
@@ -71,8 +72,14 @@ def read_partition(options: ReadOptions, part: InputPartition) -> Iterator[pa.Re
         raise TypeError(f"not a tidings partition: {part!r}")
     schema = arrow_read_schema()
     with connect(options) as client:
-        for page, rows in read_range_columns(client, part, options.fetch_size):
-            yield poll_batch(page, rows, part.topic, options.namespace, schema)
+        try:
+            for page, rows in read_range_columns(client, part, options.fetch_size):
+                yield poll_batch(page, rows, part.topic, options.namespace, schema)
+        except TopicNotFound:
+            # Deleted since the range was planned: what it held is gone, which a
+            # streaming read with failOnDataLoss=false goes on without.
+            if options.fail_on_data_loss:
+                raise
 
 
 def slices_per_topic(options: ReadOptions, default: int) -> int:

@@ -7,6 +7,14 @@ for read-uncommitted): nothing before it can change any more, so the batch
 restarted from its checkpoint continues exactly where it stopped
 (:mod:`tidings.spark.scan` has the argument).
 
+A topic deleted (and perhaps created again) under the query is noticed by its
+generation, which every offset records: a scan that finds the topic gone, or new
+messages in it, compares the generation the server has now. By default (Kafka's
+``failOnDataLoss=true``) the query then fails naming the topic: the new topic's
+messages would otherwise be read as if they followed the old one's, and the old one's
+unread messages be lost without a word. With ``failOnDataLoss=false`` the new topic is
+read from its start (and a topic that is gone is left until it is back).
+
 Admission control: ``maxMessagesPerTrigger`` is the default read limit
 (:class:`ReadMaxRows`); a batch takes at most that many messages, shared between topics
 in proportion to what each has waiting. ``Trigger.AvailableNow`` reads up to the stable
@@ -29,9 +37,11 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from tidings.client import Client
+from tidings.errors import TopicNotFound
 from tidings.spark.offsets import (
     EARLIEST,
     allocate,
+    decode_generations,
     decode_offset,
     encode_offset,
     position_after,
@@ -96,16 +106,40 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return position_after(end.last_stable_id.previous())
         return EARLIEST if end.newest_id is None else position_after(end.newest_id)
 
-    def _positions(self, offset: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
-        """The checkpointed positions of the topics read, and the starts of topics the
-        checkpoint does not know yet (added to the ``topic`` option since)."""
+    def _positions(
+        self, offset: dict[str, Any]
+    ) -> tuple[dict[str, str], dict[str, str], dict[str, int]]:
+        """The checkpointed positions of the topics read, the starts of topics the
+        checkpoint does not know yet (added to the ``topic`` option since), and the
+        generations of both."""
         known = decode_offset(offset)
+        generations = decode_generations(offset)
         topics = self.options.topics
-        added = {t: self._initial(t) for t in topics if t not in known}
-        return {t: known[t] for t in topics if t in known}, added
+        added: dict[str, str] = {}
+        for topic in topics:
+            if topic not in known:
+                added[topic], generations[topic] = self._start(topic)
+        positions = {t: known[t] for t in topics if t in known}
+        return positions, added, {t: g for t, g in generations.items() if t in topics}
 
-    def initialOffset(self) -> dict[str, str]:
-        return encode_offset({t: self._initial(t) for t in self.options.topics})
+    def _start(self, topic: str) -> tuple[str, int]:
+        """Where reading ``topic`` starts, and its generation, asked first: a topic
+        created again in between then fails the check later rather than pass it."""
+        generation = self.client.get_topic(topic).generation
+        return self._initial(topic), generation
+
+    def _generation(self, topic: str) -> int | None:
+        """``topic``'s generation now; None while there is no such topic."""
+        try:
+            return self.client.get_topic(topic).generation
+        except TopicNotFound:
+            return None
+
+    def initialOffset(self) -> dict[str, Any]:
+        starts = {t: self._start(t) for t in self.options.topics}
+        return encode_offset(
+            {t: p for t, (p, _) in starts.items()}, {t: g for t, (_, g) in starts.items()}
+        )
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self.options.max_messages_per_trigger
@@ -169,12 +203,17 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
         return found
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, str]:
-        positions, added = self._positions(start)
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        positions, added, generations = self._positions(start)
         if added:
             # A batch that only records where added topics start: their first range is
             # then planned from a checkpointed position, so it replays identically.
-            return encode_offset({**positions, **added})
+            return encode_offset({**positions, **added}, generations)
+        for topic in positions:
+            if topic not in generations:  # checkpointed before generations were
+                current = self._generation(topic)
+                if current is not None:
+                    generations[topic] = current
         if self._available_now and self._target is None:
             self._target = self._stable_ends(positions)
         if isinstance(limit, ReadMaxRows):
@@ -184,10 +223,12 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             raise ValueError(f"the tidings source does not support read limit {limit!r}")
         found = self._scans_ahead(positions, budget)
+        if found is not None and not self._check_generations(positions, generations, found, set()):
+            found = None  # looked for from positions that no longer apply
         if found is None:
-            found = self._scan_all(positions, budget)
+            found = self._scan_checked(positions, generations, budget)
         if isinstance(limit, ReadMinRows) and sum(s.count for s in found.values()) < limit.min_rows:
-            return encode_offset(positions)
+            return encode_offset(positions, generations)
         new = dict(positions)
         if budget is None:
             for topic, s in found.items():
@@ -201,7 +242,58 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     new[topic] = position_after(ids[n - 1])
             if new != positions:
                 self._look_ahead(new, budget)
-        return encode_offset(new)
+        return encode_offset(new, generations)
+
+    # --- topics deleted or created again under the query ---
+
+    def _scan_checked(
+        self, positions: dict[str, str], generations: dict[str, int], budget: int | None
+    ) -> dict[str, Scan]:
+        """:meth:`_scan_all` of the topics, checking that none was deleted or created
+        again (where a topic is gone or has new messages: an unchanged topic costs no
+        more requests). Updates ``positions`` and ``generations`` where the new topic is
+        read from its start (``failOnDataLoss=false``)."""
+        gone: set[str] = set()
+        for _ in range(3):
+            readable = {t: p for t, p in positions.items() if t not in gone}
+            try:
+                found: dict[str, Scan] | None = self._scan_all(readable, budget)
+            except TopicNotFound:
+                found = None  # which topic, and whether it is back, the check tells
+            if self._check_generations(positions, generations, found, gone) and found is not None:
+                return {**found, **{t: Scan(ids=[]) for t in gone}}
+        return self._scan_all(positions, budget)  # still failing: that error, then
+
+    def _check_generations(
+        self,
+        positions: dict[str, str],
+        generations: dict[str, int],
+        found: dict[str, Scan] | None,
+        gone: set[str],
+    ) -> bool:
+        """True if no topic that ``found`` has news of (every topic, where the scan
+        failed: ``found`` None) changed generation. Otherwise fails naming the topic
+        (``failOnDataLoss``), or sets the new topic's start and generation, adds a
+        topic that is gone to ``gone``, and returns False."""
+        same = True
+        for topic in list(positions):
+            if topic in gone:
+                continue
+            if found is not None and (topic not in found or found[topic].last is None):
+                continue  # nothing new: nothing read from a topic that may have changed
+            recorded = generations.get(topic)
+            current = self._generation(topic)
+            if current is not None and (recorded is None or current == recorded):
+                continue
+            if self.options.fail_on_data_loss:
+                raise TopicNotFound(_lost(self.options.namespace, topic, recorded, current))
+            same = False
+            if current is None:
+                gone.add(topic)
+            else:
+                positions[topic] = EARLIEST
+                generations[topic] = current
+        return same
 
     # --- the next batch's end, found while this one runs ---
 
@@ -235,11 +327,14 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         o = self.options
         first = decode_offset(start)
         last = decode_offset(end)
+        born, grown = decode_generations(start), decode_generations(end)
         pieces = slices_per_topic(o, 1)
         tx = None
         parts: list[InputPartition] = []
         for topic in o.topics:
             begin, stop = first.get(topic), last.get(topic)
+            if topic in born and topic in grown and born[topic] != grown[topic]:
+                begin = EARLIEST  # created again: the new topic is read from its start
             if begin is None or stop is None or begin == stop:
                 continue
             if not _is_id(stop):
@@ -268,6 +363,19 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _lost(namespace: str, topic: str, recorded: int | None, current: int | None) -> str:
+    what = "deleted" if current is None else "deleted and created again"
+    then = "" if recorded is None else f" (generation {recorded}"
+    then += "" if not then else (")" if current is None else f", now {current})")
+    return (
+        f"topic {topic!r} of namespace {namespace!r} was {what}{then} while the streaming "
+        "query read it: messages it had not read are lost, and the offsets of the old "
+        "topic do not apply to a new one. Start the query again with a new checkpoint, "
+        "or set the option failOnDataLoss to false to read a new topic of that name "
+        "from its start."
+    )
 
 
 class _Ahead:
