@@ -13,12 +13,14 @@ answer (``allowed_hosts``), are refused here, as the leader would refuse them
 (:mod:`tidings.server.origin`), before anything is forwarded. The hop to the leader
 carries the leader's advertised host, which the leader always answers.
 
-Where no leader is known or it cannot be reached (a takeover under way), the answer is
-a retriable 503 ``ServiceUnavailable`` with ``Retry-After: 1``: the clients retry, and
-by then this instance or another leads. Where the leader got the request but its answer
-was lost (a read timeout, the leader died while answering), the outcome is unknown and
-the answer is 502 ``ServerError``, as a lost connection would be to a client talking
-to the leader itself: a 503 would say the request was not carried out, and a client
+Where no leader is known or it cannot be reached (a takeover under way, or this
+instance has not reached PostgreSQL for a whole lease), the answer is a retriable 503
+``ServiceUnavailable`` with ``Retry-After: 1``, at once (the leader comes from the
+lease's last poll, not from a query on the way): the clients retry, and by then this
+instance or another leads. Where the leader got the request but its answer was lost
+(a read timeout, the leader died while answering), the outcome is unknown and the
+answer is 502 ``ServerError``, as a lost connection would be to a client talking to
+the leader itself: a 503 would say the request was not carried out, and a client
 would then send a transaction that committed again, or roll it back.
 """
 
@@ -75,7 +77,7 @@ _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 #: The status of an answer lost on the hop (Bad Gateway), as a ``ServerError``: the
 #: outcome is unknown, as after a lost connection.
 _ANSWER_LOST = 502
-#: How long a looked-up leader URL is trusted before the lease row is read again.
+#: How long a looked-up leader URL is trusted before the lease is asked again.
 _LEADER_TTL = 1.0
 
 
