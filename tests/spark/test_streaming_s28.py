@@ -102,6 +102,13 @@ def test_fail_on_data_loss_false_reads_the_new_topic_from_its_start(
     assert run(failOnDataLoss="false").exception() is None
     out = [m.payload for m in client.poll(sink, transaction=client.snapshot())]
     assert out[5:] == [b"NEW2"]
+    client.delete_topic(source)  # gone: nothing to read, and no failure ...
+    assert run(failOnDataLoss="false").exception() is None
+    client.create_topic(source)  # ... until it is back
+    client.publish(source, [b"third0"])
+    assert run(failOnDataLoss="false").exception() is None
+    out = [m.payload for m in client.poll(sink, transaction=client.snapshot())]
+    assert out[6:] == [b"THIRD0"]
 
 
 def test_fail_on_data_loss_is_a_streaming_option() -> None:

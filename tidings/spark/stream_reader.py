@@ -157,7 +157,13 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         or the position is past it, is a read-committed topic scanned to its end."""
         ends: dict[str, str] = {}
         for topic, position in positions.items():
-            end = self.client.end(topic)
+            try:
+                end = self.client.end(topic)
+            except TopicNotFound:
+                if self.options.fail_on_data_loss:
+                    raise
+                ends[topic] = position  # gone: nothing to read until it is back
+                continue
             stop = end.last_stable_id if self.options.committed else None
             if (self.options.committed and not end.stable_known) or (
                 # Past the oldest open transaction's first entry the read stops at the
@@ -344,7 +350,12 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end_id = MessageId.from_hex(stop)
             floor = position_floor_ts(begin)
             if floor is None and pieces > 1:
-                head = self.client.poll(topic, None, limit=1)
+                try:
+                    head = self.client.poll(topic, None, limit=1)
+                except TopicNotFound:
+                    if self.options.fail_on_data_loss:
+                        raise
+                    head = []  # gone: the tasks find nothing to read either
                 floor = head[0].id.publish_ts if head else None
             cuts = slices(floor, end_id.publish_ts, pieces)
             parts.extend(plan_ranges(topic, begin, end_id, cuts, tx))
