@@ -16,6 +16,7 @@ from pyspark.errors import StreamingQueryException
 
 from tests.e2e.serverproc import ServerProcess
 from tidings.client import Client
+from tidings.errors import TopicNotFound
 from tidings.spark.offsets import GENERATIONS, decode_generations, decode_offset, encode_offset
 from tidings.spark.options import parse_read_options
 
@@ -133,3 +134,27 @@ def test_offsets_record_generations_and_read_older_ones() -> None:
     assert decode_generations({"a": "earliest"}) == {}  # checkpointed before
     with pytest.raises(ValueError):
         decode_generations({"a": "earliest", GENERATIONS: {"a": "1"}})
+
+
+def test_a_task_whose_topic_was_created_again_since_planning_fails(
+    server: ServerProcess, client: Client, new_topic: Callable[[], str]
+) -> None:
+    from tidings.spark.reader import read_partition
+    from tidings.spark.scan import TopicRange
+
+    topic = new_topic()
+    client.publish(topic, [b"old0"])
+    planned_end = client.poll(topic)[-1].id
+    _recreate(client, topic, [b"new0"])  # between planning and the task's read
+    part = TopicRange(topic=topic, start="earliest", end=planned_end.hex, generation=1)
+    options = parse_read_options({"url": server.url, "topic": topic}, streaming=True)
+    with pytest.raises(TopicNotFound, match=r"created again \(generation 1, now 2\)"):
+        list(read_partition(options, part))
+    lenient = parse_read_options(
+        {"url": server.url, "topic": topic, "failOnDataLoss": "false"}, streaming=True
+    )
+    assert list(read_partition(lenient, part)) == []
+    # The range planned in the topic as it is now reads as before.
+    now = TopicRange(topic=topic, start="earliest", end="f" * 40, generation=2)
+    rows = [row for batch in read_partition(options, now) for row in batch.to_pylist()]
+    assert [bytes(r["value"]) for r in rows] == [b"new0"]

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_BATCH_SLICES",
     "TidingsBatchReader",
+    "data_loss_message",
     "default_batch_slices",
     "read_partition",
     "start_position",
@@ -75,11 +76,34 @@ def read_partition(options: ReadOptions, part: InputPartition) -> Iterator[pa.Re
         try:
             for page, rows in read_range_columns(client, part, options.fetch_size):
                 yield poll_batch(page, rows, part.topic, options.namespace, schema)
+            if part.generation is not None:
+                # Asked after reading: the same generation then means every poll read
+                # the topic the range was planned in (generations only grow).
+                now = client.get_topic(part.topic).generation
+                if now != part.generation and options.fail_on_data_loss:
+                    raise TopicNotFound(
+                        data_loss_message(options.namespace, part.topic, part.generation, now)
+                    )
         except TopicNotFound:
             # Deleted since the range was planned: what it held is gone, which a
             # streaming read with failOnDataLoss=false goes on without.
             if options.fail_on_data_loss:
                 raise
+
+
+def data_loss_message(namespace: str, topic: str, recorded: int | None, current: int | None) -> str:
+    """Why a streaming read stops where ``topic`` (of ``recorded`` generation) was
+    deleted (``current`` None) or created again."""
+    what = "deleted" if current is None else "deleted and created again"
+    then = "" if recorded is None else f" (generation {recorded}"
+    then += "" if not then else (")" if current is None else f", now {current})")
+    return (
+        f"topic {topic!r} of namespace {namespace!r} was {what}{then} while the streaming "
+        "query read it: messages it had not read are lost, and the offsets of the old "
+        "topic do not apply to a new one. Start the query again with a new checkpoint, "
+        "or set the option failOnDataLoss to false to read a new topic of that name "
+        "from its start."
+    )
 
 
 def slices_per_topic(options: ReadOptions, default: int) -> int:

@@ -160,6 +160,10 @@ class TopicRange(InputPartition):
     lo: int | None = None
     hi: int | None = None
     snapshot: Transaction | None = None
+    #: The topic's generation the range was planned in (streaming reads; None: not
+    #: checked): a task that finds another one once it has read is failed by the
+    #: topic's deletion, or reads nothing (``failOnDataLoss=false``).
+    generation: int | None = None
 
 
 def plan_ranges(

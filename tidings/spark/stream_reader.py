@@ -50,7 +50,12 @@ from tidings.spark.offsets import (
     slices,
 )
 from tidings.spark.options import ReadOptions
-from tidings.spark.reader import read_partition, slices_per_topic, start_position
+from tidings.spark.reader import (
+    data_loss_message,
+    read_partition,
+    slices_per_topic,
+    start_position,
+)
 from tidings.spark.scan import Scan, connect, plan_ranges, scan, snapshot
 from tidings.structs import MessageId
 
@@ -292,7 +297,9 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if current is not None and (recorded is None or current == recorded):
                 continue
             if self.options.fail_on_data_loss:
-                raise TopicNotFound(_lost(self.options.namespace, topic, recorded, current))
+                raise TopicNotFound(
+                    data_loss_message(self.options.namespace, topic, recorded, current)
+                )
             same = False
             if current is None:
                 gone.add(topic)
@@ -358,7 +365,9 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     head = []  # gone: the tasks find nothing to read either
                 floor = head[0].id.publish_ts if head else None
             cuts = slices(floor, end_id.publish_ts, pieces)
-            parts.extend(plan_ranges(topic, begin, end_id, cuts, tx))
+            for part in plan_ranges(topic, begin, end_id, cuts, tx):
+                part.generation = grown.get(topic)
+                parts.append(part)
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -374,19 +383,6 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._client is not None:
             self._client.close()
             self._client = None
-
-
-def _lost(namespace: str, topic: str, recorded: int | None, current: int | None) -> str:
-    what = "deleted" if current is None else "deleted and created again"
-    then = "" if recorded is None else f" (generation {recorded}"
-    then += "" if not then else (")" if current is None else f", now {current})")
-    return (
-        f"topic {topic!r} of namespace {namespace!r} was {what}{then} while the streaming "
-        "query read it: messages it had not read are lost, and the offsets of the old "
-        "topic do not apply to a new one. Start the query again with a new checkpoint, "
-        "or set the option failOnDataLoss to false to read a new topic of that name "
-        "from its start."
-    )
 
 
 class _Ahead:
