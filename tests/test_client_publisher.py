@@ -97,7 +97,9 @@ class FakeClient:
     def _new_lane(self) -> None:
         return None  # not idempotent: what the publisher sends is all there is to see
 
-    def _publish_on(self, topic: str, records: list[Record | bytes], lane: None) -> None:
+    def _publish_on(
+        self, topic: str, records: list[Record | bytes], lane: None, policy: object = None
+    ) -> None:
         self.publish(topic, records)
 
 
@@ -212,7 +214,9 @@ class AsyncFakeClient:
     def _new_lane(self) -> None:
         return None
 
-    async def _publish_on(self, topic: str, records: list[Record | bytes], lane: None) -> None:
+    async def _publish_on(
+        self, topic: str, records: list[Record | bytes], lane: None, policy: object = None
+    ) -> None:
         await self.publish(topic, records)
 
 
@@ -261,7 +265,11 @@ class IdempotentFakeClient(FakeClient):
         return ProducerLane()
 
     def _publish_on(  # type: ignore[override]
-        self, topic: str, records: list[Record | bytes], lane: ProducerLane
+        self,
+        topic: str,
+        records: list[Record | bytes],
+        lane: ProducerLane,
+        policy: object = None,
     ) -> None:
         payloads = [as_record(r).payload for r in records]
         self.tries.append((lane.producer_id, lane.sequence(topic), payloads))

@@ -23,17 +23,19 @@ class CountingAsyncClient(AsyncClient):
 
     requests = 0
 
-    async def _publish_on(self, topic: str, records: list[Any], lane: Any) -> None:
+    async def _publish_on(
+        self, topic: str, records: list[Any], lane: Any, policy: Any = None
+    ) -> None:
         self.requests += 1
-        await super()._publish_on(topic, records, lane)
+        await super()._publish_on(topic, records, lane, policy)
 
 
 class CountingClient(Client):
     requests = 0
 
-    def _publish_on(self, topic: str, records: list[Any], lane: Any) -> None:
+    def _publish_on(self, topic: str, records: list[Any], lane: Any, policy: Any = None) -> None:
         self.requests += 1
-        super()._publish_on(topic, records, lane)
+        super()._publish_on(topic, records, lane, policy)
 
 
 async def test_async_publisher_batches_and_resolves_every_future(

@@ -160,8 +160,9 @@ class AsyncClient(BaseClient):
     #     return pool
     # ---- end
 
-    async def _send(self, call: Call[T]) -> T:
-        policy = self._policy_for(call)
+    async def _send(self, call: Call[T], policy: RetryPolicy | None = None) -> T:
+        if policy is None:
+            policy = self._policy_for(call)
         attempt = 1
         while True:
             try:
@@ -297,17 +298,23 @@ class AsyncClient(BaseClient):
         return None if self._lanes is None else ProducerLane()
 
     async def _publish_on(
-        self, topic: str, records: list[Outgoing], lane: ProducerLane | None
+        self,
+        topic: str,
+        records: list[Outgoing],
+        lane: ProducerLane | None,
+        policy: RetryPolicy | None = None,
     ) -> None:
         """A non-transactional publish under ``lane``'s next sequence number for
         ``topic`` (without a lane, not idempotent). Sent again with the same lane after
         a failure, it is written once; the lane moves on once it is durable. A caller
-        that gives up on the publish must drop the lane (was it written?)."""
+        that gives up on the publish must drop the lane (was it written?). ``policy``
+        (default: the client's, for an idempotent publish) decides how often it is
+        sent here."""
         if lane is None:
-            await self._send(self._api.publish(topic, records))
+            await self._send(self._api.publish(topic, records), policy)
             return
         producer = (lane.producer_id, lane.sequence(topic))
-        await self._send(self._api.publish(topic, records, producer))
+        await self._send(self._api.publish(topic, records, producer), policy)
         lane.advance(topic)
 
     async def store(

@@ -39,7 +39,7 @@ from tidings.client._async.concurrency import (
     sleep,
 )
 from tidings.client._async.session import AsyncSession
-from tidings.client.base import MessageLike, Outgoing, RetryPolicy, to_record
+from tidings.client.base import NO_RETRY, MessageLike, Outgoing, RetryPolicy, to_record
 from tidings.client.batching import (
     Batcher,
     ErrorCallback,
@@ -200,7 +200,9 @@ class AsyncPublisher:
         while True:
             try:
                 # Each try under the same producer sequence: written once, however many.
-                await self._client._publish_on(topic, records, self._lane)
+                # Sent once per try: the publisher's retry policy counts the tries, the
+                # client's must not multiply them.
+                await self._client._publish_on(topic, records, self._lane, NO_RETRY)
                 return None
             except Exception as exc:
                 if not self._retry.should_retry(exc, attempt):

@@ -16,7 +16,7 @@ from typing import Protocol, TypeVar, overload
 
 from tidings.client._async.concurrency import AsyncPending, AsyncWorker
 from tidings.client.api import Call, PollPage, RestApi
-from tidings.client.base import MessageLike, Outgoing, ProducerLane
+from tidings.client.base import MessageLike, Outgoing, ProducerLane, RetryPolicy
 from tidings.codec.admin import TransactionGroupCommit
 from tidings.codec.queue_bodies import TransactionAck
 from tidings.structs import (
@@ -74,7 +74,11 @@ class AsyncSession(Protocol):
     def _new_lane(self) -> ProducerLane | None: ...
 
     async def _publish_on(
-        self, topic: str, records: list[Outgoing], lane: ProducerLane | None
+        self,
+        topic: str,
+        records: list[Outgoing],
+        lane: ProducerLane | None,
+        policy: RetryPolicy | None = None,
     ) -> None: ...
 
     async def store(
@@ -124,7 +128,7 @@ class AsyncSession(Protocol):
     @property
     def _api(self) -> RestApi: ...
 
-    async def _send(self, call: Call[T]) -> T: ...
+    async def _send(self, call: Call[T], policy: RetryPolicy | None = None) -> T: ...
 
     def _begin(self, worker: AsyncWorker, call: Call[T]) -> AsyncPending[T]: ...
 

@@ -136,8 +136,9 @@ class Client(BaseClient):
                     )
         return pool
 
-    def _send(self, call: Call[T]) -> T:
-        policy = self._policy_for(call)
+    def _send(self, call: Call[T], policy: RetryPolicy | None = None) -> T:
+        if policy is None:
+            policy = self._policy_for(call)
         attempt = 1
         while True:
             try:
@@ -270,16 +271,24 @@ class Client(BaseClient):
         publish idempotently."""
         return None if self._lanes is None else ProducerLane()
 
-    def _publish_on(self, topic: str, records: list[Outgoing], lane: ProducerLane | None) -> None:
+    def _publish_on(
+        self,
+        topic: str,
+        records: list[Outgoing],
+        lane: ProducerLane | None,
+        policy: RetryPolicy | None = None,
+    ) -> None:
         """A non-transactional publish under ``lane``'s next sequence number for
         ``topic`` (without a lane, not idempotent). Sent again with the same lane after
         a failure, it is written once; the lane moves on once it is durable. A caller
-        that gives up on the publish must drop the lane (was it written?)."""
+        that gives up on the publish must drop the lane (was it written?). ``policy``
+        (default: the client's, for an idempotent publish) decides how often it is
+        sent here."""
         if lane is None:
-            self._send(self._api.publish(topic, records))
+            self._send(self._api.publish(topic, records), policy)
             return
         producer = (lane.producer_id, lane.sequence(topic))
-        self._send(self._api.publish(topic, records, producer))
+        self._send(self._api.publish(topic, records, producer), policy)
         lane.advance(topic)
 
     def store(

@@ -41,7 +41,7 @@ from tidings.client._sync.concurrency import (
     sleep,
 )
 from tidings.client._sync.session import Session
-from tidings.client.base import MessageLike, Outgoing, RetryPolicy, to_record
+from tidings.client.base import NO_RETRY, MessageLike, Outgoing, RetryPolicy, to_record
 from tidings.client.batching import (
     Batcher,
     ErrorCallback,
@@ -191,7 +191,9 @@ class Publisher:
         while True:
             try:
                 # Each try under the same producer sequence: written once, however many.
-                self._client._publish_on(topic, records, self._lane)
+                # Sent once per try: the publisher's retry policy counts the tries, the
+                # client's must not multiply them.
+                self._client._publish_on(topic, records, self._lane, NO_RETRY)
                 return None
             except Exception as exc:
                 if not self._retry.should_retry(exc, attempt):

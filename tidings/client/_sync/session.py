@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar, overload
 
 from tidings.client._sync.concurrency import Pending, Worker
 from tidings.client.api import Call, PollPage, RestApi
-from tidings.client.base import MessageLike, Outgoing, ProducerLane
+from tidings.client.base import MessageLike, Outgoing, ProducerLane, RetryPolicy
 from tidings.codec.admin import TransactionGroupCommit
 from tidings.codec.queue_bodies import TransactionAck
 from tidings.structs import (
@@ -73,7 +73,11 @@ class Session(Protocol):
     def _new_lane(self) -> ProducerLane | None: ...
 
     def _publish_on(
-        self, topic: str, records: list[Outgoing], lane: ProducerLane | None
+        self,
+        topic: str,
+        records: list[Outgoing],
+        lane: ProducerLane | None,
+        policy: RetryPolicy | None = None,
     ) -> None: ...
 
     def store(
@@ -123,7 +127,7 @@ class Session(Protocol):
     @property
     def _api(self) -> RestApi: ...
 
-    def _send(self, call: Call[T]) -> T: ...
+    def _send(self, call: Call[T], policy: RetryPolicy | None = None) -> T: ...
 
     def _begin(self, worker: Worker, call: Call[T]) -> Pending[T]: ...
 
