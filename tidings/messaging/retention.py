@@ -246,18 +246,29 @@ class Cleaner:
         # An idempotent producer idle past the expiry is forgotten: its next publish
         # (if any) starts a sequence afresh. Also drops deleted topics' producers.
         cutoff = now - self._producer_expiry_ms
-        live = {(topic_id, state.generation) for topic_id, state in self._topics.live_states()}
         start = keys.PRODUCER_PREFIX
         stop = start[:-1] + bytes((start[-1] + 1,))
         with self._store.read() as view:
-            idle = []
-            for key, value in view.scan(_META, start, stop):
-                topic_id = int.from_bytes(key[len(start) : len(start) + 4], "big")
-                generation = int.from_bytes(key[len(start) + 4 : len(start) + 8], "big")
-                last_ms = int.from_bytes(value[8:16], "big", signed=True)
-                if last_ms < cutoff or (topic_id, generation) not in live:
-                    idle.append(key)
-        self._in_batches(idle, _delete_metadata)
+            found = list(view.scan(_META, start, stop))
+        # The live topics only after the read: a record it found was written to a live
+        # generation, so one not live now was deleted (a topic made meanwhile is live).
+        live = {(topic_id, state.generation) for topic_id, state in self._topics.live_states()}
+        idle: dict[bytes, bytes] = {}
+        for key, value in found:
+            topic_id = int.from_bytes(key[len(start) : len(start) + 4], "big")
+            generation = int.from_bytes(key[len(start) + 4 : len(start) + 8], "big")
+            last_ms = int.from_bytes(value[8:16], "big", signed=True)
+            if last_ms < cutoff or (topic_id, generation) not in live:
+                idle[key] = value
+
+        def drop(view: WriteView, chunk: list[bytes]) -> None:
+            # Only a record as it was read: one the producer published under meanwhile
+            # (its time moved on) stays, or a retry of that publish would be a copy.
+            for key in chunk:
+                if view.get(_META, key) == idle[key]:
+                    view.delete(_META, key)
+
+        self._in_batches(list(idle), drop)
 
     def _clean_expired(self, now: int) -> None:
         start = keys.EXPIRY_PREFIX
