@@ -4,11 +4,13 @@ real server and clients, outages, kill -9 and restart."""
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 import pytest
 
-from tests.e2e.serverproc import free_port
-from tidings import AsyncClient, Client, RetryPolicy, TidingsConnectionError
+from tests.e2e.serverproc import ServerProcess, free_port
+from tidings import AsyncClient, Client, RetryPolicy, TidingsConnectionError, TopicNotFound
 from tidings.client.asyncio_transport import AsyncioTransport
 from tidings.client.socket_transport import SocketTransport
 from tidings.client.transports import Request, Response
@@ -70,3 +72,172 @@ def test_the_async_publisher_tries_a_batch_retry_attempts_times() -> None:
 
     asyncio.run(main())
     assert transport.publishes == QUICK.attempts
+
+
+class CrashesAfterTheFirstPublish(SocketTransport):
+    """The first publish reaches the server and is written; then the server is killed
+    (SIGKILL) before its answer is read, and started again on the same data."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        super().__init__()
+        self.server = server
+        self.crashed = False
+
+    def send(self, request: Request) -> Response:
+        response = super().send(request)
+        if request.url.endswith("/publish") and not self.crashed:
+            self.crashed = True
+            self.server.kill()
+            self.server.start()
+            raise TidingsConnectionError("connection reset while reading the answer")
+        return response
+
+
+class AsyncCrashesAfterTheFirstPublish(AsyncioTransport):
+    def __init__(self, server: ServerProcess) -> None:
+        super().__init__()
+        self.server = server
+        self.crashed = False
+
+    async def send(self, request: Request) -> Response:
+        response = await super().send(request)
+        if request.url.endswith("/publish") and not self.crashed:
+            self.crashed = True
+            self.server.kill()
+            self.server.start()
+            raise TidingsConnectionError("connection reset while reading the answer")
+        return response
+
+
+def test_a_publish_whose_answer_a_crash_lost_is_written_once(
+    start_server: Callable[..., ServerProcess], topic: str
+) -> None:
+    server = start_server()
+    transport = CrashesAfterTheFirstPublish(server)
+    with Client(server.url, transport=transport, retry=QUICK) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"one", b"two"])
+        client.publish(topic, b"three")
+        assert transport.crashed
+        assert [m.payload for m in client.poll(topic)] == [b"one", b"two", b"three"]
+
+
+def test_an_async_publish_whose_answer_a_crash_lost_is_written_once(
+    start_server: Callable[..., ServerProcess], topic: str
+) -> None:
+    server = start_server()
+    transport = AsyncCrashesAfterTheFirstPublish(server)
+
+    async def main() -> list[bytes]:
+        async with AsyncClient(server.url, transport=transport, retry=QUICK) as client:
+            await client.create_topic(topic)
+            await client.publish(topic, [b"one", b"two"])
+            await client.publish(topic, b"three")
+            return [m.payload for m in await client.poll(topic)]
+
+    assert asyncio.run(main()) == [b"one", b"two", b"three"]
+    assert transport.crashed
+
+
+def test_the_publisher_keeps_order_and_one_copy_across_a_crash(
+    start_server: Callable[..., ServerProcess], topic: str
+) -> None:
+    server = start_server()
+    transport = CrashesAfterTheFirstPublish(server)
+    with Client(server.url, transport=transport) as client:
+        client.create_topic(topic)
+        with client.publisher(retry=QUICK, max_batch_messages=3) as publisher:
+            futures = [publisher.send(topic, f"m{i}") for i in range(10)]
+        assert all(f.result(timeout=0) is None for f in futures)
+        assert transport.crashed and publisher.sent == 10
+        got = [m.payload for m in client.poll(topic)]
+        assert got == [f"m{i}".encode() for i in range(10)]
+
+
+def test_a_producer_goes_on_after_expiry_a_restart_and_a_topic_recreated(
+    start_server: Callable[..., ServerProcess], topic: str
+) -> None:
+    # Whatever the server forgot of a producer (expired, or its topic deleted and made
+    # again), the client's next publish under it is written: nothing is stuck.
+    server = start_server(TIDINGS_PRODUCER_EXPIRY="1", TIDINGS_CLEANUP_INTERVAL="0.2")
+    with Client(server.url, retry=QUICK) as client:
+        client.create_topic(topic)
+        client.create_topic(topic + "-b")
+        client.publish(topic, b"1")
+        client.publish(topic + "-b", b"b1")  # several topics under one producer
+        with pytest.raises(TopicNotFound):
+            client.publish("missing-" + topic, b"x")
+        client.publish(topic, b"2")
+        server.kill()
+        server.start()
+        time.sleep(2)  # past the expiry, across the restart
+        client.publish(topic, b"3")
+        client.delete_topic(topic + "-b")
+        client.create_topic(topic + "-b")
+        client.publish(topic + "-b", b"b2")
+        assert [m.payload for m in client.poll(topic)] == [b"1", b"2", b"3"]
+        assert [m.payload for m in client.poll(topic + "-b")] == [b"b2"]
+
+
+SLOW = RetryPolicy(attempts=5, initial_backoff=0.5, max_backoff=0.5, jitter=0)
+
+
+def test_close_with_a_timeout_drops_what_it_could_not_send(
+    start_server: Callable[..., ServerProcess], topic: str
+) -> None:
+    # The server is down: close(timeout) gives up at the timeout, and every message
+    # left is dropped and said so (its future fails, on_error, failed), not left
+    # pending in a sender that goes on retrying after close returned.
+    server = start_server()
+    dropped: list[bytes] = []
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        server.kill()
+        publisher = client.publisher(
+            retry=SLOW,
+            max_batch_messages=1,
+            on_error=lambda t, recs, e: dropped.extend(r.payload for r in recs),
+        )
+        futures = [publisher.send(topic, f"m{i}") for i in range(6)]
+        began = time.monotonic()
+        with pytest.raises(TimeoutError):
+            publisher.close(timeout=1.0)
+        assert time.monotonic() - began < 1.8
+        deadline = time.monotonic() + 5
+        while publisher.failed < 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert publisher.failed == 6 and publisher.sent == 0
+        assert all(f.done() and f.exception() is not None for f in futures)
+        assert sorted(dropped) == sorted(f"m{i}".encode() for i in range(6))
+        with pytest.raises(RuntimeError):
+            publisher.send(topic, b"late")
+
+
+def test_async_close_with_a_timeout_drops_what_it_could_not_send(
+    start_server: Callable[..., ServerProcess], topic: str
+) -> None:
+    server = start_server()
+    dropped: list[bytes] = []
+
+    async def main() -> None:
+        async with AsyncClient(server.url) as client:
+            await client.create_topic(topic)
+            server.kill()
+            publisher = client.publisher(
+                retry=SLOW,
+                max_batch_messages=1,
+                on_error=lambda t, recs, e: dropped.extend(r.payload for r in recs),
+            )
+            futures = [await publisher.send(topic, f"m{i}") for i in range(6)]
+            began = time.monotonic()
+            with pytest.raises(TimeoutError):
+                await publisher.close(timeout=1.0)
+            assert time.monotonic() - began < 1.8
+            deadline = time.monotonic() + 5
+            while publisher.failed < 6 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert publisher.failed == 6 and publisher.sent == 0
+            assert all(f.done() and f.exception() is not None for f in futures)
+
+    asyncio.run(main())
+    assert sorted(dropped) == sorted(f"m{i}".encode() for i in range(6))

@@ -187,6 +187,14 @@ class Batcher(Generic[F]):
         self._bytes -= size
         return topic, batch
 
+    def take_all(self) -> list[tuple[str, list[Pending[F]]]]:
+        """Everything buffered, per topic in send order; the buffer is empty after."""
+        taken = [(topic, list(queue)) for topic, queue in self._queues.items()]
+        self._queues.clear()
+        self._count = 0
+        self._bytes = 0
+        return taken
+
     def resolve(self, batch: Sequence[Pending[F]]) -> None:
         """Forget a batch whose futures are resolved."""
         for item in batch:

@@ -36,7 +36,6 @@ from tidings.client._async.concurrency import (
     claim,
     new_future,
     settle,
-    sleep,
 )
 from tidings.client._async.session import AsyncSession
 from tidings.client.base import NO_RETRY, MessageLike, Outgoing, RetryPolicy, to_record
@@ -102,6 +101,8 @@ class AsyncPublisher:
         self._cond = AsyncCondition()
         self._flushing = 0
         self._closed = False
+        #: A close ran out of time: what is left is dropped, and nothing retried.
+        self._abandoned = False
         self._sender: AsyncSender | None = None
         #: Messages made durable / dropped after their retries ran out.
         self.sent = 0
@@ -150,17 +151,48 @@ class AsyncPublisher:
             raise TimeoutError("flush did not finish in time")
 
     async def close(self, timeout: float | None = None) -> None:
-        """Flush, then stop the sender; later sends raise."""
+        """Flush, then stop the sender; later sends raise.
+
+        Without ``timeout`` it waits until every message is durable or dropped. With
+        it, once ``timeout`` seconds have passed, every message not yet sent is
+        dropped (its future fails with :class:`~tidings.errors.RequestTimeout`,
+        ``on_error`` is called, ``failed`` counts it), the batch in flight gets no
+        further try, and :class:`TimeoutError` is raised.
+        """
         if self._closed:
             return
+        began = time.monotonic()
         try:
             await self.flush(timeout)
+        except TimeoutError:
+            await self._abandon()
+            raise
         finally:
             async with self._cond:
                 self._closed = True
                 self._cond.notify_all()
             if self._sender is not None:
-                await self._sender.join(timeout)
+                left = None if timeout is None else max(0.0, began + timeout - time.monotonic())
+                await self._sender.join(left)
+
+    async def _abandon(self) -> None:
+        """Drop every message still buffered, and stop retrying the batch in flight."""
+        error = RequestTimeout("the publisher was closed before this message was sent")
+        async with self._cond:
+            self._abandoned = True
+            self._closed = True
+            dropped = self._batcher.take_all()
+            self._cond.notify_all()
+        for topic, batch in dropped:
+            live = [p for p in batch if claim(p.future)]
+            for p in live:
+                settle(p.future, error)
+            if live:
+                report_failure(topic, [p.record for p in live], error, self._on_error)
+            async with self._cond:
+                self.failed += len(live)
+                self._batcher.resolve(batch)
+                self._cond.notify_all()
 
     async def __aenter__(self) -> AsyncPublisher:
         return self
@@ -186,12 +218,13 @@ class AsyncPublisher:
             error = await self._publish(topic, [p.record for p in live]) if live else None
             for p in live:
                 settle(p.future, error)
-            if error is None:
-                self.sent += len(live)
-            else:
-                self.failed += len(live)
+            if error is not None:
                 report_failure(topic, [p.record for p in live], error, self._on_error)
-            async with self._cond:
+            async with self._cond:  # a close that ran out of time counts too
+                if error is None:
+                    self.sent += len(live)
+                else:
+                    self.failed += len(live)
                 self._batcher.resolve(batch)
                 self._cond.notify_all()
 
@@ -205,8 +238,13 @@ class AsyncPublisher:
                 await self._client._publish_on(topic, records, self._lane, NO_RETRY)
                 return None
             except Exception as exc:
-                if not self._retry.should_retry(exc, attempt):
-                    self._lane = self._client._new_lane()
-                    return exc
-            await sleep(self._retry.backoff(attempt))
+                error = exc
+                if self._abandoned or not self._retry.should_retry(exc, attempt):
+                    break
+            # The backoff, cut short by a close that ran out of time.
+            async with self._cond:
+                if await self._cond.wait_for(lambda: self._abandoned, self._retry.backoff(attempt)):
+                    break
             attempt += 1
+        self._lane = self._client._new_lane()
+        return error
