@@ -517,10 +517,19 @@ def publish(
             click.echo(f"published {count} message(s) to {topic} in transaction "
                        f"{transaction.write_pointer}")  # fmt: skip
             return
-        for batch in _batches(records, batch_size, _record_bytes):
-            client.publish(topic, batch)
-            count += len(batch)
-            progress.advance(task, len(batch))
+        try:
+            for batch in _batches(records, batch_size, _record_bytes):
+                client.publish(topic, batch)
+                count += len(batch)
+                progress.advance(task, len(batch))
+        except TidingsError:
+            if count:
+                # Those are durable: whoever runs the input again publishes them twice.
+                click.echo(
+                    f"{count} message(s) were published to {topic} before the error below",
+                    err=True,
+                )
+            raise
     click.echo(f"published {count} message(s) to {topic}")
 
 
