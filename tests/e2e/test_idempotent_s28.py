@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import httpx
 import pytest
 
 from tests.e2e.serverproc import ServerProcess, free_port
@@ -241,3 +242,30 @@ def test_async_close_with_a_timeout_drops_what_it_could_not_send(
 
     asyncio.run(main())
     assert sorted(dropped) == sorted(f"m{i}".encode() for i in range(6))
+
+
+class LosesTheFirstAnswer(SocketTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost = 0
+
+    def send(self, request: Request) -> Response:
+        response = super().send(request)
+        if request.url.endswith("/publish") and not self.lost:
+            self.lost += 1
+            raise TidingsConnectionError("connection reset while reading the answer")
+        return response
+
+
+def test_a_retried_publish_is_counted_once(server: ServerProcess, topic: str) -> None:
+    transport = LosesTheFirstAnswer()
+    with Client(server.url, transport=transport, retry=QUICK) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"one", b"two"])
+        assert transport.lost == 1
+        stats = client.stats(topic)
+        assert (stats.messages_published, stats.bytes_published) == (2, 6)
+        assert stats.message_count == 2
+    metrics = httpx.get(server.url + "/metrics").text
+    line = f'tidings_messages_published_total{{namespace="default",topic="{topic}"}} 2.0'
+    assert line in metrics.splitlines()

@@ -248,18 +248,20 @@ class Cleaner:
         cutoff = now - self._producer_expiry_ms
         start = keys.PRODUCER_PREFIX
         stop = start[:-1] + bytes((start[-1] + 1,))
-        with self._store.read() as view:
-            found = list(view.scan(_META, start, stop))
-        # The live topics only after the read: a record it found was written to a live
-        # generation, so one not live now was deleted (a topic made meanwhile is live).
-        live = {(topic_id, state.generation) for topic_id, state in self._topics.live_states()}
-        idle: dict[bytes, bytes] = {}
-        for key, value in found:
+
+        def doomed(key: bytes, value: bytes, live: set[tuple[int, int]]) -> bool:
             topic_id = int.from_bytes(key[len(start) : len(start) + 4], "big")
             generation = int.from_bytes(key[len(start) + 4 : len(start) + 8], "big")
             last_ms = int.from_bytes(value[8:16], "big", signed=True)
-            if last_ms < cutoff or (topic_id, generation) not in live:
-                idle[key] = value
+            return last_ms < cutoff or (topic_id, generation) not in live
+
+        live = self._live()
+        with self._store.read() as view:
+            idle = {k: v for k, v in view.scan(_META, start, stop) if doomed(k, v, live)}
+        # A topic made after the live ones were listed, and published to before the
+        # read, is live now: its producers stay.
+        live = self._live()
+        idle = {k: v for k, v in idle.items() if doomed(k, v, live)}
 
         def drop(view: WriteView, chunk: list[bytes]) -> None:
             # Only a record as it was read: one the producer published under meanwhile
@@ -269,6 +271,9 @@ class Cleaner:
                     view.delete(_META, key)
 
         self._in_batches(list(idle), drop)
+
+    def _live(self) -> set[tuple[int, int]]:
+        return {(topic_id, state.generation) for topic_id, state in self._topics.live_states()}
 
     def _clean_expired(self, now: int) -> None:
         start = keys.EXPIRY_PREFIX
