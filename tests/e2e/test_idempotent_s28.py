@@ -4,6 +4,7 @@ real server and clients, outages, kill -9 and restart."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Callable
 
@@ -269,3 +270,37 @@ def test_a_retried_publish_is_counted_once(server: ServerProcess, topic: str) ->
     metrics = httpx.get(server.url + "/metrics").text
     line = f'tidings_messages_published_total{{namespace="default",topic="{topic}"}} 2.0'
     assert line in metrics.splitlines()
+
+
+def test_a_client_goes_on_when_the_server_lost_its_producer_state(
+    start_server: Callable[..., ServerProcess], topic: str
+) -> None:
+    # The store goes back to a copy taken earlier (a backup restored, a database failed
+    # over to a replica that missed the last commits): the server's last sequence for
+    # the producer is older than the client's, and its next publish is a gap. Nothing
+    # of it was written, so the client sends it again under a new producer id instead
+    # of failing it (the client's publish, and the background publisher's).
+    server = start_server()
+    backup = server.data_dir.parent / "backup"
+    other = topic + "-p"
+    with Client(server.url, retry=QUICK) as client:
+        client.create_topic(topic)
+        client.create_topic(other)
+        with client.publisher(retry=QUICK) as publisher:
+            client.publish(topic, b"1")
+            publisher.send(other, b"p1").result(timeout=10)
+            server.stop()
+            shutil.copytree(server.data_dir, backup)
+            server.start()
+            client.publish(topic, b"2")
+            client.publish(topic, b"3")
+            publisher.send(other, b"p2").result(timeout=10)
+            server.stop()
+            shutil.rmtree(server.data_dir)
+            shutil.copytree(backup, server.data_dir)
+            server.start()
+            client.publish(topic, b"4")
+            client.publish(topic, b"5")
+            publisher.send(other, b"p3").result(timeout=10)
+        assert [m.payload for m in client.poll(topic)] == [b"1", b"4", b"5"]
+        assert [m.payload for m in client.poll(other)] == [b"p1", b"p3"]

@@ -258,6 +258,11 @@ class ProducerLane:
         self.producer_id = uuid.uuid4().hex
         self._next: dict[str, int] = {}
 
+    def renew(self) -> None:
+        """Go on as a new producer (a new id, every sequence from 0)."""
+        self.producer_id = uuid.uuid4().hex
+        self._next.clear()
+
     def sequence(self, topic: str) -> int:
         """The sequence number of this lane's next publish to ``topic``."""
         return self._next.get(topic, 0)

@@ -42,7 +42,7 @@ from tidings.client.txbuffer import DEFAULT_PAYLOAD_THRESHOLD
 from tidings.codec.admin import TransactionGroupCommit
 from tidings.codec.queue_bodies import TransactionAck
 from tidings.codec.wire import Media
-from tidings.errors import BadRequest, UnsupportedMediaType
+from tidings.errors import BadRequest, OutOfOrderSequence, UnsupportedMediaType
 from tidings.names import DEFAULT_URL
 from tidings.structs import (
     GroupInfo,
@@ -288,7 +288,15 @@ class Client(BaseClient):
             self._send(self._api.publish(topic, records), policy)
             return
         producer = (lane.producer_id, lane.sequence(topic))
-        self._send(self._api.publish(topic, records, producer), policy)
+        try:
+            self._send(self._api.publish(topic, records, producer), policy)
+        except OutOfOrderSequence:
+            # The server's last sequence of this producer is older than ours: it lost
+            # what we wrote after it (a store restored from a copy). Nothing of this
+            # publish was written, so it goes again as a new producer.
+            lane.renew()
+            producer = (lane.producer_id, lane.sequence(topic))
+            self._send(self._api.publish(topic, records, producer), policy)
         lane.advance(topic)
 
     def store(
