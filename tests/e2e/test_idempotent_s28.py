@@ -304,3 +304,15 @@ def test_a_client_goes_on_when_the_server_lost_its_producer_state(
             publisher.send(other, b"p3").result(timeout=10)
         assert [m.payload for m in client.poll(topic)] == [b"1", b"4", b"5"]
         assert [m.payload for m in client.poll(other)] == [b"p1", b"p3"]
+
+
+def test_a_producer_id_is_exactly_32_hex_digits(server: ServerProcess, topic: str) -> None:
+    url = f"{server.url}/v1/namespaces/default/topics/{topic}/publish"
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        for producer in ("ab " * 15 + "ab", "ab\tab" + "ab" * 14, "AB" * 17):
+            headers = {"Tidings-Producer-Id": producer, "Tidings-Sequence": "0"}
+            bad = httpx.post(url, json={"messages": ["eA=="]}, headers=headers)
+            assert bad.status_code == 400, producer
+            assert bad.json()["type"] == "BadRequest"
+        assert client.poll(topic) == []

@@ -114,6 +114,9 @@ def _producer(request: Request) -> tuple[bytes, int] | None:
         return None
     if raw_id is None or raw_seq is None:
         raise BadRequest(f"{PRODUCER_HEADER} and {SEQUENCE_HEADER} go together")
+    # The length first: bytes.fromhex() also takes whitespace between the digits.
+    if len(raw_id) != 32:
+        raise BadRequest(f"{PRODUCER_HEADER} must be 32 hex digits")
     try:
         producer_id = bytes.fromhex(raw_id)
     except ValueError:
