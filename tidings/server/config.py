@@ -238,7 +238,8 @@ class ServerConfig:
     producer_expiry: float = _setting(
         7 * 24 * 3600.0,
         "seconds an idempotent producer's last sequence number on a topic is kept after "
-        "its last publish (7 days); a later publish starts a new sequence",
+        "its last publish (7 days); a later publish starts a new sequence, and a retry "
+        "arriving after that is written again: keep it far above any client's retry time",
         bound="positive",
         shown="604800",
     )
