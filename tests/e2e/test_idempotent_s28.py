@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import threading
 import time
 from collections.abc import Callable
 
@@ -12,7 +13,14 @@ import httpx
 import pytest
 
 from tests.e2e.serverproc import ServerProcess, free_port
-from tidings import AsyncClient, Client, RetryPolicy, TidingsConnectionError, TopicNotFound
+from tidings import (
+    AsyncClient,
+    Client,
+    Publisher,
+    RetryPolicy,
+    TidingsConnectionError,
+    TopicNotFound,
+)
 from tidings.client.asyncio_transport import AsyncioTransport
 from tidings.client.socket_transport import SocketTransport
 from tidings.client.transports import Request, Response
@@ -316,3 +324,36 @@ def test_a_producer_id_is_exactly_32_hex_digits(server: ServerProcess, topic: st
             assert bad.status_code == 400, producer
             assert bad.json()["type"] == "BadRequest"
         assert client.poll(topic) == []
+
+
+def test_flush_or_close_from_on_error_does_not_wait_for_itself() -> None:
+    # on_error runs on the sender: a flush() there waited for the sender, that is for
+    # itself, forever; close() there (giving up on publishing) did too.
+    url = f"http://127.0.0.1:{free_port()}"
+    seen: list[str] = []
+    with Client(url) as client:
+        holder: list[Publisher] = []
+
+        def on_error(topic: str, records: object, error: BaseException) -> None:
+            try:
+                holder[0].flush()
+            except RuntimeError as exc:
+                seen.append(f"flush: {exc}")
+            holder[0].close()
+            seen.append("closed")
+
+        publisher = client.publisher(retry=RetryPolicy(attempts=1), on_error=on_error)
+        holder.append(publisher)
+        future = publisher.send("events", b"x")
+        done = threading.Event()
+
+        def close() -> None:
+            publisher.close()
+            done.set()
+
+        threading.Thread(target=close, daemon=True).start()
+        assert done.wait(10), "close() never returned"
+        assert future.done()
+        assert seen[0].startswith("flush: ") and seen[1] == "closed"
+        with pytest.raises(RuntimeError):
+            publisher.send("events", b"late")

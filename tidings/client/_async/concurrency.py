@@ -169,3 +169,7 @@ class AsyncSender:
         """Wait for the loop to end, at most ``timeout`` seconds."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._task), timeout)
+
+    def is_current(self) -> bool:
+        """True when called from the loop itself (a callback it runs)."""
+        return asyncio.current_task() is self._task

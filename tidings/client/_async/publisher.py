@@ -136,7 +136,14 @@ class AsyncPublisher:
 
         Does not raise for dropped messages (see their futures, ``on_error``,
         ``failed``); raises :class:`TimeoutError` if ``timeout`` seconds pass first.
+        From the sender itself (``on_error``, a future's callback) it raises
+        :class:`RuntimeError`: it would wait for itself.
         """
+        if self._sender is not None and self._sender.is_current():
+            raise RuntimeError(
+                "flush() from the publisher's own sender (on_error or a future's callback) "
+                "would wait for itself"
+            )
         async with self._cond:
             target = self._batcher.last_seq
             self._flushing += 1
@@ -157,9 +164,16 @@ class AsyncPublisher:
         it, once ``timeout`` seconds have passed, every message not yet sent is
         dropped (its future fails with :class:`~tidings.errors.RequestTimeout`,
         ``on_error`` is called, ``failed`` counts it), the batch in flight gets no
-        further try, and :class:`TimeoutError` is raised.
+        further try, and :class:`TimeoutError` is raised. From the sender itself
+        (``on_error``, a future's callback) it only stops new sends: the sender sends
+        what is buffered, then ends.
         """
-        if self._closed:
+        # Not done at once when closed already: a close from the sender (below) or one
+        # that ran out of time left messages to wait for.
+        if self._sender is not None and self._sender.is_current():
+            async with self._cond:
+                self._closed = True
+                self._cond.notify_all()
             return
         began = time.monotonic()
         try:

@@ -153,3 +153,7 @@ class Sender:
     def join(self, timeout: float | None) -> None:
         """Wait for the loop to end, at most ``timeout`` seconds."""
         self._thread.join(timeout)
+
+    def is_current(self) -> bool:
+        """True when called from the loop itself (a callback it runs)."""
+        return threading.current_thread() is self._thread
