@@ -357,3 +357,31 @@ def test_flush_or_close_from_on_error_does_not_wait_for_itself() -> None:
         assert seen[0].startswith("flush: ") and seen[1] == "closed"
         with pytest.raises(RuntimeError):
             publisher.send("events", b"late")
+
+
+def test_a_send_waiting_for_room_when_close_gives_up_is_refused(
+    start_server: Callable[..., ServerProcess], topic: str
+) -> None:
+    server = start_server()
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        server.kill()
+        publisher = client.publisher(retry=SLOW, max_batch_messages=1, buffer_messages=1)
+        publisher.send(topic, b"in flight")
+        time.sleep(0.1)  # taken by the sender
+        publisher.send(topic, b"buffered")
+        outcome: list[object] = []
+
+        def send_more() -> None:
+            try:
+                outcome.append(publisher.send(topic, b"waiting", timeout=10))
+            except RuntimeError as exc:
+                outcome.append(exc)
+
+        sender = threading.Thread(target=send_more, daemon=True)
+        sender.start()
+        time.sleep(0.2)  # waiting for room
+        with pytest.raises(TimeoutError):
+            publisher.close(timeout=0.5)
+        sender.join(10)
+        assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError), outcome

@@ -123,8 +123,13 @@ class AsyncPublisher:
         async with self._cond:
             if self._closed:
                 raise RuntimeError("the publisher is closed")
-            if not await self._cond.wait_for(lambda: self._batcher.has_room(size), timeout):
-                raise RequestTimeout("the publisher's buffer stayed full")
+            if not self._batcher.has_room(size):
+                # A close that gives up meanwhile makes room too (it drops the buffer).
+                room = lambda: self._closed or self._batcher.has_room(size)  # noqa: E731
+                if not await self._cond.wait_for(room, timeout):
+                    raise RequestTimeout("the publisher's buffer stayed full")
+                if self._closed:
+                    raise RuntimeError("the publisher is closed")
             self._batcher.add(topic, record, future, time.monotonic())
             if self._sender is None:
                 self._sender = AsyncSender(self._run, "tidings-publisher")

@@ -116,8 +116,13 @@ class Publisher:
         with self._cond:
             if self._closed:
                 raise RuntimeError("the publisher is closed")
-            if not self._cond.wait_for(lambda: self._batcher.has_room(size), timeout):
-                raise RequestTimeout("the publisher's buffer stayed full")
+            if not self._batcher.has_room(size):
+                # A close that gives up meanwhile makes room too (it drops the buffer).
+                room = lambda: self._closed or self._batcher.has_room(size)  # noqa: E731
+                if not self._cond.wait_for(room, timeout):
+                    raise RequestTimeout("the publisher's buffer stayed full")
+                if self._closed:
+                    raise RuntimeError("the publisher is closed")
             self._batcher.add(topic, record, future, time.monotonic())
             if self._sender is None:
                 self._sender = Sender(self._run, "tidings-publisher")
