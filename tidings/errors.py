@@ -242,8 +242,10 @@ class TransactionConflict(Conflict):
 
 class OutOfOrderSequence(Conflict):
     """An idempotent producer's publish skipped sequence numbers on the topic: a batch
-    before it never arrived. Nothing was written; the producer starts a new sequence
-    (a new producer id) after resending what it is missing."""
+    before it never arrived, or the server lost it (a store restored from an earlier
+    copy). Nothing was written; the producer starts a new sequence (a new producer id).
+    The Python clients do that themselves and send the publish again, so they do not
+    raise it."""
 
 
 class UnknownProducerEpoch(Conflict):
