@@ -385,3 +385,31 @@ def test_a_send_waiting_for_room_when_close_gives_up_is_refused(
             publisher.close(timeout=0.5)
         sender.join(10)
         assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError), outcome
+
+
+def test_a_gap_changes_nothing_and_the_producer_goes_on(server: ServerProcess, topic: str) -> None:
+    url = f"{server.url}/v1/namespaces/default/topics/{topic}/publish"
+
+    def publish(seq: int, payload: str) -> httpx.Response:
+        headers = {"Tidings-Producer-Id": "5a" * 16, "Tidings-Sequence": str(seq)}
+        return httpx.post(url, json={"messages": [payload]}, headers=headers)
+
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        assert publish(7, "YQ==").status_code == 200  # a new producer may start anywhere
+        before = client.stats(topic)
+        gap = publish(9, "Yg==")
+        assert gap.status_code == 409
+        assert gap.json() == {
+            "error": f"producer {'5a' * 16} sent sequence 9 to this topic: "
+            "the last one written was 7",
+            "type": "OutOfOrderSequence",
+        }
+        after = client.stats(topic)
+        assert (after.message_count, after.messages_published) == (
+            before.message_count,
+            before.messages_published,
+        )
+        assert publish(8, "Yw==").status_code == 200  # the last sequence is still 7
+        assert publish(8, "Yw==").status_code == 200  # and now 8: a retry, no copy
+        assert [m.payload for m in client.poll(topic)] == [b"a", b"c"]
