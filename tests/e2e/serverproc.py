@@ -114,6 +114,16 @@ class ServerProcess:
             self.proc.wait()
 
 
+class LeadingServerProcess(ServerProcess):
+    """A server on a PostgreSQL store whose start (and restart) returns once it leads:
+    restarted after a kill -9, it stands by until the killed one's lease passes."""
+
+    def start(self, timeout: float = 20.0) -> ServerProcess:
+        super().start(timeout)
+        wait_leading(self, timeout)
+        return self
+
+
 def readiness(proc: ServerProcess) -> str | None:
     """What ``/readyz`` says of ``proc`` ("ready", "forwarding", ...); None if it does
     not answer."""

@@ -62,9 +62,9 @@ def committed(client: Client, topic: str, group: str) -> dict[int, object]:
 
 
 def test_two_members_split_keys_in_order_and_see_everything(
-    server: ServerProcess, topic: str
+    store_server: ServerProcess, topic: str
 ) -> None:
-    with Client(server.url) as client:
+    with Client(store_server.url) as client:
         fill(client, topic, 300)
         a = client.consume(topic, group="g", follow=False, partitions=8, batch_size=50)
         b = client.consume(topic, group="g", follow=False, batch_size=50)
@@ -89,9 +89,9 @@ def test_two_members_split_keys_in_order_and_see_everything(
 
 
 def test_commit_in_a_transaction_moves_the_position_only_if_it_commits(
-    server: ServerProcess, topic: str
+    store_server: ServerProcess, topic: str
 ) -> None:
-    with Client(server.url) as client:
+    with Client(store_server.url) as client:
         fill(client, topic, 20, keys=1)
         client.create_topic(topic + "-out")
         c = client.consume(topic, group="g", follow=False, partitions=1, batch_size=5)
@@ -122,13 +122,13 @@ def test_commit_in_a_transaction_moves_the_position_only_if_it_commits(
 
 @pytest.mark.parametrize("one_request", [True, False])
 def test_a_zombie_member_cannot_commit(
-    server: ServerProcess, topic: str, one_request: bool
+    store_server: ServerProcess, topic: str, one_request: bool
 ) -> None:
     # In one request the positions go with the commit, after the partition moved: the
     # member is fenced there. Begun first, the transaction holds the positions when
     # the partition moves, and the rebalance invalidates it.
     expected = PartitionFenced if one_request else TransactionNotInProgress
-    with Client(server.url) as client:
+    with Client(store_server.url) as client:
         fill(client, topic, 10, keys=1)
         client.create_topic(topic + "-out")
         zombie = client.consume(topic, group="g", follow=False, partitions=1, session_timeout=0.3)
@@ -150,9 +150,9 @@ def test_a_zombie_member_cannot_commit(
 
 
 def test_positions_survive_kill_9(
-    start_server: Callable[..., ServerProcess], tmp_path: Path, topic: str
+    start_store_server: Callable[..., ServerProcess], tmp_path: Path, topic: str
 ) -> None:
-    srv = start_server()
+    srv = start_store_server()
     client = Client(srv.url)
     fill(client, topic, 30, keys=3)
     c = client.consume(topic, group="g", follow=False, partitions=4, batch_size=10)
@@ -174,8 +174,8 @@ def test_positions_survive_kill_9(
         client.close()
 
 
-def test_bad_input_changes_nothing(server: ServerProcess, topic: str) -> None:
-    with Client(server.url) as client:
+def test_bad_input_changes_nothing(store_server: ServerProcess, topic: str) -> None:
+    with Client(store_server.url) as client:
         fill(client, topic, 10, keys=5)
         with pytest.raises(GroupNotFound):
             client.describe_group(topic, "nope")
@@ -202,7 +202,7 @@ def test_bad_input_changes_nothing(server: ServerProcess, topic: str) -> None:
             a.commit()
         assert client.describe_group(topic, "g").partitions == before.partitions
         r = httpx.post(
-            f"{server.url}/v1/namespaces/default/topics/{topic}/groups/g/commit",
+            f"{store_server.url}/v1/namespaces/default/topics/{topic}/groups/g/commit",
             json={"memberId": "x", "positions": []},
         )
         assert r.status_code == 400 and set(r.json()) == {"error", "type"}
@@ -210,8 +210,8 @@ def test_bad_input_changes_nothing(server: ServerProcess, topic: str) -> None:
         b.close()
 
 
-def test_reset_list_and_delete(server: ServerProcess, topic: str) -> None:
-    with Client(server.url) as client:
+def test_reset_list_and_delete(store_server: ServerProcess, topic: str) -> None:
+    with Client(store_server.url) as client:
         fill(client, topic, 10, keys=2)
         c = client.consume(topic, group="g", follow=False)
         drain(c)
@@ -331,15 +331,15 @@ async def test_async_member(server: ServerProcess, topic: str) -> None:
         await consumer.close()
 
 
-def test_lag_in_topic_stats_and_metrics(server: ServerProcess, topic: str) -> None:
-    with Client(server.url) as client:
+def test_lag_in_topic_stats_and_metrics(store_server: ServerProcess, topic: str) -> None:
+    with Client(store_server.url) as client:
         fill(client, topic, 12, keys=3)
         c = client.consume(topic, group="lagging", follow=False, batch_size=5)
         c.poll()
         c.commit()
         c.close()
         assert client.stats(topic).group_lags == {"lagging": 7}
-    metrics = httpx.get(server.url + "/metrics").text
+    metrics = httpx.get(store_server.url + "/metrics").text
     line = f'tidings_group_lag{{group="lagging",namespace="default",topic="{topic}"}} 7.0'
     assert line in metrics
 

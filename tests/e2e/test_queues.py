@@ -34,8 +34,10 @@ def fill(client: Client, topic: str, n: int) -> list[bytes]:
     return payloads
 
 
-def test_pop_leases_oldest_first_and_ack_is_for_good(server: ServerProcess, topic: str) -> None:
-    with Client(server.url) as client:
+def test_pop_leases_oldest_first_and_ack_is_for_good(
+    store_server: ServerProcess, topic: str
+) -> None:
+    with Client(store_server.url) as client:
         payloads = fill(client, topic, 10)
         q = client.queue(topic, "work")
         first = q.pop(max_messages=4)
@@ -99,8 +101,8 @@ def test_every_group_gets_every_message(server: ServerProcess, topic: str) -> No
         assert (topic, "a") in client.queues()
 
 
-def test_nack_returns_messages_ahead_of_newer_ones(server: ServerProcess, topic: str) -> None:
-    with Client(server.url) as client:
+def test_nack_returns_messages_ahead_of_newer_ones(store_server: ServerProcess, topic: str) -> None:
+    with Client(store_server.url) as client:
         payloads = fill(client, topic, 6)
         q = client.queue(topic, "work")
         got = q.pop(3)
@@ -111,8 +113,8 @@ def test_nack_returns_messages_ahead_of_newer_ones(server: ServerProcess, topic:
         assert client.describe_queue(topic, "work").nacked == 2
 
 
-def test_lease_expiry_redelivers_to_others(server: ServerProcess, topic: str) -> None:
-    with Client(server.url) as client:
+def test_lease_expiry_redelivers_to_others(store_server: ServerProcess, topic: str) -> None:
+    with Client(store_server.url) as client:
         fill(client, topic, 3)
         slow = client.queue(topic, "work", ack_timeout=0.3)
         got = slow.pop(3)
@@ -153,8 +155,10 @@ def test_close_gives_leases_back_at_once(server: ServerProcess, topic: str) -> N
         assert [m.id for m in client.queue(topic, "work").pop(4)] == [m.id for m in held]
 
 
-def test_ack_in_a_transaction_counts_only_if_it_commits(server: ServerProcess, topic: str) -> None:
-    with Client(server.url) as client:
+def test_ack_in_a_transaction_counts_only_if_it_commits(
+    store_server: ServerProcess, topic: str
+) -> None:
+    with Client(store_server.url) as client:
         fill(client, topic, 4)
         client.create_topic(topic + "-out")
         q = client.queue(topic, "work")
@@ -194,8 +198,10 @@ def test_transactional_ack_of_a_lost_lease_fails_the_transaction(
         assert client.poll(topic + "-out") == []  # the slow worker's output never joins
 
 
-def test_max_deliveries_moves_to_the_dead_letter_topic(server: ServerProcess, topic: str) -> None:
-    with Client(server.url) as client:
+def test_max_deliveries_moves_to_the_dead_letter_topic(
+    store_server: ServerProcess, topic: str
+) -> None:
+    with Client(store_server.url) as client:
         client.create_topic(topic)
         client.publish(topic, [Record(b"poison", b"k", {"h": b"1"}), Record(b"fine", b"k2")])
         q = client.queue(topic, "work", max_deliveries=2)
@@ -302,8 +308,8 @@ async def test_async_queue(server: ServerProcess, topic: str) -> None:
         assert (await client.describe_queue(topic, "work")).acked == 2
 
 
-def test_bad_input_is_refused_and_changes_nothing(server: ServerProcess, topic: str) -> None:
-    with Client(server.url) as client:
+def test_bad_input_is_refused_and_changes_nothing(store_server: ServerProcess, topic: str) -> None:
+    with Client(store_server.url) as client:
         fill(client, topic, 3)
         q = client.queue(topic, "work")
         got = q.pop(2)
@@ -321,7 +327,7 @@ def test_bad_input_is_refused_and_changes_nothing(server: ServerProcess, topic: 
             client.queue(topic, "work", ack_timeout=0)
         with pytest.raises(ValueError):
             q.pop(max_messages=0)
-        base = f"{server.url}/v1/namespaces/default/topics/{topic}/queues/work"
+        base = f"{store_server.url}/v1/namespaces/default/topics/{topic}/queues/work"
         for path, body, needle in (
             ("/pop", {"consumerId": "x1", "maxMessages": 0}, "maxMessages"),
             ("/pop", {"consumerId": "x1", "ackTimeoutMs": 0}, "ackTimeoutMs"),
@@ -339,8 +345,8 @@ def test_bad_input_is_refused_and_changes_nothing(server: ServerProcess, topic: 
         q.ack(got)  # still leased to it: nothing above changed that
 
 
-def test_purge_and_delete(server: ServerProcess, topic: str) -> None:
-    with Client(server.url) as client:
+def test_purge_and_delete(store_server: ServerProcess, topic: str) -> None:
+    with Client(store_server.url) as client:
         fill(client, topic, 5)
         q = client.queue(topic, "work")
         q.pop(2)

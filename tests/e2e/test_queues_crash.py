@@ -152,9 +152,9 @@ def test_transactional_copiers_killed_at_random_copy_exactly_once(
 
 
 def test_server_kill_loses_no_ack_and_no_message(
-    start_server: Callable[..., ServerProcess], topic: str
+    start_store_server: Callable[..., ServerProcess], topic: str
 ) -> None:
-    srv = start_server()
+    srv = start_store_server()
     with Client(srv.url) as client:
         client.create_topic(topic)
         client.publish(topic, [f"{i}".encode() for i in range(50)])
@@ -190,9 +190,9 @@ def test_server_kill_loses_no_ack_and_no_message(
 
 
 def test_acks_carried_by_a_pop_survive_a_server_kill(
-    start_server: Callable[..., ServerProcess], topic: str
+    start_store_server: Callable[..., ServerProcess], topic: str
 ) -> None:
-    srv = start_server()
+    srv = start_store_server()
     with Client(srv.url) as client:
         client.create_topic(topic)
         client.publish(topic, [f"{i}".encode() for i in range(30)])
