@@ -88,12 +88,16 @@ def routes(api: Api) -> list[Route]:
             principal.require_publish(req.dead_letter_topic)
         media = answer_media(request)
         ack_timeout_ms = req.ack_timeout_ms or DEFAULT_ACK_TIMEOUT_MS
+        # Checked here, not only where the queue is loaded or created: a pop answered
+        # from memory never looks at ``start``, and a bad one must be refused whether
+        # or not the queue happens to be in memory (after a restart or a takeover it
+        # is not). Also before the acks (NATS JetStream's "ack next"): a pop that
+        # cannot be made must not leave its acks applied.
+        coordinator.check_pop(req.consumer, req.max_messages, ack_timeout_ms)
+        coordinator.check_settings(topic, req.max_deliveries, req.dead_letter_topic, req.start)
         acked: Future[None] | None = None
         if req.ack_ids:
-            # The acks first (NATS JetStream's "ack next"): a pop that cannot be made
-            # must not leave its acks applied, and acks that fail pop nothing.
-            coordinator.check_pop(req.consumer, req.max_messages, ack_timeout_ms)
-            coordinator.check_settings(topic, req.max_deliveries, req.dead_letter_topic, req.start)
+            # The acks first; acks that fail pop nothing.
             acked = coordinator.ack_nowait(
                 ns, topic, name, req.consumer, req.ack_ids, snapshot=await read_snapshot(api)
             )
