@@ -40,7 +40,14 @@ def pg_server(
 def store_server(request: pytest.FixtureRequest) -> ServerProcess:
     """The shared server on each store in turn: the groups' and queues' behaviour must
     not depend on it (a handful of representative tests; the rest run on LMDB)."""
-    return request.getfixturevalue("server" if request.param == "lmdb" else "pg_server")
+    if request.param == "lmdb":
+        return request.getfixturevalue("server")
+    proc: ServerProcess = request.getfixturevalue("pg_server")
+    if proc.proc is not None and proc.proc.poll() is not None:
+        # Stopped by another test's restart of the session's PostgreSQL (it lost its
+        # lease meanwhile, say): that is that test's subject, not these tests'.
+        proc.start()
+    return proc
 
 
 @pytest.fixture(params=["lmdb", "postgres"])

@@ -4,13 +4,14 @@ real PostgreSQL)."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -232,6 +233,46 @@ def _cut_sessions(url: str) -> int:
     return len(rows)
 
 
+def _cut_under_a_log_write(url: str, call: Callable[[], None]) -> BaseException | None:
+    """Run ``call`` while the transaction log's table is locked, so that the leader's
+    next write of its log waits, and cut every session of the database meanwhile, as a
+    restart of PostgreSQL under that write would (a session cut while idle is replaced
+    before the next write: that write would not fail); what ``call`` raised."""
+    database = url.rsplit("/", 1)[1]
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    locker = psycopg.connect(url)
+    try:
+        locker.execute("LOCK TABLE tidings_tx IN ACCESS EXCLUSIVE MODE")
+        thread = threading.Thread(target=run)
+        thread.start()
+        with psycopg.connect(url, autocommit=True) as watcher:
+            for _ in range(250):  # bounded: 5 s
+                waiting = watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = %s AND wait_event_type = 'Lock'",
+                    (database,),
+                ).fetchone()
+                if waiting is not None and waiting[0] > 0:
+                    break
+                time.sleep(0.02)
+        assert _cut_sessions(url) >= 1  # the locker's too: the lock goes with it
+        thread.join(30)
+        assert not thread.is_alive(), "the call still waits after the cut"
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            locker.close()
+    return outcome[0]
+
+
 def test_a_leader_whose_transaction_log_failed_hands_over(
     postgres_url: str, tmp_path: Path
 ) -> None:
@@ -250,13 +291,14 @@ def test_a_leader_whose_transaction_log_failed_hands_over(
             with client.transaction() as tx:
                 tx.publish("t", [b"before"])
         once = RetryPolicy(attempts=1)
+
+        def transact() -> None:
+            with Client(b.url, retry=once) as client, client.transaction() as tx:
+                tx.publish("t", [b"cut"])
+
         failed = False
         for _ in range(5):  # a write of the server's own may meet the cut first
-            assert _cut_sessions(url) >= 1
-            try:
-                with Client(b.url, retry=once) as client, client.transaction() as tx:
-                    tx.publish("t", [b"cut"])
-            except TidingsError:
+            if isinstance(_cut_under_a_log_write(url, transact), TidingsError):
                 failed = True
                 break
         assert failed, "no transaction call met the cut connection"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import select
 import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -800,8 +801,12 @@ class PostgresStore(Store):
 
     def _reconnect_if_broken(self) -> None:
         # PostgreSQL restarted, say: the next group gets a fresh connection; callers
-        # got a retriable ServerError meanwhile.
-        if not self._writer_conn.closed and not self._writer_conn.broken:
+        # got a retriable ServerError meanwhile. A connection that PostgreSQL ended
+        # while it sat idle between groups is replaced before the group sends anything
+        # on it: otherwise that group failed, though nothing of it had been sent (and
+        # a queue whose write failed forgot the leases of its pops).
+        conn = self._writer_conn
+        if not conn.closed and not conn.broken and not _ended_while_idle(conn):
             return
         with contextlib.suppress(Exception):
             self._writer_conn.close()
@@ -809,6 +814,21 @@ class PostgresStore(Store):
             self._writer_conn = _connect(self.url)
         except psycopg.Error as exc:
             _log.error(f"cannot reconnect to the store: {exc}", extra={"event": "error"})
+
+
+def _ended_while_idle(conn: psycopg.Connection[Any]) -> bool:
+    """Whether PostgreSQL ended ``conn``'s session while it was idle (a restart, a
+    terminated backend): the server then sends its last message and closes the socket,
+    so the socket reads ready though nothing was asked. One ``select`` of no wait, no
+    round trip. (The writer's session asks for no notifications, so nothing else makes
+    an idle one readable; where something did, the cost is a new connection.)"""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 def _connect(url: str) -> psycopg.Connection[Any]:
