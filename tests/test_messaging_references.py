@@ -98,9 +98,12 @@ def test_a_guard_that_refuses_writes_nothing(service: MessagingService) -> None:
     service.publish("ns", "t", [b"ok"], write_pointer=7)
     with pytest.raises(TransactionTimedOut):
         service.publish("ns", "t", [b"late"], write_pointer=8)
-    service.store_payloads("ns", "t", 8, [b"stored"])  # stores are not guarded ...
     with pytest.raises(TransactionTimedOut):
-        service.publish("ns", "t", [], write_pointer=8)  # ... their publish is
+        service.store_payloads("ns", "t", 8, [b"stored"])  # stores are guarded too
+    service.store_payloads("ns", "t", 7, [b"stored"])
+    open_pointers.clear()
+    with pytest.raises(TransactionTimedOut):
+        service.publish("ns", "t", [], write_pointer=7)  # ... and their publish
     with pytest.raises(TransactionTimedOut):
         service.publish_all_future("ns", [("t", [b"a"])], 9).result()
     service.publish("ns", "t", [b"plain"])  # no pointer: nothing to check
