@@ -1,6 +1,6 @@
 """The ``tidings`` command: run the server, administer topics, publish, consume, inspect.
 
-Every command but ``serve`` and ``inspect`` talks to a server through
+Every command but ``serve``, ``inspect`` and ``backup`` talks to a server through
 :class:`tidings.Client` (``--url``, ``--namespace``). A Tidings error prints one line,
 ``Error: <Class>: <what and why>``, and exits 1; bad usage exits 2 (click). See
 docs/cli.md.
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
     from tidings.client import Client
-    from tidings.store.backend import ReadView
+    from tidings.store.backend import ReadView, WriteView
     from tidings.structs import Message
 
 __all__ = ["main"]
@@ -1083,6 +1083,130 @@ def inspect(
                 _inspect_topic(view, settings.namespace, topic, limit, payloads)
     except lmdb.Error as exc:
         raise click.ClickException(f"cannot read the store: {exc}") from None
+    finally:
+        store.close()
+
+
+# --- backup -------------------------------------------------------------------------
+
+_TX_FILE = r"^(wal|snapshot)-(\d{20})\.(log|snap)$"
+
+
+@main.command()
+@click.argument("data_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+def backup(data_dir: Path, dest: Path) -> None:
+    """Copy DATA_DIR (store/ and tx/) into DEST, consistently, while the server runs.
+
+    DEST must not exist or be empty. Restore by starting a server (role all) on a
+    directory holding DEST's store/ and tx/. See docs/operations.md.
+    """
+    if dest.exists() and any(dest.iterdir()):
+        raise _UsageProblem(f"{dest} is not empty: give a new or empty directory")
+    store_dir, tx_dir = data_dir / "store", data_dir / "tx"
+    if not (store_dir / "data.mdb").exists() and not tx_dir.is_dir():
+        raise click.ClickException(f"{data_dir} holds no store/ and no tx/ to back up")
+    try:
+        logs, dropped = _backup(store_dir, tx_dir, dest)
+    except OSError as exc:
+        raise click.ClickException(f"cannot back up {data_dir} to {dest}: {exc}") from None
+    generations = ", ".join(str(g) for g in sorted(logs)) or "none"
+    click.echo(f"backed up {data_dir} to {dest} (transaction log generations: {generations})")
+    if dropped:
+        click.echo(f"left out {dropped} transaction log record(s) written after the log was copied")
+
+
+def _backup(store_dir: Path, tx_dir: Path, dest: Path) -> tuple[dict[int, int], int]:
+    import lmdb
+
+    dest.mkdir(parents=True, exist_ok=True)
+    # The transaction files first, then the store: the store then holds every message
+    # of each transaction the copied log commits. The other order could give a log
+    # committing transactions whose messages the store copy lacks.
+    logs = _copy_tx_files(tx_dir, dest / "tx") if tx_dir.is_dir() else {}
+    copied = dest / "store"
+    if (store_dir / "data.mdb").exists():
+        copied.mkdir()
+        try:
+            env = lmdb.open(str(store_dir), readonly=True, lock=True, max_dbs=16)
+            try:
+                env.copy(str(copied), compact=True)
+            finally:
+                env.close()
+        except lmdb.Error as exc:
+            raise click.ClickException(f"cannot copy the store {store_dir}: {exc}") from None
+        return logs, _trim_carried(copied, logs)
+    return logs, 0
+
+
+def _copy_tx_files(source: Path, target: Path) -> dict[int, int]:
+    """Copy the newest snapshot and the logs from it on; return each copied log's
+    generation and number of intact records."""
+    import re
+    import shutil
+
+    from tidings.tx.log import read_log
+
+    name = re.compile(_TX_FILE)
+    # The server may start a new generation (and delete the old files) mid-copy: then
+    # the copy starts over from the new snapshot.
+    for _ in range(5):
+        found = [
+            (m.group(1), int(m.group(2)), p) for p in source.iterdir() if (m := name.match(p.name))
+        ]
+        snapshots = sorted(g for kind, g, _ in found if kind == "snapshot")
+        if not snapshots:
+            raise click.ClickException(f"{source} holds no transaction snapshot to back up")
+        base = snapshots[-1]
+        wals = sorted((g, p) for kind, g, p in found if kind == "wal" and g >= base)
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir()
+        try:
+            shutil.copyfile(
+                source / f"snapshot-{base:020d}.snap", target / f"snapshot-{base:020d}.snap"
+            )
+            for _generation, path in wals:
+                shutil.copyfile(path, target / path.name)
+        except FileNotFoundError:
+            continue
+        return {g: sum(1 for _ in read_log(target / p.name)) for g, p in wals}
+    raise click.ClickException(f"{source} kept changing generation; try again")
+
+
+def _trim_carried(store_dir: Path, logs: dict[int, int]) -> int:
+    """Drop from the store copy the log records it carries that do not follow the
+    copied log files without a gap (written after the files were copied): recovery
+    would refuse a gap, and a generation the copy lacks would be replayed later under
+    a reused number. What stays is the log as of some moment before the store copy."""
+    from tidings.store.backends.lmdb import LmdbStore
+    from tidings.tx.log import TAIL_PREFIX, tail_index
+
+    store = LmdbStore(store_dir)
+    try:
+        stale: list[bytes] = []
+        expected: dict[int, int] = {g: count + 1 for g, count in logs.items()}
+        for key, _value in store.scan_list("tx", TAIL_PREFIX, TAIL_PREFIX[:-1] + b"0"):
+            generation, index = tail_index(bytes(key))
+            if generation not in expected:
+                if logs and generation < min(logs):
+                    continue  # covered by the snapshot; recovery drops them
+                stale.append(bytes(key))
+            elif index < expected[generation]:
+                continue  # also in the file
+            elif index == expected[generation]:
+                expected[generation] += 1
+            else:
+                expected[generation] = -1  # a gap: nothing after it is usable
+                stale.append(bytes(key))
+
+        def drop(view: WriteView) -> None:
+            for key in stale:
+                view.delete("tx", key)
+
+        if stale:
+            store.apply(drop)
+        return len(stale)
     finally:
         store.close()
 

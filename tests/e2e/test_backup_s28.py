@@ -1,0 +1,100 @@
+"""``tidings backup`` while a server publishes: the copy starts as a server and holds
+every message acknowledged before the backup began."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import tidings.cli
+from tests.e2e.serverproc import ServerProcess
+from tidings import Client
+from tidings.cli import main
+
+pytestmark = pytest.mark.e2e
+
+
+def test_backup_while_publishing_restores_every_acknowledged_message(
+    start_server: Callable[..., ServerProcess],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    live = start_server(data_dir=tmp_path / "live")
+    with Client(live.url) as client:
+        client.create_topic("orders")
+    acked: list[bytes] = []
+    stop = threading.Event()
+
+    def publish(tag: str) -> None:
+        with Client(live.url) as client:
+            for i in range(100_000):
+                if stop.is_set():
+                    return
+                batch = [f"{tag}-{i}-{j}".encode() for j in range(5)]
+                client.publish("orders", batch)
+                acked.extend(batch)
+                # One-request transactions: their commit records ride on store writes.
+                with client.transaction() as tx:
+                    tx.publish("orders", f"{tag}-tx-{i}".encode())
+                acked.append(f"{tag}-tx-{i}".encode())
+                # A transaction of several calls: its records go to the log file.
+                with client.transaction() as tx:
+                    tx.publish("orders", f"{tag}-long-{i}".encode())
+                    tx.publish("orders", f"{tag}-long2-{i}".encode())
+                acked.extend([f"{tag}-long-{i}".encode(), f"{tag}-long2-{i}".encode()])
+
+    copy_tx = tidings.cli._copy_tx_files
+
+    def slow_copy(source: Path, target: Path) -> dict[int, int]:
+        # Publishing goes on between the two copies, as it does on a busy server.
+        logs = copy_tx(source, target)
+        time.sleep(1.0)
+        return logs
+
+    monkeypatch.setattr(tidings.cli, "_copy_tx_files", slow_copy)
+    workers = [threading.Thread(target=publish, args=(tag,)) for tag in "ab"]
+    for worker in workers:
+        worker.start()
+    try:
+        time.sleep(1.0)
+        before = list(acked)
+        result = CliRunner().invoke(main, ["backup", str(live.data_dir), str(tmp_path / "copy")])
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(30)
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "backed up" in result.stdout
+    assert before
+
+    restored = start_server(data_dir=tmp_path / "copy")
+    with Client(restored.url) as client:
+        got = {m.payload for m in client.consume("orders", follow=False)}
+        assert not [m for m in before if m not in got]
+        # Nothing of a transaction shows without the rest of it.
+        for payload in got:
+            if b"-long-" in payload:
+                assert payload.replace(b"-long-", b"-long2-") in got
+
+
+def test_backup_refuses_a_destination_in_use(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "tx").mkdir(parents=True)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "something").write_text("x")
+    result = CliRunner().invoke(main, ["backup", str(data), str(dest)])
+    assert result.exit_code == 2
+    assert "is not empty" in result.stderr and "Traceback" not in result.output
+
+
+def test_backup_of_a_directory_without_data(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["backup", str(tmp_path), str(tmp_path / "dest")])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: ") and "no store/ and no tx/" in result.stderr
