@@ -194,7 +194,7 @@ def test_bad_flag_value_exits_2_without_starting(tmp_path: Path) -> None:
         main, ["serve", "--data-dir", str(tmp_path / "d")], env={"TIDINGS_MAX_WAIT_MS": "0"}
     )
     assert result.exit_code == 2, result.output
-    assert "max_wait_ms must be positive" in result.output
+    assert "max_wait_ms (from TIDINGS_MAX_WAIT_MS) must be positive" in result.output
     assert not (tmp_path / "d").exists()
 
 
@@ -227,6 +227,8 @@ def samples(setting: Setting) -> tuple[Any, Any, Any]:
     if setting.kind == "hosts":
         return (("toml.example",), ("env.example", "[::1]"), ("flag.example",))
     assert setting.kind == "str", setting.kind
+    if setting.name == "advertise_url":
+        return ("http://from-toml:1", "http://from-env:2", "https://from-flag:3")
     return ("from-toml", "from-env", "from-flag")
 
 

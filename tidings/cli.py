@@ -188,7 +188,8 @@ def _setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
     types: dict[str, Any] = {
         "int": int,
         "float": float,
-        "path": click.Path(path_type=Path),
+        # Paths stay text for load_config to read, as from a variable or the file: a
+        # click.Path would turn an empty --data-dir into '.', the current directory.
         "role": click.Choice(ROLES),
     }
     for setting in reversed(SETTINGS):

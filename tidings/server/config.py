@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from tidings.errors import ConfigError
 from tidings.messaging.names import MAX_TTL
@@ -539,25 +540,39 @@ def _parse_list(
     return tuple(out)
 
 
-def _check(cfg: ServerConfig) -> None:
+def _check(cfg: ServerConfig, sources: Mapping[str, str] | None = None) -> None:
+    sources = sources or {}
+
+    def name(setting: str) -> str:
+        # Which flag, variable or file set it: that is what the user has to change.
+        source = sources.get(setting)
+        return f"{setting} (from {source})" if source else setting
+
     problems = []
     if not 0 <= cfg.port <= 65535:
-        problems.append(f"port must be 0..65535, got {cfg.port}")
+        problems.append(f"{name('port')} must be 0..65535, got {cfg.port}")
     for setting in SETTINGS:
         value = getattr(cfg, setting.name)
         if setting.bound == "positive" and value <= 0:
-            problems.append(f"{setting.name} must be positive, got {value}")
+            problems.append(f"{name(setting.name)} must be positive, got {value}")
         elif setting.bound == "non-negative" and value < 0:
-            problems.append(f"{setting.name} must not be negative, got {value}")
+            problems.append(f"{name(setting.name)} must not be negative, got {value}")
     if cfg.default_ttl > MAX_TTL:
-        problems.append(f"default_ttl must be at most {MAX_TTL}, got {cfg.default_ttl}")
+        problems.append(f"{name('default_ttl')} must be at most {MAX_TTL}, got {cfg.default_ttl}")
     if cfg.fetch_default_limit > cfg.fetch_max_limit:
-        problems.append("fetch_default_limit must not exceed fetch_max_limit")
+        problems.append(f"{name('fetch_default_limit')} must not exceed {name('fetch_max_limit')}")
     if cfg.tx_default_timeout > cfg.tx_max_timeout:
-        problems.append("tx_default_timeout must not exceed tx_max_timeout")
+        problems.append(f"{name('tx_default_timeout')} must not exceed {name('tx_max_timeout')}")
+    if cfg.advertise_url is not None:
+        parts = urlsplit(cfg.advertise_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            problems.append(
+                f"{name('advertise_url')} must be an http(s)://HOST[:PORT] URL, "
+                f"got {cfg.advertise_url!r}"
+            )
     if cfg.tx_max_timeout > MAX_TIMEOUT_LIMIT:
         problems.append(
-            f"tx_max_timeout must be at most {MAX_TIMEOUT_LIMIT:.0f} (100 years), "
+            f"{name('tx_max_timeout')} must be at most {MAX_TIMEOUT_LIMIT:.0f} (100 years), "
             f"got {cfg.tx_max_timeout}"
         )
 
@@ -595,19 +610,23 @@ def load_config(
     """
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     if config_file is None and env.get(CONFIG_ENV):
         config_file = Path(env[CONFIG_ENV])
     if config_file is not None:
         for key, raw in read_toml(config_file).items():
             setting = _BY_KEY[key]
-            values[setting.name] = _parse(setting, raw, f"config file {config_file}")
+            sources[setting.name] = f"config file {config_file}"
+            values[setting.name] = _parse(setting, raw, sources[setting.name])
     for setting in SETTINGS:
         if setting.env in env:
+            sources[setting.name] = setting.env
             values[setting.name] = _parse(setting, env[setting.env], setting.env)
     for name, raw in (overrides or {}).items():
         if name not in _BY_NAME:
             raise ConfigError(f"unknown setting {name!r}")
-        values[name] = _parse(_BY_NAME[name], raw, _BY_NAME[name].flag or "arguments")
+        sources[name] = _BY_NAME[name].flag or "arguments"
+        values[name] = _parse(_BY_NAME[name], raw, sources[name])
     cfg = ServerConfig(**values)
-    _check(cfg)
+    _check(cfg, sources)
     return cfg
