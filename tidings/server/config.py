@@ -146,7 +146,10 @@ class ServerConfig:
         False, "`/metrics` needs a token too (with `auth_file`)", shown="false"
     )
     tls_cert: Path | None = _setting(
-        None, "PEM certificate (chain) to serve HTTPS with; needs `tls_key`", flag=True, shown=""
+        None,
+        "PEM certificate (chain) to serve HTTPS with; needs `tls_key`. SIGHUP reloads both",
+        flag=True,
+        shown="",
     )
     tls_key: Path | None = _setting(None, "PEM private key of `tls_cert`", flag=True, shown="")
     allowed_origins: tuple[str, ...] = _setting(

@@ -311,10 +311,23 @@ async def _serve(
     auth: Authenticator | None = None,
 ) -> tuple[bool, int | None]:
     loop = asyncio.get_running_loop()
-    if threading.current_thread() is threading.main_thread():
+    # Set once uvicorn has made it (a SIGHUP may come before).
+    uv_config: uvicorn.Config | None = None
+
+    def reload() -> None:
+        # The certificate first, on the loop (the context is shared with handshakes
+        # there); the principals' file is read on a worker thread.
+        context = getattr(uv_config, "ssl", None)
+        if isinstance(context, ssl.SSLContext):
+            _reload_tls(context, config)
         if auth is not None:
-            # SIGHUP reloads the principals; a file that does not load changes nothing.
-            loop.add_signal_handler(signal.SIGHUP, lambda: loop.run_in_executor(None, auth.reload))
+            loop.run_in_executor(None, auth.reload)
+
+    if threading.current_thread() is threading.main_thread():
+        if auth is not None or config.tls_cert is not None:
+            # SIGHUP reloads the principals and the TLS certificate; a file that does
+            # not load changes nothing.
+            loop.add_signal_handler(signal.SIGHUP, reload)
         else:
             # Nothing to reload; a service manager's "reload" must not stop the server
             # as a hangup would (without its shutdown: the next start recovers).
@@ -424,6 +437,26 @@ async def _take_over(
     longpolls.append(polls)
     switch.app = app
     log.info("took over: this instance leads", extra={"event": "takeover", "epoch": lease.epoch})
+
+
+def _reload_tls(context: ssl.SSLContext, config: ServerConfig) -> None:
+    """Serve new connections with the certificate and key now in the files (renewed in
+    place): checked on a fresh context first, so a pair that does not load, or does not
+    match, leaves the one in use as it was."""
+    assert config.tls_cert is not None and config.tls_key is not None
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(config.tls_cert, config.tls_key)
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+    except OSError as exc:  # ssl.SSLError is one
+        log.error(
+            "TLS certificate not reloaded: cannot load tls_cert %s and tls_key %s: %s",
+            config.tls_cert,
+            config.tls_key,
+            exc,
+            extra={"event": "tls"},
+        )
+        return
+    log.info("TLS certificate reloaded from %s", config.tls_cert, extra={"event": "tls"})
 
 
 def _nothing_to_reload() -> None:
