@@ -199,8 +199,9 @@ def _setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
             setting.flag,
             setting.name,
             type=types.get(setting.kind, str),
+            metavar="PATH" if setting.kind == "path" else None,
             default=None,
-            help=f"{setting.what.replace('`', '')} [default: {setting.shown}].",
+            help=f"{setting.what.replace('`', '')} [default: {setting.shown or 'not set'}].",
         )(command)
     return command
 
