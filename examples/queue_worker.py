@@ -63,4 +63,8 @@ def main(url: str) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8470", help="the server's URL")
-    main(parser.parse_args().url)
+    try:
+        main(parser.parse_args().url)
+    except tidings.TidingsError as exc:
+        # No server at --url (not started yet, say) is one line, not a traceback.
+        raise SystemExit(f"Error: {type(exc).__name__}: {exc}") from None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.serverproc import ServerProcess
+from tests.e2e.serverproc import ServerProcess, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -63,3 +63,21 @@ def test_queue_worker(server: ServerProcess) -> None:
     assert "dead letters: ['broken image']" in out
     assert "acked 9, waiting 0, pending 0, dead-lettered 1" in out
     assert "(delivery 2): nack" in out
+
+
+@pytest.mark.parametrize(
+    "name", ["quickstart.py", "transactions.py", "consumer_group.py", "queue_worker.py"]
+)
+def test_an_example_without_a_server_says_so_in_one_line(name: str) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name), "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("Error: TidingsConnectionError: cannot connect to"), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
