@@ -46,6 +46,7 @@ class _Settings:
     namespace: str
     token: str | None = None
     cacert: Path | None = None
+    transactions_url: str | None = None
 
 
 class _UsageProblem(click.ClickException):
@@ -126,12 +127,25 @@ class _Main(click.Group):
     "[env: TIDINGS_CACERT].",
     envvar="TIDINGS_CACERT",
 )
+@click.option(
+    "--transactions-url",
+    envvar="TIDINGS_TRANSACTIONS_URL",
+    default=None,
+    help="Where the transaction service answers, if not at --url (a server run as "
+    "--role messaging and --role transactions) [env: TIDINGS_TRANSACTIONS_URL].",
+)
 @click.pass_context
 def main(
-    ctx: click.Context, url: str, namespace: str, token: str | None, cacert: Path | None
+    ctx: click.Context,
+    url: str,
+    namespace: str,
+    token: str | None,
+    cacert: Path | None,
+    transactions_url: str | None,
 ) -> None:
     """Tidings: a transactional messaging system."""
-    ctx.obj = _Settings(_with_scheme(url), namespace, token, cacert)
+    tx_url = None if not transactions_url else _with_scheme(transactions_url, "--transactions-url")
+    ctx.obj = _Settings(_with_scheme(url), namespace, token, cacert, tx_url)
 
 
 def _check_token(token: str | None) -> str | None:
@@ -147,7 +161,7 @@ def _check_token(token: str | None) -> str | None:
         raise click.BadParameter(str(exc), param_hint="--token") from None
 
 
-def _with_scheme(url: str) -> str:
+def _with_scheme(url: str, option: str = "--url") -> str:
     """``host:port`` means ``http://host:port``; anything else that is no http(s) URL
     with a host (and a port in range, if any) is a usage error (one line, exit 2)."""
     given = url
@@ -167,7 +181,7 @@ def _with_scheme(url: str) -> str:
     ):
         raise click.BadParameter(
             f"not a server URL: {given!r}; expected HOST:PORT or http(s)://HOST:PORT",
-            param_hint="--url",
+            param_hint=option,
         )
     return url
 
@@ -293,7 +307,13 @@ def _client(ctx: click.Context) -> Client:
 
     settings = _settings(ctx)
     verify: bool | str = True if settings.cacert is None else str(settings.cacert)
-    client = Client(settings.url, settings.namespace, token=settings.token, verify=verify)
+    client = Client(
+        settings.url,
+        settings.namespace,
+        token=settings.token,
+        verify=verify,
+        transactions_url=settings.transactions_url,
+    )
     ctx.call_on_close(client.close)
     return client
 
