@@ -1120,8 +1120,8 @@ _TX_FILE = r"^(wal|snapshot)-(\d{20})\.(log|snap)$"
 def backup(data_dir: Path, dest: Path) -> None:
     """Copy DATA_DIR (store/ and tx/) into DEST, consistently, while the server runs.
 
-    DEST must not exist or be empty. Restore by starting a server (role all) on a
-    directory holding DEST's store/ and tx/. See docs/operations.md.
+    DEST must not exist or be empty. Restore by starting a server on a directory
+    holding DEST's store/ and tx/. See docs/operations.md.
     """
     if dest.exists() and any(dest.iterdir()):
         raise _UsageProblem(f"{dest} is not empty: give a new or empty directory")
@@ -1157,8 +1157,47 @@ def _backup(store_dir: Path, tx_dir: Path, dest: Path) -> tuple[dict[int, int], 
                 env.close()
         except lmdb.Error as exc:
             raise click.ClickException(f"cannot copy the store {store_dir}: {exc}") from None
-        return logs, _trim_carried(copied, logs)
+        dropped = _trim_carried(copied, logs)
+        if logs:
+            _fence_unknown_pointers(copied, dest / "tx")
+        return logs, dropped
     return logs, 0
+
+
+def _fence_unknown_pointers(store_dir: Path, tx_dir: Path) -> None:
+    """Recover the copied log against the copied store, and keep hidden for good every
+    write pointer the store's entries carry that the log does not know.
+
+    Transactions that began while the store was being copied left entries the copied
+    log cannot name; recovery invalidates only the pointers reserved when the log was
+    copied. Unnamed, a pointer would be handed out again after the restore, and its old
+    entries would show when the new transaction commits (a part of a transaction, or
+    one the copied log never committed). A reservation up to the highest pointer in the
+    store makes the restored server's recovery invalidate them all instead.
+    """
+    from tidings.codec.values import read_write_pointer
+    from tidings.store.backends.lmdb import LmdbStore
+    from tidings.tx.durable import TxStorage
+    from tidings.tx.records import Reserve, encode_record
+
+    store = LmdbStore(store_dir)
+    try:
+        highest = 0
+        with store.read() as view:
+            for _key, value in view.scan("messages", b"", b"\xff" * 64):
+                wp = read_write_pointer(bytes(value[:9]))
+                if wp is not None:
+                    highest = max(highest, abs(wp))
+        storage = TxStorage(tx_dir, store=store)
+        state = storage.open()
+        try:
+            if highest > state.last_write_pointer:
+                seq = storage.wal.append([encode_record(Reserve(state.reserved + 1, highest))])
+                storage.wal.sync(seq)
+        finally:
+            storage.close()
+    finally:
+        store.close()
 
 
 def _copy_tx_files(source: Path, target: Path) -> dict[int, int]:

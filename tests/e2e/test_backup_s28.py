@@ -3,6 +3,7 @@ every message acknowledged before the backup began."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -53,11 +54,11 @@ def test_backup_while_publishing_restores_every_acknowledged_message(
     def slow_copy(source: Path, target: Path) -> dict[int, int]:
         # Publishing goes on between the two copies, as it does on a busy server.
         logs = copy_tx(source, target)
-        time.sleep(1.0)
+        time.sleep(2.0)
         return logs
 
     monkeypatch.setattr(tidings.cli, "_copy_tx_files", slow_copy)
-    workers = [threading.Thread(target=publish, args=(tag,)) for tag in "ab"]
+    workers = [threading.Thread(target=publish, args=(tag,)) for tag in "abcd"]
     for worker in workers:
         worker.start()
     try:
@@ -73,14 +74,37 @@ def test_backup_while_publishing_restores_every_acknowledged_message(
     assert "backed up" in result.stdout
     assert before
 
+    # Every pointer an entry of the copy carries is one the restored server knows (and
+    # will not hand out again): committed, or invalid for good.
+    runner = CliRunner()
+    entries = runner.invoke(
+        main, ["inspect", str(tmp_path / "copy"), "--topic", "orders", "--limit", "1000000"]
+    ).stdout
+    pointers = [
+        abs(int(fields[3]))
+        for line in entries.splitlines()
+        if len(fields := line.split()) > 4
+        and fields[0].isdigit()
+        and len(fields[2]) == 40  # an entry's line (not a message of a batch entry)
+        and fields[3].lstrip("-").isdigit()
+    ]
     restored = start_server(data_dir=tmp_path / "copy")
+    state = json.loads(runner.invoke(main, ["--url", restored.url, "tx", "list", "--json"]).stdout)
+    unknown = [wp for wp in pointers if wp > state["lastWritePointer"]]
+    assert pointers and not unknown
     with Client(restored.url) as client:
+        # New transactions after the restore: none may take over a pointer whose old
+        # entries are in the copy (they would show with its commit).
+        for i in range(300):
+            with client.transaction() as tx:
+                tx.publish("orders", f"after-{i}".encode())
+                tx.publish("orders", f"after2-{i}".encode())
         got = {m.payload for m in client.consume("orders", follow=False)}
         assert not [m for m in before if m not in got]
         # Nothing of a transaction shows without the rest of it.
-        for payload in got:
-            if b"-long-" in payload:
-                assert payload.replace(b"-long-", b"-long2-") in got
+        partial = [p for p in got if b"-long-" in p and p.replace(b"-long-", b"-long2-") not in got]
+        assert not partial
+        assert {f"after-{i}".encode() for i in range(300)} <= got
 
 
 def test_backup_refuses_a_destination_in_use(tmp_path: Path) -> None:
