@@ -413,3 +413,80 @@ def test_a_gap_changes_nothing_and_the_producer_goes_on(server: ServerProcess, t
         assert publish(8, "Yw==").status_code == 200  # the last sequence is still 7
         assert publish(8, "Yw==").status_code == 200  # and now 8: a retry, no copy
         assert [m.payload for m in client.poll(topic)] == [b"a", b"c"]
+
+
+class RecordsStoreHeaders(SocketTransport):
+    """Keeps the headers of every store request sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store_headers: list[tuple[tuple[str, str], ...]] = []
+
+    def send(self, request: Request) -> Response:
+        if request.url.endswith("/store"):
+            self.store_headers.append(request.headers)
+        return super().send(request)
+
+
+class AsyncRecordsStoreHeaders(AsyncioTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.store_headers: list[tuple[tuple[str, str], ...]] = []
+
+    async def send(self, request: Request) -> Response:
+        if request.url.endswith("/store"):
+            self.store_headers.append(request.headers)
+        return await super().send(request)
+
+
+def test_a_store_with_producer_headers_is_refused_and_stores_nothing(
+    server: ServerProcess, topic: str
+) -> None:
+    # A store is transactional: it is not deduplicated by producer sequence, so the
+    # headers would promise what the server does not do.
+    base = f"{server.url}/v1/namespaces/default/topics/{topic}"
+    producer = {"Tidings-Producer-Id": "7c" * 16, "Tidings-Sequence": "0"}
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        wp = httpx.post(f"{server.url}/v1/transactions", json={}).json()["writePointer"]
+        body = {"messages": ["eA=="], "transactionWritePointer": wp}
+        for headers in (producer, {"Tidings-Sequence": "0"}, {"Tidings-Producer-Id": "7c" * 16}):
+            refused = httpx.post(f"{base}/store", json=body, headers=headers)
+            assert refused.status_code == 400, headers
+            assert refused.json()["type"] == "BadRequest"
+            assert "error" in refused.json()
+        stored = httpx.post(f"{base}/store", json={**body, "messages": ["eQ=="]})
+        assert stored.status_code == 200
+        published = httpx.post(
+            f"{base}/publish", json={"messages": [], "transactionWritePointer": wp}
+        )
+        assert published.status_code == 200
+        assert httpx.post(f"{server.url}/v1/transactions/{wp}/commit", json={}).status_code == 200
+        # Only the store without the headers was written.
+        assert [m.payload for m in client.poll(topic)] == [b"y"]
+
+
+def test_the_clients_store_without_producer_headers(server: ServerProcess, topic: str) -> None:
+    transport = RecordsStoreHeaders()
+    with Client(server.url, transport=transport) as client:  # idempotent by default
+        client.create_topic(topic)
+        tx = client.begin()
+        client.store(topic, [b"a"], write_pointer=tx.write_pointer)
+        client.publish(topic, [], write_pointer=tx.write_pointer)
+        client.commit(tx)
+        assert [m.payload for m in client.poll(topic)] == [b"a"]
+    assert transport.store_headers == [()]
+
+
+async def test_the_async_clients_store_without_producer_headers(
+    server: ServerProcess, topic: str
+) -> None:
+    transport = AsyncRecordsStoreHeaders()
+    async with AsyncClient(server.url, transport=transport) as client:
+        await client.create_topic(topic)
+        tx = await client.begin()
+        await client.store(topic, [b"a"], write_pointer=tx.write_pointer)
+        await client.publish(topic, [], write_pointer=tx.write_pointer)
+        await client.commit(tx)
+        assert [m.payload for m in await client.poll(topic)] == [b"a"]
+    assert transport.store_headers == [()]

@@ -273,6 +273,13 @@ def routes(api: Api) -> list[Route]:
         messaging = api.messaging
         ns, topic = _names(request)
         media, req = await _publish_request(request, max_body, "store")
+        if _producer(request) is not None:
+            # A store is transactional: its payloads count once the transaction
+            # commits, and a producer's sequence would dedupe nothing there.
+            raise BadRequest(
+                f"{PRODUCER_HEADER} and {SEQUENCE_HEADER} belong to a non-transactional "
+                "publish, not to a store"
+            )
         if req.write_pointer is None:
             raise BadRequest("store requires a transactionWritePointer")
         if req.payload_ranges is not None:
