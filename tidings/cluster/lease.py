@@ -24,6 +24,12 @@ twentieth of the lease, per standby), and keeps what the last poll saw: who lead
 which URL. Its forwarder asks that view, never the database, so a request is not held
 up by a database that does not answer; a view older than the lease says nothing about
 who leads now, and is treated as no leader at all (503).
+
+Every connection of this module has TCP keepalives and ``tcp_user_timeout`` set from
+the lease (:func:`tcp_options`): on a network path cut without a reset, a poll or a
+renewal would otherwise wait, holding a thread and a socket, until the operating
+system gave up, which takes many minutes; with them the connection fails within about
+the lease, and the next poll or renewal opens another.
 """
 
 from __future__ import annotations
@@ -35,12 +41,14 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tidings.errors import ServiceUnavailable
 
@@ -53,9 +61,12 @@ __all__ = [
     "LeaseInfo",
     "create_tables",
     "new_instance_id",
+    "tcp_options",
 ]
 
 _log = logging.getLogger("tidings.cluster")
+
+T = TypeVar("T")
 
 #: The lease every write of the store and of the transaction log is fenced by.
 LEADER = "leader"
@@ -116,6 +127,27 @@ _SEEN = """
 INSERT INTO tidings_instances (id, url, started_at, seen_at) VALUES (%s, %s, now(), now())
 ON CONFLICT (id) DO UPDATE SET url = EXCLUDED.url, seen_at = now()
 """
+
+
+#: Keepalive probes left unanswered before the connection counts as dead.
+_KEEPALIVE_COUNT = 3
+
+
+def tcp_options(seconds: float) -> dict[str, int]:
+    """libpq connection options under which a connection whose network path is cut
+    (no reset, no answer) fails within about ``seconds``: keepalives that probe an idle
+    connection, and ``tcp_user_timeout`` (ms) for data sent and never acknowledged.
+    libpq counts keepalive times in whole seconds, so a lease under about 4 s gets
+    the shortest it allows (1 s)."""
+    idle = max(1, int(seconds / 3))
+    interval = max(1, int(seconds / (3 * _KEEPALIVE_COUNT)))
+    return {
+        "keepalives": 1,
+        "keepalives_idle": idle,
+        "keepalives_interval": interval,
+        "keepalives_count": _KEEPALIVE_COUNT,
+        "tcp_user_timeout": max(1, int(seconds * 1000)),
+    }
 
 
 def new_instance_id() -> str:
@@ -202,6 +234,20 @@ class LeaderLease:
         #: then); None until a poll has answered.
         self._seen_leader: tuple[float, str | None] | None = None
         self._polling = False
+        # The connection the leader's views (GET /v1/cluster) read over, kept between
+        # calls (opened again where it broke), one caller at a time.
+        self._view_conn: list[psycopg.Connection[Any] | None] = [None]
+        self._view_lock = threading.Lock()
+        # Closed with the lease where nobody released it (a standby's lease that
+        # never led, a test's): not left to the collector, which warns.
+        weakref.finalize(self, _close, self._view_conn)
+        # Options of the URL win: an operator who set them meant them.
+        try:
+            given = conninfo_to_dict(url)
+            tcp = {k: v for k, v in tcp_options(seconds).items() if k not in given}
+            self._conninfo = make_conninfo(url, **tcp)
+        except psycopg.Error:
+            self._conninfo = url  # a malformed URL: the first connect says what is wrong
 
     @property
     def held(self) -> bool:
@@ -283,13 +329,15 @@ class LeaderLease:
             self._thread.join()
         if self.epoch > 0 and not self._lost:
             try:
-                with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
+                with self._connect() as conn:
                     conn.execute(
                         _RELEASE,
                         {"name": LEADER, "holder": self.instance_id, "epoch": self.epoch},
                     )
             except psycopg.Error as exc:
                 _log.warning(f"could not release the leader lease: {exc}")
+        with self._view_lock:
+            _close(self._view_conn)
 
     def leader_url(self) -> str | None:
         """The URL the live leader advertises (None while nobody's lease is live).
@@ -304,22 +352,41 @@ class LeaderLease:
             return url if time.monotonic() - at <= self.seconds else None
         if self._polling:
             return None  # no poll has answered yet
-        with self._connect() as conn:
-            row = conn.execute(
+        row = self._read(
+            lambda conn: conn.execute(
                 "SELECT url FROM tidings_leases WHERE name = %s AND expires_at > now()",
                 (LEADER,),
             ).fetchone()
+        )
         return None if row is None else str(row[0])
 
     def view(self, window: float = 3600.0) -> ClusterView:
         """The leases and the instances heard of within ``window`` seconds."""
-        with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
-            return read_view(conn, window)
+        return self._read(lambda conn: read_view(conn, window))
 
     # -- internals -----------------------------------------------------------------------
 
-    def _connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.url, autocommit=True, connect_timeout=5)
+    def _connect(self, connect_timeout: int = 5) -> psycopg.Connection[Any]:
+        return psycopg.connect(self._conninfo, autocommit=True, connect_timeout=connect_timeout)
+
+    def _read(self, read: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """``read`` over the connection kept for reads: a new connection per call cost
+        PostgreSQL a backend start each time a console refreshes its cluster page."""
+        with self._view_lock:
+            conn = self._view_conn[0]
+            if conn is not None and not conn.closed and not conn.broken:
+                try:
+                    return read(conn)
+                except psycopg.OperationalError:
+                    # It died while idle (PostgreSQL restarted, the path was cut):
+                    # a read may go again, on a new connection.
+                    _close(self._view_conn)
+            conn = self._view_conn[0] = self._connect()
+            try:
+                return read(conn)
+            except psycopg.Error:
+                _close(self._view_conn)
+                raise
 
     def _poll(self) -> tuple[int | None, str | None]:
         """One poll of the lease: (the epoch, where this instance took the lease; who
@@ -356,7 +423,7 @@ class LeaderLease:
         """(epoch taken, holder, the live leader's URL), over ``slot[0]``."""
         conn = slot[0]
         if conn is None or conn.closed or conn.broken:
-            conn = slot[0] = psycopg.connect(self.url, autocommit=True, connect_timeout=2)
+            conn = slot[0] = self._connect(connect_timeout=2)
         now = time.monotonic()
         if now - self._seen_sent >= self.seconds / 3:  # as often as a leader renews
             conn.execute(_SEEN, (self.instance_id, self.advertise_url))
@@ -443,8 +510,10 @@ class LeaderLease:
 
 
 def _close(conn: list[psycopg.Connection[Any] | None]) -> None:
-    if conn[0] is not None:
-        conn[0].close()
+    """Close the connection in the slot ``conn`` (if any) and empty the slot."""
+    found, conn[0] = conn[0], None
+    if found is not None:
+        found.close()
 
 
 def _bounded(
