@@ -36,12 +36,12 @@ def test_an_ack_refused_in_its_store_write_leaves_every_lease_as_it_was(
         checks = 0
         writable = tx.check_writable
 
-        def ends_before_the_write(write_pointer: int) -> None:
+        def ends_before_the_write(write_pointer: int, action: str = "publish under") -> None:
             nonlocal checks
             checks += 1
             if checks > 1:  # the check in the store write, not the one in memory
                 raise TransactionTimedOut(f"transaction {write_pointer} timed out")
-            writable(write_pointer)
+            writable(write_pointer, action)
 
         monkeypatch.setattr(tx, "check_writable", ends_before_the_write)
         with pytest.raises(TransactionTimedOut):
@@ -82,12 +82,12 @@ def test_an_earlier_ack_under_the_refused_pointer_goes_back_to_its_worker_too(
         writable = tx.check_writable
         calls = 0
 
-        def ends_before_the_write(write_pointer: int) -> None:
+        def ends_before_the_write(write_pointer: int, action: str = "publish under") -> None:
             nonlocal calls
             calls += 1
             if calls > 1:
                 raise TransactionTimedOut(f"transaction {write_pointer} timed out")
-            writable(write_pointer)
+            writable(write_pointer, action)
 
         monkeypatch.setattr(tx, "check_writable", ends_before_the_write)
         with pytest.raises(TransactionTimedOut):

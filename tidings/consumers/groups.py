@@ -97,6 +97,8 @@ _SCAN_BUDGET = 100_000
 #: Most entries a lag count examines per group (describe; /metrics and stats).
 _LAG_BUDGET = 1_000_000
 _METRICS_LAG_BUDGET = 100_000
+#: What a transactional commit tried, as its error says where the transaction ended.
+_COMMIT_UNDER = "commit group positions under"
 
 
 def change_key(topic_id: int, generation: int, group: str, partition: int) -> bytes:
@@ -631,7 +633,7 @@ class GroupCoordinator:
             if not one_request:
                 # Checked in the write itself, as publishes are: nothing lands under a
                 # pointer that ended, so pruning the invalid list stays safe.
-                tx.check_writable(write_pointer)
+                tx.check_writable(write_pointer, action=_COMMIT_UNDER)
             if view.get(_META, gkeys.group_key(*gid)) is None:
                 raise GroupNotFound(f"group {gid[2]} does not exist")
             hidden = _compact(view, gid, positions, snapshot)
@@ -1052,7 +1054,7 @@ class PositionsWrite:
         carry, tx, wp = self.carry, self.tx, self.write_pointer
 
         def write(view: WriteView) -> None:
-            tx.check_writable(wp)
+            tx.check_writable(wp, action=_COMMIT_UNDER)
             carry(view)
 
         return self.store.submit(write)

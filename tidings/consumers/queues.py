@@ -108,6 +108,8 @@ _RECENT_ACKS = 100_000
 _DEAD = ""
 #: Most unread messages a depth count examines (a lower bound past it).
 _DEPTH_BUDGET = 100_000
+#: What a transactional ack tried, as its error says where the transaction ended.
+_ACK_UNDER = "ack under"
 #: Headers a dead-lettered message carries besides its own.
 DEAD_LETTER_HEADERS = (
     "tidings-dead-letter-id",
@@ -663,7 +665,7 @@ class QueueCoordinator:
                         self._tx.invalidate(write_pointer)
                 raise
             if write_pointer is not None:
-                self._tx.check_writable(write_pointer)
+                self._tx.check_writable(write_pointer, action=_ACK_UNDER)
             if write_pointer is None:
                 touched = q.drop(todo)
                 q.remember_acked(todo, consumer)
@@ -1391,7 +1393,7 @@ def _write_all(
         if tx is not None and write_pointer is not None:
             # In the write itself, as publishes are: nothing lands under a transaction
             # that ended, so pruning the invalid list stays safe.
-            tx.check_writable(write_pointer)
+            tx.check_writable(write_pointer, action=_ACK_UNDER)
         for key, value in writes:
             if value is None:
                 view.delete(_META, key)
@@ -1418,7 +1420,7 @@ def _ack_write(
     def write(view: WriteView) -> None:
         chosen = writes
         try:
-            tx.check_writable(write_pointer)
+            tx.check_writable(write_pointer, action=_ACK_UNDER)
         except TidingsError as exc:
             refused.append(exc)
             q.refused.add(write_pointer)

@@ -440,11 +440,12 @@ class TransactionManager:
             return _failed(exc)
         return self._run_future(lambda now: self._state.invalidate(write_pointer), _applied)
 
-    def check_writable(self, write_pointer: int) -> None:
+    def check_writable(self, write_pointer: int, action: str = "publish under") -> None:
         """Raise unless ``write_pointer`` is a transaction in progress and not past its
         expiry: :class:`TransactionTimedOut`, :class:`TransactionCommitted`,
         :class:`TransactionAborted`, :class:`TransactionInvalid` or
-        :class:`TransactionNotFound`, as a commit would.
+        :class:`TransactionNotFound`, as a commit would. ``action`` is what was tried,
+        for the error's text: "cannot {action} transaction N: ...".
 
         The messaging core calls it inside a publish's write function (on the store's
         writer thread), so no entry is published under a pointer that has ended: a late
@@ -455,11 +456,9 @@ class TransactionManager:
         """
         entry = self._state.in_progress.get(write_pointer)
         if entry is None:
-            raise self._state.ended_error(write_pointer, "publish under")
+            raise self._state.ended_error(write_pointer, action)
         if self._clock.now_ms() >= entry.expiry_ms:
-            raise TransactionTimedOut(
-                f"cannot publish under transaction {write_pointer}: it timed out"
-            )
+            raise TransactionTimedOut(f"cannot {action} transaction {write_pointer}: it timed out")
 
     def has_committed(self, write_pointer: int) -> bool:
         """True if ``write_pointer`` committed: its entries are the topic's for good.
