@@ -78,6 +78,10 @@ class Call(Generic[T]):
     decode: Callable[[Response], T]
     #: Errors never retried for this call, whatever the retry policy says.
     final: tuple[type[BaseException], ...] = ()
+    #: For a request that is not idempotent: the errors that say it was not carried
+    #: out, retried per the client's retry policy all the same (any other failure is
+    #: not retried: it may have been carried out).
+    retry_on: tuple[type[BaseException], ...] = ()
     #: The call to send instead if the server does not take this request's medium
     #: (415): a server older than the payloads medium gets the same request in Avro.
     fallback: Callable[[], Call[T]] | None = None
@@ -980,8 +984,12 @@ class RestApi:
             ack_ids,
         )
         request = Request("POST", url, orjson.dumps(body), JSON.value, timeout, accept=media.value)
-        # Not resent: the server leased what it answered.
-        return Call(request, lambda response: _popped(response, media))
+        # Not resent after a lost answer: the server leased what it answered. A 503
+        # without acks leased nothing that stays leased (docs/client.md, "Queues"),
+        # so it goes again; with acks, the acks' write may have failed after the pop
+        # leased messages.
+        retry_on = () if ack_ids else (ServiceUnavailable,)
+        return Call(request, lambda response: _popped(response, media), retry_on=retry_on)
 
     def queue_ack(
         self,

@@ -357,7 +357,7 @@ class BaseClient:
         self._one_request_retry_at = time.monotonic() + ONE_REQUEST_RETRY_AFTER
 
     def _policy_for(self, call: Call[Any]) -> RetryPolicy:
-        return self._retry if call.request.idempotent else NO_RETRY
+        return self._retry if call.request.idempotent or call.retry_on else NO_RETRY
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.url!r}, namespace={self.namespace!r})"

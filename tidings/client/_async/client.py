@@ -175,6 +175,10 @@ class AsyncClient(BaseClient):
             except Exception as exc:
                 if isinstance(exc, call.final) or not policy.should_retry(exc, attempt):
                     raise
+                if call.retry_on and not (
+                    call.request.idempotent or isinstance(exc, call.retry_on)
+                ):
+                    raise  # it may have been carried out
             await sleep(policy.backoff(attempt))
             attempt += 1
 
