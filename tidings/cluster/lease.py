@@ -336,8 +336,13 @@ class LeaderLease:
                     )
             except psycopg.Error as exc:
                 _log.warning(f"could not release the leader lease: {exc}")
-        with self._view_lock:
-            _close(self._view_conn)
+        # Not waiting for a view under way: over a cut network path it could hold up
+        # the stop for a lease; its connection then goes with the lease.
+        if self._view_lock.acquire(blocking=False):
+            try:
+                _close(self._view_conn)
+            finally:
+                self._view_lock.release()
 
     def leader_url(self) -> str | None:
         """The URL the live leader advertises (None while nobody's lease is live).
