@@ -129,23 +129,25 @@ ON CONFLICT (id) DO UPDATE SET url = EXCLUDED.url, seen_at = now()
 """
 
 
-#: Keepalive probes left unanswered before the connection counts as dead.
+#: Keepalive probes left unanswered before the connection counts as dead (fewer
+#: where the lease is too short for three).
 _KEEPALIVE_COUNT = 3
 
 
 def tcp_options(seconds: float) -> dict[str, int]:
     """libpq connection options under which a connection whose network path is cut
     (no reset, no answer) fails within about ``seconds``: keepalives that probe an idle
-    connection, and ``tcp_user_timeout`` (ms) for data sent and never acknowledged.
-    libpq counts keepalive times in whole seconds, so a lease under about 4 s gets
-    the shortest it allows (1 s)."""
+    connection (from a third of the lease on, every ninth), and ``tcp_user_timeout``
+    (ms) for data sent and never acknowledged. libpq counts keepalive times in whole
+    seconds, at least 1: a lease under 2 s gets those shortest ones, and one probe."""
     idle = max(1, int(seconds / 3))
     interval = max(1, int(seconds / (3 * _KEEPALIVE_COUNT)))
+    count = max(1, min(_KEEPALIVE_COUNT, int((seconds - idle) / interval)))
     return {
         "keepalives": 1,
         "keepalives_idle": idle,
         "keepalives_interval": interval,
-        "keepalives_count": _KEEPALIVE_COUNT,
+        "keepalives_count": count,
         "tcp_user_timeout": max(1, int(seconds * 1000)),
     }
 
