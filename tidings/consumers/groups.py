@@ -228,13 +228,24 @@ class GroupCoordinator:
 
     # --- consuming -------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def waiting(self, namespace: str, topic: str, group: str, member_id: str) -> Iterator[None]:
+    def waiting(
+        self, namespace: str, topic: str, group: str, member_id: str
+    ) -> contextlib.AbstractContextManager[None]:
         """Around the wait of a member's long poll between two of its scans: polling is
         how a member stays, so it is not dropped while it waits, however much shorter
-        than the wait its session is (on the event loop: no lock, no store write)."""
-        gid = self._gid(namespace, topic, group)
-        session = self._sessions.get((gid, member_id))
+        than the wait its session is (on the event loop: no lock, no store write, one
+        read of the topic's identity). Where reads wait on the network, take
+        :meth:`session` on a worker thread and wait in :meth:`waiting_in` instead."""
+        return self.waiting_in(self.session(namespace, topic, group, member_id))
+
+    def session(self, namespace: str, topic: str, group: str, member_id: str) -> _Session | None:
+        """The member's session (None: it has none), as :meth:`waiting_in` takes it;
+        reads the topic's identity from the store."""
+        return self._sessions.get((self._gid(namespace, topic, group), member_id))
+
+    @contextlib.contextmanager
+    def waiting_in(self, session: _Session | None) -> Iterator[None]:
+        """:meth:`waiting` with the member's :meth:`session` at hand: memory only."""
         if session is None:
             yield
             return

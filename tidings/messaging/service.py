@@ -165,6 +165,13 @@ class MessagingService:
             ref = self._topics.resolve(view, namespace, topic)
         return ref.topic_id, ref.state.generation
 
+    def knows_live(self, namespace: str, topic: str) -> bool:
+        """True if memory holds the topic as live: a publish, store or rollback on it
+        then reads nothing from the store before its write is queued. Otherwise
+        :meth:`identity`, where reading may wait, reads the topic and remembers it
+        (or raises as the write would)."""
+        return self._topics.known_live(namespace, topic)
+
     def end(self, namespace: str, topic: str, snapshot: Transaction | None) -> TopicEnd:
         """Where the topic ends: its newest message, and (with ``snapshot``, a fresh one
         from the transaction service) the first message of the oldest transaction still

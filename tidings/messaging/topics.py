@@ -179,6 +179,12 @@ class Topics:
         with self._store.read() as view:
             return self.resolve(view, namespace, topic)
 
+    def known_live(self, namespace: str, topic: str) -> bool:
+        """True if the cache holds the topic as live: :meth:`check_live` then reads
+        nothing from the store."""
+        cached = self._cache.get((namespace, topic))
+        return cached is not None and cached.state.generation > 0
+
     def all_names(self) -> dict[int, tuple[str, str]]:
         """Every topic id with its ``(namespace, topic)`` (deleted ones too)."""
         prefix = keys.TOPIC_PREFIX

@@ -13,7 +13,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
@@ -113,9 +113,17 @@ class Api:
     auth: Authenticator | None = None
     #: The ``Host`` values answered (``allowed_hosts``); None: any.
     hosts: HostAllowlist | None = field(init=False)
+    #: The store's reads wait on the network (PostgreSQL): the routes then make on the
+    #: worker threads every read they make on the event loop over LMDB, where a read
+    #: costs less than the hand-over to a thread. A read waiting there for a pooled
+    #: connection (up to its pool timeout) would stall every request of the process,
+    #: ``/healthz`` included.
+    reads_block: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.hosts = hosts_of(self.config)
+        store = self.services.store
+        self.reads_block = store is not None and store.reads_block
 
     @property
     def messaging(self) -> MessagingService:
@@ -176,6 +184,16 @@ class Api:
         loop = asyncio.get_running_loop()
         call = functools.partial(fn, *args, **kwargs) if kwargs else functools.partial(fn, *args)
         return await loop.run_in_executor(self.services.executor, call)
+
+    async def known_topics(self, namespace: str, topics: Iterable[str]) -> None:
+        """Where reads block: each topic that memory does not hold as live is read on a
+        worker thread, so that the write queued next (a publish, store or rollback)
+        reads nothing from the store on the event loop. Raises as that write would
+        (TopicNotFound)."""
+        messaging = self.messaging
+        for topic in topics:
+            if not messaging.knows_live(namespace, topic):
+                await self.blocking(messaging.identity, namespace, topic)
 
     def endpoint(self, route: str) -> Callable[[Endpoint], Endpoint]:
         """Wrap an endpoint: map errors to responses and count it under ``route``."""

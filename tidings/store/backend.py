@@ -149,6 +149,13 @@ class Store(abc.ABC):
         """Write transactions committed so far (0 where a backend does not count them)."""
         return 0
 
+    @property
+    def reads_block(self) -> bool:
+        """True where a read waits on more than memory and the local disk (a network
+        round trip, a pooled connection): such reads must not run on an event loop.
+        False for the embedded stores, whose reads take microseconds."""
+        return False
+
     # Conveniences: each runs in a snapshot of its own.
 
     def get(self, table: str, key: bytes) -> bytes | None:

@@ -52,6 +52,10 @@ def routes(api: Api) -> list[Route]:
     """Every consumer-group route."""
     max_wait_ms = api.config.max_wait_ms
     longpolls = api.longpolls
+    # A heartbeat and a long poll's wait read the store (the topic's identity, the
+    # group's record): on the loop over LMDB, on a worker thread where reads wait on
+    # the network.
+    reads_block = api.reads_block
 
     @api.endpoint(GROUPS)
     async def groups(request: Request) -> Response:
@@ -96,7 +100,9 @@ def routes(api: Api) -> list[Route]:
         ns, topic, name = path_names(request, "group")
         member_id, _ = admin.read_member_request(await json_body(api, request, "heartbeat"))
         # On the loop unless it would wait (docs/design.md, "Where the work runs").
-        assignment = coordinator.heartbeat_nowait(ns, topic, name, member_id)
+        assignment = None
+        if not reads_block:
+            assignment = coordinator.heartbeat_nowait(ns, topic, name, member_id)
         if assignment is None:
             assignment = await api.blocking(coordinator.heartbeat, ns, topic, name, member_id)
         return json_response(admin.assignment_json(assignment))
@@ -142,8 +148,15 @@ def routes(api: Api) -> list[Route]:
                     # Wake at least once per second: a rebalance changes nothing on
                     # the topic, and the member must learn of it. Waiting keeps it in
                     # the group, whatever its session timeout.
-                    with coordinator.waiting(ns, topic, name, member_id):
-                        await longpolls.wait(woken, min(remaining, 1.0))
+                    if reads_block:
+                        session = await api.blocking(
+                            coordinator.session, ns, topic, name, member_id
+                        )
+                        with coordinator.waiting_in(session):
+                            await longpolls.wait(woken, min(remaining, 1.0))
+                    else:
+                        with coordinator.waiting(ns, topic, name, member_id):
+                            await longpolls.wait(woken, min(remaining, 1.0))
                 finally:
                     longpolls.unpark(woken, ns, topic)
         api.messaging.count_fetch(ns, topic, len(rows))

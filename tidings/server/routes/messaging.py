@@ -5,7 +5,8 @@ Publish, store and rollback await the store's group-commit future on the event l
 commit for all its answers and long-poll wake-ups): no thread is held per request, and
 every request that arrives during one fsync joins the next commit. Polls read LMDB on
 the loop itself: a snapshot read of up to a batch of messages costs less than the hop
-to a thread and back (measured, docs/operations.md).
+to a thread and back (measured, docs/operations.md). A PostgreSQL store's reads are
+network round trips, so there every read of these routes runs on a worker thread.
 
 A poll with ``?isolation=read_committed`` and no ``transaction`` in its body is
 read-committed on the server's side: each fetch, including every re-fetch of a
@@ -155,6 +156,9 @@ def routes(api: Api) -> list[Route]:
     max_wait_ms = api.config.max_wait_ms
     longpolls = api.longpolls
     inbox = api.inbox
+    # Over LMDB the reads below run on the loop (cheaper than a thread hop); where they
+    # wait on the network they run on the worker threads (Api.reads_block).
+    reads_block = api.reads_block
     if api.services.tx is not None:
         # Wake read-committed long-polls whenever a transaction ends (commits through
         # the transaction routes, timeouts through the manager's sweeper).
@@ -182,6 +186,8 @@ def routes(api: Api) -> list[Route]:
         ns, topic = _names(request)
         media, req = await _publish_request(request, max_body, "publish")
         producer = _producer(request)
+        if reads_block:
+            await api.known_topics(ns, (topic,))
         info = await inbox.wait(
             messaging.publish_future(
                 ns, topic, req.records, req.write_pointer, req.payload_ranges, producer
@@ -231,7 +237,7 @@ def routes(api: Api) -> list[Route]:
         if wait_ms <= 0:
             if manager_ is not None:
                 tx = await snapshot(manager_)
-            body, count, last = fetch()
+            body, count, last = await api.blocking(fetch) if reads_block else fetch()
         else:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait_ms / 1000
@@ -243,7 +249,10 @@ def routes(api: Api) -> list[Route]:
                     if manager_ is not None:
                         tx = await snapshot(manager_)
                     # Woken polls fetch again: the poll is counted once, when it answers.
-                    body, count, last = fetch(counted=False)
+                    if reads_block:
+                        body, count, last = await api.blocking(fetch, counted=False)
+                    else:
+                        body, count, last = fetch(counted=False)
                     remaining = deadline - loop.time()
                     if count or remaining <= 0 or longpolls.closed:
                         break
@@ -262,7 +271,10 @@ def routes(api: Api) -> list[Route]:
         if manager_ is not None and tx is not None:
             # Read-committed with the server's snapshot: where it would stop (the first
             # entry of the oldest open transaction), if anywhere.
-            stable = messaging.last_stable(ns, topic, tx)
+            if reads_block:
+                stable = await api.blocking(messaging.last_stable, ns, topic, tx)
+            else:
+                stable = messaging.last_stable(ns, topic, tx)
             if stable is not None:
                 headers[LAST_STABLE_HEADER] = stable.hex
         answer = columns.CONTENT_TYPE if columnar else media.value
@@ -284,6 +296,8 @@ def routes(api: Api) -> list[Route]:
             raise BadRequest("store requires a transactionWritePointer")
         if req.payload_ranges is not None:
             raise BadRequest("payloadRanges belong to a publish, not to a store")
+        if reads_block:
+            await api.known_topics(ns, (topic,))
         rng = await inbox.wait(messaging.store_future(ns, topic, req.write_pointer, req.records))
         # A header, not a body: the store's body stays empty in every encoding.
         return Response(
@@ -298,6 +312,8 @@ def routes(api: Api) -> list[Route]:
         ns, topic = _names(request)
         media = request_media(request)
         info = wire.decode_rollback_info(await read_body(request, max_body), media)
+        if reads_block:
+            await api.known_topics(ns, (topic,))
         count = await inbox.wait(messaging.rollback_future(ns, topic, info))
         if media is wire.JSON:
             return json_response(admin.rolled_back_json(count))

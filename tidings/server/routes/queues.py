@@ -5,7 +5,9 @@ Bodies are JSON. A pop answers messages in the medium its ``Accept`` header name
 path serves pops too. Everything here needs both services in the process (503
 otherwise); the coordinator's calls block on store writes, so they run on the worker
 threads unless they can run without waiting (a pop that finds its queue in memory,
-an ack outside a transaction, whose store write is awaited on the loop). A pop may
+an ack outside a transaction, whose store write is awaited on the loop). On a
+PostgreSQL store those take a worker thread too, as they read the store over the
+network; an ack's store write is still awaited on the loop. A pop may
 carry the worker's acks of its previous batch (``ackIds``): one request per round.
 """
 
@@ -43,6 +45,9 @@ def routes(api: Api) -> list[Route]:
     """Every queue route."""
     max_wait_ms = api.config.max_wait_ms
     longpolls = api.longpolls
+    # The calls below that run on the loop over LMDB read the store (the topic's
+    # identity, its messages): where reads wait on the network, on a worker thread.
+    reads_block = api.reads_block
 
     @api.endpoint(NAMESPACE_QUEUES)
     async def all_queues(request: Request) -> Response:
@@ -98,9 +103,15 @@ def routes(api: Api) -> list[Route]:
         acked: Future[None] | None = None
         if req.ack_ids:
             # The acks first; acks that fail pop nothing.
-            acked = coordinator.ack_nowait(
-                ns, topic, name, req.consumer, req.ack_ids, snapshot=await read_snapshot(api)
-            )
+            if reads_block:
+                acked = await api.blocking(
+                    coordinator.ack_nowait, ns, topic, name, req.consumer, req.ack_ids,
+                    snapshot=await read_snapshot(api),
+                )  # fmt: skip
+            else:
+                acked = coordinator.ack_nowait(
+                    ns, topic, name, req.consumer, req.ack_ids, snapshot=await read_snapshot(api)
+                )
             if acked is None:  # the queue is not in memory: a worker loads it
                 await api.blocking(coordinator.ack, ns, topic, name, req.consumer, req.ack_ids)
 
@@ -108,21 +119,22 @@ def routes(api: Api) -> list[Route]:
             tx = await read_snapshot(api)
             # On the loop where nothing waits for the store (the common case: a pop
             # writes nothing); a worker thread otherwise.
-            found = coordinator.pop_nowait(
-                ns,
-                topic,
-                name,
-                req.consumer,
-                max_messages=req.max_messages,
-                ack_timeout_ms=ack_timeout_ms,
-                snapshot=tx,
-                max_deliveries=req.max_deliveries,
-                dead_letter=req.dead_letter_topic,
-                max_bytes=max_bytes,
-                start=req.start,
-            )
-            if found is not None:
-                return found
+            if not reads_block:
+                found = coordinator.pop_nowait(
+                    ns,
+                    topic,
+                    name,
+                    req.consumer,
+                    max_messages=req.max_messages,
+                    ack_timeout_ms=ack_timeout_ms,
+                    snapshot=tx,
+                    max_deliveries=req.max_deliveries,
+                    dead_letter=req.dead_letter_topic,
+                    max_bytes=max_bytes,
+                    start=req.start,
+                )
+                if found is not None:
+                    return found
             return await api.blocking(
                 coordinator.pop_items,
                 ns,
@@ -157,7 +169,10 @@ def routes(api: Api) -> list[Route]:
                         # Durable before the wait: the worker may stop waiting at any time.
                         await api.inbox.wait(acked)
                         acked = None
-                    lease_end = coordinator.next_deadline(ns, topic, name)
+                    if reads_block:
+                        lease_end = await api.blocking(coordinator.next_deadline, ns, topic, name)
+                    else:
+                        lease_end = coordinator.next_deadline(ns, topic, name)
                     pause = min(remaining, 1.0 if lease_end is None else lease_end + 0.001)
                     await longpolls.wait(woken, pause)
                 finally:
@@ -183,9 +198,15 @@ def routes(api: Api) -> list[Route]:
         if write_pointer is None:
             # Outside a transaction an ack only queues a store write: await it here
             # rather than hold a worker thread for it.
-            done = coordinator.ack_nowait(
-                ns, topic, name, consumer, ids, snapshot=await read_snapshot(api)
-            )
+            if reads_block:
+                done = await api.blocking(
+                    coordinator.ack_nowait, ns, topic, name, consumer, ids,
+                    snapshot=await read_snapshot(api),
+                )  # fmt: skip
+            else:
+                done = coordinator.ack_nowait(
+                    ns, topic, name, consumer, ids, snapshot=await read_snapshot(api)
+                )
             if done is not None:
                 await api.inbox.wait(done)
                 return json_response({})

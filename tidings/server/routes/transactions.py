@@ -21,7 +21,7 @@ them once the transaction began.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
@@ -177,6 +177,9 @@ def routes(api: Api) -> list[Route]:
     # larger than what the messaging side accepts.
     max_body = api.config.max_body_bytes
     counts = api.metrics.tx
+    # The acks' and positions' checks and the topics' lookups read the store: on the
+    # loop over LMDB, on a worker thread where reads wait on the network.
+    reads_block = api.reads_block
 
     async def body(request: Request, what: str) -> dict[str, object]:
         require_json(request)
@@ -295,10 +298,16 @@ def routes(api: Api) -> list[Route]:
                 assert queues is not None
                 snapshot = await read_snapshot(api)
                 for a in acks:
-                    done = queues.ack_nowait(
-                        ns, a.topic, a.queue, a.consumer, a.ids, snapshot=snapshot,
-                        write_pointer=wp,
-                    )  # fmt: skip
+                    if reads_block:
+                        done = await api.blocking(
+                            queues.ack_nowait, ns, a.topic, a.queue, a.consumer, a.ids,
+                            snapshot=snapshot, write_pointer=wp,
+                        )  # fmt: skip
+                    else:
+                        done = queues.ack_nowait(
+                            ns, a.topic, a.queue, a.consumer, a.ids, snapshot=snapshot,
+                            write_pointer=wp,
+                        )  # fmt: skip
                     if done is None:  # the queue is not in memory: load it on a worker
                         await api.blocking(
                             queues.ack, ns, a.topic, a.queue, a.consumer, a.ids,
@@ -314,9 +323,11 @@ def routes(api: Api) -> list[Route]:
                     # if another open transaction holds one of the partitions. On the
                     # loop unless that would wait for a worker thread's lock or a
                     # rebalance's store write.
-                    prepared = groups.prepare_commit_nowait(
-                        ns, g.topic, g.group, g.member_id, g.positions, wp
-                    )
+                    prepared = None
+                    if not reads_block:
+                        prepared = groups.prepare_commit_nowait(
+                            ns, g.topic, g.group, g.member_id, g.positions, wp
+                        )
                     if prepared is None:
                         prepared = await api.blocking(
                             groups.prepare_commit,
@@ -375,6 +386,7 @@ def routes(api: Api) -> list[Route]:
                     epoch,
                     ended,
                     (settle, unsettle) if acks or group_commits else None,
+                    api.known_topics if reads_block else None,
                 )
             finally:
                 for outcome in ended:
@@ -427,6 +439,7 @@ async def _transact(
         _Unsettle,
     ]
     | None = None,
+    known_topics: Callable[[str, Iterable[str]], Awaitable[None]] | None = None,
 ) -> Transaction:
     """Begin, (ack), publish every batch, commit; on the event loop, awaiting each
     step's group commit through a future (no worker thread is held).
@@ -437,7 +450,9 @@ async def _transact(
     ``unsettle(wp)`` gives the acks back and removes the positions if anything
     after fails (False if it could not: the transaction is then invalidated, not
     aborted); ``unsettle(wp, True)`` gives the acks back where the commit was refused
-    (before the transaction is invalidated).
+    (before the transaction is invalidated). ``known_topics`` (where the store's
+    reads block: :meth:`Api.known_topics`) looks up, before the publish, the topics that
+    the publish would otherwise look up in the store on the event loop.
     The positions ride in the publish's store write where the commit does, else they
     are a write of their own before it.
     The batches are published in one store write: all of them, or none. Where the
@@ -465,6 +480,8 @@ async def _transact(
         queued: list[Future[None]] = []
         if consumed is not None:
             carried, queued = await consumed[0](wp)
+        if known_topics is not None:
+            await known_topics(ns, [topic for topic, _ in batches])
         if batches:
             step = tx.commit_in_write(wp, transactional_id=transactional_id, epoch=epoch)
             # Bad input is refused here, at once, before anything is written.

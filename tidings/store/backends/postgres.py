@@ -625,6 +625,12 @@ class PostgresStore(Store):
         """Write transactions committed (one per group of write functions)."""
         return self._commits
 
+    @property
+    def reads_block(self) -> bool:
+        """True: every read is at least one round trip to PostgreSQL, on a connection
+        that may first have to be waited for from the pool."""
+        return True
+
     def fence(self, statement: str, params: tuple[object, ...], *, idle_timeout: float) -> None:
         """Run ``statement`` first in every later write transaction; where it returns no
         row, the transaction is rolled back and its writes fail with
