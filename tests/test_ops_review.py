@@ -52,7 +52,7 @@ def test_a_time_that_is_not_finite_is_refused_from_a_flag() -> None:
 def test_a_default_ttl_the_store_cannot_hold_is_refused() -> None:
     most = 2**63 // 1000  # expiries are milliseconds in a signed 64-bit integer
     assert load_config({}, env={"TIDINGS_DEFAULT_TTL": str(most - 1)}).default_ttl == most - 1
-    with pytest.raises(ConfigError, match="default_ttl must be at most"):
+    with pytest.raises(ConfigError, match=r"default_ttl .*must be at most"):
         load_config({}, env={"TIDINGS_DEFAULT_TTL": str(most + 1)})
 
 
