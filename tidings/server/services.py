@@ -290,7 +290,9 @@ def _open_store(config: ServerConfig) -> Store:
     from tidings.store.backends.postgres import PostgresStore
 
     url = config.store
-    return _unreachable(lambda: PostgresStore(url))
+    # A connection whose network path was cut fails within about the lease, as the
+    # lease's own connections do: the lease is lost by then anyway.
+    return _unreachable(lambda: PostgresStore(url, tcp_timeout=config.lease_seconds))
 
 
 def _check_store_url(config: ServerConfig) -> None:

@@ -14,6 +14,12 @@ a few round trips, and commits once: group commit, durable with PostgreSQL's def
 ``synchronous_commit = on``.
 Scans page through the range with keyset queries, so an iterator stopped early reads
 little. Acknowledged means committed in PostgreSQL.
+
+Every connection has TCP keepalives and ``tcp_user_timeout`` (``tcp_timeout``, as the
+leader lease's connections: :func:`tidings.cluster.lease.tcp_options`): a read or a
+write on a connection whose network path was cut without a reset fails within about
+that long, instead of holding its thread (and, for the writer, every write of the
+process) until the operating system gives up, many minutes later.
 """
 
 from __future__ import annotations
@@ -30,12 +36,13 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
 from tidings.errors import LeaseLost, ServerError
 from tidings.store.backend import TABLES, ReadView, Store, WriteView, check_table
 
-__all__ = ["SCHEMA_VERSION", "PostgresStore"]
+__all__ = ["SCHEMA_VERSION", "TCP_TIMEOUT", "PostgresStore"]
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
@@ -54,6 +61,9 @@ _Known = dict[str, dict[bytes, bytes | None]]
 #: Most bytes of keys and values a group's last writes may hold to go as SQL text
 #: with its COMMIT (beyond it, binary parameters are cheaper than hex text).
 _INLINE_BYTES = 64 << 10
+#: How long a connection whose network path is cut may go unnoticed, by default
+#: (seconds; the server passes its ``lease_seconds``): :func:`_with_tcp_options`.
+TCP_TIMEOUT = 30.0
 #: What a write refused by the leader fence tells its caller.
 _LEASE_LOST = "this instance no longer holds the leader lease; retry elsewhere"
 
@@ -582,11 +592,24 @@ def _copy_rows(
 
 class PostgresStore(Store):
     """:class:`~tidings.store.backend.Store` on a PostgreSQL database (``url``: a
-    ``postgresql://`` connection string)."""
+    ``postgresql://`` connection string).
 
-    def __init__(self, url: str, *, readers: int = 8, connect_timeout: float = 10.0) -> None:
+    ``tcp_timeout`` (seconds; None: the URL's and the system's settings alone) bounds
+    how long a connection whose network path was cut goes unnoticed: TCP keepalives
+    and ``tcp_user_timeout`` as :func:`tidings.cluster.lease.tcp_options` sets them,
+    except those the URL gives."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        readers: int = 8,
+        connect_timeout: float = 10.0,
+        tcp_timeout: float | None = TCP_TIMEOUT,
+    ) -> None:
         self.url = url
-        self._writer_conn = _connect(url)
+        self._conninfo = _with_tcp_options(url, tcp_timeout)
+        self._writer_conn = _connect(self._conninfo)
         try:
             _migrate(self._writer_conn)
         except BaseException:
@@ -595,7 +618,7 @@ class PostgresStore(Store):
         # The writer's connection stays in autocommit: each group sends its own BEGIN,
         # in one round trip with the fence and probes (_WriteView.open).
         self._pool = ConnectionPool(
-            url,
+            self._conninfo,
             min_size=1,
             max_size=readers,
             # Autocommit, so that a read sends its BEGIN itself, with the statement
@@ -817,7 +840,7 @@ class PostgresStore(Store):
         with contextlib.suppress(Exception):
             self._writer_conn.close()
         try:
-            self._writer_conn = _connect(self.url)
+            self._writer_conn = _connect(self._conninfo)
         except psycopg.Error as exc:
             _log.error(f"cannot reconnect to the store: {exc}", extra={"event": "error"})
 
@@ -835,6 +858,22 @@ def _ended_while_idle(conn: psycopg.Connection[Any]) -> bool:
     except (OSError, ValueError):
         return True
     return bool(readable)
+
+
+def _with_tcp_options(url: str, seconds: float | None) -> str:
+    """``url`` with the TCP options under which a cut network path fails a connection
+    within about ``seconds``; options the URL gives win (an operator who set them
+    meant them)."""
+    if seconds is None:
+        return url
+    from tidings.cluster.lease import tcp_options
+
+    try:
+        given = conninfo_to_dict(url)
+        tcp = {k: v for k, v in tcp_options(seconds).items() if k not in given}
+        return make_conninfo(url, **tcp)
+    except psycopg.Error:
+        return url  # a malformed URL: the first connect says what is wrong
 
 
 def _connect(url: str) -> psycopg.Connection[Any]:
