@@ -43,6 +43,7 @@
     ├── ServiceUnavailable            503  not available here now (retriable)
     │   ├── LeaseLost                 503  this instance no longer leads the cluster (retry)
     │   ├── StoreFull                 503  the store has no room for the write (retry later)
+    │   ├── StoreUnavailable          503  PostgreSQL unreachable, busy or refusing (retry)
     │   ├── TooManyTransactions       503  the server's cap on open transactions is reached (retry)
     │   └── RoleUnavailable           503  this process's role does not run that service (final)
     ├── ConfigError                        a server setting is wrong; never sent on the wire
@@ -92,6 +93,7 @@ __all__ = [
     "ServerError",
     "ServiceUnavailable",
     "StoreFull",
+    "StoreUnavailable",
     "TidingsConnectionError",
     "TidingsError",
     "TimeoutTooLarge",
@@ -342,6 +344,14 @@ class StoreFull(ServiceUnavailable):
     """The store has no room for the write (LMDB's ``map_size`` is reached); nothing of
     it was stored. Retriable: room comes back as the cleaner deletes expired messages
     (or once the server runs with a larger ``map_size``)."""
+
+
+class StoreUnavailable(ServiceUnavailable):
+    """The store could not do the work now, and nothing of it was done: PostgreSQL could
+    not be reached or cut the connection before the write was sent whole, every
+    connection of the read pool stayed busy, or PostgreSQL refused (a read-only
+    standby, a cancelled statement). Retriable. A write whose ``COMMIT`` was sent and
+    then got no answer is a :class:`ServerError` instead: it may have committed."""
 
 
 class TooManyTransactions(ServiceUnavailable):

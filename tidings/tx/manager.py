@@ -53,6 +53,8 @@ from tidings.errors import (
     InvalidProducer,
     ServerError,
     ServiceUnavailable,
+    StoreFull,
+    StoreUnavailable,
     TidingsError,
     TimeoutTooLarge,
     TransactionTimedOut,
@@ -829,9 +831,15 @@ class TransactionManager:
                     expired = self.expire()
                     if expired:
                         log.info("timed out %d transactions: %s", len(expired), expired[:10])
-            except ServiceUnavailable:
-                return
-            except Exception:
+            except Exception as exc:
+                # Closed, not started, or the lease lost: nothing more to do here. A
+                # store that is full or cannot be reached for now (PostgreSQL
+                # restarting) comes back: without another pass, no transaction would
+                # time out again until a restart.
+                if isinstance(exc, ServiceUnavailable) and not isinstance(
+                    exc, StoreFull | StoreUnavailable
+                ):
+                    return
                 log.exception("transaction maintenance failed; retrying in %s s", interval)
                 next_sweep = time.monotonic() + interval
                 with self._wake:  # back off, also from a snapshot that keeps failing
