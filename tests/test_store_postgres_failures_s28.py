@@ -4,17 +4,22 @@ Each must end in a bounded time with a retriable 503, never a hang or a 500."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import orjson
 import pytest
 
-from tests.conftest import fresh_schema
+from tests.conftest import fresh_database, fresh_schema
 
 pytest.importorskip("psycopg")
 
 import psycopg
 
 from tidings.cluster.lease import tcp_options
+from tidings.errors import ServerError, StoreFull, StoreUnavailable, TidingsError
+from tidings.server.handlers import error_response
+from tidings.store.backend import WriteView
 from tidings.store.backends.postgres import PostgresStore
 
 M = "messages"
@@ -61,5 +66,168 @@ def test_the_server_bounds_the_store_s_connections_by_its_lease(
     try:
         assert isinstance(store, PostgresStore)
         assert _tcp_of(store._writer_conn)["tcp_user_timeout"] == "3000"
+    finally:
+        store.close()
+
+
+def _cut_sessions(postgres_url: str, database_url: str) -> None:
+    """Terminate every session of ``database_url``'s database, as a restart of
+    PostgreSQL does."""
+    database = database_url.rsplit("/", 1)[1].split("?", 1)[0]
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()",
+            (database,),
+        )
+        for _ in range(100):  # bounded: the sessions end within milliseconds
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (database,)
+            ).fetchone()
+            if row is not None and row[0] == 0:
+                return
+            time.sleep(0.02)
+
+
+def _answer(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """The server's answer to ``exc`` (what Api.endpoint sends for a TidingsError)."""
+    assert isinstance(exc, TidingsError), exc
+    response = error_response(exc)
+    return response.status_code, orjson.loads(bytes(response.body))
+
+
+def test_a_read_finding_the_pool_busy_is_a_retriable_503(postgres_url: str) -> None:
+    # It waited the pool's timeout, then psycopg_pool's PoolTimeout became a 500.
+    store = PostgresStore(fresh_schema(postgres_url), readers=1, connect_timeout=0.3)
+    try:
+        with store.read(), pytest.raises(StoreUnavailable) as caught, store.read():
+            pass
+        status, body = _answer(caught.value)
+        assert status == 503 and body["type"] == "StoreUnavailable"
+        assert "read pool" in body["error"] and "1 connections" in body["error"]
+        assert caught.value.retriable
+        # Still an OperationalError, as before, for callers catching that.
+        assert isinstance(caught.value, psycopg.OperationalError)
+        # The pool is whole again: the next read goes.
+        assert store.get(M, b"a") is None
+    finally:
+        store.close()
+
+
+def test_a_read_whose_connection_was_cut_mid_read_is_a_retriable_503(
+    postgres_url: str,
+) -> None:
+    url = fresh_database(postgres_url)
+    store = PostgresStore(url, readers=2)
+    try:
+        store.apply(lambda view: view.put(M, b"a", b"1"))
+        with pytest.raises(StoreUnavailable) as caught, store.read() as view:
+            assert view.get(M, b"a") == b"1"
+            _cut_sessions(postgres_url, url)
+            view.get(M, b"a")
+        assert _answer(caught.value)[0] == 503
+        assert store.get(M, b"a") == b"1"  # PostgreSQL is back: reads go on
+    finally:
+        store.close()
+
+
+def test_a_write_whose_connection_was_cut_before_its_commit_is_a_503(
+    postgres_url: str,
+) -> None:
+    # Nothing of it was sent whole: not done, a 503, where it was a 500 (which clients
+    # take for an answer lost, outcome unknown).
+    url = fresh_database(postgres_url)
+    store = PostgresStore(url, readers=2)
+    try:
+
+        def cut_then_read(view: WriteView) -> None:
+            view.put(M, b"b", b"2")
+            _cut_sessions(postgres_url, url)
+            view.get(M, b"unknown")
+
+        with pytest.raises(StoreUnavailable) as caught:
+            store.apply(cut_then_read)
+        assert _answer(caught.value)[0] == 503
+        assert "nothing was written" in str(caught.value)
+        store.apply(lambda view: view.put(M, b"c", b"3"))
+        assert store.scan_list(M, b"", b"\xff") == [(b"c", b"3")]
+    finally:
+        store.close()
+
+
+def test_a_write_whose_commit_got_no_answer_stays_an_unknown_outcome(
+    postgres_url: str,
+) -> None:
+    # The COMMIT went out and the connection died: it may have committed, so it is
+    # not a 503 ("not done"), which clients would take as safe to forget.
+    store = PostgresStore(fresh_schema(postgres_url), readers=1)
+    try:
+
+        def lose_commit(view: WriteView) -> None:
+            conn = view._conn  # type: ignore[attr-defined]
+            original = conn.execute
+
+            def execute(query: Any, *args: Any, **kwargs: Any) -> Any:
+                if isinstance(query, bytes) and query.endswith(b"COMMIT"):
+                    conn.execute = original
+                    raise psycopg.OperationalError("server closed the connection")
+                return original(query, *args, **kwargs)
+
+            conn.execute = execute
+            view.put(M, b"a", b"1")
+
+        with pytest.raises(ServerError) as caught:
+            store.apply(lose_commit)
+        assert _answer(caught.value)[0] == 500
+    finally:
+        store.close()
+
+
+def test_postgresql_out_of_disk_is_store_full(postgres_url: str) -> None:
+    # SQLSTATE 53100 (a table or index file could not grow) was a 500: it is the
+    # store without room, as LMDB's full map, a retriable 503 StoreFull.
+    url = fresh_database(postgres_url)
+    store = PostgresStore(url, readers=1)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "CREATE FUNCTION full_disk() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                "BEGIN RAISE EXCEPTION 'could not extend file' USING ERRCODE = 'disk_full'; "
+                "END $$"
+            )
+            conn.execute(
+                "CREATE TRIGGER full_disk BEFORE INSERT ON tidings_messages "
+                "FOR EACH ROW EXECUTE FUNCTION full_disk()"
+            )
+        with pytest.raises(StoreFull) as caught:
+            store.apply(lambda view: view.put(M, b"a", b"1"))
+        status, body = _answer(caught.value)
+        assert status == 503 and body["type"] == "StoreFull"
+        assert store.get(M, b"a") is None
+    finally:
+        store.close()
+
+
+def test_a_read_only_postgresql_refuses_writes_with_a_503_until_it_takes_them(
+    postgres_url: str,
+) -> None:
+    # The store URL led to a server that takes no writes (a standby, a primary
+    # demoted): a 500 each time, on the same connection, for as long as it lived.
+    url = fresh_database(postgres_url)
+    database = url.rsplit("/", 1)[1]
+    store = PostgresStore(url, readers=1)
+    try:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"ALTER DATABASE {database} SET default_transaction_read_only = on")
+        _cut_sessions(postgres_url, url)
+        with pytest.raises(StoreUnavailable) as caught:
+            store.apply(lambda view: view.put(M, b"a", b"1"))
+        assert _answer(caught.value)[0] == 503
+        assert "read-only" in str(caught.value)
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"ALTER DATABASE {database} RESET default_transaction_read_only")
+        # The writer let the read-only session go: the next write connects again.
+        store.apply(lambda view: view.put(M, b"a", b"1"))
+        assert store.get(M, b"a") == b"1"
     finally:
         store.close()

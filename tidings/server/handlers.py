@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from tidings.errors import (
     Forbidden,
     RoleUnavailable,
     ServerError,
+    StoreUnavailable,
     TidingsError,
     TooManyTransactions,
     Unauthorized,
@@ -81,6 +83,19 @@ def error_response(exc: TidingsError, headers: dict[str, str] | None = None) -> 
         # default), as a standby's 503 says while a new leader takes over.
         headers = {**(headers or {}), "Retry-After": "1"}
     return Response(orjson.dumps(exc.to_json()), exc.status, headers, media_type=JSON_TYPE)
+
+
+def _unreachable_store(exc: BaseException) -> StoreUnavailable | None:
+    """A retriable 503 for a PostgreSQL connection that failed under a request (the
+    store's own reads and writes say so themselves; this covers the rest, such as the
+    leader's cluster view), else None. Only what failed on its connection: that
+    request did nothing. psycopg is looked up, not imported: without a PostgreSQL
+    store it was never loaded, and nothing of it can have failed."""
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is None or not isinstance(exc, psycopg.OperationalError):
+        return None
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    return StoreUnavailable(f"the PostgreSQL store cannot be reached: {reason}")
 
 
 def principal_of(request: Request) -> Principal | None:
@@ -235,13 +250,21 @@ class Api:
                     # Nobody reads the answer; nginx's 499 keeps it apart in the metrics.
                     response = Response(status_code=CLIENT_CLOSED)
                 except Exception as exc:
-                    log.exception(
-                        "request failed",
-                        extra={"event": "error", "route": route, "method": request.method},
-                    )
-                    response = error_response(
-                        ServerError(f"internal error: {type(exc).__name__}: {exc}")
-                    )
+                    unavailable = _unreachable_store(exc)
+                    if unavailable is not None:
+                        log.warning(
+                            unavailable.message,
+                            extra={"event": "error", "route": route, "method": request.method},
+                        )
+                        response = error_response(unavailable)
+                    else:
+                        log.exception(
+                            "request failed",
+                            extra={"event": "error", "route": route, "method": request.method},
+                        )
+                        response = error_response(
+                            ServerError(f"internal error: {type(exc).__name__}: {exc}")
+                        )
                 observe(request.method, route, response.status_code, time.perf_counter() - start)
                 return response
 

@@ -37,9 +37,9 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
-from tidings.errors import LeaseLost, ServerError
+from tidings.errors import LeaseLost, ServerError, StoreFull, StoreUnavailable, TidingsError
 from tidings.store.backend import TABLES, ReadView, Store, WriteView, check_table
 
 __all__ = ["SCHEMA_VERSION", "TCP_TIMEOUT", "PostgresStore"]
@@ -66,6 +66,46 @@ _INLINE_BYTES = 64 << 10
 TCP_TIMEOUT = 30.0
 #: What a write refused by the leader fence tells its caller.
 _LEASE_LOST = "this instance no longer holds the leader lease; retry elsewhere"
+
+
+class _ReadFailed(StoreUnavailable, psycopg.OperationalError):
+    """A read that PostgreSQL could not serve (unreachable, the connection lost, the
+    read pool busy) as a :class:`~tidings.errors.StoreUnavailable`, so the server
+    answers a retriable 503, not a 500; still a ``psycopg.OperationalError``, so
+    callers that catch that still do."""
+
+    def to_json(self) -> dict[str, str]:
+        return {"error": self.message, "type": StoreUnavailable.__name__}
+
+
+def _reason(exc: BaseException) -> str:
+    """``exc``'s message on one line (libpq's span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _write_error(exc: BaseException, commit_sent: bool) -> TidingsError:
+    """What the callers of a group whose transaction failed with ``exc`` get.
+
+    Nothing of the group was stored, except where the connection was lost with its
+    ``COMMIT`` sent and unanswered: that one may have committed, so it stays a
+    :class:`~tidings.errors.ServerError` (clients treat a 5xx other than 503 as a
+    lost answer, a 503 as not done). An error PostgreSQL answered (it has a
+    SQLSTATE) ended the transaction without committing it."""
+    reason = _reason(exc)
+    if isinstance(exc, psycopg.errors.DiskFull):
+        # 53100: PostgreSQL could not extend a table or index file, as LMDB's full
+        # map: room comes back as the cleaner deletes expired messages.
+        return StoreFull(f"the PostgreSQL store has no room for the write: {reason}")
+    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+        return StoreUnavailable(
+            f"the PostgreSQL store refused the write (a read-only server, a standby?): "
+            f"{reason}; nothing was written"
+        )
+    if isinstance(exc, psycopg.OperationalError) and not (commit_sent and exc.sqlstate is None):
+        return StoreUnavailable(
+            f"the PostgreSQL store could not be written: {reason}; nothing was written"
+        )
+    return ServerError(f"the store could not commit: {type(exc).__name__}: {exc}")
 
 
 def _name(table: str) -> sql.Identifier:
@@ -235,6 +275,9 @@ class _WriteView(_View):
         self.flushed = False
         #: What the last finish() wrote.
         self.written = _Changes()
+        #: The group's ``COMMIT`` went out: a connection lost now leaves its outcome
+        #: unknown.
+        self.commit_sent = False
 
     # -- the protocol --------------------------------------------------------------------
 
@@ -354,7 +397,7 @@ class _WriteView(_View):
         if not group and not self.begun:
             return
         free = self.open(_probes(group))
-        _write(self._conn, group, free, then=b"COMMIT")
+        _write(self._conn, group, free, then=b"COMMIT", sending_then=self._sending_commit)
         self.written = group
         self._group = _Changes()
 
@@ -385,6 +428,9 @@ class _WriteView(_View):
                 _rollback(self._conn)
                 raise LeaseLost(_LEASE_LOST)
         return {table: not hit for table, hit in zip(probes, found, strict=True)}
+
+    def _sending_commit(self) -> None:
+        self.commit_sent = True
 
     def committed(self) -> None:
         """The group committed: what it wrote is now the committed value of each key
@@ -441,6 +487,7 @@ def _write(
     changes: _Changes,
     free: Mapping[str, bool],
     then: bytes | None = None,
+    sending_then: Callable[[], None] | None = None,
 ) -> None:
     """Write ``changes`` (the transaction begun): per table, new keys by ``COPY``
     where ``free`` says the table's probe (:func:`_probes`) found none stored in
@@ -478,6 +525,8 @@ def _write(
                 size += sum(map(len, keys)) + sum(map(len, values)) + sum(map(len, gone))
     if then is not None and size <= _INLINE_BYTES:
         # A group's usual rest (a few topic states) goes as literals with the COMMIT.
+        if sending_then is not None:
+            sending_then()
         conn.execute(b"; ".join([*(_inline(*r) for r in rest), then]))
         return
     for table, keys, values, gone in rest:
@@ -497,6 +546,8 @@ def _write(
                 (gone,),
             )
     if then is not None:
+        if sending_then is not None:
+            sending_then()
         conn.execute(then)
 
 
@@ -679,9 +730,17 @@ class PostgresStore(Store):
         conn = self._snapshot()
         try:
             yield _View(conn)
+        except psycopg.OperationalError as exc:
+            if isinstance(exc, StoreUnavailable):
+                raise
+            # PostgreSQL restarted or cut the connection mid-read, or cancelled the
+            # statement (statement_timeout): nothing was changed, the read may go again.
+            raise _ReadFailed(f"the PostgreSQL store could not be read: {_reason(exc)}") from exc
         finally:
             try:
-                _rollback(conn)  # read only: nothing to keep
+                if not conn.broken:  # a broken one has no transaction to end
+                    with contextlib.suppress(psycopg.Error):
+                        _rollback(conn)  # read only: nothing to keep
             finally:
                 self._pool.putconn(conn)
 
@@ -694,16 +753,29 @@ class PostgresStore(Store):
         pool drops the dead one) instead of failing: every idle connection of the
         pool may be dead at once."""
         for attempt in range(self._pool.max_size + 1):
-            conn = self._pool.getconn()
+            try:
+                conn = self._pool.getconn()
+            except PoolTimeout as exc:
+                # Every connection busy with other reads (or none could be opened:
+                # PostgreSQL unreachable) for the pool's whole timeout: a 500 said
+                # nothing of either, and the read may go again.
+                raise _ReadFailed(
+                    f"no connection of the PostgreSQL store's read pool "
+                    f"({self._pool.max_size} connections) came free within "
+                    f"{self._pool.timeout:g} s: all busy with other reads, or PostgreSQL "
+                    f"cannot be reached ({_reason(exc)})"
+                ) from exc
             try:
                 # The snapshot is taken at the first statement, not at BEGIN: take it
                 # now, so the view shows the store as of read(), as the interface
                 # promises.
                 conn.execute(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1")
-            except psycopg.OperationalError:
+            except psycopg.OperationalError as exc:
                 self._pool.putconn(conn)
                 if not conn.broken or attempt == self._pool.max_size:
-                    raise
+                    raise _ReadFailed(
+                        f"the PostgreSQL store could not be read: {_reason(exc)}"
+                    ) from exc
                 continue
             except BaseException:
                 self._pool.putconn(conn)
@@ -791,9 +863,16 @@ class PostgresStore(Store):
                 self._fenced(group)
                 return
             _log.error("store commit failed", exc_info=exc, extra={"event": "error"})
-            error = ServerError(f"the store could not commit: {type(exc).__name__}: {exc}")
+            error = _write_error(exc, view is not None and view.commit_sent)
             for _, future in group:
                 future.set_exception(error)
+            if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+                # The URL led to a standby (or the server was demoted): the next
+                # group connects again, when it comes, which finds the primary once
+                # there is one (the URL's hosts, target_session_attrs=read-write).
+                with contextlib.suppress(Exception):
+                    conn.close()
+                return
             self._reconnect_if_broken()
             return
         if view.fenced:  # a function met the refusal and did not let it out
