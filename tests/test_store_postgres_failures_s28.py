@@ -231,3 +231,20 @@ def test_a_read_only_postgresql_refuses_writes_with_a_503_until_it_takes_them(
         assert store.get(M, b"a") == b"1"
     finally:
         store.close()
+
+
+def test_a_server_started_on_a_read_only_postgresql_says_so(
+    postgres_url: str, tmp_path: Any
+) -> None:
+    # It said "cannot reach the PostgreSQL store", which sent the operator looking at
+    # the network, not at a URL leading to a standby.
+    from tidings.errors import ServiceUnavailable
+    from tidings.server.config import ServerConfig
+    from tidings.server.services import _open_store
+
+    url = fresh_database(postgres_url)
+    database = url.rsplit("/", 1)[1]
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE {database} SET default_transaction_read_only = on")
+    with pytest.raises(ServiceUnavailable, match=r"takes no writes .*standby"):
+        _open_store(ServerConfig(store=url, data_dir=tmp_path))

@@ -324,4 +324,11 @@ def _unreachable(open_: Callable[[], T]) -> T:
         return open_()
     except psycopg.Error as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
+        if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+            # Reached, but a standby (or a URL whose first host is one): "cannot
+            # reach" sent the operator looking at the network.
+            raise ServiceUnavailable(
+                "the PostgreSQL store takes no writes (a read-only server, a standby? "
+                f"the URL must lead to the primary): {reason}"
+            ) from None
         raise ServiceUnavailable(f"cannot reach the PostgreSQL store: {reason}") from None
