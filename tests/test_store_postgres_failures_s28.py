@@ -248,3 +248,28 @@ def test_a_server_started_on_a_read_only_postgresql_says_so(
         conn.execute(f"ALTER DATABASE {database} SET default_transaction_read_only = on")
     with pytest.raises(ServiceUnavailable, match=r"takes no writes .*standby"):
         _open_store(ServerConfig(store=url, data_dir=tmp_path))
+
+
+def test_a_write_over_a_postgresql_limit_is_not_a_503_to_retry(postgres_url: str) -> None:
+    # SQLSTATE class 54 (a row too large for its index, say) is a psycopg
+    # OperationalError too, but each retry meets it again: a 503 would have clients
+    # retry it for as long as they are patient.
+    url = fresh_database(postgres_url)
+    store = PostgresStore(url, readers=1)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "CREATE FUNCTION too_big() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                "BEGIN RAISE EXCEPTION 'index row size exceeds maximum' "
+                "USING ERRCODE = 'program_limit_exceeded'; END $$"
+            )
+            conn.execute(
+                "CREATE TRIGGER too_big BEFORE INSERT ON tidings_messages "
+                "FOR EACH ROW EXECUTE FUNCTION too_big()"
+            )
+        with pytest.raises(ServerError) as caught:
+            store.apply(lambda view: view.put(M, b"a", b"1"))
+        assert _answer(caught.value)[0] == 500
+        assert store.get(M, b"a") is None
+    finally:
+        store.close()

@@ -92,7 +92,12 @@ def _unreachable_store(exc: BaseException) -> StoreUnavailable | None:
     request did nothing. psycopg is looked up, not imported: without a PostgreSQL
     store it was never loaded, and nothing of it can have failed."""
     psycopg = sys.modules.get("psycopg")
-    if psycopg is None or not isinstance(exc, psycopg.OperationalError):
+    if (
+        psycopg is None
+        or not isinstance(exc, psycopg.OperationalError)
+        # A program limit (class 54: a row too large for its index) fails each retry.
+        or isinstance(exc, psycopg.errors.ProgramLimitExceeded)
+    ):
         return None
     reason = " ".join(str(exc).split()) or type(exc).__name__
     return StoreUnavailable(f"the PostgreSQL store cannot be reached: {reason}")

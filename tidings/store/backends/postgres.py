@@ -83,6 +83,17 @@ def _reason(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+def _passing(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure that the same work may not meet again: the
+    connection lost or refused, a statement cancelled, a lock or serialization
+    conflict, PostgreSQL short of memory or connections (psycopg's
+    ``OperationalError``), but not a program limit (SQLSTATE class 54: a row too large
+    for its index), which every retry would meet."""
+    return isinstance(exc, psycopg.OperationalError) and not isinstance(
+        exc, psycopg.errors.ProgramLimitExceeded
+    )
+
+
 def _write_error(exc: BaseException, commit_sent: bool) -> TidingsError:
     """What the callers of a group whose transaction failed with ``exc`` get.
 
@@ -101,7 +112,7 @@ def _write_error(exc: BaseException, commit_sent: bool) -> TidingsError:
             f"the PostgreSQL store refused the write (a read-only server, a standby?): "
             f"{reason}; nothing was written"
         )
-    if isinstance(exc, psycopg.OperationalError) and not (commit_sent and exc.sqlstate is None):
+    if _passing(exc) and not (commit_sent and getattr(exc, "sqlstate", None) is None):
         return StoreUnavailable(
             f"the PostgreSQL store could not be written: {reason}; nothing was written"
         )
@@ -731,7 +742,7 @@ class PostgresStore(Store):
         try:
             yield _View(conn)
         except psycopg.OperationalError as exc:
-            if isinstance(exc, StoreUnavailable):
+            if isinstance(exc, StoreUnavailable) or not _passing(exc):
                 raise
             # PostgreSQL restarted or cut the connection mid-read, or cancelled the
             # statement (statement_timeout): nothing was changed, the read may go again.
@@ -772,6 +783,8 @@ class PostgresStore(Store):
                 conn.execute(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1")
             except psycopg.OperationalError as exc:
                 self._pool.putconn(conn)
+                if not _passing(exc):
+                    raise
                 if not conn.broken or attempt == self._pool.max_size:
                     raise _ReadFailed(
                         f"the PostgreSQL store could not be read: {_reason(exc)}"
