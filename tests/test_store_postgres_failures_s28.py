@@ -273,3 +273,34 @@ def test_a_write_over_a_postgresql_limit_is_not_a_503_to_retry(postgres_url: str
         assert store.get(M, b"a") is None
     finally:
         store.close()
+
+
+def test_a_write_cancelled_by_statement_timeout_is_a_503_and_stores_nothing(
+    postgres_url: str,
+) -> None:
+    url = fresh_database(postgres_url)
+    database = url.rsplit("/", 1)[1]
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE {database} SET statement_timeout = '200ms'")
+    store = PostgresStore(url, readers=1)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                "BEGIN PERFORM pg_sleep(2); RETURN NEW; END $$"
+            )
+            conn.execute(
+                "CREATE TRIGGER slow BEFORE INSERT ON tidings_messages "
+                "FOR EACH ROW EXECUTE FUNCTION slow()"
+            )
+
+        def both(view: WriteView) -> None:
+            view.put("metadata", b"k", b"v")
+            view.put(M, b"a", b"1")
+
+        with pytest.raises(StoreUnavailable, match="statement timeout") as caught:
+            store.apply(both)
+        assert _answer(caught.value)[0] == 503
+        assert store.get("metadata", b"k") is None and store.get(M, b"a") is None
+    finally:
+        store.close()
