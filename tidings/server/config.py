@@ -185,7 +185,8 @@ class ServerConfig:
     lease_seconds: float = _setting(
         5.0,
         "with a PostgreSQL store: how long the leader's lease lasts unrenewed; a standing-by "
-        "instance takes over within about this long after the leader dies",
+        "instance takes over within about this long after the leader dies. Also about how "
+        "long a connection to PostgreSQL whose network path was cut goes unnoticed",
         flag=True,
         bound="positive",
         shown="5",
