@@ -587,14 +587,32 @@ async function topicPage(topic) {
   );
 }
 
+/**
+ * get(), but null for a 404: a topic, group or queue deleted between the list that
+ * named it and this request is gone, not a failure of the whole page.
+ */
+async function getUnlessGone(path) {
+  try {
+    return await get(path);
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 404) return null;
+    throw err;
+  }
+}
+
+/** Each of a topic's groups or queues (kind: "groups" or "queues"), described. */
+async function describeAll(topic, kind) {
+  const names = (await getUnlessGone(topicPath(topic, `/${kind}`))) || [];
+  const found = await Promise.all(names.map((name) => getUnlessGone(topicPath(topic, `/${kind}/${encodeURIComponent(name)}`))));
+  return found.filter(Boolean).map((x) => ({ topic, ...x }));
+}
+
 async function topicGroups(topic) {
-  const names = await get(topicPath(topic, "/groups"));
-  return Promise.all(names.map(async (name) => ({ topic, ...(await get(topicPath(topic, `/groups/${encodeURIComponent(name)}`))) })));
+  return describeAll(topic, "groups");
 }
 
 async function topicQueues(topic) {
-  const names = await get(topicPath(topic, "/queues"));
-  return Promise.all(names.map(async (name) => ({ topic, ...(await get(topicPath(topic, `/queues/${encodeURIComponent(name)}`))) })));
+  return describeAll(topic, "queues");
 }
 
 function groupsTable(groups, withTopic) {
@@ -679,13 +697,16 @@ async function groupsPage() {
 async function queuesPage() {
   const all = (await get(nsPath("/queues"))).filter((q) => may.consume(q.topic));
   const names = new Set(await get(nsPath("/topics")));
-  const queues = await Promise.all(all.map(async ({ topic, queue }) => {
-    const q = { topic, ...(await get(topicPath(topic, `/queues/${encodeURIComponent(queue)}`))) };
+  const queues = (await Promise.all(all.map(async ({ topic, queue }) => {
+    const found = await getUnlessGone(topicPath(topic, `/queues/${encodeURIComponent(queue)}`));
+    if (found === null) return null;
+    const q = { topic, ...found };
     if (names.has(q.deadLetterTopic) && may.read(q.deadLetterTopic)) {
-      q.deadLetterDepth = (await get(topicPath(q.deadLetterTopic, "/stats"))).messageCount;
+      const dead = await getUnlessGone(topicPath(q.deadLetterTopic, "/stats"));
+      if (dead !== null) q.deadLetterDepth = dead.messageCount;
     }
     return q;
-  }));
+  }))).filter(Boolean);
   show(
     heading("Queues", `Namespace ${namespace()}`, refreshButton()),
     panel("Queues", `${queues.length} in ${namespace()}`, queuesTable(queues, true)),

@@ -1,0 +1,99 @@
+"""The web console against what other users do meanwhile, in a real browser (the driver
+and page helpers of test_console.py; skipped without Chromium)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.e2e.serverproc import ServerProcess
+from tests.e2e.test_console import (  # noqa: F401 (driver, shots: fixtures)
+    Console,
+    driver,
+    shots,
+)
+from tidings import Client
+
+if TYPE_CHECKING:  # selenium may be missing: test_console then skips this module
+    from selenium.webdriver.remote.webdriver import WebDriver
+
+pytestmark = pytest.mark.e2e
+
+NS = "/v1/namespaces/default"
+
+#: Deletes something right after the page listed it, as another user might: each
+#: (list the page asks for, what is deleted once that list has been answered).
+DELETE_AFTER_LISTING = f"""
+(() => {{
+  const real = window.fetch;
+  const doom = [
+    [/\\/namespaces\\/default\\/topics$/, "{NS}/topics/vanishing"],
+    [/\\/topics\\/shelf\\/groups$/, "{NS}/topics/shelf/groups/doomed"],
+    [/\\/namespaces\\/default\\/queues$/, "{NS}/topics/shelf/queues/doomed-q"],
+  ];
+  window.fetch = async (path, init) => {{
+    const answer = await real(path, init);
+    for (const [list, victim] of doom) {{
+      if (list.test(String(path))) await real(victim, {{ method: "DELETE" }});
+    }}
+    return answer;
+  }};
+}})();
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    srv = ServerProcess(tmp_path_factory.mktemp("console-s28") / "data").start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def console(driver: WebDriver, server: ServerProcess, shots: Path) -> Console:  # noqa: F811
+    return Console(driver, server.url, shots)
+
+
+def test_groups_and_queues_deleted_while_the_page_loads_are_left_out(
+    console: Console, server: ServerProcess
+) -> None:
+    """A group, queue or topic deleted between the list that named it and the request
+    for its figures used to fail the whole Consumer groups or Queues page with "does
+    not exist (404)", hiding every other group and queue."""
+    with Client(server.url) as client:
+        for topic in ("shelf", "vanishing"):
+            client.create_topic(topic)
+            client.publish(topic, [b"one", b"two"])
+        for topic, group in (("shelf", "keep"), ("shelf", "doomed"), ("vanishing", "gone")):
+            consumer = client.consume(topic, group=group, follow=False)
+            next(iter(consumer))
+            consumer.commit()
+            consumer.close()
+        for name in ("keep-q", "doomed-q"):
+            queue = client.queue("shelf", name)
+            queue.pop(1)
+            queue.close()
+    script = console.driver.execute_cdp_cmd(  # type: ignore[attr-defined]
+        "Page.addScriptToEvaluateOnNewDocument", {"source": DELETE_AFTER_LISTING}
+    )
+    try:
+        console.open("#/groups")
+        assert console.all("#main .notice.error") == [], console.text()
+        assert console.wait_for("[data-group=keep]")
+        assert console.all("[data-group=doomed]") == console.all("[data-group=gone]") == []
+        console.open("#/queues")
+        assert console.all("#main .notice.error") == [], console.text()
+        assert console.wait_for("tr[data-queue=keep-q]")
+        assert console.all("tr[data-queue=doomed-q]") == []
+    finally:
+        console.driver.execute_cdp_cmd(  # type: ignore[attr-defined]
+            "Page.removeScriptToEvaluateOnNewDocument", {"identifier": script["identifier"]}
+        )
+    with Client(server.url) as client:  # the deletions did happen, on the server
+        assert client.list_topics() == ["shelf"]
+    assert console.errors(lambda e: "404 (Not Found)" in e["message"]) == []
