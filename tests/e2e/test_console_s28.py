@@ -3,6 +3,7 @@ and page helpers of test_console.py; skipped without Chromium)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -97,3 +98,51 @@ def test_groups_and_queues_deleted_while_the_page_loads_are_left_out(
     with Client(server.url) as client:  # the deletions did happen, on the server
         assert client.list_topics() == ["shelf"]
     assert console.errors(lambda e: "404 (Not Found)" in e["message"]) == []
+
+
+TOKENS = {"admin": "console-s28-admin-token", "publisher": "console-s28-publisher-token"}
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    where = tmp_path_factory.mktemp("console-s28-auth")
+    rights = {"admin": "admin = true", "publisher": 'publish = ["orders"]'}
+    (where / "auth.toml").write_text(
+        "\n".join(
+            f'[[principal]]\nname = "{name}"\n'
+            f'token_sha256 = "{hashlib.sha256(TOKENS[name].encode()).hexdigest()}"\n'
+            f"{rights[name]}\n"
+            for name in TOKENS
+        )
+    )
+    srv = ServerProcess(where / "data", ["--auth-file", str(where / "auth.toml")]).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_a_principal_that_may_only_publish_is_not_offered_the_message_browser(
+    driver: WebDriver,  # noqa: F811
+    secured: ServerProcess,
+    shots: Path,  # noqa: F811
+) -> None:
+    """Reading messages takes consume rights: the Topics and topic pages used to offer
+    **Browse** to a principal that may only publish, whose every click ended in "may
+    not consume". Opened by ``localhost`` (a name a server on 127.0.0.1 answers)."""
+    with Client(secured.url, token=TOKENS["admin"]) as client:
+        client.create_topic("orders")
+        client.publish("orders", [b"one"])
+    console = Console(driver, f"http://localhost:{secured.port}", shots)
+    console.open("#/topics")
+    console.wait_for("#login-form")
+    console.find("#token").send_keys(TOKENS["publisher"])
+    console.find("#login").click()
+    console.settled()
+    row = console.wait_for("tr[data-topic=orders]")
+    assert row.find_elements("css selector", "td")[1].text == "1"  # its figures
+    assert "Browse" not in row.text
+    console.open("#/topic/orders")
+    assert "Groups and queues need consume rights" in console.text()
+    assert "Browse messages" not in console.find("main .head").text
+    console.check_clean("s28-publisher-topic")

@@ -495,7 +495,8 @@ async function topicsPage() {
       h("td", { title: when(s.newestTime) }, s.newestTime ? ago(s.newestTime, now) : "–"),
       h("td", {}, s.lastStableId ? h("span", { class: "badge warn" }, "transaction open") : null),
       h("td", { class: "actions" },
-        h("a", { href: `#/topic/${encodeURIComponent(row.name)}/messages` }, "Browse"),
+        // Reading messages takes consume rights: publish alone shows the figures only.
+        may.consume(row.name) ? h("a", { href: `#/topic/${encodeURIComponent(row.name)}/messages` }, "Browse") : null,
         may.admin()
           ? h("button", {
             class: "link danger-link", type: "button", "data-action": "delete",
@@ -559,7 +560,7 @@ async function topicPage(topic) {
     : h("span", {}, "none: no transaction is open on this topic, read-committed readers see every message");
   show(
     heading(topic, h("span", {}, h("a", { href: "#/topics" }, "Topics"), ` / ${namespace()}`),
-      h("a", { class: "button", href: `#/topic/${encodeURIComponent(topic)}/messages` }, "Browse messages"),
+      may.consume(topic) ? h("a", { class: "button", href: `#/topic/${encodeURIComponent(topic)}/messages` }, "Browse messages") : null,
       refreshButton(),
       may.admin()
         ? h("button", { class: "danger", type: "button", "data-action": "delete", onclick: () => deleteTopic(topic, () => { location.hash = "#/topics"; }) }, "Delete topic")
