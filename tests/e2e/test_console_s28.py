@@ -18,12 +18,16 @@ from tests.e2e.test_console import (  # noqa: F401 (driver, shots: fixtures)
 )
 from tidings import Client
 
+By = pytest.importorskip("selenium.webdriver.common.by", reason="needs selenium").By
+
 if TYPE_CHECKING:  # selenium may be missing: test_console then skips this module
     from selenium.webdriver.remote.webdriver import WebDriver
 
 pytestmark = pytest.mark.e2e
 
 NS = "/v1/namespaces/default"
+#: What the console shows for a missing figure (an en dash).
+NO_VALUE = "\u2013"
 
 #: Deletes something right after the page listed it, as another user might: each
 #: (list the page asks for, what is deleted once that list has been answered).
@@ -75,6 +79,9 @@ def test_groups_and_queues_deleted_while_the_page_loads_are_left_out(
             next(iter(consumer))
             consumer.commit()
             consumer.close()
+        late = client.consume("shelf", group="late", follow=False, start="latest")
+        assert list(late) == []  # joined at the end: no position to count a lag from
+        late.close()
         for name in ("keep-q", "doomed-q"):
             queue = client.queue("shelf", name)
             queue.pop(1)
@@ -87,6 +94,13 @@ def test_groups_and_queues_deleted_while_the_page_loads_are_left_out(
         assert console.all("#main .notice.error") == [], console.text()
         assert console.wait_for("[data-group=keep]")
         assert console.all("[data-group=doomed]") == console.all("[data-group=gone]") == []
+        # No lag is NO_VALUE, neither 0 nor "null" nor NaN, for the group and each partition.
+        rows = console.all("table")[0].find_elements(By.CSS_SELECTOR, "tbody tr")
+        groups = {r.find_elements(By.TAG_NAME, "td")[1].text: r for r in rows}
+        assert set(groups) == {"keep", "late"}
+        assert groups["keep"].text.endswith(" 1") and groups["late"].text.endswith(" " + NO_VALUE)
+        lags = console.all("[data-group=late] table")[1].find_elements(By.CSS_SELECTOR, "tbody tr")
+        assert [r.find_elements(By.TAG_NAME, "td")[-1].text for r in lags] == [NO_VALUE] * len(lags)
         console.open("#/queues")
         assert console.all("#main .notice.error") == [], console.text()
         assert console.wait_for("tr[data-queue=keep-q]")
