@@ -3,17 +3,21 @@ and page helpers of test_console.py; skipped without Chromium)."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import httpx
 import pytest
 
 from tests.e2e.serverproc import ServerProcess
 from tests.e2e.test_console import (  # noqa: F401 (driver, shots: fixtures)
+    WAIT,
     Console,
     driver,
+    patient_wait,
     shots,
 )
 from tidings import Client
@@ -160,3 +164,46 @@ def test_a_principal_that_may_only_publish_is_not_offered_the_message_browser(
     assert "Groups and queues need consume rights" in console.text()
     assert "Browse messages" not in console.find("main .head").text
     console.check_clean("s28-publisher-topic")
+
+
+def _ids_shown(console: Console) -> list[str]:
+    return [c.get_attribute("data-id") or "" for c in console.all("article.message")]
+
+
+def test_an_empty_page_past_the_end_offers_older(console: Console, server: ServerProcess) -> None:
+    """Newer from the last read-committed page before an open transaction, or a
+    date-time after the newest message, shows "No messages here.": both buttons used
+    to be disabled there, a dead end; Older now goes to the latest page."""
+    with Client(server.url) as client:
+        client.create_topic("ledger")
+        client.publish("ledger", [b"one", b"two"])
+        open_tx = client.begin(600)
+        answer = httpx.post(
+            f"{server.url}{NS}/topics/ledger/publish",
+            json={
+                "transactionWritePointer": open_tx.write_pointer,
+                "messages": [base64.b64encode(b"pending").decode()],
+            },
+        )
+        assert answer.status_code == 200, answer.text
+        committed = [m.id.hex for m in client.poll("ledger", limit=10)][:2]
+    console.open("#/topic/ledger/messages?from=earliest&size=10&isolation=committed")
+    assert _ids_shown(console) == committed
+    console.find("#page-newer").click()
+    patient_wait(console.driver, WAIT).until(lambda d: "from=after" in d.current_url)
+    console.settled()
+    assert "No messages here." in console.text() and _ids_shown(console) == []
+    assert console.find("#page-older").is_enabled()
+    console.find("#page-older").click()
+    patient_wait(console.driver, WAIT).until(lambda d: "from=latest" in d.current_url)
+    console.settled()
+    assert _ids_shown(console) == committed
+
+    console.open("#/topic/ledger/messages?from=time&value=99999999999999&size=10")
+    assert _ids_shown(console) == []
+    assert console.find("#page-older").is_enabled()
+    console.find("#page-older").click()
+    patient_wait(console.driver, WAIT).until(lambda d: "from=latest" in d.current_url)
+    console.settled()
+    assert len(_ids_shown(console)) == 3  # the open transaction's too, read uncommitted
+    assert console.errors() == []

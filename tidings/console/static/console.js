@@ -850,15 +850,25 @@ async function browserPage(topic) {
   const first = messages.length ? bytesToHex(b64ToBytes(messages[0].id)) : null;
   const last = messages.length ? bytesToHex(b64ToBytes(messages[messages.length - 1].id)) : null;
   const base = { size: p.size, committed: p.committed };
+  // An empty page has no message to page from: past the end (Newer up to an open
+  // transaction, a time after the newest message), Older is the latest page; before
+  // the start, Newer is the earliest. Without these both buttons were dead.
+  const empty = !messages.length && !failure;
+  let olderTo = first ? { from: "before", value: first } : null;
+  let newerTo = last ? { from: "after", value: last } : null;
+  if (empty && stats.newestId && p.from !== "before" && p.from !== "earliest" && p.from !== "latest") {
+    olderTo = { from: "latest" };
+  }
+  if (empty && stats.oldestId && p.from === "before") newerTo = { from: "earliest" };
   const older = h("button", {
     class: "quiet", type: "button", id: "page-older",
-    disabled: !first || first === stats.oldestId,
-    onclick: () => { location.hash = browserHash(topic, { ...base, from: "before", value: first }); },
+    disabled: !olderTo || first === stats.oldestId,
+    onclick: () => { location.hash = browserHash(topic, { ...base, ...olderTo }); },
   }, "← Older");
   const newer = h("button", {
     class: "quiet", type: "button", id: "page-newer",
-    disabled: !last || last === stats.newestId,
-    onclick: () => { location.hash = browserHash(topic, { ...base, from: "after", value: last }); },
+    disabled: !newerTo || last === stats.newestId,
+    onclick: () => { location.hash = browserHash(topic, { ...base, ...newerTo }); },
   }, "Newer →");
   const where = {
     earliest: "from the earliest message",
