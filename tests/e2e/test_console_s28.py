@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -207,3 +209,54 @@ def test_an_empty_page_past_the_end_offers_older(console: Console, server: Serve
     console.settled()
     assert len(_ids_shown(console)) == 3  # the open transaction's too, read uncommitted
     assert console.errors() == []
+
+
+def test_logging_out_of_the_live_rates_and_a_withdrawn_token(
+    driver: WebDriver,  # noqa: F811
+    secured: ServerProcess,
+    shots: Path,  # noqa: F811
+) -> None:
+    """Logging out of the Live rates page left its refresh running: each tick, refused,
+    put up the login page again, wiping the token being typed every 3 seconds. And a
+    token withdrawn while a page was open (the auth file reloaded) brought up the login
+    page without saying why."""
+    console = Console(driver, f"http://localhost:{secured.port}", shots)
+    console.open("#/rates")
+    driver.execute_script("sessionStorage.clear()")  # logged in by an earlier test
+    console.open("#/rates")
+    console.wait_for("#login-form")
+    console.find("#token").send_keys(TOKENS["publisher"])
+    console.find("#login").click()
+    console.wait_for("#rates-chart polyline")
+    console.find("#logout").click()
+    console.wait_for("#login-form")
+    console.find("#token").send_keys("half-typed")
+    time.sleep(3.5)  # past the rates' next refresh
+    assert console.find("#token").get_attribute("value") == "half-typed"
+
+    console.find("#token").clear()
+    console.find("#token").send_keys(TOKENS["publisher"])
+    console.find("#login").click()
+    console.wait_for("#rates-chart polyline")
+    console.open("#/topics")
+    assert "publisher" in console.wait_for("#who b").text
+    auth_file = Path(secured.args[secured.args.index("--auth-file") + 1])
+    kept = auth_file.read_text()
+    try:
+        auth_file.write_text(kept.split('[[principal]]\nname = "publisher"')[0])
+        assert secured.proc is not None
+        secured.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            headers = {"Authorization": f"Bearer {TOKENS['publisher']}"}
+            if httpx.get(f"{secured.url}{NS}/topics", headers=headers).status_code == 401:
+                break
+            time.sleep(0.1)
+        console.find("main button.quiet").click()  # Refresh
+        assert "No principal has this token." in console.wait_for("#main .notice.error").text
+        assert console.all("#login-form")
+    finally:
+        auth_file.write_text(kept)
+        assert secured.proc is not None
+        secured.proc.send_signal(signal.SIGHUP)
+    assert console.errors(lambda e: "401 (Unauthorized)" in e["message"]) == []

@@ -364,8 +364,9 @@ async function call(method, path, body) {
     }
   }
   if (answer.status === 401) {
-    // The token was withdrawn (the auth file reloaded) while the page was open.
-    sessionStorage.removeItem(TOKEN_KEY);
+    // The token was withdrawn (the auth file reloaded) while the page was open. It is
+    // kept for start(), whose whoami finds no principal for it, drops it and says
+    // so on the login page: dropped here, the login page came up with no reason.
     state.me = null;
     setTimeout(start, 0);
   }
@@ -1101,9 +1102,13 @@ const PAGES = [
 
 let generation = 0;
 
-async function route() {
+function stopTimers() {
   for (const timer of state.timers) clearInterval(timer);
   state.timers = [];
+}
+
+async function route() {
+  stopTimers();
   if (!state.me || (state.me.auth && !state.me.name)) return;
   const hash = location.hash || "#/topics";
   const found = PAGES.find(([re]) => re.test(hash));
@@ -1131,6 +1136,10 @@ async function route() {
 }
 
 async function start() {
+  // The page on screen goes (for the login page, say): its refreshes must stop too,
+  // or the live rates' next tick, refused, put up the login page again over what the
+  // user was typing, every few seconds.
+  stopTimers();
   const kept = sessionStorage.getItem(TOKEN_KEY);
   if (kept && !sendable(kept)) {
     sessionStorage.removeItem(TOKEN_KEY);
@@ -1146,9 +1155,10 @@ async function start() {
   }
   renderSession();
   if (state.me.auth && !state.me.name) {
-    const tried = sessionStorage.getItem(TOKEN_KEY);
+    // The token this call sent (read before the await): several refused requests of
+    // one page each call start(), and the first to get here drops the token.
     sessionStorage.removeItem(TOKEN_KEY);
-    loginPage(tried ? "No principal has this token." : null);
+    loginPage(kept ? "No principal has this token." : null);
     return;
   }
   route();
