@@ -7,7 +7,7 @@ import base64
 import hashlib
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -260,3 +260,21 @@ def test_logging_out_of_the_live_rates_and_a_withdrawn_token(
         assert secured.proc is not None
         secured.proc.send_signal(signal.SIGHUP)
     assert console.errors(lambda e: "401 (Unauthorized)" in e["message"]) == []
+
+
+def test_a_server_that_stopped_answering_is_named_not_a_script_error(
+    driver: WebDriver,  # noqa: F811
+    start_server: Callable[..., ServerProcess],
+    shots: Path,  # noqa: F811
+) -> None:
+    """With the server gone, every page showed the browser's "TypeError: Failed to
+    fetch" as its error."""
+    gone = start_server()
+    console = Console(driver, gone.url, shots)
+    console.open("#/topics")
+    console.wait_for("main button.quiet")
+    gone.kill()
+    console.find("main button.quiet").click()  # Refresh
+    shown = console.wait_for("#main .notice.error").text
+    assert shown.startswith("The server did not answer") and "TypeError" not in shown
+    assert console.errors(lambda e: "ERR_CONNECTION_REFUSED" in e["message"]) == []

@@ -353,7 +353,14 @@ async function call(method, path, body) {
     headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
   }
-  const answer = await fetch(path, init);
+  let answer;
+  try {
+    answer = await fetch(path, init);
+  } catch (err) {
+    // No answer at all (the server stopped, the network cut): fetch's own TypeError
+    // ("Failed to fetch") would reach the page as a script error.
+    throw new ApiError(0, `The server did not answer (${err.message}).`, null);
+  }
   const text = await answer.text();
   let data = null;
   if (text) {
@@ -1124,7 +1131,9 @@ async function route() {
     await page(hash.match(re));
   } catch (err) {
     if (mine === generation && !(err instanceof ApiError && err.status === 401)) {
-      show(notice("error", err instanceof ApiError ? `${err.message} (${err.status})` : String(err)));
+      let text = String(err);
+      if (err instanceof ApiError) text = err.status ? `${err.message} (${err.status})` : err.message;
+      show(notice("error", text));
     }
   } finally {
     if (mine === generation) {
@@ -1150,7 +1159,7 @@ async function start() {
   try {
     state.me = await get("/v1/whoami");
   } catch (err) {
-    show(notice("error", `The server did not answer: ${err.message}`));
+    show(notice("error", err.status ? `The server did not answer: ${err.message}` : err.message));
     return;
   }
   renderSession();
