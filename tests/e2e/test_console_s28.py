@@ -278,3 +278,16 @@ def test_a_server_that_stopped_answering_is_named_not_a_script_error(
     shown = console.wait_for("#main .notice.error").text
     assert shown.startswith("The server did not answer") and "TypeError" not in shown
     assert console.errors(lambda e: "ERR_CONNECTION_REFUSED" in e["message"]) == []
+
+
+def test_a_hand_edited_date_time_in_the_address_is_refused(console: Console) -> None:
+    """``from=time&value=`` with no number (an address edited by hand) used to show the
+    messages from the earliest under the heading "from NaN-NaN-NaN NaN:NaN"."""
+    with Client(console.url) as client:
+        client.create_topic("edited")
+        client.publish("edited", [b"one"])
+    console.open("#/topic/edited/messages?from=time&value=yesterday&size=10")
+    assert "not a date-time: yesterday" in console.find("#main .notice.error").text
+    assert console.all("article.message") == [] and "NaN" not in console.text()
+    assert console.find("#start-value").get_attribute("value") == "yesterday"
+    assert console.errors() == []

@@ -796,7 +796,13 @@ async function fetchPage(topic, p) {
   let body = { limit: p.size };
   if (p.from === "id") body = { ...body, startFrom: bytesToB64(hexToBytes(p.value)), inclusive: true };
   else if (p.from === "after") body = { ...body, startFrom: bytesToB64(hexToBytes(p.value)), inclusive: false };
-  else if (p.from === "time") body = { ...body, startFrom: Number(p.value) };
+  else if (p.from === "time") {
+    // The address may have been edited by hand: NaN would go out as null, a poll from
+    // the earliest message under the heading "from NaN-NaN-NaN".
+    const ms = Number(p.value);
+    if (p.value === "" || !Number.isSafeInteger(ms) || ms < 0) throw new Error(`not a date-time: ${p.value}`);
+    body = { ...body, startFrom: ms };
+  }
   return (await call("POST", `${topicPath(topic, "/poll")}?isolation=${isolation}`, body)).data;
 }
 
@@ -810,7 +816,7 @@ async function browserPage(topic) {
       .map(([v, label]) => h("option", { value: v, selected: v === kind }, label)));
   const startValue = h("input", {
     type: "text", id: "start-value", class: "wide", spellcheck: "false", autocomplete: "off",
-    value: kind === "id" ? p.value : kind === "time" ? when(Number(p.value)) : "",
+    value: kind === "time" && Number.isSafeInteger(Number(p.value)) && p.value !== "" ? when(Number(p.value)) : kind === "time" || kind === "id" ? p.value : "",
   });
   const size = h("select", { id: "page-size" }, PAGE_SIZES.map((n) => h("option", { value: n, selected: n === p.size }, `${n} per page`)));
   const committed = h("input", { type: "checkbox", id: "read-committed", checked: p.committed });
