@@ -18,7 +18,10 @@ from tidings.errors import (
     PayloadTooLarge,
     ProducerFenced,
     RequestTimeout,
+    RoleUnavailable,
     ServiceUnavailable,
+    StoreUnavailable,
+    TooManyTransactions,
     TopicNotFound,
 )
 from tidings.structs import ProducerInfo, Record, RollbackInfo, Transaction
@@ -280,11 +283,31 @@ def test_one_request_block_that_raises_sends_nothing() -> None:
 def test_one_request_falls_back_step_by_step_on_503() -> None:
     client = FakeClient()
     client.one_request = True
-    client.one_request_error = ServiceUnavailable("no transaction service here")
+    client.one_request_error = RoleUnavailable("no transaction service here")
     with context(client) as tx:
         tx.publish("a", b"x")
     assert client.names() == ["publish_transaction", "begin", "publish", "commit"]
     assert tx.state == "committed" and client.disabled == 1
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ServiceUnavailable("no leader yet"),
+        StoreUnavailable("the store is out of reach"),
+        TooManyTransactions("full"),
+    ],
+)
+def test_a_passing_503_falls_back_once_without_disabling(error: Exception) -> None:
+    # Only a process without the service says the same for a while: after any other
+    # 503 the next transaction asks for one request again.
+    client = FakeClient()
+    client.one_request = True
+    client.one_request_error = error
+    with context(client) as tx:
+        tx.publish("a", b"x")
+    assert client.names() == ["publish_transaction", "begin", "publish", "commit"]
+    assert tx.state == "committed" and client.disabled == 0
 
 
 def test_one_request_too_large_falls_back_without_disabling() -> None:

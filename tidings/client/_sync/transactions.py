@@ -56,9 +56,9 @@ from tidings.codec.admin import TransactionGroupCommit
 from tidings.codec.queue_bodies import TransactionAck
 from tidings.errors import (
     PayloadTooLarge,
+    RoleUnavailable,
     ServiceUnavailable,
     TidingsError,
-    TooManyTransactions,
     TransactionCommitted,
     TransactionFailure,
     TransactionNotInProgress,
@@ -422,9 +422,10 @@ class TransactionContext(ContextState):
                 group_commits=[c for c, _ in self._group_commits],
             )
         except ServiceUnavailable as exc:
-            # A full server (TooManyTransactions) can run one-request transactions:
-            # this one goes the step-by-step way, the next ones ask again.
-            if not isinstance(exc, TooManyTransactions):
+            # This one goes the step-by-step way. Only a process without the service
+            # (RoleUnavailable) will say the same for a while; after any other 503 (a
+            # full server, a store out of reach, no leader yet) the next ones ask again.
+            if isinstance(exc, RoleUnavailable):
                 self._client._no_one_request_transactions()
             return False
         except PayloadTooLarge:
