@@ -89,3 +89,12 @@ def test_an_advertise_url_that_is_no_http_url_is_refused(url: str) -> None:
 def test_a_good_advertise_url_is_kept() -> None:
     cfg = load_config({"advertise_url": "https://tidings-1.example:8470"}, env={})
     assert cfg.advertise_url == "https://tidings-1.example:8470"
+
+
+def test_a_read_pool_of_no_connections_is_refused_at_start(tmp_path: Path) -> None:
+    code, err = serve(tmp_path, "--pg-readers", "0")
+    assert code == 2
+    assert err.strip() == "Error: pg_readers (from --pg-readers) must be positive, got 0"
+    assert not (tmp_path / "data").exists()
+    with pytest.raises(ConfigError, match="pg_readers"):
+        load_config({}, env={"TIDINGS_PG_READERS": "many"})

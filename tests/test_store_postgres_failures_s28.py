@@ -70,6 +70,46 @@ def test_the_server_bounds_the_store_s_connections_by_its_lease(
         store.close()
 
 
+def test_the_server_sizes_the_read_pool_by_pg_readers(postgres_url: str, tmp_path: Any) -> None:
+    # The pool was 8 connections whatever the server's settings said.
+    from tidings.server.config import load_config
+    from tidings.server.services import _open_store
+
+    env = {"TIDINGS_STORE": fresh_schema(postgres_url), "TIDINGS_DATA_DIR": str(tmp_path)}
+    store = _open_store(load_config({"pg_readers": "3"}, env=env))
+    try:
+        assert isinstance(store, PostgresStore)
+        assert store._pool.max_size == 3
+    finally:
+        store.close()
+
+
+def test_the_writer_reconnects_within_the_store_s_connect_timeout(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The writer's connections waited 10 s whatever connect_timeout the store was given.
+    timeouts: list[object] = []
+    connect = psycopg.connect
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        timeouts.append(kwargs.get("connect_timeout"))
+        return connect(*args, **kwargs)
+
+    url = fresh_database(postgres_url)
+    monkeypatch.setattr(psycopg, "connect", recording)
+    store = PostgresStore(url, readers=1, connect_timeout=2.5)
+    try:
+        assert timeouts == [3]  # libpq counts whole seconds: rounded up, never 0
+        monkeypatch.setattr(psycopg, "connect", connect)  # _cut_sessions connects too
+        _cut_sessions(postgres_url, url)
+        monkeypatch.setattr(psycopg, "connect", recording)
+        store.apply(lambda view: view.put(M, b"a", b"1"))
+        assert timeouts == [3, 3]
+        assert store.get(M, b"a") == b"1"
+    finally:
+        store.close()
+
+
 def _cut_sessions(postgres_url: str, database_url: str) -> None:
     """Terminate every session of ``database_url``'s database, as a restart of
     PostgreSQL does."""

@@ -198,6 +198,14 @@ class ServerConfig:
         flag=True,
         shown="",
     )
+    pg_readers: int = _setting(
+        8,
+        "with a PostgreSQL store: most connections this process's read pool opens; "
+        "reads beyond it (on the `blocking_threads` workers) wait up to 10 s for one to "
+        "be free. Each counts against PostgreSQL's `max_connections`. Ignored on LMDB",
+        flag=True,
+        bound="positive",
+    )
     sync: bool = _setting(
         True,
         "fsync every group commit of the store and of the transaction log. `false`: "

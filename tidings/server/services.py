@@ -292,7 +292,9 @@ def _open_store(config: ServerConfig) -> Store:
     url = config.store
     # A connection whose network path was cut fails within about the lease, as the
     # lease's own connections do: the lease is lost by then anyway.
-    return _unreachable(lambda: PostgresStore(url, tcp_timeout=config.lease_seconds))
+    return _unreachable(
+        lambda: PostgresStore(url, readers=config.pg_readers, tcp_timeout=config.lease_seconds)
+    )
 
 
 def _check_store_url(config: ServerConfig) -> None:

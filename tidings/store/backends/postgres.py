@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import queue
 import select
 import struct
@@ -671,7 +672,8 @@ class PostgresStore(Store):
     ) -> None:
         self.url = url
         self._conninfo = _with_tcp_options(url, tcp_timeout)
-        self._writer_conn = _connect(self._conninfo)
+        self._connect_timeout = connect_timeout
+        self._writer_conn = _connect(self._conninfo, connect_timeout)
         try:
             _migrate(self._writer_conn)
         except BaseException:
@@ -932,7 +934,7 @@ class PostgresStore(Store):
         with contextlib.suppress(Exception):
             self._writer_conn.close()
         try:
-            self._writer_conn = _connect(self._conninfo)
+            self._writer_conn = _connect(self._conninfo, self._connect_timeout)
         except psycopg.Error as exc:
             _log.error(f"cannot reconnect to the store: {exc}", extra={"event": "error"})
 
@@ -968,9 +970,10 @@ def _with_tcp_options(url: str, seconds: float | None) -> str:
         return url  # a malformed URL: the first connect says what is wrong
 
 
-def _connect(url: str) -> psycopg.Connection[Any]:
+def _connect(url: str, timeout: float) -> psycopg.Connection[Any]:
     """The writer's connection (autocommit: each group sends its own BEGIN)."""
-    conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
+    # libpq takes whole seconds and treats 0 as "wait forever", so round up.
+    conn = psycopg.connect(url, autocommit=True, connect_timeout=max(1, math.ceil(timeout)))
     try:
         _plan_by_key(conn)
     except BaseException:
