@@ -93,14 +93,12 @@ def routes(api: Api) -> list[Route]:
             principal.require_publish(req.dead_letter_topic)
         media = answer_media(request)
         ack_timeout_ms = req.ack_timeout_ms or DEFAULT_ACK_TIMEOUT_MS
-        # Checked here, not only where the queue is loaded or created: a pop answered
-        # from memory never looks at ``start``, and a bad one must be refused whether
-        # or not the queue happens to be in memory (after a restart or a takeover it
-        # is not). Also before the acks (NATS JetStream's "ack next"): a pop that
-        # cannot be made must not leave its acks applied.
-        coordinator.check_pop(req.consumer, req.max_messages, ack_timeout_ms)
-        coordinator.check_settings(topic, req.max_deliveries, req.dead_letter_topic, req.start)
         if req.ack_ids:
+            # The pop and its settings are checked before the acks (NATS JetStream's
+            # "ack next"): a pop that cannot be made must not leave its acks applied.
+            # Without acks the coordinator's pop checks them itself, in memory or not.
+            coordinator.check_pop(req.consumer, req.max_messages, ack_timeout_ms)
+            coordinator.check_settings(topic, req.max_deliveries, req.dead_letter_topic, req.start)
             # The acks first, durable before the pop: acks that fail pop nothing. A pop
             # run while their write is in flight would lease messages that stay leased
             # to the worker until ``ackTimeoutMs`` if that write fails (the queue's
