@@ -1384,6 +1384,15 @@ def _replace_read(record: QueueRecord, read: MessageId) -> QueueRecord:
     return QueueRecord(record.max_deliveries, record.dead_letter_topic, record.start, read)
 
 
+def _put_all(view: WriteView, writes: list[tuple[bytes, bytes | None]]) -> None:
+    """Each key's new record, or its deletion where the value is None."""
+    for key, value in writes:
+        if value is None:
+            view.delete(_META, key)
+        else:
+            view.put(_META, key, value)
+
+
 def _write_all(
     writes: list[tuple[bytes, bytes | None]],
     tx: TransactionManager | None = None,
@@ -1394,11 +1403,7 @@ def _write_all(
             # In the write itself, as publishes are: nothing lands under a transaction
             # that ended, so pruning the invalid list stays safe.
             tx.check_writable(write_pointer, action=_ACK_UNDER)
-        for key, value in writes:
-            if value is None:
-                view.delete(_META, key)
-            else:
-                view.put(_META, key, value)
+        _put_all(view, writes)
 
     return write
 
@@ -1425,11 +1430,7 @@ def _ack_write(
             refused.append(exc)
             q.refused.add(write_pointer)
             chosen = [(key, held_by.get(key, value)) for key, value in writes]
-        for key, value in chosen:
-            if value is None:
-                view.delete(_META, key)
-            else:
-                view.put(_META, key, value)
+        _put_all(view, chosen)
 
     return write
 
