@@ -9,7 +9,9 @@ restarted from its checkpoint continues exactly where it stopped
 
 A topic deleted (and perhaps created again) under the query is noticed by its
 generation, which every offset records: a scan that finds the topic gone, or new
-messages in it, compares the generation the server has now. By default (Kafka's
+messages in it, compares the generation the server has now; a topic with nothing new
+is asked now and then (:data:`QUIET_CHECK_INTERVAL`), as one created again empty has
+no new message to be noticed by. By default (Kafka's
 ``failOnDataLoss=true``) the query then fails naming the topic: the new topic's
 messages would otherwise be read as if they followed the old one's, and the old one's
 unread messages be lost without a word. With ``failOnDataLoss=false`` the new topic is
@@ -23,6 +25,7 @@ end found when the query starts, in batches of that limit, then stops.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -62,7 +65,14 @@ from tidings.structs import MessageId
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
 
-__all__ = ["TidingsStreamReader"]
+__all__ = ["QUIET_CHECK_INTERVAL", "TidingsStreamReader"]
+
+#: Seconds between checks of the generation of a topic that has nothing new. A topic
+#: created again is noticed by its first new message at once; one created again but
+#: left empty has none, so it is asked after, but not at every trigger: an idle query
+#: polls every few milliseconds, and one request per topic more each time would add
+#: half to what an idle query costs the server.
+QUIET_CHECK_INTERVAL = 1.0
 
 
 def _is_id(position: str) -> bool:
@@ -80,6 +90,8 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[str, str] | None = None
         # The next batch's end, looked for while Spark runs this one (_look_ahead).
         self._ahead: _Ahead | None = None
+        # When each topic with nothing new last had its generation checked (monotonic).
+        self._quiet_checked: dict[str, float] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -283,15 +295,23 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         gone: set[str],
     ) -> bool:
         """True if no topic that ``found`` has news of (every topic, where the scan
-        failed: ``found`` None) changed generation. Otherwise fails naming the topic
-        (``failOnDataLoss``), or sets the new topic's start and generation, adds a
-        topic that is gone to ``gone``, and returns False."""
+        failed: ``found`` None), nor a topic with nothing new whose turn it is
+        (:data:`QUIET_CHECK_INTERVAL`), changed generation. Otherwise fails naming the
+        topic (``failOnDataLoss``), or sets the new topic's start and generation, adds
+        a topic that is gone to ``gone``, and returns False."""
         same = True
+        now = time.monotonic()
         for topic in list(positions):
             if topic in gone:
                 continue
             if found is not None and (topic not in found or found[topic].last is None):
-                continue  # nothing new: nothing read from a topic that may have changed
+                # Nothing new, so nothing read from a topic that may have changed; but a
+                # topic created again and left empty has no new message to be noticed
+                # by, and the query would go on as if nothing had happened.
+                checked = self._quiet_checked.get(topic)
+                if checked is not None and now - checked < QUIET_CHECK_INTERVAL:
+                    continue
+                self._quiet_checked[topic] = now
             recorded = generations.get(topic)
             current = self._generation(topic)
             if current is not None and (recorded is None or current == recorded):
