@@ -5,6 +5,7 @@ once a message arrives."""
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -91,3 +92,31 @@ def test_a_query_restarted_on_a_topic_created_again_empty_fails_or_starts_it_ove
     assert run().exception() is None  # the checkpoint now has the new generation
     out = [m.payload for m in client.poll(sink, transaction=client.snapshot())]
     assert out == [b"old0", b"old1", b"new0"]
+
+
+def test_a_stream_started_from_a_checkpointed_offset_checks_its_generations(
+    server: ServerProcess, client: Client, new_topic: Callable[[], str]
+) -> None:
+    """The planner on its own (no Spark): a start taken from another query's checkpoint
+    is of the generation that offset records."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from tidings.errors import TopicNotFound
+    from tidings.spark.options import parse_read_options
+    from tidings.spark.stream_reader import TidingsStreamReader
+
+    topic = new_topic()
+    client.publish(topic, [b"old0"])
+    old = client.poll(topic)[-1].id.hex
+    client.delete_topic(topic)
+    client.create_topic(topic)
+    offset = json.dumps({topic: old, "@generations": {topic: 1}})
+    options = {"url": server.url, "topic": topic, "startingMessageId": offset}
+    reader = TidingsStreamReader(parse_read_options(options, streaming=True))
+    try:
+        start = reader.initialOffset()
+        assert start == {topic: old, "@generations": {topic: 1}}
+        with pytest.raises(TopicNotFound, match=r"generation 1, now 2"):
+            reader.latestOffset(start, ReadAllAvailable())
+    finally:
+        reader.stop()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from tidings.errors import InvalidMessageId
@@ -55,10 +55,11 @@ class Start:
     - ``earliest``: the oldest live message;
     - ``latest``: after the newest stable message when the query starts;
     - ``id``: at message ``value`` (a 40-hex id), inclusive;
-    - ``time``: at the first message published at or after ``value`` ms.
+    - ``time``: at the first message published at or after ``value`` ms;
+    - ``after``: right after message ``value`` (a position of a checkpointed offset).
     """
 
-    kind: Literal["earliest", "latest", "id", "time"]
+    kind: Literal["earliest", "latest", "id", "time", "after"]
     value: str | int | None = None
 
 
@@ -89,9 +90,16 @@ class ReadOptions:
     token: str | None = None
     #: A CA file to check an https server's certificate with (None: the system's).
     cacert: str | None = None
-    #: Streaming: fail when a topic was deleted (and perhaps created again) under the
-    #: query, rather than go on reading the new topic from its start.
+    #: Fail when a topic was deleted (and perhaps created again) under a streaming
+    #: query, or since the generations given were recorded, rather than go on reading
+    #: the new topic from its start.
     fail_on_data_loss: bool = True
+    #: The topics' generations the starting or ending offsets carry (``@generations``
+    #: of an offset taken from a streaming checkpoint): the read is of those topics
+    #: as they were then, and a topic created again since is lost data.
+    generations: Mapping[str, int] = field(default_factory=dict)
+    #: False for ``spark.read``: only what an error says differs.
+    streaming: bool = True
 
     @property
     def committed(self) -> bool:
@@ -263,8 +271,17 @@ def _topics(text: str | None, *, required: bool) -> tuple[str, ...]:
     return tuple(seen)
 
 
-def _per_topic(text: str, topics: tuple[str, ...], what: str) -> dict[str, str]:
-    """``text`` for every topic, or a JSON object ``{"topic": value}`` naming some."""
+#: An offset's key for its topics' generations (:data:`tidings.spark.offsets.GENERATIONS`).
+_GENERATIONS = "@generations"
+
+
+def _per_topic(
+    text: str, topics: tuple[str, ...], what: str, generations: dict[str, int] | None = None
+) -> dict[str, str]:
+    """``text`` for every topic, or a JSON object ``{"topic": value}`` naming some.
+
+    With ``generations``, the object may be a streaming offset as checkpointed: its
+    ``@generations`` go there (the caller then reads its values as positions)."""
     if not text.startswith("{"):
         return {t: text for t in topics}
     try:
@@ -273,6 +290,25 @@ def _per_topic(text: str, topics: tuple[str, ...], what: str) -> dict[str, str]:
         raise ValueError(f"option {what}: malformed JSON object") from None
     if not isinstance(raw, dict):
         raise ValueError(f"option {what}: expected a JSON object of topic -> value")
+    if generations is not None and _GENERATIONS in raw:
+        raw = dict(raw)
+        given = raw.pop(_GENERATIONS)
+        if not isinstance(given, dict):
+            raise ValueError(f"option {what}: {_GENERATIONS} must be an object of topic -> int")
+        for topic, generation in given.items():
+            if topic not in topics:
+                raise ValueError(
+                    f"option {what}: {_GENERATIONS} names topic {topic!r}, which is not read"
+                )
+            if isinstance(generation, bool) or not isinstance(generation, int) or generation < 1:
+                raise ValueError(
+                    f"option {what}: {_GENERATIONS}[{topic!r}] must be a positive integer"
+                )
+            if generations.setdefault(topic, generation) != generation:
+                raise ValueError(
+                    f"options startingMessageId and endingMessageId give topic {topic!r} "
+                    f"two generations ({generations[topic]} and {generation})"
+                )
     out: dict[str, str] = {}
     for topic, value in raw.items():
         if topic not in topics:
@@ -300,14 +336,44 @@ def _timestamp(text: str, what: str) -> int:
     return value
 
 
-def _starts(options: Mapping[str, str], topics: tuple[str, ...]) -> dict[str, Start]:
+def _offset_parts(text: str, what: str) -> tuple[str, str]:
+    """A checkpointed offset's position ``text`` as ``(form, value)``: ``earliest``,
+    ``time``, ``at`` or ``after`` (a bare id: right after that message)."""
+    if text == "earliest":
+        return "earliest", ""
+    for form in ("time", "at"):
+        if text.startswith(form + ":"):
+            value = text[len(form) + 1 :]
+            if form == "time":
+                return form, str(_timestamp(value, what))
+            return form, _message_id(value, what)
+    return "after", _message_id(text, what)
+
+
+def _starts(
+    options: Mapping[str, str], topics: tuple[str, ...], generations: dict[str, int]
+) -> dict[str, Start]:
     by_id = _get(options, "startingmessageid")
     by_time = _get(options, "startingtimestamp")
     if by_id is not None and by_time is not None:
         raise ValueError("options startingMessageId and startingTimestamp exclude each other")
     starts = {t: Start("earliest") for t in topics}
     if by_id is not None:
-        for topic, text in _per_topic(by_id, topics, "startingMessageId").items():
+        given = len(generations)
+        values = _per_topic(by_id, topics, "startingMessageId", generations)
+        checkpointed = len(generations) > given or _GENERATIONS in by_id
+        for topic, text in values.items():
+            if checkpointed:
+                # A streaming offset: its positions mean what they mean to the stream,
+                # so the read starts where the next micro-batch would.
+                form, value = _offset_parts(text, "startingMessageId")
+                if form == "earliest":
+                    starts[topic] = Start("earliest")
+                elif form == "time":
+                    starts[topic] = Start("time", int(value))
+                else:
+                    starts[topic] = Start("id" if form == "at" else "after", value)
+                continue
             lowered = text.lower()
             if lowered in ("earliest", "latest"):
                 starts[topic] = Start(lowered)  # type: ignore[arg-type]
@@ -319,14 +385,31 @@ def _starts(options: Mapping[str, str], topics: tuple[str, ...]) -> dict[str, St
     return starts
 
 
-def _ends(options: Mapping[str, str], topics: tuple[str, ...]) -> dict[str, Bound]:
+def _ends(
+    options: Mapping[str, str], topics: tuple[str, ...], generations: dict[str, int]
+) -> dict[str, Bound]:
     by_id = _get(options, "endingmessageid")
     by_time = _get(options, "endingtimestamp")
     if by_id is not None and by_time is not None:
         raise ValueError("options endingMessageId and endingTimestamp exclude each other")
     ends = {t: Bound("latest") for t in topics}
     if by_id is not None:
-        for topic, text in _per_topic(by_id, topics, "endingMessageId").items():
+        given = len(generations)
+        values = _per_topic(by_id, topics, "endingMessageId", generations)
+        checkpointed = len(generations) > given or _GENERATIONS in by_id
+        for topic, text in values.items():
+            if checkpointed:
+                # A streaming offset: a micro-batch ending there read every message up
+                # to and including an id; from "at:<id>", "time:<ms>" or "earliest" on
+                # it read nothing yet.
+                form, value = _offset_parts(text, "endingMessageId")
+                if form == "after":
+                    ends[topic] = Bound("id", value)
+                elif form == "at":
+                    ends[topic] = Bound("id", MessageId.from_hex(value).previous().hex)
+                else:
+                    ends[topic] = Bound("time", int(value) if form == "time" else 0)
+                continue
             if text.lower() == "latest":
                 ends[topic] = Bound("latest")
             else:
@@ -349,13 +432,8 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         for key in ("endingmessageid", "endingtimestamp"):
             if key in opts:
                 raise ValueError(f"option {key} applies to batch reads only")
-    else:
-        for key, name in (
-            ("maxmessagespertrigger", "maxMessagesPerTrigger"),
-            ("failondataloss", "failOnDataLoss"),
-        ):
-            if key in opts:
-                raise ValueError(f"option {name} applies to streaming reads only")
+    elif "maxmessagespertrigger" in opts:
+        raise ValueError("option maxMessagesPerTrigger applies to streaming reads only")
     topics = _topics(_get(opts, "topic"), required=True)
     isolation = (_get(opts, "isolation") or "read_committed").lower()
     if isolation not in ("read_committed", "read_uncommitted"):
@@ -363,12 +441,15 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
             f"option isolation must be read_committed or read_uncommitted, got {isolation!r}"
         )
     fetch_size = _positive_int(opts, "fetchsize", "fetchSize") or DEFAULT_FETCH_SIZE
+    generations: dict[str, int] = {}
+    starts = _starts(opts, topics, generations)
+    ends = _ends(opts, topics, generations)
     return ReadOptions(
         url=_url(opts),
         namespace=_name(_get(opts, "namespace") or DEFAULT_NAMESPACE, "namespace"),
         topics=topics,
-        starts=_starts(opts, topics),
-        ends=_ends(opts, topics),
+        starts=starts,
+        ends=ends,
         isolation=isolation,  # type: ignore[arg-type]
         max_messages_per_trigger=_positive_int(
             opts, "maxmessagespertrigger", "maxMessagesPerTrigger"
@@ -379,6 +460,8 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         token=_get(opts, "token"),
         cacert=_get(opts, "cacert"),
         fail_on_data_loss=_boolean(opts, "failondataloss", "failOnDataLoss", default=True),
+        generations=generations,
+        streaming=streaming,
     )
 
 

@@ -64,6 +64,8 @@ def start_position(start: Start) -> str:
         return f"time:{start.value}"
     if start.kind == "id":
         return f"at:{start.value}"
+    if start.kind == "after":
+        return str(start.value)
     return EARLIEST
 
 
@@ -82,7 +84,13 @@ def read_partition(options: ReadOptions, part: InputPartition) -> Iterator[pa.Re
                 now = client.get_topic(part.topic).generation
                 if now != part.generation and options.fail_on_data_loss:
                     raise TopicNotFound(
-                        data_loss_message(options.namespace, part.topic, part.generation, now)
+                        data_loss_message(
+                            options.namespace,
+                            part.topic,
+                            part.generation,
+                            now,
+                            streaming=options.streaming,
+                        )
                     )
         except TopicNotFound:
             # Deleted since the range was planned: what it held is gone, which a
@@ -91,12 +99,27 @@ def read_partition(options: ReadOptions, part: InputPartition) -> Iterator[pa.Re
                 raise
 
 
-def data_loss_message(namespace: str, topic: str, recorded: int | None, current: int | None) -> str:
-    """Why a streaming read stops where ``topic`` (of ``recorded`` generation) was
-    deleted (``current`` None) or created again."""
+def data_loss_message(
+    namespace: str,
+    topic: str,
+    recorded: int | None,
+    current: int | None,
+    *,
+    streaming: bool = True,
+) -> str:
+    """Why a read stops where ``topic`` (of ``recorded`` generation) was deleted
+    (``current`` None) or created again."""
     what = "deleted" if current is None else "deleted and created again"
     then = "" if recorded is None else f" (generation {recorded}"
     then += "" if not then else (")" if current is None else f", now {current})")
+    if not streaming:
+        return (
+            f"topic {topic!r} of namespace {namespace!r} was {what}{then} since the "
+            "offsets given to the read were taken, or since the read was planned: the "
+            "messages they name are lost, and offsets of the old topic do not apply to a "
+            "new one. Read with offsets of the topic as it is now, or set the option "
+            "failOnDataLoss to false to read a new topic of that name from its start."
+        )
     return (
         f"topic {topic!r} of namespace {namespace!r} was {what}{then} while the streaming "
         "query read it: messages it had not read are lost, and the offsets of the old "
@@ -124,24 +147,44 @@ class TidingsBatchReader(DataSourceReader):
         pieces = slices_per_topic(o, default_batch_slices())
         parts: list[InputPartition] = []
         with connect(o) as client:
-            # Where each topic ends, asked before the snapshot is taken: see _find.
-            ends = {
-                t: client.end(t)
-                for t in o.topics
-                if o.ends[t].kind == "latest" and o.starts[t].kind != "latest"
+            # Asked first: a topic created again after this is then caught by the tasks.
+            generations = {
+                t: self._generation(client, t) for t in o.topics if o.starts[t].kind != "latest"
             }
+            topics = [t for t in o.topics if t in generations and generations[t] is not None]
+            # Where each topic ends, asked before the snapshot is taken: see _find.
+            ends = {t: client.end(t) for t in topics if o.ends[t].kind == "latest"}
             tx = snapshot(client, o.committed)
-            for topic in o.topics:
-                start = o.starts[topic]
-                if start.kind == "latest":
-                    continue  # a bounded read from the end reads nothing
-                position = start_position(start)
+            for topic in topics:
+                position = start_position(o.starts[topic])
+                if o.generations.get(topic, generations[topic]) != generations[topic]:
+                    position = EARLIEST  # created again: read the new topic from its start
                 found = _find(client, o, topic, position, tx, ends.get(topic))
                 if found.last is None:
                     continue
                 cuts = slices(found.first_ts, found.last.publish_ts, pieces)
-                parts.extend(plan_ranges(topic, position, found.last, cuts, tx))
+                for part in plan_ranges(topic, position, found.last, cuts, tx):
+                    part.generation = generations[topic]
+                    parts.append(part)
         return parts
+
+    def _generation(self, client: Client, topic: str) -> int | None:
+        """``topic``'s generation now, checked against the one its offsets were taken
+        in: as Spark's Kafka source, a read whose offsets are out of range fails
+        (``failOnDataLoss``), or else reads what there is (None: nothing, the topic is
+        gone). A topic that was never read from is just not found."""
+        recorded = self.options.generations.get(topic)
+        try:
+            current: int | None = client.get_topic(topic).generation
+        except TopicNotFound:
+            if recorded is None:
+                raise
+            current = None
+        if recorded is not None and current != recorded and self.options.fail_on_data_loss:
+            raise TopicNotFound(
+                data_loss_message(self.options.namespace, topic, recorded, current, streaming=False)
+            )
+        return current
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, TopicRange):

@@ -143,7 +143,9 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Where reading ``topic`` starts, and its generation, asked first: a topic
         created again in between then fails the check later rather than pass it."""
         generation = self.client.get_topic(topic).generation
-        return self._initial(topic), generation
+        # A start taken from a checkpointed offset is of the generation it records: a
+        # topic created again since is then noticed at the first batch.
+        return self._initial(topic), self.options.generations.get(topic, generation)
 
     def _generation(self, topic: str) -> int | None:
         """``topic``'s generation now; None while there is no such topic."""
