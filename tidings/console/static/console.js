@@ -546,20 +546,36 @@ function createTopicForm() {
   return panel("Create a topic", null, form);
 }
 
+/** The text an error shows: the server's message and its status. */
+function errorText(err) {
+  if (err instanceof ApiError) return err.status ? `${err.message} (${err.status})` : err.message;
+  return String(err);
+}
+
+/**
+ * ``{value}`` or ``{error}`` (its text) of a part of a page that may be refused on its
+ * own (a 403 for one topic's groups, a passing 503): the rest of the page still shows.
+ * A 401 fails the page: start() takes over.
+ */
+async function settle(promise) {
+  try {
+    return { value: await promise };
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 401) throw err;
+    return { error: errorText(err) };
+  }
+}
+
 async function topicPage(topic) {
   const [meta, stats] = await Promise.all([get(topicPath(topic)), get(topicPath(topic, "/stats"))]);
-  let groups = null;
-  let queues = null;
-  let consumersNote = null;
+  let groups = { error: "Groups and queues need consume rights on this topic." };
+  let queues = groups;
   if (may.consume(topic)) {
-    try {
-      [groups, queues] = await Promise.all([topicGroups(topic), topicQueues(topic)]);
-    } catch (err) {
-      consumersNote = err.message;
-    }
-  } else {
-    consumersNote = "Groups and queues need consume rights on this topic.";
+    [groups, queues] = await Promise.all([settle(topicGroups(topic)), settle(topicQueues(topic))]);
   }
+  const failed = (part) => (may.consume(topic)
+    ? notice("error", part.error)
+    : h("p", { class: "muted" }, part.error));
   const props = Object.entries(meta.properties).sort();
   const lso = stats.lastStableId
     ? [h("code", {}, stats.lastStableId), h("div", { class: "small muted" },
@@ -591,8 +607,10 @@ async function topicPage(topic) {
       props.map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, k === "ttl" ? `${v} s (${duration(Number(v) * 1000)})` : v))),
       "No properties.",
     )),
-    panel("Consumer groups", null, consumersNote ? h("p", { class: "muted" }, consumersNote) : groupsTable(groups, false)),
-    panel("Queues", null, consumersNote ? h("p", { class: "muted" }, consumersNote) : queuesTable(queues)),
+    h("div", { id: "groups-panel" },
+      panel("Consumer groups", null, groups.error ? failed(groups) : groupsTable(groups.value, false))),
+    h("div", { id: "queues-panel" },
+      panel("Queues", null, queues.error ? failed(queues) : queuesTable(queues.value))),
   );
 }
 
@@ -677,7 +695,14 @@ async function readableTopics() {
 
 async function groupsPage() {
   const topics = await readableTopics();
-  const groups = (await Promise.all(topics.map(topicGroups))).flat();
+  const found = await Promise.all(topics.map((t) => settle(topicGroups(t))));
+  const groups = found.flatMap((f) => f.value || []);
+  const refused = topics.map((t, i) => [t, found[i].error]).filter(([, error]) => error)
+    .map(([t, error]) => {
+      const shown = notice("error", `Groups of ${t}: ${error}`);
+      shown.dataset.topic = t;
+      return shown;
+    });
   const sections = groups.map((g) => panel(
     h("span", {}, h("a", { href: `#/topic/${encodeURIComponent(g.topic)}` }, g.topic), " / ", g.group),
     `generation ${g.generation} · ${g.partitionCount} partitions · lag ${lagText(g.lag, g.partitions.every((p) => p.lagExact))} · starts at ${g.start}`,
@@ -695,6 +720,7 @@ async function groupsPage() {
         h("td", { class: "num" }, lagText(p.lag, p.lagExact)))), "No partitions."))));
   show(
     heading("Consumer groups", `Namespace ${namespace()}`, refreshButton()),
+    refused,
     panel("All groups", `${groups.length} on ${topics.length} topics you may consume`, groupsTable(groups, true)),
     sections,
   );
@@ -706,18 +732,28 @@ async function groupsPage() {
 async function queuesPage() {
   const all = (await get(nsPath("/queues"))).filter((q) => may.consume(q.topic));
   const names = new Set(await get(nsPath("/topics")));
-  const queues = (await Promise.all(all.map(async ({ topic, queue }) => {
-    const found = await getUnlessGone(topicPath(topic, `/queues/${encodeURIComponent(queue)}`));
-    if (found === null) return null;
-    const q = { topic, ...found };
+  const found = await Promise.all(all.map(({ topic, queue }) => settle((async () => {
+    const described = await getUnlessGone(topicPath(topic, `/queues/${encodeURIComponent(queue)}`));
+    if (described === null) return null;
+    const q = { topic, ...described };
     if (names.has(q.deadLetterTopic) && may.read(q.deadLetterTopic)) {
-      const dead = await getUnlessGone(topicPath(q.deadLetterTopic, "/stats"));
-      if (dead !== null) q.deadLetterDepth = dead.messageCount;
+      // Only a figure of the row: refused or unavailable, the row shows without it.
+      const dead = await settle(getUnlessGone(topicPath(q.deadLetterTopic, "/stats")));
+      if (dead.value) q.deadLetterDepth = dead.value.messageCount;
     }
     return q;
-  }))).filter(Boolean);
+  })())));
+  const queues = found.map((f) => f.value).filter(Boolean);
+  const refused = all.map((q, i) => [q, found[i].error]).filter(([, error]) => error)
+    .map(([q, error]) => {
+      const shown = notice("error", `Queue ${q.queue} of ${q.topic}: ${error}`);
+      shown.dataset.topic = q.topic;
+      shown.dataset.queue = q.queue;
+      return shown;
+    });
   show(
     heading("Queues", `Namespace ${namespace()}`, refreshButton()),
+    refused,
     panel("Queues", `${queues.length} in ${namespace()}`, queuesTable(queues, true)),
     h("p", { class: "hint" },
       "Waiting: messages available to workers now. Pending: leased to a worker and not yet acked. ",
@@ -1137,9 +1173,7 @@ async function route() {
     await page(hash.match(re));
   } catch (err) {
     if (mine === generation && !(err instanceof ApiError && err.status === 401)) {
-      let text = String(err);
-      if (err instanceof ApiError) text = err.status ? `${err.message} (${err.status})` : err.message;
-      show(notice("error", text));
+      show(notice("error", errorText(err)));
     }
   } finally {
     if (mine === generation) {
