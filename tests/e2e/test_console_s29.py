@@ -5,9 +5,11 @@ auth file, or a server briefly overloaded, would answer."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -126,3 +128,74 @@ def test_a_topic_whose_groups_are_refused_leaves_the_rest_of_the_page(
     finally:
         _stop_refusing(console, identifier)
     console.errors()  # the stubbed refusals are logged as failed requests
+
+
+def test_a_token_refused_by_another_server_at_the_address_is_said_not_looped(
+    console: Console, server: ServerProcess, namespace: str
+) -> None:
+    """A 401 on a page's request made the console ask whoami again and, the token being
+    accepted there (another server behind the same address, with another auth file),
+    load the page again: refused again, for ever, the page flickering."""
+    with Client(server.url, namespace) as client:
+        client.create_topic("anything")
+    identifier = _refusing(
+        console,
+        (r"/namespaces/[^/]+/topics$", 401, "Unauthorized", "no principal has this token"),
+    )
+    try:
+        console.open("#/topics")
+        shown = console.wait_for("#main .notice.error").text
+        asked = console.driver.execute_script("return window.whoamis")
+        time.sleep(1.5)  # a loop asks whoami hundreds of times meanwhile
+        assert asked == 2 == console.driver.execute_script("return window.whoamis")
+        shown = console.find("#main .notice.error").text
+        assert "no principal has this token (401)" in shown and "auth file" in shown, shown
+        console.shot("s29-token-refused")
+        console.find("main button.quiet").click()  # Refresh: tried again, by hand
+        console.settled()
+        time.sleep(0.5)
+        assert "(401)" in console.find("#main .notice.error").text
+        assert console.driver.execute_script("return window.whoamis") == 3
+    finally:
+        _stop_refusing(console, identifier)
+    console.open("#/topics")  # the server itself still answers
+    assert console.wait_for("tr[data-topic=anything]")
+    console.errors()
+
+
+def test_a_token_refused_by_another_server_is_said_for_a_named_principal(
+    driver: WebDriver,  # noqa: F811
+    start_server: Callable[..., ServerProcess],
+    shots: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The same behind an auth file: this server knows the token, the other does not."""
+    token = "console-s29-reader-token"
+    auth = tmp_path / "auth.toml"
+    auth.write_text(
+        '[[principal]]\nname = "reader"\n'
+        f'token_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"\n'
+        'consume = ["*"]\n'
+    )
+    secured = start_server("--auth-file", str(auth))
+    console = Console(driver, f"http://localhost:{secured.port}", shots)
+    identifier = _refusing(
+        console,
+        (r"/namespaces/[^/]+/topics$", 401, "Unauthorized", "no principal has this token"),
+    )
+    try:
+        console.open("#/topics")
+        console.wait_for("#login-form")
+        console.find("#token").send_keys(token)
+        console.find("#login").click()
+        shown = console.wait_for("#main .notice.error").text
+        asked = console.driver.execute_script("return window.whoamis")
+        time.sleep(1.0)
+        # The page's, the login's, the refusal's: and no more.
+        assert asked == 3 == console.driver.execute_script("return window.whoamis")
+        assert "accepts it for reader" in shown and "auth file" in shown, shown
+        assert "reader" in console.find("#who").text  # still signed in: the token is good
+    finally:
+        _stop_refusing(console, identifier)
+        console.driver.execute_script("sessionStorage.clear()")
+    console.errors()

@@ -15,6 +15,7 @@ const RATES_WINDOW = RATES_SPAN_MS / RATES_EVERY_MS + 1; // points kept
 const main = document.getElementById("main");
 const state = {
   me: null, // the /v1/whoami answer
+  refused: null, // the request a 401 refused, while start() checks the token again
   timers: [], // intervals of the page on screen, cleared when it changes
   rates: { key: "", points: [] },
 };
@@ -370,15 +371,17 @@ async function call(method, path, body) {
       data = text;
     }
   }
-  if (answer.status === 401) {
+  const message = answer.ok ? null : data && data.error ? data.error : `${answer.status} ${answer.statusText}`;
+  if (answer.status === 401 && path !== "/v1/whoami" && state.me) {
     // The token was withdrawn (the auth file reloaded) while the page was open. It is
     // kept for start(), whose whoami finds no principal for it, drops it and says
     // so on the login page: dropped here, the login page came up with no reason.
+    // The first refusal of a page is the one start() reports; the others wait for it.
     state.me = null;
+    state.refused = { method, path, message };
     setTimeout(start, 0);
   }
   if (!answer.ok) {
-    const message = data && data.error ? data.error : `${answer.status} ${answer.statusText}`;
     throw new ApiError(answer.status, message, data && data.type);
   }
   return { data, headers: answer.headers };
@@ -1196,6 +1199,8 @@ async function start() {
     loginPage(UNSENDABLE);
     return;
   }
+  const refused = state.refused;
+  state.refused = null;
   try {
     state.me = await get("/v1/whoami");
   } catch (err) {
@@ -1203,6 +1208,26 @@ async function start() {
     return;
   }
   renderSession();
+  if (refused && (!state.me.auth || state.me.name)) {
+    // A request was refused for want of a valid token, yet whoami accepts it: more
+    // than one server answers at this address, with different auth files (or one
+    // not reloaded yet). Loading the page again was refused again, for ever.
+    generation += 1; // a page still loading must not cover this
+    main.removeAttribute("aria-busy");
+    document.body.dataset.ready = String(generation);
+    const accepted = state.me.auth
+      ? `accepts it for ${state.me.name}`
+      : "says it needs no token (it has no auth file)";
+    show(
+      heading("Token refused", null, refreshButton()),
+      notice("error",
+        `${refused.method} ${refused.path} was refused: ${refused.message} (401). Yet the server ` +
+        `${accepted} when asked who the token belongs to. More than one server seems to ` +
+        "answer at this address, with different auth files (one changed and not reloaded, " +
+        "or not yet everywhere): have them all use the same auth file, and reload it " +
+        "(SIGHUP). Refresh tries again."));
+    return;
+  }
   if (state.me.auth && !state.me.name) {
     // The token this call sent (read before the await): several refused requests of
     // one page each call start(), and the first to get here drops the token.
