@@ -214,9 +214,13 @@ class LeaderLease:
         advertise_url: str,
         seconds: float = 5.0,
         on_lost: Callable[[str], None] | None = None,
+        connect_timeout: float = 5.0,
     ) -> None:
         if seconds <= 0:
             raise ValueError("a lease lasts a positive number of seconds")
+        #: Seconds a connection may take to open (whole ones, at least 2: psycopg's
+        #: rounding); a ``connect_timeout`` in the URL wins. A poll waits 2 s at most.
+        self.connect_timeout = max(1, math.ceil(connect_timeout))
         self.url = url
         self.instance_id = instance_id
         self.advertise_url = advertise_url
@@ -248,7 +252,9 @@ class LeaderLease:
             given = conninfo_to_dict(url)
             tcp = {k: v for k, v in tcp_options(seconds).items() if k not in given}
             self._conninfo = make_conninfo(url, **tcp)
-        except psycopg.Error:
+            if "connect_timeout" in given:
+                self.connect_timeout = max(1, math.ceil(float(str(given["connect_timeout"]))))
+        except (psycopg.Error, ValueError):
             self._conninfo = url  # a malformed URL: the first connect says what is wrong
 
     @property
@@ -373,8 +379,11 @@ class LeaderLease:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _connect(self, connect_timeout: int = 5) -> psycopg.Connection[Any]:
-        return psycopg.connect(self._conninfo, autocommit=True, connect_timeout=connect_timeout)
+    def _connect(self, connect_timeout: int | None = None) -> psycopg.Connection[Any]:
+        timeout = self.connect_timeout
+        if connect_timeout is not None:
+            timeout = min(timeout, connect_timeout)
+        return psycopg.connect(self._conninfo, autocommit=True, connect_timeout=timeout)
 
     def _read(self, read: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``read`` over the connection kept for reads: a new connection per call cost

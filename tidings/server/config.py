@@ -206,6 +206,16 @@ class ServerConfig:
         flag=True,
         bound="positive",
     )
+    pg_connect_timeout: float = _setting(
+        5.0,
+        "with a PostgreSQL store: seconds opening a connection to PostgreSQL may take (the "
+        "store's writer and read pool, the leader lease's), in whole seconds, at least 2; "
+        "a `connect_timeout` in the `store` URL wins. An unreachable database stops a "
+        "start with an error after about this long, and at run time a request that needs "
+        "a new connection gets a retriable 503 instead of waiting. Ignored on LMDB",
+        bound="positive",
+        shown="5",
+    )
     sync: bool = _setting(
         True,
         "fsync every group commit of the store and of the transaction log. `false`: "

@@ -156,6 +156,7 @@ class Services:
             instance_id=new_instance_id(),
             advertise_url=config.advertise_url or _default_advertise_url(config),
             seconds=config.lease_seconds,
+            connect_timeout=config.pg_connect_timeout,
         )
         _unreachable(lease.prepare)
         return lease
@@ -282,6 +283,11 @@ def _default_advertise_url(config: ServerConfig) -> str:
     return f"http://{host}:{config.port}"
 
 
+#: How long a read waits for a connection of the PostgreSQL store's read pool (seconds;
+#: docs/configuration.md, ``pg_readers``).
+PG_READ_WAIT = 10.0
+
+
 def _open_store(config: ServerConfig) -> Store:
     """PostgreSQL where ``store`` names a database, else LMDB in ``data_dir``."""
     if config.store is None:
@@ -293,7 +299,13 @@ def _open_store(config: ServerConfig) -> Store:
     # A connection whose network path was cut fails within about the lease, as the
     # lease's own connections do: the lease is lost by then anyway.
     return _unreachable(
-        lambda: PostgresStore(url, readers=config.pg_readers, tcp_timeout=config.lease_seconds)
+        lambda: PostgresStore(
+            url,
+            readers=config.pg_readers,
+            tcp_timeout=config.lease_seconds,
+            connect_timeout=config.pg_connect_timeout,
+            read_wait=PG_READ_WAIT,
+        )
     )
 
 
@@ -333,4 +345,8 @@ def _unreachable(open_: Callable[[], T]) -> T:
                 "the PostgreSQL store takes no writes (a read-only server, a standby? "
                 f"the URL must lead to the primary): {reason}"
             ) from None
+        if isinstance(exc, psycopg.errors.ConnectionTimeout):
+            # A database that never answered (a black-holed address, a firewall that
+            # drops): say how long it was given, and which setting that is.
+            reason = f"no answer within the connect timeout (pg_connect_timeout): {reason}"
         raise ServiceUnavailable(f"cannot reach the PostgreSQL store: {reason}") from None

@@ -660,7 +660,12 @@ class PostgresStore(Store):
     ``tcp_timeout`` (seconds; None: the URL's and the system's settings alone) bounds
     how long a connection whose network path was cut goes unnoticed: TCP keepalives
     and ``tcp_user_timeout`` as :func:`tidings.cluster.lease.tcp_options` sets them,
-    except those the URL gives."""
+    except those the URL gives.
+
+    ``connect_timeout`` (seconds, whole ones, at least 2: psycopg's rounding) bounds
+    the opening of every connection, the writer's and the read pool's, unless the URL
+    gives its own ``connect_timeout``. ``read_wait`` is how long a read waits for a
+    pooled connection (None: ``connect_timeout``)."""
 
     def __init__(
         self,
@@ -669,9 +674,12 @@ class PostgresStore(Store):
         readers: int = 8,
         connect_timeout: float = 10.0,
         tcp_timeout: float | None = TCP_TIMEOUT,
+        read_wait: float | None = None,
     ) -> None:
         self.url = url
-        self._conninfo = _with_tcp_options(url, tcp_timeout)
+        self._conninfo, connect_timeout = _with_connect_timeout(
+            _with_tcp_options(url, tcp_timeout), connect_timeout
+        )
         self._connect_timeout = connect_timeout
         self._writer_conn = _connect(self._conninfo, connect_timeout)
         try:
@@ -689,7 +697,7 @@ class PostgresStore(Store):
             # that takes the snapshot: one round trip rather than three.
             kwargs={"autocommit": True},
             configure=_plan_by_key,
-            timeout=connect_timeout,
+            timeout=connect_timeout if read_wait is None else read_wait,
             open=True,
         )
         self._queue: queue.SimpleQueue[tuple[Callable[[WriteView], Any], Future[Any]] | None] = (
@@ -968,6 +976,22 @@ def _with_tcp_options(url: str, seconds: float | None) -> str:
         return make_conninfo(url, **tcp)
     except psycopg.Error:
         return url  # a malformed URL: the first connect says what is wrong
+
+
+def _with_connect_timeout(url: str, seconds: float) -> tuple[str, float]:
+    """``url`` with ``connect_timeout`` (``seconds``, rounded up to whole ones, as libpq
+    counts them), unless it gives its own, and the timeout it then has. In the URL, so
+    that the read pool's connections get it too: without one, psycopg waited up to 130 s
+    for each, and a pool whose opening threads all waited on a database that never
+    answered (a black-holed address) could not open a connection for minutes after it
+    came back."""
+    try:
+        given = conninfo_to_dict(url).get("connect_timeout")
+        if given is not None:
+            return url, float(given)
+        return make_conninfo(url, connect_timeout=max(1, math.ceil(seconds))), seconds
+    except (psycopg.Error, ValueError):
+        return url, seconds  # a malformed URL: the first connect says what is wrong
 
 
 def _connect(url: str, timeout: float) -> psycopg.Connection[Any]:
