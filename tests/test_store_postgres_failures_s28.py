@@ -195,11 +195,13 @@ def test_a_write_whose_connection_was_cut_before_its_commit_is_a_503(
         store.close()
 
 
-def test_a_write_whose_commit_got_no_answer_stays_an_unknown_outcome(
+def test_a_write_whose_commit_got_no_answer_and_did_not_commit_is_a_503(
     postgres_url: str,
 ) -> None:
-    # The COMMIT went out and the connection died: it may have committed, so it is
-    # not a 503 ("not done"), which clients would take as safe to forget.
+    # The COMMIT seemed to go out and the connection seemed to die: it may have
+    # committed, so the writer asks PostgreSQL, which says it did not (the COMMIT never
+    # left here): a 503, nothing written, where it was a 500 (outcome unknown).
+    # tests/e2e/test_pg_commit_s29.py loses real COMMITs' answers.
     store = PostgresStore(fresh_schema(postgres_url), readers=1)
     try:
 
@@ -216,9 +218,10 @@ def test_a_write_whose_commit_got_no_answer_stays_an_unknown_outcome(
             conn.execute = execute
             view.put(M, b"a", b"1")
 
-        with pytest.raises(ServerError) as caught:
+        with pytest.raises(StoreUnavailable, match="did not commit it") as caught:
             store.apply(lose_commit)
-        assert _answer(caught.value)[0] == 500
+        assert _answer(caught.value)[0] == 503
+        assert store.get(M, b"a") is None
     finally:
         store.close()
 

@@ -39,7 +39,8 @@
     ├── UnsupportedMediaType          415
     ├── ServerError                   500  a bug or a storage failure (retriable)
     │   ├── LogFailed                 500  the transaction log could not be written
-    │   └── CorruptSnapshot           500  a transaction snapshot file is damaged
+    │   ├── CorruptSnapshot           500  a transaction snapshot file is damaged
+    │   └── OutcomeUnknown            500  a write's commit went unanswered: it may have happened
     ├── ServiceUnavailable            503  not available here now (retriable)
     │   ├── LeaseLost                 503  this instance no longer leads the cluster (retry)
     │   ├── StoreFull                 503  the store has no room for the write (retry later)
@@ -82,6 +83,7 @@ __all__ = [
     "NotDelivered",
     "NotFound",
     "OutOfOrderSequence",
+    "OutcomeUnknown",
     "PartitionFenced",
     "PayloadTooLarge",
     "PayloadsAlreadyPublished",
@@ -319,6 +321,16 @@ class CorruptSnapshot(ServerError):
     """A snapshot file is damaged (it was written whole, so this is not a crash artifact)."""
 
 
+class OutcomeUnknown(ServerError):
+    """A write's ``COMMIT`` went to PostgreSQL and its answer never came back (the
+    connection was lost), and the server could not find out afterwards, within its
+    connect timeout, whether that transaction committed: the request may or may not
+    have been carried out. Not a 503, which says "not done": an idempotent request (an
+    idempotent publish, an ack) may be sent again, and the Python clients do so; any
+    other (a plain publish, a pop) must be checked before it is sent again, or it may
+    be carried out twice."""
+
+
 class ServiceUnavailable(TidingsError):
     """The service (or the part asked for, e.g. transactions) is not available here now."""
 
@@ -350,8 +362,9 @@ class StoreUnavailable(ServiceUnavailable):
     """The store could not do the work now, and nothing of it was done: PostgreSQL could
     not be reached or cut the connection before the write was sent whole, every
     connection of the read pool stayed busy, or PostgreSQL refused (a read-only
-    standby, a cancelled statement). Retriable. A write whose ``COMMIT`` was sent and
-    then got no answer is a :class:`ServerError` instead: it may have committed."""
+    standby, a cancelled statement), or a write whose ``COMMIT`` got no answer was found
+    not to have committed. Retriable. A write whose ``COMMIT`` got no answer and whose
+    outcome the server could not learn is an :class:`OutcomeUnknown` instead."""
 
 
 class TooManyTransactions(ServiceUnavailable):

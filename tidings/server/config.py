@@ -212,7 +212,9 @@ class ServerConfig:
         "store's writer and read pool, the leader lease's), in whole seconds, at least 2; "
         "a `connect_timeout` in the `store` URL wins. An unreachable database stops a "
         "start with an error after about this long, and at run time a request that needs "
-        "a new connection gets a retriable 503 instead of waiting. Ignored on LMDB",
+        "a new connection gets a retriable 503 instead of waiting. Also how long the "
+        "writer keeps trying to learn whether a commit whose answer was lost committed "
+        "(else 500 `OutcomeUnknown`). Ignored on LMDB",
         bound="positive",
         shown="5",
     )

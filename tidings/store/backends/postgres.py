@@ -13,7 +13,9 @@ memory (a function that raises loses only its own), sends them in one transactio
 a few round trips, and commits once: group commit, durable with PostgreSQL's default
 ``synchronous_commit = on``.
 Scans page through the range with keyset queries, so an iterator stopped early reads
-little. Acknowledged means committed in PostgreSQL.
+little. Acknowledged means committed in PostgreSQL. A ``COMMIT`` whose answer is
+lost is not left in doubt where PostgreSQL can say how it ended
+(:meth:`PostgresStore._outcome`).
 
 Every connection has TCP keepalives and ``tcp_user_timeout`` (``tcp_timeout``, as the
 leader lease's connections: :func:`tidings.cluster.lease.tcp_options`): a read or a
@@ -31,6 +33,7 @@ import queue
 import select
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -40,7 +43,14 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from tidings.errors import LeaseLost, ServerError, StoreFull, StoreUnavailable, TidingsError
+from tidings.errors import (
+    LeaseLost,
+    OutcomeUnknown,
+    ServerError,
+    StoreFull,
+    StoreUnavailable,
+    TidingsError,
+)
 from tidings.store.backend import TABLES, ReadView, Store, WriteView, check_table
 
 __all__ = ["SCHEMA_VERSION", "TCP_TIMEOUT", "PostgresStore"]
@@ -67,6 +77,11 @@ _INLINE_BYTES = 64 << 10
 TCP_TIMEOUT = 30.0
 #: What a write refused by the leader fence tells its caller.
 _LEASE_LOST = "this instance no longer holds the leader lease; retry elsewhere"
+#: The group's transaction id (``xid8``), asked for before its ``COMMIT`` goes out: where
+#: the answer to the ``COMMIT`` is lost, ``pg_xact_status`` of it says whether it
+#: committed. The second form assigns none to a transaction that wrote nothing.
+_XID = b"SELECT pg_current_xact_id()"
+_XID_IF_ASSIGNED = b"SELECT pg_current_xact_id_if_assigned()"
 
 
 class _ReadFailed(StoreUnavailable, psycopg.OperationalError):
@@ -99,9 +114,9 @@ def _write_error(exc: BaseException, commit_sent: bool) -> TidingsError:
     """What the callers of a group whose transaction failed with ``exc`` get.
 
     Nothing of the group was stored, except where the connection was lost with its
-    ``COMMIT`` sent and unanswered: that one may have committed, so it stays a
-    :class:`~tidings.errors.ServerError` (clients treat a 5xx other than 503 as a
-    lost answer, a 503 as not done). An error PostgreSQL answered (it has a
+    ``COMMIT`` sent and unanswered: the writer then asks PostgreSQL how that
+    transaction ended (:meth:`PostgresStore._outcome`), and this is not called for it
+    unless the answer was "not committed". An error PostgreSQL answered (it has a
     SQLSTATE) ended the transaction without committing it."""
     reason = _reason(exc)
     if isinstance(exc, psycopg.errors.DiskFull):
@@ -290,6 +305,11 @@ class _WriteView(_View):
         #: The group's ``COMMIT`` went out: a connection lost now leaves its outcome
         #: unknown.
         self.commit_sent = False
+        #: The transaction's id (``xid8``, as text), once asked for: None while not
+        #: asked, or where the transaction wrote nothing (it then has none).
+        self.xid: str | None = None
+        #: The server process of the session the ``COMMIT`` went out on.
+        self.backend_pid = 0
 
     # -- the protocol --------------------------------------------------------------------
 
@@ -408,38 +428,57 @@ class _WriteView(_View):
         group = self._group
         if not group and not self.begun:
             return
-        free = self.open(_probes(group))
+        # The transaction id, for finding out how the COMMIT ended if its answer is
+        # lost; in the same round trip as the opening or the probes where there is one.
+        free = self.open(_probes(group), xid=_XID if group else _XID_IF_ASSIGNED)
+        self.backend_pid = self._conn.info.backend_pid
         _write(self._conn, group, free, then=b"COMMIT", sending_then=self._sending_commit)
         self.written = group
         self._group = _Changes()
 
-    def open(self, probes: Mapping[str, bytes] | None = None) -> dict[str, bool]:
+    def open(
+        self, probes: Mapping[str, bytes] | None = None, *, xid: bytes | None = None
+    ) -> dict[str, bool]:
         """Begin the transaction if it has not begun, checking the fence first, and
         run ``probes`` (a query per table) in the same round trip: the tables whose
-        probe found no row. Raises :class:`LeaseLost` where the fence refuses."""
+        probe found no row. Raises :class:`LeaseLost` where the fence refuses.
+
+        With ``xid`` (:data:`_XID` or :data:`_XID_IF_ASSIGNED`), the transaction's id
+        is asked for too, unless known (:attr:`xid`). A fenced opening always asks: the
+        fence's row lock gives the transaction an id anyway."""
         if self.fenced:
             raise LeaseLost(_LEASE_LOST)
         probes = probes or {}
-        parts = [*([] if self.begun else [self._opening]), *probes.values()]
+        if self._fenced_by and not self.begun:
+            xid = _XID
+        ask = xid if xid is not None and self.xid is None else None
+        parts = [
+            *([] if self.begun else [self._opening]),
+            *probes.values(),
+            *([] if ask is None else [ask]),
+        ]
         if not parts:
             return {}
         # Without parameters psycopg sends the text as one simple query: every
         # statement in it costs one round trip together (each costs ~1-2 ms when the
         # cores are busy, as under load; BENCHMARKS.md).
         cur = self._conn.execute(b"; ".join(parts))
-        found: list[bool] = []
+        rows: list[Any] = []
         while True:
             if cur.description is not None:
-                found.append(cur.fetchone() is not None)
+                rows.append(cur.fetchone())
             if not cur.nextset():
                 break
+        if ask is not None:
+            got = rows.pop()
+            self.xid = None if got is None or got[0] is None else str(got[0])
         if not self.begun:
             self.begun = True
-            if self._fenced_by and not found.pop(0):
+            if self._fenced_by and rows.pop(0) is None:
                 self.fenced = True
                 _rollback(self._conn)
                 raise LeaseLost(_LEASE_LOST)
-        return {table: not hit for table, hit in zip(probes, found, strict=True)}
+        return {table: row is None for table, row in zip(probes, rows, strict=True)}
 
     def _sending_commit(self) -> None:
         self.commit_sent = True
@@ -886,7 +925,33 @@ class PostgresStore(Store):
                 self._fenced(group)
                 return
             _log.error("store commit failed", exc_info=exc, extra={"event": "error"})
-            error = _write_error(exc, view is not None and view.commit_sent)
+            error: TidingsError
+            if view is not None and _unanswered(exc, view.commit_sent):
+                outcome = self._outcome(view)
+                if outcome == "committed":
+                    _log.warning(
+                        "the store's commit went unanswered, and PostgreSQL says it "
+                        "committed: the writes are acknowledged",
+                        extra={"event": "error"},
+                    )
+                    self._commits += 1
+                    self._settle(group, outcomes)
+                    return
+                if outcome is None:
+                    error = OutcomeUnknown(
+                        f"the PostgreSQL store's connection was lost after the write's "
+                        f"COMMIT was sent ({_reason(exc)}), and whether it committed could "
+                        f"not be found out within {self._connect_timeout:g} s: the write "
+                        f"may or may not have been made"
+                    )
+                else:
+                    error = StoreUnavailable(
+                        f"the PostgreSQL store's connection was lost while the write "
+                        f"committed ({_reason(exc)}), and PostgreSQL did not commit it: "
+                        f"nothing was written"
+                    )
+            else:
+                error = _write_error(exc, view is not None and view.commit_sent)
             for _, future in group:
                 future.set_exception(error)
             if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
@@ -904,11 +969,62 @@ class PostgresStore(Store):
             return
         self._commits += 1
         view.committed()
+        self._settle(group, outcomes)
+
+    @staticmethod
+    def _settle(
+        group: list[tuple[Callable[[WriteView], Any], Future[Any]]],
+        outcomes: list[tuple[bool, Any]],
+    ) -> None:
+        """The group committed: each function's result, or the error it raised."""
         for (_, future), (ok, value) in zip(group, outcomes, strict=True):
             if ok:
                 future.set_result(value)
             else:
                 future.set_exception(value)
+
+    def _outcome(self, view: _WriteView) -> str | None:
+        """How the transaction whose ``COMMIT`` went unanswered ended: "committed",
+        "aborted", or None where PostgreSQL could not tell within the connect timeout.
+
+        Asked over a new connection (the writer's from then on): ``pg_xact_status`` of
+        the transaction's id. Where its session still runs it ("in progress": the
+        ``COMMIT`` never arrived, or is still being carried out), that session is ended
+        first (``pg_terminate_backend``, which waits for it to exit): the transaction
+        then either committed before or never will. A transaction without an id wrote
+        nothing: whatever became of it, nothing was written."""
+        xid = view.xid
+        if xid is None:
+            return "aborted"
+        deadline = time.monotonic() + self._connect_timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                conn = self._writer_conn
+                if conn.closed or conn.broken:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                    conn = self._writer_conn = _connect(self._conninfo, max(left, 0.0))
+                status = _xact_status(conn, xid)
+                if status == "in progress" and view.backend_pid:
+                    conn.execute(
+                        "SELECT pg_terminate_backend(pid, %s) FROM pg_stat_activity "
+                        "WHERE pid = %s AND backend_xid = %s::text::xid",
+                        # backend_xid is the 32-bit xid: the xid8 without its epoch.
+                        (max(100, int(left * 1000)), view.backend_pid, int(xid) & 0xFFFFFFFF),
+                    ).fetchall()
+                    status = _xact_status(conn, xid)
+                if status in ("committed", "aborted"):
+                    return status
+            except psycopg.Error as exc:
+                _log.warning(
+                    f"cannot find out whether the store's unanswered commit committed: "
+                    f"{_reason(exc)}",
+                    extra={"event": "error"},
+                )
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
     def _set_idle_timeout(self, conn: psycopg.Connection[Any]) -> None:
         # Session-level, so once per connection (a reconnect starts without it).
@@ -945,6 +1061,22 @@ class PostgresStore(Store):
             self._writer_conn = _connect(self._conninfo, self._connect_timeout)
         except psycopg.Error as exc:
             _log.error(f"cannot reconnect to the store: {exc}", extra={"event": "error"})
+
+
+def _unanswered(exc: BaseException, commit_sent: bool) -> bool:
+    """Whether ``exc`` left a transaction whose ``COMMIT`` was sent with no answer: the
+    connection failed (no SQLSTATE: PostgreSQL said nothing) after it went out."""
+    return (
+        commit_sent
+        and isinstance(exc, psycopg.OperationalError)
+        and getattr(exc, "sqlstate", None) is None
+    )
+
+
+def _xact_status(conn: psycopg.Connection[Any], xid: str) -> str | None:
+    """``pg_xact_status`` of the transaction ``xid`` (an ``xid8`` as text)."""
+    row = conn.execute("SELECT pg_xact_status(%s::text::xid8)", (xid,)).fetchone()
+    return None if row is None or row[0] is None else str(row[0])
 
 
 def _ended_while_idle(conn: psycopg.Connection[Any]) -> bool:
