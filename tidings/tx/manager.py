@@ -635,8 +635,10 @@ class TransactionManager:
                 generation, target = storage.new_log()
             else:
                 generation, path = storage.new_log()
-            # Rotating waits for held records under the lock; one-write commits that
-            # would wait for the lock meanwhile take the two-write path instead.
+            # Rotating the file log waits for held records and flushes under the lock
+            # (the log in the store waits for nothing there: finish_snapshot waits for
+            # its records, outside the lock); one-write commits that would wait for the
+            # lock meanwhile take the two-write path instead.
             self._rotating = True
             try:
                 with self._lock:

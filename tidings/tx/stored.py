@@ -22,7 +22,9 @@ already queued for some of them put the same keys again later, which changes not
 
 Recovery, rotation and snapshots follow :mod:`tidings.tx.durable`: replay from the
 newest snapshot, then write a fresh snapshot under a new generation and drop
-everything older in the same write.
+everything older in the same write. Unlike the file log's, a rotation waits for no
+write under the manager's lock: the snapshot's write waits for the older records,
+outside it.
 """
 
 from __future__ import annotations
@@ -163,12 +165,17 @@ class StoreLog:
         return future
 
     def rotate(self, generation: int) -> None:
-        """Wait for every record so far, then append under ``generation``. The caller
-        holds the manager's lock, so nothing is appended meanwhile."""
+        """Append under ``generation`` from now on. The caller holds the manager's lock,
+        so nothing is appended meanwhile.
+
+        It does not wait for the records so far to be committed: that waited for the
+        store, under the manager's lock, which the server's event loop takes (a slow
+        PostgreSQL stalled every request). Nothing needs it here: keys order records
+        by generation and sequence, the store commits them in the order they were
+        submitted, and recovery replays every generation from its snapshot's on. The
+        snapshot's write waits for them instead (:meth:`StoreTxStorage.finish_snapshot`),
+        since it deletes the older generations' records."""
         with self._cond:
-            while self._durable < self._appended:
-                self._check()
-                self._cond.wait()
             self._check()
             self.generation = generation
 
@@ -238,6 +245,8 @@ class StoreTxStorage:
         self._history_size = history_size
         self._wal: StoreLog | None = None
         self.generation = 0
+        #: The last record of the generations before the current one (rotated()).
+        self._rotated_after = 0
 
     @property
     def wal(self) -> StoreLog:
@@ -259,11 +268,16 @@ class StoreTxStorage:
         return self.generation + 1, self.generation + 1
 
     def rotated(self, generation: int) -> None:
-        """Note that the log now appends under ``generation``."""
+        """Note that the log now appends under ``generation`` (under the manager's lock:
+        every record appended so far belongs to the generations before)."""
         self.generation = generation
+        self._rotated_after = self.wal.tail
 
     def finish_snapshot(self, generation: int, image: StateImage) -> None:
-        """Write the snapshot for ``generation`` and drop the records it covers."""
+        """Write the snapshot for ``generation`` and drop the records it covers, once
+        they are committed: the write that deletes them must not go before one of them
+        (or come at all where one failed: the log then stopped, and this raises)."""
+        self.wal.sync(self._rotated_after)
         self._store.apply(partial(self._snapshot_fn, generation, image))
 
     def close(self) -> None:
