@@ -721,6 +721,8 @@ class PostgresStore(Store):
         )
         self._connect_timeout = connect_timeout
         self._writer_conn = _connect(self._conninfo, connect_timeout)
+        #: The server the writer's connection leads to (_server_of).
+        self._writer_server = _server_of(self._writer_conn)
         try:
             _migrate(self._writer_conn)
         except BaseException:
@@ -891,6 +893,7 @@ class PostgresStore(Store):
         # noticing (a read-only group); the next one starts on a new connection.
         self._reconnect_if_broken()
         conn = self._writer_conn
+        server = self._writer_server
         fence = self._fence
         outcomes: list[tuple[bool, Any]] = []
         view: _WriteView | None = None
@@ -927,7 +930,7 @@ class PostgresStore(Store):
             _log.error("store commit failed", exc_info=exc, extra={"event": "error"})
             error: TidingsError
             if view is not None and _unanswered(exc, view.commit_sent):
-                outcome = self._outcome(view)
+                outcome = self._outcome(view, server)
                 if outcome == "committed":
                     _log.warning(
                         "the store's commit went unanswered, and PostgreSQL says it "
@@ -983,7 +986,7 @@ class PostgresStore(Store):
             else:
                 future.set_exception(value)
 
-    def _outcome(self, view: _WriteView) -> str | None:
+    def _outcome(self, view: _WriteView, server: str | None) -> str | None:
         """How the transaction whose ``COMMIT`` went unanswered ended: "committed",
         "aborted", or None where PostgreSQL could not tell within the connect timeout.
 
@@ -992,7 +995,8 @@ class PostgresStore(Store):
         ``COMMIT`` never arrived, or is still being carried out), that session is ended
         first (``pg_terminate_backend``, which waits for it to exit): the transaction
         then either committed before or never will. A transaction without an id wrote
-        nothing: whatever became of it, nothing was written."""
+        nothing: whatever became of it, nothing was written. Only asked of the server
+        the ``COMMIT`` went to (``server``, :func:`_server_of`)."""
         xid = view.xid
         if xid is None:
             return "aborted"
@@ -1005,6 +1009,17 @@ class PostgresStore(Store):
                     with contextlib.suppress(Exception):
                         conn.close()
                     conn = self._writer_conn = _connect(self._conninfo, max(left, 0.0))
+                    self._writer_server = _server_of(conn)
+                if server is None or self._writer_server != server:
+                    # Another server than the one the COMMIT went to (a standby promoted
+                    # since, another host of the URL): its transaction ids are not that
+                    # one's, and its sessions not that one's to end.
+                    _log.warning(
+                        "cannot find out whether the store's unanswered commit committed: "
+                        "the connection now leads to another PostgreSQL server",
+                        extra={"event": "error"},
+                    )
+                    return None
                 status = _xact_status(conn, xid)
                 if status == "in progress" and view.backend_pid:
                     conn.execute(
@@ -1059,6 +1074,7 @@ class PostgresStore(Store):
             self._writer_conn.close()
         try:
             self._writer_conn = _connect(self._conninfo, self._connect_timeout)
+            self._writer_server = _server_of(self._writer_conn)
         except psycopg.Error as exc:
             _log.error(f"cannot reconnect to the store: {exc}", extra={"event": "error"})
 
@@ -1136,6 +1152,24 @@ def _connect(url: str, timeout: float) -> psycopg.Connection[Any]:
         conn.close()
         raise
     return conn
+
+
+def _server_of(conn: psycopg.Connection[Any]) -> str | None:
+    """Which PostgreSQL server ``conn`` leads to, as far as transaction ids go: its
+    cluster's system identifier and its timeline, which a standby's promotion changes
+    (its copy shares the identifier). The same after a restart of the same server,
+    whose transaction ids stay valid. None where it cannot be read."""
+    try:
+        row = conn.execute(
+            "SELECT system_identifier::text || '/' || "
+            "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) FROM pg_control_system()"
+        ).fetchone()
+    except psycopg.Error:
+        if not conn.broken:
+            with contextlib.suppress(psycopg.Error):
+                _rollback(conn)
+        return None
+    return None if row is None else str(row[0])
 
 
 def _plan_by_key(conn: psycopg.Connection[Any]) -> None:
