@@ -252,8 +252,8 @@ class LeaderLease:
             given = conninfo_to_dict(url)
             tcp = {k: v for k, v in tcp_options(seconds).items() if k not in given}
             self._conninfo = make_conninfo(url, **tcp)
-            if "connect_timeout" in given:
-                self.connect_timeout = max(1, math.ceil(float(str(given["connect_timeout"]))))
+            if float(str(given.get("connect_timeout", 0))) > 0:
+                self.connect_timeout = math.ceil(float(str(given["connect_timeout"])))
         except (psycopg.Error, ValueError):
             self._conninfo = url  # a malformed URL: the first connect says what is wrong
 

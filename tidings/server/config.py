@@ -210,7 +210,7 @@ class ServerConfig:
         5.0,
         "with a PostgreSQL store: seconds opening a connection to PostgreSQL may take (the "
         "store's writer and read pool, the leader lease's), in whole seconds, at least 2; "
-        "a `connect_timeout` in the `store` URL wins. An unreachable database stops a "
+        "a positive `connect_timeout` in the `store` URL wins. An unreachable database stops a "
         "start with an error after about this long, and at run time a request that needs "
         "a new connection gets a retriable 503 instead of waiting. Also how long the "
         "writer keeps trying to learn whether a commit whose answer was lost committed "

@@ -1128,15 +1128,15 @@ def _with_tcp_options(url: str, seconds: float | None) -> str:
 
 def _with_connect_timeout(url: str, seconds: float) -> tuple[str, float]:
     """``url`` with ``connect_timeout`` (``seconds``, rounded up to whole ones, as libpq
-    counts them), unless it gives its own, and the timeout it then has. In the URL, so
-    that the read pool's connections get it too: without one, psycopg waited up to 130 s
-    for each, and a pool whose opening threads all waited on a database that never
-    answered (a black-holed address) could not open a connection for minutes after it
-    came back."""
+    counts them), unless it gives a positive one of its own, and the timeout it then
+    has. In the URL, so that the read pool's connections get it too: without one,
+    psycopg waited up to 130 s for each, and a pool whose opening threads all waited on
+    a database that never answered (a black-holed address) could not open a connection
+    for minutes after it came back. (A URL's 0, libpq's "wait forever", is that again.)"""
     try:
         given = conninfo_to_dict(url).get("connect_timeout")
-        if given is not None:
-            return url, float(given)
+        if given is not None and float(str(given)) > 0:
+            return url, float(str(given))
         return make_conninfo(url, connect_timeout=max(1, math.ceil(seconds))), seconds
     except (psycopg.Error, ValueError):
         return url, seconds  # a malformed URL: the first connect says what is wrong
