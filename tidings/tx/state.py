@@ -10,7 +10,7 @@ State kept:
 - ``last_write_pointer``: the highest pointer handed out (begin or commit);
 - ``reserved_from..reserved``: the run of pointers a begin may hand out before its
   record is durable (``Reserve`` records; see the manager);
-- ``read_pointer``: the highest committed write pointer;
+- ``read_pointer``: the highest write pointer that committed or aborted;
 - ``in_progress``: write pointer -> expiry and owner, in begin (= pointer) order;
 - ``invalid``: timed-out, invalidated and fenced pointers, until pruned;
 - committed change sets, only while an older transaction is still in progress;
@@ -320,6 +320,11 @@ class TxStateMachine:
 
     def _apply_abort(self, r: Abort) -> None:
         self.in_progress.pop(r.write_pointer, None)
+        # As Tephra's abort: its writes were rolled back, so nothing of it is left to
+        # hide. Left above the read pointer, it would count as begun after every later
+        # snapshot, and the topics it wrote to as held by an open transaction (their
+        # last stable position stuck at its first entry) until some later commit.
+        self.read_pointer = max(self.read_pointer, r.write_pointer)
         self._remember(r.write_pointer, Outcome.ABORTED)
         self._trim_change_sets()
 
