@@ -34,7 +34,7 @@ from tidings.messaging.fetching import retention_cutoff
 from tidings.messaging.topics import Topics
 from tidings.store.backend import Store, WriteView
 
-__all__ = ["CleanupReport", "Cleaner"]
+__all__ = ["CleanupReport", "Cleaner", "producers_range"]
 
 T = TypeVar("T")
 
@@ -54,6 +54,9 @@ class CleanupReport:
     payloads_deleted: int
     batches: int
     seconds: float
+    #: Idempotent producers' records (one per producer id and topic generation) left
+    #: after the pass.
+    producers: int = 0
 
 
 class Cleaner:
@@ -88,13 +91,14 @@ class Cleaner:
         for topic_id, state in states:
             self._clean_topic(topic_id, state, now)
         self._clean_expired(now)
-        self._clean_producers(now)
+        producers = self._clean_producers(now)
         return CleanupReport(
             topics=len(states),
             messages_deleted=self._deleted[_MESSAGES],
             payloads_deleted=self._deleted[_PAYLOADS],
             batches=self._batches,
             seconds=time.monotonic() - began,
+            producers=producers,
         )
 
     def _clean_topic(self, topic_id: int, state: TopicState, now: int) -> None:
@@ -183,17 +187,20 @@ class Cleaner:
         self._in_batches(old, drop)
 
     def _in_batches(
-        self, doomed: list[bytes], delete: Callable[[WriteView, list[bytes]], None]
-    ) -> None:
-        """``delete(view, chunk)`` over Metadata keys, ``batch`` of them per write."""
+        self, doomed: list[bytes], delete: Callable[[WriteView, list[bytes]], int | None]
+    ) -> int:
+        """``delete(view, chunk)`` over Metadata keys, ``batch`` of them per write;
+        returns the sum of what the ``delete`` calls that committed returned."""
+        total = 0
         for first in range(0, len(doomed), self._batch):
             chunk = doomed[first : first + self._batch]
 
-            def write(view: WriteView, chunk: list[bytes] = chunk) -> None:
-                delete(view, chunk)
+            def write(view: WriteView, chunk: list[bytes] = chunk) -> int | None:
+                return delete(view, chunk)
 
-            self._store.apply(write)
+            total += self._store.apply(write) or 0
             self._batches += 1
+        return total
 
     def _drain(
         self, table: str, start: bytes, stop: bytes, *, counted: _Cutoff | None = None
@@ -242,12 +249,12 @@ class Cleaner:
                     raise
                 batch //= 2
 
-    def _clean_producers(self, now: int) -> None:
+    def _clean_producers(self, now: int) -> int:
+        """Forget idle producers; returns how many producer records are left."""
         # An idempotent producer idle past the expiry is forgotten: its next publish
         # (if any) starts a sequence afresh. Also drops deleted topics' producers.
         cutoff = now - self._producer_expiry_ms
-        start = keys.PRODUCER_PREFIX
-        stop = start[:-1] + bytes((start[-1] + 1,))
+        start, stop = producers_range()
 
         def doomed(key: bytes, value: bytes, live: set[tuple[int, int]]) -> bool:
             topic_id = int.from_bytes(key[len(start) : len(start) + 4], "big")
@@ -256,21 +263,29 @@ class Cleaner:
             return last_ms < cutoff or (topic_id, generation) not in live
 
         live = self._live()
+        seen = 0
+        idle: dict[bytes, bytes] = {}
         with self._store.read() as view:
-            idle = {k: v for k, v in view.scan(_META, start, stop) if doomed(k, v, live)}
+            for k, v in view.scan(_META, start, stop):
+                seen += 1
+                if doomed(k, v, live):
+                    idle[k] = v
         # A topic made after the live ones were listed, and published to before the
         # read, is live now: its producers stay.
         live = self._live()
         idle = {k: v for k, v in idle.items() if doomed(k, v, live)}
 
-        def drop(view: WriteView, chunk: list[bytes]) -> None:
+        def drop(view: WriteView, chunk: list[bytes]) -> int:
             # Only a record as it was read: one the producer published under meanwhile
             # (its time moved on) stays, or a retry of that publish would be a copy.
+            dropped = 0
             for key in chunk:
                 if view.get(_META, key) == idle[key]:
                     view.delete(_META, key)
+                    dropped += 1
+            return dropped
 
-        self._in_batches(list(idle), drop)
+        return seen - self._in_batches(list(idle), drop)
 
     def _live(self) -> set[tuple[int, int]]:
         return {(topic_id, state.generation) for topic_id, state in self._topics.live_states()}
@@ -328,6 +343,12 @@ class _Cutoff:
         """The cutoff as the 10-byte ``ts | seq`` that keys end with."""
         ms = self.ms(view)
         return None if ms is None else keys.ts_seq(ms, 0)
+
+
+def producers_range() -> tuple[bytes, bytes]:
+    """``[start, stop)`` of every idempotent producer's record (Metadata table)."""
+    start = keys.PRODUCER_PREFIX
+    return start, start[:-1] + bytes((start[-1] + 1,))
 
 
 def _with_batch(fn: Callable[[WriteView, int], T], batch: int, view: WriteView) -> T:

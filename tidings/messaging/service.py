@@ -29,7 +29,7 @@ from tidings.messaging.counters import Counters, LatencyHistogram, TopicCounters
 from tidings.messaging.fetching import PageColumns, fetch_messages, newest_id
 from tidings.messaging.names import parse_ttl
 from tidings.messaging.plain_pages import PlainPage
-from tidings.messaging.retention import Cleaner, CleanupReport
+from tidings.messaging.retention import Cleaner, CleanupReport, producers_range
 from tidings.messaging.topics import Topics
 from tidings.names import check_name
 from tidings.store.backend import AFTER_ALL_KEYS, ReadView, Store, WriteView
@@ -120,6 +120,8 @@ class MessagingService:
         self._clean_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: Idempotent producers' records as the last cleaner pass left them.
+        self._producers: int | None = None
 
     @property
     def config(self) -> MessagingConfig:
@@ -894,7 +896,21 @@ class MessagingService:
     def clean_once(self) -> CleanupReport:
         """One full cleaner pass, in bounded batches (also what the thread runs)."""
         with self._clean_lock:
-            return self._cleaner.run_once()
+            report = self._cleaner.run_once()
+            self._producers = report.producers
+            return report
+
+    def producer_records(self) -> int:
+        """How many idempotent producers' records (one per producer id and topic
+        generation) the store holds, as the last cleaner pass counted them: the pass
+        reads them all anyway, so between passes this costs nothing. Before the first
+        pass, counted now."""
+        counted = self._producers
+        if counted is not None:
+            return counted
+        start, stop = producers_range()
+        with self._store.read() as view:
+            return sum(1 for _ in view.scan(_META, start, stop))
 
     def start(self) -> None:
         """Start the background cleaner (a daemon thread), every ``cleanup_interval``."""

@@ -290,6 +290,7 @@ def _application(
     sources = Sources(
         topic_counters=messaging.counters if messaging is not None else None,
         publish_latency=messaging.publish_latency if messaging is not None else None,
+        producer_records=messaging.producer_records if messaging is not None else None,
         tx_state=tx.state if tx is not None else None,
         store_commits=(lambda: store.commits) if store is not None else None,
         tx_pruned=(lambda: pruner.pruned_total) if pruner is not None else None,

@@ -82,6 +82,8 @@ class Sources:
     topic_counters: Callable[[], Mapping[tuple[str, str], TopicCounters]] | None = None
     #: Every publish's latency, deleted topics' included (else summed over the topics).
     publish_latency: Callable[[], LatencyHistogram] | None = None
+    #: Idempotent producers' records in the store (as the last cleaner pass counted).
+    producer_records: Callable[[], int] | None = None
     tx_state: Callable[[], TransactionState] | None = None
     store_commits: Callable[[], int] | None = None
     tx_pruned: Callable[[], int] | None = None
@@ -207,6 +209,13 @@ class _Collector:
         )
         latency.add_metric([], _cumulative(bounds, latency_counts or [0]), latency_sum)
         yield latency
+        if self._m.sources.producer_records is not None:
+            yield GaugeMetricFamily(
+                "tidings_idempotent_producers",
+                "Idempotent producers' records kept (one per producer id and topic), "
+                "as the cleaner's last pass counted them.",
+                value=self._m.sources.producer_records(),
+            )
 
     def _http(self) -> Iterator[Metric]:
         http = self._m.http
