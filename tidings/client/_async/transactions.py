@@ -59,6 +59,7 @@ from tidings.codec.admin import TransactionGroupCommit
 from tidings.codec.queue_bodies import TransactionAck
 from tidings.errors import (
     PayloadTooLarge,
+    ProducerFenced,
     RoleUnavailable,
     ServiceUnavailable,
     TidingsError,
@@ -196,6 +197,8 @@ class AsyncTransactionContext(ContextState):
         self.keeps_leases = False
         #: Group positions of a deferred transaction, likewise, with their members.
         self._group_commits: list[tuple[TransactionGroupCommit, AsyncGroupMember]] = []
+        #: What the abort answered where a newer epoch of the producer had fenced it.
+        self._fenced: ProducerFenced | None = None
         #: Held while the transaction begins: publishes that run concurrently and find
         #: a deferred transaction that must begin wait for the one begin.
         # ---- async only
@@ -341,6 +344,7 @@ class AsyncTransactionContext(ContextState):
                 except BaseException as exc:
                     failure = failure_of(participant, step, exc)
                     await self._abort_after(failure)
+                    self._raise_if_fenced(failure)
                     if failure is exc:
                         raise
                     raise failure from exc
@@ -394,10 +398,18 @@ class AsyncTransactionContext(ContextState):
             return
         if exc is not None:
             await self._abort_after(exc)
+            self._raise_if_fenced(exc)
         else:
             await self.finish()
 
     # --- failure handling ---
+
+    def _raise_if_fenced(self, failure: BaseException) -> None:
+        """A zombie learns it is one: the transaction was refused for having ended,
+        and its abort for a newer epoch of the producer, whose registration invalidated
+        it. ProducerFenced, as its commit and abort get, rather than the refusal."""
+        if self._fenced is not None and isinstance(failure, TransactionNotInProgress):
+            raise self._fenced from failure
 
     async def _abort_after(self, cause: BaseException) -> None:
         if self._state is State.PENDING:
@@ -490,6 +502,13 @@ class AsyncTransactionContext(ContextState):
                 await self._client.abort(tx, transactional_id=self._producer_id, epoch=self._epoch)
         except TransactionNotInProgress:
             pass  # it timed out or was invalidated meanwhile: its writes stay invisible
+        except ProducerFenced as exc:
+            # A newer epoch registered the id, which invalidated the transaction.
+            self._fenced = exc
+            failed.append(
+                f"transaction {tx.write_pointer} was invalidated when its transactional "
+                f"id was registered again ({exc}); its writes never show"
+            )
         except TidingsError as exc:
             failed.append(
                 f"could not end transaction {tx.write_pointer} ({exc!r}); "
