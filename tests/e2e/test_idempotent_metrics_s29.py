@@ -39,7 +39,7 @@ def test_producer_records_are_counted_and_expire(
     # Each producer id that publishes costs a record per topic until it has been idle
     # for producer_expiry; an operator could not see them pile up (a client made per
     # request makes one per request).
-    server = start_server(TIDINGS_PRODUCER_EXPIRY="3", TIDINGS_CLEANUP_INTERVAL="0.2")
+    server = start_server(TIDINGS_PRODUCER_EXPIRY="4", TIDINGS_CLEANUP_INTERVAL="0.2")
     assert producers(server) == 0
     with Client(server.url) as client:
         client.create_topic(topic)
@@ -57,7 +57,7 @@ def test_producer_records_are_counted_and_expire(
             publish(topic, producer, 0)
         publish(topic, "a1" * 16, 1)  # the same record, moved on
         publish(topic + "-b", "a1" * 16, 0)  # one record per topic
-        wait_for(server, 4, 2.5)
+        wait_for(server, 4, 3.5)
         # Idle past the expiry, every record goes: the count falls back to zero.
         wait_for(server, 0, 10.0)
         publish(topic, "a1" * 16, 1)  # forgotten: written again, as a new producer
