@@ -53,6 +53,7 @@ from hypothesis.stateful import (
 from tests.e2e.serverproc import ServerProcess
 from tidings import Client
 from tidings.client import Consumer
+from tidings.client.txbuffer import DEFAULT_PAYLOAD_THRESHOLD
 from tidings.errors import (
     OutOfOrderSequence,
     PayloadsAlreadyPublished,
@@ -62,6 +63,7 @@ from tidings.errors import (
     TransactionCommitted,
     TransactionConflict,
     TransactionInvalid,
+    TransactionNotFound,
 )
 from tidings.structs import MessageId, ProducerInfo, RollbackInfo, Transaction
 
@@ -414,9 +416,16 @@ class TxModel(RuleBasedStateMachine):
         tid=st.sampled_from([None, 0, 1]),
         stale=st.booleans(),
         defer=st.booleans(),
+        stream=st.booleans(),
     )
     def transaction_block(
-        self, topics: list[int], fail: bool, tid: int | None, stale: bool, defer: bool
+        self,
+        topics: list[int],
+        fail: bool,
+        tid: int | None,
+        stale: bool,
+        defer: bool,
+        stream: bool,
     ) -> None:
         producer = None
         fenced = False
@@ -427,7 +436,14 @@ class TxModel(RuleBasedStateMachine):
             producer = epochs[0] if stale else epochs[-1]
             fenced = producer != epochs[-1]
         batches = [(self.topics[t], self._payloads(1)) for t in topics]
-        ctx = self.client.transaction(producer=producer, timeout=TX_TIMEOUT, defer_begin=defer)
+        # ``stream``: every publish goes to the server at once (stored under the write
+        # pointer), rather than held for the commit.
+        ctx = self.client.transaction(
+            producer=producer,
+            timeout=TX_TIMEOUT,
+            defer_begin=defer,
+            payload_threshold=0 if stream else DEFAULT_PAYLOAD_THRESHOLD,
+        )
         if fenced:
             with pytest.raises(ProducerFenced), ctx as tx:
                 for topic, payloads in batches:
@@ -511,6 +527,44 @@ class TxModel(RuleBasedStateMachine):
         block.status = COMMITTED
         self.commits.append((self._tick(), frozenset(keys)))
         self.log[name].extend((p, block) for p in payloads)
+
+    @rule(
+        topic=st.sampled_from([0, 1]),
+        call=st.sampled_from(["publish", "store", "commit", "abort", "invalidate"]),
+    )
+    def unknown_transaction(self, topic: int, call: str) -> None:
+        # A write pointer never handed out: 404, and nothing is written or ended.
+        name = self.topics[topic]
+        wp = self.client.transactions().last_write_pointer + 10**9
+        with pytest.raises(TransactionNotFound):
+            if call == "publish":
+                self.client.publish(name, self._payloads(1), write_pointer=wp)
+            elif call == "store":
+                self.client.store(name, self._payloads(1), write_pointer=wp)
+            elif call == "commit":
+                self.client.commit(wp)
+            elif call == "abort":
+                self.client.abort(wp)
+            else:
+                self.client.invalidate(wp)
+
+    @rule(tx=txs, topic=st.sampled_from([0, 1]), producer=st.sampled_from(["ok", "bad"]))
+    def idempotent_headers_in_a_transaction(self, tx: Tx, topic: int, producer: str) -> None:
+        # The producer headers belong to a plain publish: with a write pointer they are
+        # a 400, whatever the transaction's state, and nothing is written.
+        name = self.topics[topic]
+        [payload] = self._payloads(1)
+        pid = self.producer_ids[0] if producer == "ok" else "not hex"
+        answer = self.http.post(
+            f"/topics/{name}/publish",
+            json={
+                "messages": [base64.b64encode(payload).decode()],
+                "transactionWritePointer": tx.wp,
+            },
+            headers={"Tidings-Producer-Id": pid, "Tidings-Sequence": "0"},
+        )
+        assert answer.status_code == 400, answer.text
+        assert "error" in answer.json()
 
     # --- outside transactions ---
 
