@@ -73,6 +73,8 @@ def test_sequences_over_rest(server: ServerProcess, topic: str) -> None:
         assert bad.status_code == 400
         bad = publish("x")
         assert bad.status_code == 400
+        bad = publish(10**18)  # 19 digits: past what a sequence may be
+        assert bad.status_code == 400 and "at most 18 digits" in bad.json()["error"]
         bad = httpx.post(
             url,
             json={"messages": ["eA=="]},

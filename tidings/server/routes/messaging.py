@@ -125,7 +125,7 @@ def _producer(request: Request) -> tuple[bytes, int] | None:
     if len(producer_id) != 16:
         raise BadRequest(f"{PRODUCER_HEADER} must be 32 hex digits")
     if not (raw_seq.isascii() and raw_seq.isdigit()) or len(raw_seq) > 18:
-        raise BadRequest(f"{SEQUENCE_HEADER} must be a non-negative integer")
+        raise BadRequest(f"{SEQUENCE_HEADER} must be a non-negative integer of at most 18 digits")
     return producer_id, int(raw_seq)
 
 
