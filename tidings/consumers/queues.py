@@ -45,7 +45,9 @@ import logging
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -61,6 +63,7 @@ from tidings.errors import (
     NotDelivered,
     QueueNotFound,
     ServerError,
+    ServiceUnavailable,
     TidingsError,
     TopicAlreadyExists,
 )
@@ -145,12 +148,26 @@ class _Lease:
     ids: dict[MessageId, None]  # insertion-ordered set
     expired: bool = False  # its deadline passed and its messages went back
     durable: bool = False  # a record of it is in the store (maybe behind memory)
+    #: A pop's lease whose answer waits for this write (a dead-lettering): if it
+    #: fails, the worker is told so, and the lease is nobody's.
+    answered_after: Future[None] | None = None
 
     def active(self) -> bool:
         return bool(self.owner) and not self.expired and not self.write_pointer
 
 
 _QueueId = tuple[int, int, str]  # topic id, topic generation, queue
+
+
+@dataclass(slots=True)
+class _Unlanded:
+    """An ack's store write and what it took out of memory: the ids, their entries,
+    and the leases they were in (as they were: an emptied one leaves memory)."""
+
+    write: Future[None]
+    ids: list[MessageId]
+    entries: list[_Entry]
+    leases: dict[int, _Lease]
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +214,11 @@ class _Queue:
         #: strings is never tracked by the garbage collector, one of MessageId tuples
         #: is, and its 100,000s of entries made each full collection walk them all.
         self.recent: dict[bytes, str] = {}
+        #: Acks whose write may not have landed yet, oldest first.
+        self.unlanded: deque[_Unlanded] = deque()
         self.broken = False
+        #: Rebuilt after a failed write: this memory is no longer the queue's.
+        self.replaced = False
         #: Write pointers whose acks the store refused (their transaction ended before
         #: the write): the leases under them went to the store as their workers held
         #: them, and memory follows at the next settle. Added to on the store's writer.
@@ -279,16 +300,32 @@ class _Queue:
             lease.ids[message_id] = None
             self.entries[message_id].lease = lease_no
 
-    def drop(self, ids: Iterable[MessageId]) -> set[int]:
-        """Forget messages for good (acked): out of their leases and entries; the
-        leases touched."""
+    def drop(self, ids: Iterable[MessageId], dropped: list[_Entry]) -> set[int]:
+        """Forget messages for good (acked): out of their leases and entries (into
+        ``dropped``); the leases touched."""
         touched = set()
-        entries, leases = self.entries, self.leases
+        entries, leases, keep = self.entries, self.leases, dropped.append
         for message_id in ids:
-            lease_no = entries.pop(message_id).lease
-            del leases[lease_no].ids[message_id]
-            touched.add(lease_no)
+            entry = entries.pop(message_id)
+            keep(entry)
+            del leases[entry.lease].ids[message_id]
+            touched.add(entry.lease)
         return touched
+
+    def ack_queued(
+        self,
+        write: Future[None],
+        ids: list[MessageId],
+        dropped: list[_Entry],
+        leases: dict[int, _Lease],
+    ) -> None:
+        """Remember what an ack took out of memory until its write is known to have
+        landed, so that a rebuild after it failed gives the messages back to the
+        worker's lease (:meth:`QueueCoordinator._keep_from`)."""
+        unlanded = self.unlanded
+        while unlanded and _landed(unlanded[0].write):
+            unlanded.popleft()
+        unlanded.append(_Unlanded(write, ids, dropped, leases))
 
     def remember_acked(self, ids: Iterable[MessageId], owner: str) -> None:
         # A message is acked once, so each id is new here and goes last (a dict keeps
@@ -465,6 +502,7 @@ class QueueCoordinator:
     ) -> tuple[Popped, Future[None] | None]:
         namespace, topic = q.namespace, q.topic
         with q.lock:
+            _current(q, may_wait)
             self._settle(q, snapshot)
             now = self._now()
             chosen: list[tuple[MessageId, _Entry]] = []
@@ -576,14 +614,19 @@ class QueueCoordinator:
             out = Popped(ids, counts, items)
             if not dead:
                 return out, None
+            lease = q.leases[lease_no]  # (the write forgets it if it holds nothing)
             try:
-                return out, self._dead_letter(q, dead, q.flush(()))
+                done = self._dead_letter(q, dead, q.flush(()))
             except BaseException:
                 # Memory ran ahead of a write never queued (the dead-letter topic could
                 # not be created or published to): rebuild it from the records, or the
-                # dead messages would be neither delivered nor dead-lettered.
+                # dead messages would be neither delivered nor dead-lettered. The
+                # worker is told the pop failed: its lease is nobody's.
+                _unpop(lease, q.entries)
                 q.broken = True
                 raise
+            lease.answered_after = done
+            return out, done
 
     def ack(
         self,
@@ -630,7 +673,12 @@ class QueueCoordinator:
         q = self._in_memory(namespace, topic, queue)
         if q is None:
             return None
-        written, refused = self._ack(q, consumer, ids, write_pointer, snapshot, invalidate=False)
+        try:
+            written, refused = self._ack(
+                q, consumer, ids, write_pointer, snapshot, invalidate=False
+            )
+        except WouldWait:
+            return None
         # The caller gets a future of its own: cancelling it (a request cancelled
         # while it waits) must not cancel the store write, which memory is already
         # ahead of.
@@ -656,6 +704,7 @@ class QueueCoordinator:
         that refused a transactional ack there (its transaction ended meanwhile)."""
         refused: list[TidingsError] = []
         with q.lock:
+            _current(q, invalidate)  # not invalidating here: on the event loop
             self._settle(q, snapshot)
             try:
                 todo = self._claim(q, consumer, ids, write_pointer)
@@ -666,8 +715,11 @@ class QueueCoordinator:
                 raise
             if write_pointer is not None:
                 self._tx.check_writable(write_pointer, action=_ACK_UNDER)
+            dropped: list[_Entry] = []
+            held_in: dict[int, _Lease] = {}
             if write_pointer is None:
-                touched = q.drop(todo)
+                touched = q.drop(todo, dropped)
+                held_in = {n: q.leases[n] for n in touched}
                 q.remember_acked(todo, consumer)
                 q.acked += len(todo)
                 q.ack_rate.add(len(todo), time.monotonic())
@@ -706,7 +758,9 @@ class QueueCoordinator:
                 last = q.last_write
                 return (None if last is None or last.done() else last), refused
             if write_pointer is None:
-                write = _write_all(writes)
+                submitted = self._submit(q, _write_all(writes))
+                q.ack_queued(submitted, todo, dropped, held_in)
+                return submitted, refused
             return self._submit(q, write), refused
 
     def nack(
@@ -723,6 +777,7 @@ class QueueCoordinator:
         _check_ids(ids)
         q = self._require(namespace, topic, queue)
         with q.lock:
+            _current(q)
             self._settle(q, self._snapshot())
             skipped: list[MessageId] = []
             claimed = self._claim(q, consumer, ids, None, skipped=skipped)
@@ -764,6 +819,7 @@ class QueueCoordinator:
             )
         q = self._require(namespace, topic, queue)
         with q.lock:
+            _current(q)
             self._settle(q, self._snapshot())
             skipped: list[MessageId] = []
             claimed = self._claim(q, consumer, ids, None, skipped=skipped)
@@ -788,6 +844,7 @@ class QueueCoordinator:
         _check_consumer(consumer)
         q = self._require(namespace, topic, queue)
         with q.lock:
+            _current(q)
             self._settle(q, self._snapshot())
             mine = [
                 n for n, lease in q.leases.items() if lease.owner == consumer and lease.active()
@@ -827,6 +884,7 @@ class QueueCoordinator:
         q = self._require(namespace, topic, queue)
         snapshot = self._snapshot()
         with q.lock:
+            _current(q)
             self._unrefuse(q)
             if is_visible(snapshot, write_pointer):
                 # Committed already (a rollback sent after the commit): its acks count,
@@ -936,6 +994,7 @@ class QueueCoordinator:
         q = self._require(namespace, topic, queue)
         snapshot = self._snapshot()
         with q.lock:
+            _current(q)
             end = self._messaging.end(namespace, topic, snapshot)
             read = end.newest_id if end.last_stable_id is None else end.last_stable_id.previous()
             for lease in q.leases.values():
@@ -1096,42 +1155,157 @@ class QueueCoordinator:
         return q
 
     def _load(self, namespace: str, topic: str, qid: _QueueId) -> _Queue | None:
-        """The queue's memory, rebuilt from its records on first use (None: no queue)."""
+        """The queue's memory, rebuilt from its records on first use (None: no queue),
+        or after a store write of it failed (keeping what the records cannot say:
+        :meth:`_keep_from`)."""
         with self._lock:
             q = self._queues.get(qid)
             if q is not None and not q.broken:
                 return q
-            with self._store.read() as view:
-                raw = view.get(_META, qkeys.queue_key(*qid))
-                if raw is None:
-                    return None
-                start, stop = qkeys.leases_range(*qid)
-                leases = [
-                    (qkeys.lease_no_of(k), qkeys.decode_lease(v))
-                    for k, v in view.scan(_META, start, stop)
-                ]
-            q = _Queue(namespace, topic, qid, qkeys.decode_queue(raw))
-            found = self._messages(namespace, topic, [m for _, r in leases for m, _ in r.entries])
-            now = self._now()
-            for lease_no, record in leases:
-                lease = _Lease(
-                    record.owner, record.deadline, record.write_pointer, {}, durable=True
-                )
-                q.leases[lease_no] = lease
-                q.next_lease = max(q.next_lease, lease_no + 1)
-                for message_id, count in record.entries:
-                    message = found.get(message_id)
-                    if message is None:
-                        continue  # past its retention meanwhile: nothing to deliver
-                    owners = [record.owner] if record.owner else []
-                    q.entries[message_id] = _Entry(message, count, lease_no, owners)
-                    lease.ids[message_id] = None
-                if not record.write_pointer and (not record.owner or record.deadline <= now):
-                    lease.expired = bool(record.owner)
-                    q.available.extend(lease.ids)
-            heapq.heapify(q.available)
-            self._queues[qid] = q
-            return q
+            if q is None:
+                return self._rebuild(namespace, topic, qid)
+            # No write of the old memory may land after its records are read: its
+            # callers are held off (and then turned away), its last write awaited.
+            with q.lock:
+                q.replaced = True
+                last = q.last_write
+                if last is not None:
+                    futures.wait([last])
+                return self._rebuild(namespace, topic, qid, q)
+
+    def _rebuild(
+        self, namespace: str, topic: str, qid: _QueueId, old: _Queue | None = None
+    ) -> _Queue | None:
+        with self._store.read() as view:
+            raw = view.get(_META, qkeys.queue_key(*qid))
+            if raw is None:
+                return None
+            start, stop = qkeys.leases_range(*qid)
+            leases = [
+                (qkeys.lease_no_of(k), qkeys.decode_lease(v))
+                for k, v in view.scan(_META, start, stop)
+            ]
+        q = _Queue(namespace, topic, qid, qkeys.decode_queue(raw))
+        found = self._messages(namespace, topic, [m for _, r in leases for m, _ in r.entries])
+        now = self._now()
+        for lease_no, record in leases:
+            lease = _Lease(record.owner, record.deadline, record.write_pointer, {}, durable=True)
+            q.leases[lease_no] = lease
+            q.next_lease = max(q.next_lease, lease_no + 1)
+            for message_id, count in record.entries:
+                message = found.get(message_id)
+                if message is None:
+                    continue  # past its retention meanwhile: nothing to deliver
+                owners = [record.owner] if record.owner else []
+                q.entries[message_id] = _Entry(message, count, lease_no, owners)
+                lease.ids[message_id] = None
+            if not record.write_pointer and (not record.owner or record.deadline <= now):
+                lease.expired = bool(record.owner)
+                q.available.extend(lease.ids)
+        if old is not None:
+            self._keep_from(old, q, now)
+        heapq.heapify(q.available)
+        self._queues[qid] = q
+        return q
+
+    def _keep_from(self, old: _Queue, q: _Queue, now: int) -> None:
+        """Carry into ``q``, rebuilt from the records after a write of ``old`` failed,
+        what only ``old`` knew. Leases no write recorded yet (a pop writes nothing)
+        stay with their workers where the records leave their messages free, rather
+        than go to the next pop while their workers still hold them; so do messages
+        whose ack's write failed (the worker was told so, and may ack again). The
+        other messages read since the last write that landed are the queue's again
+        (a dead-lettering that failed goes again at the next pop). Where the records
+        say a message is held (by a lease or a transaction) or acked, they win. The
+        counters carry on."""
+        q.popped, q.acked, q.nacked = old.popped, old.acked, old.nacked
+        q.redelivered, q.dead_lettered, q.expired = old.redelivered, old.dead_lettered, old.expired
+        q.pop_rate, q.ack_rate, q.recent = old.pop_rate, old.ack_rate, old.recent
+        # What old had of each message: its entry and lease, the acks that failed too.
+        had: dict[MessageId, tuple[_Entry, _Lease | None]] = {
+            m: (entry, old.leases.get(entry.lease)) for m, entry in old.entries.items()
+        }
+        for failed in old.leases.values():
+            if failed.answered_after is not None and not _landed(failed.answered_after):
+                # A pop that answered an error: as if it had not been made.
+                for m in failed.ids:
+                    entry = had[m][0]
+                    had[m] = (_Entry(entry.item, entry.count, entry.lease, entry.owners), failed)
+                _unpop(failed, {m: had[m][0] for m in failed.ids})
+        for ack in old.unlanded:
+            if not _landed(ack.write):
+                for m, entry in zip(ack.ids, ack.entries, strict=True):
+                    had[m] = (entry, ack.leases.get(entry.lease))
+        kept: dict[int, int] = {}  # id() of old's lease -> q's lease holding its messages
+
+        def keeper(lease: _Lease | None) -> int | None:
+            """The lease of ``q`` that keeps a message of ``lease`` with its worker
+            (None: no worker holds it now)."""
+            if lease is None or not _held(lease, now):
+                return None
+            if id(lease) not in kept:
+                kept[id(lease)] = q.new_lease(lease.owner, lease.deadline, 0)
+            return kept[id(lease)]
+
+        read, old_read = q.record.read, old.record.read
+        if old_read is not None and (read is None or old_read > read):
+            returned: list[MessageId] = []
+            for message in self._read_between(old, read, old_read):
+                message_id = message.id
+                if message_id in q.entries:
+                    continue  # named by a record: as below
+                before = had.get(message_id)
+                lease_no = None
+                if before is not None:
+                    entry = _Entry(message, before[0].count, 0, list(before[0].owners))
+                    lease_no = keeper(before[1])
+                elif old.recent.get(_ID.pack(*message_id)) == _DEAD:
+                    entry = _Entry(message, q.record.max_deliveries, 0, [])
+                else:  # past its retention in old's eyes: the next pop tells
+                    entry = _Entry(message, 0, 0, [])
+                q.entries[message_id] = entry
+                if lease_no is None:
+                    returned.append(message_id)
+                else:
+                    q.put_in(lease_no, [message_id])
+            if returned:
+                lease_no = q.new_lease("", 0, 0)
+                q.put_in(lease_no, returned)
+                q.available.extend(returned)
+            # Written with the next write, with the leases above (all new, so dirty).
+            q.record = _replace_read(q.record, old_read)
+        for message_id, (was, lease) in had.items():
+            now_in = q.entries.get(message_id)
+            if now_in is None or not q.is_available(now_in):
+                continue  # acked or past retention, kept above, or held per the records
+            lease_no = keeper(lease)
+            if lease_no is None:
+                continue
+            now_in.count = max(now_in.count, was.count)
+            now_in.owners = list(was.owners)
+            q.dirty.update(q.take([message_id]))
+            q.put_in(lease_no, [message_id])
+
+    def _read_between(self, q: _Queue, after: MessageId | None, last: MessageId) -> list[Message]:
+        """The topic's messages after ``after`` up to ``last`` as the queue's pops read
+        them (read-committed: the range was decided when they read it)."""
+        out: list[Message] = []
+        start, inclusive = after, after is None
+        snapshot = self._snapshot()
+        while True:
+            page = self._messaging.fetch(
+                q.namespace,
+                q.topic,
+                start=start,
+                inclusive=inclusive,
+                limit=1000,
+                transaction=snapshot,
+                count=False,
+            )
+            out.extend(m for m in page if m.id <= last)
+            if len(page) < 1000 or page[-1].id >= last:
+                return out
+            start, inclusive = page[-1].id, False
 
     def _messages(
         self, namespace: str, topic: str, ids: Sequence[MessageId]
@@ -1334,6 +1508,40 @@ class QueueCoordinator:
     def _notify(self, namespace: str, topic: str) -> None:
         for fn in self._listeners:
             fn(namespace, topic)
+
+
+def _unpop(lease: _Lease, entries: dict[MessageId, _Entry]) -> None:
+    """Undo a pop whose answer was an error: its lease is nobody's, and its messages'
+    delivery counts and workers are as before it."""
+    lease.owner = ""
+    for message_id in lease.ids:
+        entry = entries[message_id]
+        entry.count -= 1
+        entry.owners = entry.owners[:-1]
+
+
+def _landed(write: Future[None]) -> bool:
+    return write.done() and not write.cancelled() and write.exception() is None
+
+
+def _held(lease: _Lease, now: int) -> bool:
+    """Whether a worker holds this lease of a memory being replaced: its deadline is
+    ahead, and the pop that made it answered (not one whose dead-lettering failed)."""
+    if not lease.owner or lease.expired or lease.deadline <= now:
+        return False
+    return lease.answered_after is None or _landed(lease.answered_after)
+
+
+def _current(q: _Queue, may_wait: bool = True) -> None:
+    """Refuse a call that took the queue's memory just before it was rebuilt (after a
+    failed write): changed, it would hand out or write what the queue no longer has.
+    On the event loop (``may_wait`` false) the caller goes to a worker, which loads the
+    rebuilt memory; elsewhere the worker asks again."""
+    if not q.replaced:
+        return
+    if not may_wait:
+        raise WouldWait
+    raise ServiceUnavailable(f"queue {q.qid[2]} was just reloaded from the store: retry")
 
 
 def _item_bytes(item: Message | bytes) -> int:

@@ -1,0 +1,109 @@
+"""A queue whose store write fails rebuilds its memory from its records; leases that
+no write recorded yet (a pop writes nothing) must stay with the workers that hold
+them, and no message may go to a second worker meanwhile. In process, as a store
+write cannot be made to fail inside a server process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from tidings.consumers.queues import QueueCoordinator
+from tidings.errors import StoreFull
+from tidings.messaging import MessagingService
+from tidings.store.backend import WriteView
+from tidings.store.backends.memory import MemoryStore
+from tidings.structs import Message
+from tidings.tx import TransactionManager, TxConfig
+
+T = TypeVar("T")
+
+
+def _fail_next_write(store: MemoryStore, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The store's next write fails as a full store's does; the list gets it."""
+    submit = store.submit
+    failed: list[object] = []
+
+    def full(fn: Callable[[WriteView], T]) -> Future[T]:
+        def refused(view: WriteView) -> T:
+            raise StoreFull("the store is full")
+
+        monkeypatch.setattr(store, "submit", submit)
+        done = submit(refused)
+        failed.append(done)
+        return done
+
+    monkeypatch.setattr(store, "submit", full)
+    return failed
+
+
+def test_a_failed_ack_write_leaves_every_unwritten_lease_with_its_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = MemoryStore()
+    messaging = MessagingService(store)
+    messaging.create_topic("ns", "t")
+    messaging.publish("ns", "t", [b"%d" % i for i in range(6)])
+    with TransactionManager(tmp_path / "tx", TxConfig(sweep_interval=3600)) as tx:
+        queues = QueueCoordinator(store, messaging, tx)
+
+        def pop(worker: str, n: int) -> list[Message]:
+            snap = tx.snapshot()
+            assert snap is not None
+            return queues.pop("ns", "t", "q", worker, max_messages=n, snapshot=snap)
+
+        mine, theirs = pop("w1", 2), pop("w2", 2)  # neither lease written yet
+        failed = _fail_next_write(store, monkeypatch)
+        with pytest.raises(StoreFull):
+            queues.ack("ns", "t", "q", "w2", [theirs[0].id])
+        assert len(failed) == 1
+        # Nobody's lease was lost: another worker gets only what nobody holds, and
+        # the message whose ack failed stays with the worker that acked it.
+        assert [m.payload for m in pop("w3", 10)] == [b"4", b"5"]
+        stats = queues.describe("ns", "t", "q")
+        assert stats.consumers == {"w1": 2, "w2": 2, "w3": 2}
+        assert (stats.pending, stats.waiting, stats.popped, stats.acked) == (6, 0, 6, 1)
+        # Each worker acks what it holds (w2 its failed ack again).
+        queues.ack("ns", "t", "q", "w1", [m.id for m in mine])
+        queues.ack("ns", "t", "q", "w2", [m.id for m in theirs])
+        assert queues.describe("ns", "t", "q").consumers == {"w3": 2}
+        # As the store has it after a restart: nothing acked comes back, w3's lease
+        # (written with those acks) holds.
+        queues = QueueCoordinator(store, messaging, tx)
+        assert queues.describe("ns", "t", "q").consumers == {"w3": 2}
+        assert pop("w4", 10) == []
+
+
+def test_a_failed_write_keeps_an_unwritten_lease_of_a_message_given_back_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The records say the message is back in the queue (a nack was written); memory
+    # knows a worker popped it since.
+    store = MemoryStore()
+    messaging = MessagingService(store)
+    messaging.create_topic("ns", "t")
+    messaging.publish("ns", "t", [b"a", b"b", b"c"])
+    with TransactionManager(tmp_path / "tx", TxConfig(sweep_interval=3600)) as tx:
+        queues = QueueCoordinator(store, messaging, tx)
+
+        def pop(worker: str, n: int) -> list[Message]:
+            snap = tx.snapshot()
+            assert snap is not None
+            return queues.pop("ns", "t", "q", worker, max_messages=n, snapshot=snap)
+
+        first = pop("w1", 2)
+        queues.nack("ns", "t", "q", "w1", [first[0].id])  # written: "a" is returned
+        again = pop("w2", 1)
+        assert [(m.payload, m.delivery_count) for m in again] == [(b"a", 2)]
+        _fail_next_write(store, monkeypatch)
+        with pytest.raises(StoreFull):
+            queues.nack("ns", "t", "q", "w1", [first[1].id])
+        # "a" stays w2's (with its count); "b" stays w1's (its nack failed).
+        assert [m.payload for m in pop("w3", 10)] == [b"c"]
+        assert queues.describe("ns", "t", "q").consumers == {"w1": 1, "w2": 1, "w3": 1}
+        queues.nack("ns", "t", "q", "w2", [again[0].id])
+        assert [(m.payload, m.delivery_count) for m in pop("w3", 10)] == [(b"a", 3)]
