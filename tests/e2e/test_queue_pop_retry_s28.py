@@ -151,16 +151,53 @@ async def test_an_async_pop_is_not_sent_again_after_a_lost_answer(
         assert transport.script.sent == 1
 
 
-def test_a_pop_with_acks_is_not_sent_again_on_a_503(server: ServerProcess, topic: str) -> None:
-    # Its 503 may be the acks' write failing after the pop leased messages.
+def test_a_pop_with_acks_is_sent_again_on_a_503(server: ServerProcess, topic: str) -> None:
+    # Its 503 acked nothing (or acks the resent ones answer as done) and popped nothing.
     transport = SyncFailsPops(StoreFull("the store has no room for the write"), times=0)
+    with Client(server.url, transport=transport, retry=QUICK) as client:
+        client.create_topic(topic)
+        client.publish(topic, [b"a", b"b", b"c"])
+        q = client.queue(topic, "work")
+        first = q.pop(1)
+        transport.script.left = 1
+        second = q.pop(1, ack=first)
+        assert [m.payload for m in second] == [b"b"]
+        assert (transport.script.left, transport.script.sent) == (0, 2)
+        stats = client.describe_queue(topic, "work")
+        assert (stats.acked, stats.pending, stats.popped) == (1, 1, 2)
+
+
+class AcksThenFails(SocketTransport):
+    """Applies a pop's acks (as a plain ack) and then answers the pop 503, once: as
+    a server whose acks were durable and whose pop then failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+
+    def send(self, request: Request) -> Response:
+        if self.armed and request.url.split("?")[0].endswith("/pop"):
+            self.armed = False
+            body = orjson.loads(request.body)
+            url = request.url.split("?")[0].removesuffix("/pop") + "/ack"
+            acks = {"consumerId": body["consumerId"], "ids": body["ackIds"]}
+            ack = Request("POST", url, orjson.dumps(acks), "application/json", request.timeout)
+            assert super().send(ack).status == 200
+            return _refusal(StoreFull("the store has no room for the write"))
+        return super().send(request)
+
+
+def test_a_pop_whose_acks_were_applied_before_its_503_is_sent_again(
+    server: ServerProcess, topic: str
+) -> None:
+    transport = AcksThenFails()
     with Client(server.url, transport=transport, retry=QUICK) as client:
         client.create_topic(topic)
         client.publish(topic, [b"a", b"b"])
         q = client.queue(topic, "work")
         first = q.pop(1)
-        transport.script.left = 1
-        with pytest.raises(StoreFull):
-            q.pop(1, ack=first)
-        assert (transport.script.left, transport.script.sent) == (0, 1)
+        transport.armed = True
         assert [m.payload for m in q.pop(1, ack=first)] == [b"b"]
+        assert not transport.armed
+        stats = client.describe_queue(topic, "work")
+        assert (stats.acked, stats.pending, stats.popped) == (1, 1, 2)

@@ -985,10 +985,10 @@ class RestApi:
         )
         request = Request("POST", url, orjson.dumps(body), JSON.value, timeout, accept=media.value)
         # Not resent after a lost answer: the server leased what it answered. A 503
-        # without acks leased nothing that stays leased (docs/client.md, "Queues"),
-        # so it goes again; with acks, the acks' write may have failed after the pop
-        # leased messages.
-        retry_on = () if ack_ids else (ServiceUnavailable,)
+        # leased nothing that stays leased (docs/client.md, "Queues"), so it goes
+        # again, acks and all: the server pops only once the acks are durable, and
+        # answers acks it applied already as done.
+        retry_on = (ServiceUnavailable,)
         return Call(request, lambda response: _popped(response, media), retry_on=retry_on)
 
     def queue_ack(
