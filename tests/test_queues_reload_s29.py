@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
 from tidings.consumers.queues import QueueCoordinator
 from tidings.errors import StoreFull
 from tidings.messaging import MessagingService
-from tidings.store.backend import WriteView
+from tidings.store.backend import Store, WriteView
 from tidings.store.backends.memory import MemoryStore
 from tidings.structs import Message
 from tidings.tx import TransactionManager, TxConfig
@@ -23,7 +23,7 @@ from tidings.tx import TransactionManager, TxConfig
 T = TypeVar("T")
 
 
-def _fail_next_write(store: MemoryStore, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+def _fail_next_write(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """The store's next write fails as a full store's does; the list gets it."""
     submit = store.submit
     failed: list[object] = []
@@ -107,3 +107,45 @@ def test_a_failed_write_keeps_an_unwritten_lease_of_a_message_given_back_before(
         assert queues.describe("ns", "t", "q").consumers == {"w1": 1, "w2": 1, "w3": 1}
         queues.nack("ns", "t", "q", "w2", [again[0].id])
         assert [(m.payload, m.delivery_count) for m in pop("w3", 10)] == [(b"a", 3)]
+
+
+@pytest.mark.parametrize("at_once", [True, False])
+def test_a_pop_whose_dead_lettering_fails_leaves_nothing_leased(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_once: bool
+) -> None:
+    # The rebuild keeps unwritten leases, but not the failed pop's own: its worker
+    # was told it failed, and its deliveries do not count. The dead letter's write
+    # fails before it is queued, or once the store gets to it.
+    store = MemoryStore()
+    messaging = MessagingService(store)
+    messaging.create_topic("ns", "t")
+    messaging.publish("ns", "t", [b"poison", b"fine1", b"fine2"])
+    with TransactionManager(tmp_path / "tx", TxConfig(sweep_interval=3600)) as tx:
+        queues = QueueCoordinator(store, messaging, tx)
+
+        def pop(worker: str, n: int) -> list[Message]:
+            snap = tx.snapshot()
+            assert snap is not None
+            return queues.pop(
+                "ns", "t", "q", worker, max_messages=n, snapshot=snap, max_deliveries=1
+            )
+
+        poison = pop("w1", 1)
+        queues.nack("ns", "t", "q", "w1", [poison[0].id])
+        publish = messaging.publish_with_future
+
+        def fails_once(*args: Any) -> Future[Any]:
+            monkeypatch.setattr(messaging, "publish_with_future", publish)
+            if at_once:
+                raise StoreFull("the store is full")
+            failed: Future[Any] = Future()
+            failed.set_exception(StoreFull("the store is full"))
+            return failed
+
+        monkeypatch.setattr(messaging, "publish_with_future", fails_once)
+        with pytest.raises(StoreFull):
+            pop("w2", 2)
+        got = pop("w3", 5)
+        assert [(m.payload, m.delivery_count) for m in got] == [(b"fine1", 1), (b"fine2", 1)]
+        assert [m.payload for m in messaging.fetch("ns", "t-dlq")] == [b"poison"]
+        assert queues.describe("ns", "t", "q").consumers == {"w3": 2}
