@@ -9,14 +9,21 @@ count and who held it; a pop's answer is predicted exactly (returned messages fi
 oldest first, then the topic in order), so no message is leased to two workers at
 once, none is lost, and nothing acked comes back. The stats must count as the model.
 
-``TIDINGS_QUEUE_MODEL_EXAMPLES`` runs more examples (to hunt for bugs locally)."""
+A second machine adds a rule that kills the server (kill -9) and starts it again, on
+a server of its own: the model then knows the queue's records (its state at the
+queue's last store write: a pop writes nothing), and expects written leases to
+hold, what was popped since to be handed out again, and nothing acked to come back.
+
+``TIDINGS_QUEUE_MODEL_EXAMPLES``, ``TIDINGS_QUEUE_MODEL_RESTART_EXAMPLES`` and
+``TIDINGS_QUEUE_MODEL_STEPS`` run more (to hunt for bugs locally)."""
 
 from __future__ import annotations
 
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import httpx
 import pytest
@@ -46,6 +53,8 @@ SHORT = "x"
 SHORT_TIMEOUT = 0.05
 
 UNREAD, AVAILABLE, LEASED, ACKED, DEAD = "unread", "available", "leased", "acked", "dead"
+#: Dropped by a purge: acked without an ack (an ack of it is answered as done).
+PURGED = "purged"
 
 
 class _Aborted(Exception):
@@ -65,6 +74,14 @@ class _State:
     #: it), rather than given back (a nack or an abort: the queue's).
     expired: bool = False
     id: MessageId | None = None
+    #: Acked or dead-lettered before a restart, which forgets who acked what.
+    forgotten: bool = False
+    #: Acked in a transaction that committed, its record still under the
+    #: transaction's write pointer (resolved in memory, written with the next write).
+    in_tx_record: bool = False
+
+    def copy(self) -> _State:
+        return replace(self, owners=set(self.owners))
 
 
 @dataclass
@@ -82,19 +99,37 @@ class QueueModel(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.client = Client(self.url)
         self.http = httpx.Client()  # for the release call, which the client has no name for
         self.topic = "qm-" + uuid.uuid4().hex[:12]
-        self.client.create_topic(self.topic)
         self.handles: dict[str, Queue] = {}
-        for name in (*WORKERS, SHORT):
-            timeout = SHORT_TIMEOUT if name == SHORT else 600.0
-            self.handles[name] = self.client.queue(
-                self.topic, "q", ack_timeout=timeout, max_deliveries=MAX_DELIVERIES
-            )
+        self._connect()
+        self.client.create_topic(self.topic)
         self.messages: list[_State] = []
+        #: The messages as the queue's records have them: as the model was at the
+        #: queue's last store write (a pop writes nothing); those past it are unread.
+        self.durable: list[_State] = []
         self.created = False
         self.counters = _Counters()
+        self.pushed = 0  # published since the server started
+        self.restarted = False
+
+    def _connect(self) -> None:
+        """A client, and a handle per worker (the same consumer ids as before)."""
+        self.client = Client(self.url)
+        for name in (*WORKERS, SHORT):
+            timeout = SHORT_TIMEOUT if name == SHORT else 600.0
+            handle = self.client.queue(
+                self.topic, "q", ack_timeout=timeout, max_deliveries=MAX_DELIVERIES
+            )
+            if name in self.handles:
+                handle.consumer_id = self.handles[name].consumer_id
+            self.handles[name] = handle
+
+    def _write(self) -> None:
+        """The queue wrote its records: every lease in memory goes with any write."""
+        for m in self.messages:
+            m.in_tx_record = False
+        self.durable = [m.copy() for m in self.messages]
 
     def teardown(self) -> None:
         self.client.delete_topic(self.topic)
@@ -135,9 +170,12 @@ class QueueModel(RuleBasedStateMachine):
             if m.state == UNREAD:
                 unknown = True
             elif m.state == ACKED:
-                conflict = conflict or m.holder != worker  # acked already: done
+                # Acked already: done, by whoever after a restart.
+                conflict = conflict or (m.holder != worker and not m.forgotten)
             elif m.state == DEAD:
-                conflict = True
+                conflict = conflict or not m.forgotten
+            elif m.state == PURGED:
+                pass
             elif worker not in m.owners:
                 unknown = True
             elif m.holder != worker:  # leased to another, or another held it last
@@ -149,9 +187,12 @@ class QueueModel(RuleBasedStateMachine):
     def _do_ack(self, worker: str, indexes: list[int]) -> None:
         for i in dict.fromkeys(indexes):
             m = self.messages[i]
-            if m.state != ACKED:
+            if m.state not in (ACKED, DEAD, PURGED):
                 m.state, m.holder, m.expired = ACKED, worker, False
                 self.counters.acked += 1
+        # Written even where all of them were acked before: an ack writes every lease
+        # not written yet (a nack, extend or release that does nothing writes nothing).
+        self._write()
 
     def _ids(self, indexes: list[int]) -> list[MessageId]:
         out = []
@@ -176,10 +217,12 @@ class QueueModel(RuleBasedStateMachine):
             m.count += 1
             m.owners.add(worker)
         for i in dead:
-            self.messages[i].state = DEAD
+            self.messages[i].state, self.messages[i].forgotten = DEAD, False
             self.counters.dead_lettered += 1
         self.counters.popped += len(chosen)
         self.created = True
+        if dead:
+            self._write()  # with the dead letters' publish
 
     # --- rules -----------------------------------------------------------------------
 
@@ -192,6 +235,7 @@ class QueueModel(RuleBasedStateMachine):
         payloads = [b"m%d" % (len(self.messages) + k) for k in range(n)]
         self.client.publish(self.topic, payloads)
         self.messages.extend(_State(p) for p in payloads)
+        self.pushed += n
 
     @rule(worker=st.sampled_from(WORKERS), n=st.integers(1, 4))
     def pop(self, worker: str, n: int) -> None:
@@ -256,8 +300,11 @@ class QueueModel(RuleBasedStateMachine):
                 m = self.messages[i]
                 m.state, m.expired = AVAILABLE, False
             self.counters.nacked += len(acks) if deferred else 0
+            self._write()
             return
         self._do_ack(worker, acks)
+        for i in acks:
+            self.messages[i].in_tx_record = True
 
     @precondition(lambda self: any(self._leased_to(w) for w in WORKERS))
     @rule(worker=st.sampled_from(WORKERS), deferred=st.booleans(), data=st.data())
@@ -285,6 +332,8 @@ class QueueModel(RuleBasedStateMachine):
         assert answer.json() == {"released": len(mine)}
         for i in mine:
             self.messages[i].state = AVAILABLE
+        if mine:
+            self._write()
 
     @precondition(lambda self: bool(self._known()))
     @rule(worker=st.sampled_from(WORKERS), data=st.data())
@@ -303,6 +352,8 @@ class QueueModel(RuleBasedStateMachine):
                 expected.append(i)
         self.counters.nacked += back
         assert skipped == self._ids(expected)
+        if back:
+            self._write()
 
     @precondition(lambda self: bool(self._known()))
     @rule(worker=st.sampled_from(WORKERS), data=st.data())
@@ -318,6 +369,19 @@ class QueueModel(RuleBasedStateMachine):
             else:  # not its own, or given back to the queue
                 expected.append(i)
         assert skipped == self._ids(expected)
+        if len(expected) < len(dict.fromkeys(ids)):
+            self._write()  # at once, so that the deadline holds after a restart
+
+    @precondition(lambda self: self.created)
+    @rule()
+    def purge(self) -> None:
+        purged = self.client.purge_queue(self.topic, "q")
+        read = [m for m in self.messages if m.state in (AVAILABLE, LEASED)]
+        assert purged == len(read)
+        for m in self.messages:
+            if m.state in (UNREAD, AVAILABLE, LEASED):
+                m.state, m.expired = PURGED, False
+        self._write()
 
     @rule(n=st.integers(1, 3))
     def lease_runs_out(self, n: int) -> None:
@@ -346,9 +410,11 @@ class QueueModel(RuleBasedStateMachine):
         assert stats.waiting == states.count(AVAILABLE) + states.count(UNREAD)
         assert stats.waiting_exact
         assert dict(stats.consumers) == leased
-        assert stats.pushed == len(self.messages)
-        # Every message published is in exactly one place.
-        assert stats.waiting + stats.pending + stats.acked + stats.dead_lettered == stats.pushed
+        assert stats.pushed == self.pushed
+        if not self.restarted:  # (the counters count since the server started)
+            # Every message published is in exactly one place.
+            placed = stats.waiting + stats.pending + stats.acked + stats.dead_lettered
+            assert placed + states.count(PURGED) == stats.pushed
         got = _Counters(
             stats.popped,
             stats.acked,
@@ -368,6 +434,51 @@ class QueueModel(RuleBasedStateMachine):
         assert sorted(m.payload for m in found) == sorted(dead)
 
 
+class QueueModelWithRestarts(QueueModel):
+    """The model, and a rule that kills the server (kill -9) and starts it again."""
+
+    server: ServerProcess | None = None
+
+    @precondition(lambda self: any(m.state != UNREAD for m in self.messages))
+    @rule()
+    def server_killed_and_restarted(self) -> None:
+        server = self.server
+        assert server is not None
+        self.client.close()
+        server.kill()
+        server.start()
+        self._connect()
+        # As the records say: leases written keep their workers (with the deadlines
+        # they had), what was popped since the last write is handed out again (with
+        # the counts recorded), and who acked what is forgotten.
+        durable = {m.payload: m for m in self.durable}
+        for m in self.messages:
+            before = durable.get(m.payload)
+            if before is None:
+                m.state, m.count, m.holder, m.owners, m.expired = UNREAD, 0, "", set(), False
+                continue
+            m.state, m.count, m.holder, m.expired = (
+                before.state, before.count, before.holder, before.expired,
+            )  # fmt: skip
+            if m.state == LEASED and m.holder == SHORT:
+                # Written before its lease ran out: the record keeps its owner.
+                m.state, m.expired, m.owners = AVAILABLE, True, {SHORT}
+            elif m.state == LEASED:
+                m.owners = {m.holder}
+            elif m.state == AVAILABLE:
+                m.owners, m.holder, m.expired = set(), "", False
+            else:
+                # Forgotten, unless the record under a transaction's pointer (which
+                # names the worker) resolves only now.
+                m.forgotten = m.state in (ACKED, DEAD) and not m.in_tx_record
+                m.owners = set()
+        # Records under a committed transaction's pointer resolve (and count) anew,
+        # after each restart until a write puts them as resolved.
+        self.counters = _Counters(acked=sum(m.in_tx_record for m in self.messages))
+        self.pushed = 0
+        self.restarted = True
+
+
 def _examples() -> int:
     return int(os.environ.get("TIDINGS_QUEUE_MODEL_EXAMPLES", "12"))
 
@@ -378,6 +489,22 @@ def test_a_queue_behaves_as_its_model(server: ServerProcess) -> None:
         QueueModel,
         settings=settings(
             max_examples=_examples(),
+            stateful_step_count=int(os.environ.get("TIDINGS_QUEUE_MODEL_STEPS", "25")),
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+
+
+def test_a_queue_behaves_as_its_model_across_kill_9(
+    start_server: Callable[..., ServerProcess],
+) -> None:
+    QueueModelWithRestarts.server = server = start_server()
+    QueueModelWithRestarts.url = server.url
+    run_state_machine_as_test(
+        QueueModelWithRestarts,
+        settings=settings(
+            max_examples=int(os.environ.get("TIDINGS_QUEUE_MODEL_RESTART_EXAMPLES", "3")),
             stateful_step_count=int(os.environ.get("TIDINGS_QUEUE_MODEL_STEPS", "25")),
             deadline=None,
             suppress_health_check=list(HealthCheck),
