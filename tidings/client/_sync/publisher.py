@@ -96,6 +96,11 @@ class Publisher:
         self._closed = False
         #: A close ran out of time: what is left is dropped, and nothing retried.
         self._abandoned = False
+        #: The batch the sender is publishing (its topic, claimed messages and whole
+        #: batch); a close that runs out of time takes it, and the sender then leaves it.
+        self._in_flight: (
+            tuple[str, list[Pending[Future[None]]], list[Pending[Future[None]]]] | None
+        ) = None
         self._sender: Sender | None = None
         #: Messages made durable / dropped after their retries ran out.
         self.sent = 0
@@ -160,7 +165,8 @@ class Publisher:
         it, once ``timeout`` seconds have passed, every message not yet sent is
         dropped (its future fails with :class:`~tidings.errors.RequestTimeout`,
         ``on_error`` is called, ``failed`` counts it), the batch in flight gets no
-        further try, and :class:`TimeoutError` is raised. From the sender itself
+        further try (and is dropped the same way if still unanswered: it may or may
+        not have been written), and :class:`TimeoutError` is raised. From the sender itself
         (``on_error``, a future's callback) it only stops new sends: the sender sends
         what is buffered, then ends.
         """
@@ -184,6 +190,10 @@ class Publisher:
             if self._sender is not None:
                 left = None if timeout is None else max(0.0, began + timeout - time.monotonic())
                 self._sender.join(left)
+            if self._abandoned:
+                # Its request may stay unanswered up to the client's timeout (for ever
+                # without one): no future may wait that long behind a closed publisher.
+                self._drop_in_flight()
 
     def _abandon(self) -> None:
         """Drop every message still buffered, and stop retrying the batch in flight."""
@@ -203,6 +213,26 @@ class Publisher:
                 self.failed += len(live)
                 self._batcher.resolve(batch)
                 self._cond.notify_all()
+
+    def _drop_in_flight(self) -> None:
+        """Fail the batch still being published, if any: it may or may not be written."""
+        with self._cond:
+            taken, self._in_flight = self._in_flight, None
+        if taken is None:
+            return
+        topic, live, batch = taken
+        error = RequestTimeout(
+            "the publisher was closed before this message's batch was answered: "
+            "it may or may not have been written"
+        )
+        for p in live:
+            settle(p.future, error)
+        if live:
+            report_failure(topic, [p.record for p in live], error, self._on_error)
+        with self._cond:
+            self.failed += len(live)
+            self._batcher.resolve(batch)
+            self._cond.notify_all()
 
     def __enter__(self) -> Publisher:
         return self
@@ -225,7 +255,14 @@ class Publisher:
         while (taken := self._next_batch()) is not None:
             topic, batch = taken
             live = [p for p in batch if claim(p.future)]
+            with self._cond:
+                self._in_flight = (topic, live, batch)
             error = self._publish(topic, [p.record for p in live]) if live else None
+            with self._cond:
+                mine = self._in_flight is not None
+                self._in_flight = None
+            if not mine:
+                continue  # a close that ran out of time dropped it meanwhile
             for p in live:
                 settle(p.future, error)
             if error is not None:
