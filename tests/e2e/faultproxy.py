@@ -25,6 +25,8 @@ class Fault(enum.Enum):
     #: Forward and relay, each after a pause (``delay`` seconds): a slow network, or
     #: with a long pause, one the client's timeout gives up on.
     DELAY = "delay"
+    #: Forward half the request, then close both connections: cut mid-request.
+    CUT_REQUEST = "cut_request"
     #: Forward, then relay half the answer and close: cut mid-response.
     CUT_MID = "cut_mid"
     #: Forward, then relay the answer's head and half its body, and close.
@@ -130,6 +132,9 @@ class FaultProxy:
                 try:
                     if fault is Fault.DELAY:
                         time.sleep(self.delay)
+                    if fault is Fault.CUT_REQUEST:
+                        upstream.sendall(request[: len(request) // 2])
+                        return
                     upstream.sendall(request)
                     answer = answers.message(response=True)
                 finally:

@@ -43,24 +43,35 @@ faults = st.lists(st.sampled_from(list(Fault)), max_size=6)
 
 
 @pytest.fixture(scope="module")
-def proxy(server: ServerProcess) -> Iterator[FaultProxy]:
-    port = urlsplit(server.url).port
+def target(request: pytest.FixtureRequest) -> ServerProcess:
+    """The session's server; TIDINGS_FAULT_STORE=postgres runs these tests on the
+    PostgreSQL one instead."""
+    if os.environ.get("TIDINGS_FAULT_STORE") == "postgres":
+        proc: ServerProcess = request.getfixturevalue("pg_server")
+    else:
+        proc = request.getfixturevalue("server")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def proxy(target: ServerProcess) -> Iterator[FaultProxy]:
+    port = urlsplit(target.url).port
     assert port is not None
     # Only writes are faulted: the checks read the server directly anyway.
     with FaultProxy(port, delay=DELAY, matches=lambda line: line.startswith(b"POST ")) as p:
         yield p
 
 
-def fresh_topic(server: ServerProcess) -> str:
+def fresh_topic(target: ServerProcess) -> str:
     name = "pf-" + uuid.uuid4().hex[:12]
-    with Client(server.url) as client:
+    with Client(target.url) as client:
         client.create_topic(name)
     return name
 
 
-def contents(server: ServerProcess, proxy: FaultProxy, topic: str) -> list[bytes]:
+def contents(target: ServerProcess, proxy: FaultProxy, topic: str) -> list[bytes]:
     proxy.wait_idle()
-    with Client(server.url) as client:
+    with Client(target.url) as client:
         return [m.payload for m in client.consume(topic, follow=False, batch_size=1000)]
 
 
@@ -81,9 +92,9 @@ def keyed(label: str, n: int) -> list[Record]:
 @SETTINGS
 @given(schedule=faults, sizes=st.lists(st.integers(1, 4), min_size=1, max_size=5))
 def test_acknowledged_publishes_are_there_once_and_in_order(
-    server: ServerProcess, proxy: FaultProxy, schedule: list[Fault], sizes: list[int]
+    target: ServerProcess, proxy: FaultProxy, schedule: list[Fault], sizes: list[int]
 ) -> None:
-    topic = fresh_topic(server)
+    topic = fresh_topic(target)
     proxy.load(schedule)
     acked: list[bytes] = []
     failed: list[bytes] = []
@@ -97,7 +108,7 @@ def test_acknowledged_publishes_are_there_once_and_in_order(
                 failed += payloads
             else:
                 acked += payloads
-    got = contents(server, proxy, topic)
+    got = contents(target, proxy, topic)
     check(got, acked, failed)
     # One publish is written whole or not at all.
     for i, n in enumerate(sizes):
@@ -112,13 +123,13 @@ def test_acknowledged_publishes_are_there_once_and_in_order(
     max_batch=st.integers(1, 4),
 )
 def test_the_publisher_under_faults_keeps_its_word(
-    server: ServerProcess,
+    target: ServerProcess,
     proxy: FaultProxy,
     schedule: list[Fault],
     sends: list[tuple[int, bool]],
     max_batch: int,
 ) -> None:
-    topics = [fresh_topic(server) for _ in range(3)]
+    topics = [fresh_topic(target) for _ in range(3)]
     proxy.load(schedule)
     reported: dict[str, list[bytes]] = {t: [] for t in topics}
     lock = threading.Lock()
@@ -157,7 +168,7 @@ def test_the_publisher_under_faults_keeps_its_word(
                 failed.append(payload)
         # Failures are reported through on_error, each once.
         assert sorted(reported[topic]) == sorted(failed)
-        check(contents(server, proxy, topic), acked, failed)
+        check(contents(target, proxy, topic), acked, failed)
     assert publisher.sent + publisher.failed == len(sends)
 
 
@@ -166,23 +177,28 @@ def test_the_publisher_under_faults_keeps_its_word(
     schedule=faults,
     txs=st.lists(st.integers(1, 3), min_size=1, max_size=3),
     one_request=st.booleans(),
+    streamed=st.booleans(),
 )
 def test_a_transaction_is_there_whole_once_or_not_at_all(
-    server: ServerProcess,
+    target: ServerProcess,
     proxy: FaultProxy,
     schedule: list[Fault],
     txs: list[int],
     one_request: bool,
+    streamed: bool,
 ) -> None:
-    topics = [fresh_topic(server) for _ in range(2)]
-    with Client(server.url) as direct:
+    topics = [fresh_topic(target) for _ in range(2)]
+    with Client(target.url) as direct:
         first = direct.transactions().last_write_pointer
     proxy.load(schedule)
     committed: list[int] = []
     with Client(proxy.url, timeout=TIMEOUT, retry=RETRY) as client:
         for i, n in enumerate(txs):
             try:
-                with client.transaction(defer_begin=one_request) as tx:
+                # Streamed: the payloads are stored as they come, and the commit
+                # publishes the write pointer.
+                threshold = 1 if streamed else 1 << 20
+                with client.transaction(defer_begin=one_request, payload_threshold=threshold) as tx:
                     for topic in topics:
                         tx.publish(topic, keyed(f"{i}", n))
             except TidingsError:
@@ -190,14 +206,14 @@ def test_a_transaction_is_there_whole_once_or_not_at_all(
             else:
                 committed.append(i)
     proxy.wait_idle()
-    with Client(server.url) as direct:
+    with Client(target.url) as direct:
         # A transaction whose commit and invalidation were both lost stays open until
         # it times out (docs/client.md), and holds back what later ones published:
         # end it now, as its timeout would.
         for wp in direct.transactions().in_progress:
             if wp > first:
                 direct.invalidate(wp)
-    got = {t: contents(server, proxy, t) for t in topics}
+    got = {t: contents(target, proxy, t) for t in topics}
     for topic in topics:
         assert len(got[topic]) == len(set(got[topic])), (proxy.applied, got)
     for i, n in enumerate(txs):
@@ -213,9 +229,9 @@ def test_a_transaction_is_there_whole_once_or_not_at_all(
 @SETTINGS
 @given(schedule=faults, sizes=st.lists(st.integers(1, 4), min_size=1, max_size=5))
 def test_async_acknowledged_publishes_are_there_once_and_in_order(
-    server: ServerProcess, proxy: FaultProxy, schedule: list[Fault], sizes: list[int]
+    target: ServerProcess, proxy: FaultProxy, schedule: list[Fault], sizes: list[int]
 ) -> None:
-    topic = fresh_topic(server)
+    topic = fresh_topic(target)
     proxy.load(schedule)
     acked: list[bytes] = []
     failed: list[bytes] = []
@@ -233,7 +249,7 @@ def test_async_acknowledged_publishes_are_there_once_and_in_order(
                     acked.extend(payloads)
 
     asyncio.run(main())
-    check(contents(server, proxy, topic), acked, failed)
+    check(contents(target, proxy, topic), acked, failed)
 
 
 @SETTINGS
@@ -244,14 +260,14 @@ def test_async_acknowledged_publishes_are_there_once_and_in_order(
     close_timeout=st.sampled_from([None, 0.05, 10.0]),
 )
 def test_the_async_publisher_under_faults_keeps_its_word(
-    server: ServerProcess,
+    target: ServerProcess,
     proxy: FaultProxy,
     schedule: list[Fault],
     sends: list[tuple[int, bool]],
     max_batch: int,
     close_timeout: float | None,
 ) -> None:
-    topics = [fresh_topic(server) for _ in range(3)]
+    topics = [fresh_topic(target) for _ in range(3)]
     proxy.load(schedule)
     reported: dict[str, list[bytes]] = {t: [] for t in topics}
     futures: list[tuple[str, bytes, asyncio.Future[None]]] = []
@@ -295,7 +311,7 @@ def test_the_async_publisher_under_faults_keeps_its_word(
             else:
                 failed.append(payload)
         assert sorted(reported[topic]) == sorted(failed)
-        check(contents(server, proxy, topic), acked, failed)
+        check(contents(target, proxy, topic), acked, failed)
     assert sent + failed_count == len(sends)
 
 
@@ -303,21 +319,21 @@ def test_the_async_publisher_under_faults_keeps_its_word(
 
 
 @pytest.fixture
-def slow_proxy(server: ServerProcess) -> Iterator[FaultProxy]:
+def slow_proxy(target: ServerProcess) -> Iterator[FaultProxy]:
     """Publishes held 1 s each way: a batch is in flight well past a short close."""
-    port = urlsplit(server.url).port
+    port = urlsplit(target.url).port
     assert port is not None
     with FaultProxy(port, delay=1.0, matches=lambda line: line.startswith(b"POST ")) as p:
         yield p
 
 
 def test_close_that_runs_out_of_time_leaves_no_future_pending(
-    server: ServerProcess, slow_proxy: FaultProxy
+    target: ServerProcess, slow_proxy: FaultProxy
 ) -> None:
     # close(timeout) said "no message is left pending behind a closed publisher", yet
     # the batch in flight kept its futures pending until its request ended: up to the
     # client's timeout (30 s by default), or for ever without one.
-    topic = fresh_topic(server)
+    topic = fresh_topic(target)
     slow_proxy.load([Fault.DELAY])
     reported: list[tuple[str, list[bytes]]] = []
 
@@ -342,13 +358,13 @@ def test_close_that_runs_out_of_time_leaves_no_future_pending(
         time.sleep(0.1)
         assert (publisher.sent, publisher.failed) == (0, 1)
         assert reported == [(topic, [b"in flight"])]
-    assert contents(server, slow_proxy, topic) in ([], [b"in flight"])
+    assert contents(target, slow_proxy, topic) in ([], [b"in flight"])
 
 
 def test_async_close_that_runs_out_of_time_leaves_no_future_pending(
-    server: ServerProcess, slow_proxy: FaultProxy
+    target: ServerProcess, slow_proxy: FaultProxy
 ) -> None:
-    topic = fresh_topic(server)
+    topic = fresh_topic(target)
     slow_proxy.load([Fault.DELAY])
     reported: list[tuple[str, list[bytes]]] = []
 
@@ -374,4 +390,4 @@ def test_async_close_that_runs_out_of_time_leaves_no_future_pending(
             assert reported == [(topic, [b"in flight"])]
 
     asyncio.run(main())
-    assert contents(server, slow_proxy, topic) in ([], [b"in flight"])
+    assert contents(target, slow_proxy, topic) in ([], [b"in flight"])
