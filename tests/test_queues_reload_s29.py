@@ -66,11 +66,13 @@ def test_a_failed_ack_write_leaves_every_unwritten_lease_with_its_worker(
         assert [m.payload for m in pop("w3", 10)] == [b"4", b"5"]
         stats = queues.describe("ns", "t", "q")
         assert stats.consumers == {"w1": 2, "w2": 2, "w3": 2}
-        assert (stats.pending, stats.waiting, stats.popped, stats.acked) == (6, 0, 6, 1)
+        # The failed ack counts nothing: acked once, when it is acked again.
+        assert (stats.pending, stats.waiting, stats.popped, stats.acked) == (6, 0, 6, 0)
         # Each worker acks what it holds (w2 its failed ack again).
         queues.ack("ns", "t", "q", "w1", [m.id for m in mine])
         queues.ack("ns", "t", "q", "w2", [m.id for m in theirs])
-        assert queues.describe("ns", "t", "q").consumers == {"w3": 2}
+        stats = queues.describe("ns", "t", "q")
+        assert (stats.consumers, stats.acked) == ({"w3": 2}, 4)
         # As the store has it after a restart: nothing acked comes back, w3's lease
         # (written with those acks) holds.
         queues = QueueCoordinator(store, messaging, tx)
@@ -149,3 +151,111 @@ def test_a_pop_whose_dead_lettering_fails_leaves_nothing_leased(
         assert [(m.payload, m.delivery_count) for m in got] == [(b"fine1", 1), (b"fine2", 1)]
         assert [m.payload for m in messaging.fetch("ns", "t-dlq")] == [b"poison"]
         assert queues.describe("ns", "t", "q").consumers == {"w3": 2}
+
+
+def _queues(
+    tmp_path: Path, payloads: list[bytes]
+) -> tuple[MemoryStore, MessagingService, TransactionManager]:
+    store = MemoryStore()
+    messaging = MessagingService(store)
+    messaging.create_topic("ns", "t")
+    messaging.publish("ns", "t", payloads)
+    return store, messaging, TransactionManager(tmp_path / "tx", TxConfig(sweep_interval=3600))
+
+
+def _counters(queues: QueueCoordinator) -> tuple[int, ...]:
+    s = queues.describe("ns", "t", "q")
+    return (s.popped, s.acked, s.nacked, s.redelivered, s.dead_lettered, s.expired)
+
+
+def test_a_pop_whose_dead_lettering_fails_counts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, messaging, manager = _queues(tmp_path, [b"again", b"poison", b"fine"])
+    with manager as tx:
+        queues = QueueCoordinator(store, messaging, tx)
+
+        def pop(worker: str, n: int) -> list[Message]:
+            snap = tx.snapshot()
+            assert snap is not None
+            return queues.pop(
+                "ns", "t", "q", worker, max_messages=n, snapshot=snap, max_deliveries=2
+            )
+
+        first = pop("w1", 2)
+        queues.nack("ns", "t", "q", "w1", [first[1].id])
+        assert [m.payload for m in pop("w1", 1)] == [b"poison"]
+        queues.nack("ns", "t", "q", "w1", [m.id for m in first])  # delivered once, twice
+        assert _counters(queues) == (3, 0, 3, 1, 0, 0)
+        publish = messaging.publish_with_future
+
+        def fails_once(*args: Any) -> Future[Any]:
+            monkeypatch.setattr(messaging, "publish_with_future", publish)
+            failed: Future[Any] = Future()
+            failed.set_exception(StoreFull("the store is full"))
+            return failed
+
+        monkeypatch.setattr(messaging, "publish_with_future", fails_once)
+        with pytest.raises(StoreFull):
+            pop("w2", 3)  # would dead-letter "poison" and hand out "again" and "fine"
+        assert _counters(queues) == (3, 0, 3, 1, 0, 0)
+        got = pop("w3", 3)
+        assert [(m.payload, m.delivery_count) for m in got] == [(b"again", 2), (b"fine", 1)]
+        assert _counters(queues) == (5, 0, 3, 2, 1, 0)
+
+
+def test_a_pop_whose_dead_lettering_fails_at_once_counts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, messaging, manager = _queues(tmp_path, [b"poison", b"fine"])
+    with manager as tx:
+        queues = QueueCoordinator(store, messaging, tx)
+        snap = tx.snapshot()
+        assert snap is not None
+        got = queues.pop("ns", "t", "q", "w1", max_messages=1, snapshot=snap, max_deliveries=1)
+        queues.nack("ns", "t", "q", "w1", [got[0].id])
+
+        def refused(*args: Any) -> Future[Any]:
+            raise StoreFull("the store is full")
+
+        monkeypatch.setattr(messaging, "publish_with_future", refused)
+        with pytest.raises(StoreFull):
+            queues.pop("ns", "t", "q", "w2", max_messages=2, snapshot=snap)
+        assert _counters(queues) == (1, 0, 1, 0, 0, 0)
+
+
+@pytest.mark.parametrize("call", ["nack", "release", "extend"])
+def test_a_failed_give_back_of_an_unwritten_lease_leaves_it_with_its_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    # The worker was told its nack (release, extension) failed: as for a failed ack,
+    # its messages stay with it, under the lease it held them by, and nothing counts.
+    store, messaging, manager = _queues(tmp_path, [b"a", b"b", b"c"])
+    with manager as tx:
+        now = [1000.0]
+        queues = QueueCoordinator(store, messaging, tx, clock=lambda: now[0])
+
+        def pop(worker: str, n: int) -> list[Message]:
+            snap = tx.snapshot()
+            assert snap is not None
+            return queues.pop(
+                "ns", "t", "q", worker, max_messages=n, snapshot=snap, ack_timeout_ms=5000
+            )
+
+        mine = pop("w1", 2)  # not written: a pop writes nothing
+        _fail_next_write(store, monkeypatch)
+        with pytest.raises(StoreFull):
+            if call == "nack":
+                queues.nack("ns", "t", "q", "w1", [mine[0].id])
+            elif call == "release":
+                queues.release("ns", "t", "q", "w1")
+            else:
+                queues.extend("ns", "t", "q", "w1", [mine[0].id], ack_timeout_ms=600_000)
+        assert [m.payload for m in pop("w2", 10)] == [b"c"]
+        stats = queues.describe("ns", "t", "q")
+        assert stats.consumers == {"w1": 2, "w2": 1}
+        assert (stats.popped, stats.nacked) == (3, 0)
+        # Under the deadline the pop gave them (no later one: the extension failed).
+        now[0] += 5
+        got = [(m.payload, m.delivery_count) for m in pop("w3", 10)]
+        assert got == [(b"a", 2), (b"b", 2), (b"c", 2)]

@@ -170,6 +170,29 @@ class _Unlanded:
     leases: dict[int, _Lease]
 
 
+@dataclass(slots=True)
+class _Moved:
+    """A nack's, release's or extension's store write, and for each message it moved
+    the lease it put it in and the lease it held it by before (as it was then); and
+    the nacks it counted."""
+
+    write: Future[None]
+    leases: dict[MessageId, tuple[_Lease, _Lease]]
+    nacked: int = 0
+
+
+@dataclass(slots=True)
+class _DeadPop:
+    """A pop whose answer waits for its dead-lettering write, its lease (which may
+    hold nothing), and what it counted."""
+
+    write: Future[None]
+    lease: _Lease
+    popped: int
+    redelivered: int
+    dead_lettered: int
+
+
 @dataclass(frozen=True, slots=True)
 class Popped:
     """What a pop leased, in order: each message's id, its delivery count, and the
@@ -216,6 +239,10 @@ class _Queue:
         self.recent: dict[bytes, str] = {}
         #: Acks whose write may not have landed yet, oldest first.
         self.unlanded: deque[_Unlanded] = deque()
+        #: Nacks, releases and extensions whose write may not have landed yet; and
+        #: pops waiting for a dead-lettering write.
+        self.moved: deque[_Moved] = deque()
+        self.dead_pops: deque[_DeadPop] = deque()
         self.broken = False
         #: Rebuilt after a failed write: this memory is no longer the queue's.
         self.replaced = False
@@ -326,6 +353,14 @@ class _Queue:
         while unlanded and _landed(unlanded[0].write):
             unlanded.popleft()
         unlanded.append(_Unlanded(write, ids, dropped, leases))
+
+    def moves_queued(self, moved: _Moved) -> None:
+        """Remember what a nack, release or extension changed until its write is known
+        to have landed, so that a rebuild after it failed leaves the messages as the
+        worker held them: it was told the call failed."""
+        while self.moved and _landed(self.moved[0].write):
+            self.moved.popleft()
+        self.moved.append(moved)
 
     def remember_acked(self, ids: Iterable[MessageId], owner: str) -> None:
         # A message is acked once, so each id is new here and goes last (a dict keeps
@@ -578,7 +613,11 @@ class QueueCoordinator:
             ids: list[MessageId] = []
             items: list[Message | bytes] = []
             counts: list[int] = []
+            # Not those never delivered: read by a pop whose write failed (they came
+            # back with the queue's rebuild).
+            redelivered = 0
             for message_id, entry in chosen:
+                redelivered += entry.count > 0
                 entry.count += 1
                 entry.owners.append(consumer)
                 entry.lease = lease_no
@@ -607,12 +646,9 @@ class QueueCoordinator:
             q.dirty.update(touched)
             if fresh:
                 q.record = _replace_read(q.record, ids[-1])
-            q.popped += len(ids)
-            q.redelivered += len(chosen)
-            q.dead_lettered += len(dead)
-            q.pop_rate.add(len(ids), time.monotonic())
             out = Popped(ids, counts, items)
             if not dead:
+                self._count_pop(q, len(ids), redelivered, 0)
                 return out, None
             lease = q.leases[lease_no]  # (the write forgets it if it holds nothing)
             try:
@@ -621,12 +657,26 @@ class QueueCoordinator:
                 # Memory ran ahead of a write never queued (the dead-letter topic could
                 # not be created or published to): rebuild it from the records, or the
                 # dead messages would be neither delivered nor dead-lettered. The
-                # worker is told the pop failed: its lease is nobody's.
+                # worker is told the pop failed: its lease is nobody's, and it counts
+                # nothing.
                 _unpop(lease, q.entries)
                 q.broken = True
                 raise
             lease.answered_after = done
+            self._count_pop(q, len(ids), redelivered, len(dead))
+            # Until the write lands: if it fails, the rebuild takes the counts back.
+            pops = q.dead_pops
+            while pops and _landed(pops[0].write):
+                pops.popleft()
+            pops.append(_DeadPop(done, lease, len(ids), redelivered, len(dead)))
             return out, done
+
+    @staticmethod
+    def _count_pop(q: _Queue, popped: int, redelivered: int, dead_lettered: int) -> None:
+        q.popped += popped
+        q.redelivered += redelivered
+        q.dead_lettered += dead_lettered
+        q.pop_rate.add(popped, time.monotonic())
 
     def ack(
         self,
@@ -784,13 +834,16 @@ class QueueCoordinator:
             todo = [m for m in claimed if not q.is_available(q.entries[m])]
             if not todo:
                 return skipped
+            before = _leases_of(q, todo)
             touched = q.take(todo)
             lease_no = q.new_lease("", 0, 0)
             q.put_in(lease_no, todo)
             for message_id in todo:
                 heapq.heappush(q.available, message_id)
             q.nacked += len(todo)
+            back = q.leases[lease_no]
             done = self._submit(q, _write_all(q.flush([*touched, lease_no])))
+            q.moves_queued(_Moved(done, {m: (back, before[m]) for m in todo}, len(todo)))
         self._await(q, done)
         self._notify(namespace, topic)
         return skipped
@@ -830,12 +883,15 @@ class QueueCoordinator:
                 skipped = [m for m in dict.fromkeys(ids) if m in left]
             if not todo:
                 return skipped
+            before = _leases_of(q, todo)
             touched = q.take(todo)
             lease_no = q.new_lease(consumer, self._now() + ack_timeout_ms, 0)
             q.put_in(lease_no, todo)
             # Those that were back in the queue stay in its heap: a pop skips them now
             # that they are leased.
+            extended = q.leases[lease_no]
             done = self._submit(q, _write_all(q.flush([*touched, lease_no])))
+            q.moves_queued(_Moved(done, {m: (extended, before[m]) for m in todo}))
         self._await(q, done)
         return skipped
 
@@ -850,15 +906,19 @@ class QueueCoordinator:
                 n for n, lease in q.leases.items() if lease.owner == consumer and lease.active()
             ]
             count = 0
+            moved: dict[MessageId, tuple[_Lease, _Lease]] = {}
             for lease_no in mine:
                 lease = q.leases[lease_no]
+                was = _as_was(lease)
                 lease.owner, lease.deadline = "", 0
                 for message_id in lease.ids:
                     heapq.heappush(q.available, message_id)
+                    moved[message_id] = (lease, was)
                 count += len(lease.ids)
             if not mine:
                 return 0
             done = self._submit(q, _write_all(q.flush(mine)))
+            q.moves_queued(_Moved(done, moved))
         self._await(q, done)
         self._notify(namespace, topic)
         return count
@@ -1213,11 +1273,13 @@ class QueueCoordinator:
         what only ``old`` knew. Leases no write recorded yet (a pop writes nothing)
         stay with their workers where the records leave their messages free, rather
         than go to the next pop while their workers still hold them; so do messages
-        whose ack's write failed (the worker was told so, and may ack again). The
+        whose ack's write failed (the worker was told so, and may ack again), and
+        those of a nack, release or extension whose write failed, as they were held
+        before it. The
         other messages read since the last write that landed are the queue's again
         (a dead-lettering that failed goes again at the next pop). Where the records
         say a message is held (by a lease or a transaction) or acked, they win. The
-        counters carry on."""
+        counters carry on, less what the calls that answered an error counted."""
         q.popped, q.acked, q.nacked = old.popped, old.acked, old.nacked
         q.redelivered, q.dead_lettered, q.expired = old.redelivered, old.dead_lettered, old.expired
         q.pop_rate, q.ack_rate, q.recent = old.pop_rate, old.ack_rate, old.recent
@@ -1225,17 +1287,33 @@ class QueueCoordinator:
         had: dict[MessageId, tuple[_Entry, _Lease | None]] = {
             m: (entry, old.leases.get(entry.lease)) for m, entry in old.entries.items()
         }
-        for failed in old.leases.values():
-            if failed.answered_after is not None and not _landed(failed.answered_after):
-                # A pop that answered an error: as if it had not been made.
-                for m in failed.ids:
-                    entry = had[m][0]
-                    had[m] = (_Entry(entry.item, entry.count, entry.lease, entry.owners), failed)
-                _unpop(failed, {m: had[m][0] for m in failed.ids})
+        for pop in old.dead_pops:
+            if _landed(pop.write):
+                continue
+            # A pop that answered an error: as if it had not been made.
+            failed = pop.lease
+            for m in failed.ids:
+                entry = had[m][0]
+                had[m] = (_Entry(entry.item, entry.count, entry.lease, entry.owners), failed)
+            _unpop(failed, {m: had[m][0] for m in failed.ids})
+            q.popped -= pop.popped
+            q.redelivered -= pop.redelivered
+            q.dead_lettered -= pop.dead_lettered
         for ack in old.unlanded:
             if not _landed(ack.write):
+                q.acked -= len(ack.ids)  # the worker was told the ack failed
                 for m, entry in zip(ack.ids, ack.entries, strict=True):
                     had[m] = (entry, ack.leases.get(entry.lease))
+        for moved in old.moved:
+            if _landed(moved.write):
+                continue
+            # A nack, release or extension that answered an error: its messages are
+            # held as before it, where nothing moved them since.
+            q.nacked -= moved.nacked
+            for m, (into, held_by) in moved.leases.items():
+                now_had = had.get(m)
+                if now_had is not None and now_had[1] is into:
+                    had[m] = (now_had[0], held_by)
         kept: dict[int, int] = {}  # id() of old's lease -> q's lease holding its messages
 
         def keeper(lease: _Lease | None) -> int | None:
@@ -1518,6 +1596,30 @@ def _unpop(lease: _Lease, entries: dict[MessageId, _Entry]) -> None:
         entry = entries[message_id]
         entry.count -= 1
         entry.owners = entry.owners[:-1]
+
+
+def _as_was(lease: _Lease) -> _Lease:
+    """A copy of a lease's owner, deadline and state (not its messages)."""
+    return _Lease(
+        lease.owner,
+        lease.deadline,
+        lease.write_pointer,
+        {},
+        lease.expired,
+        answered_after=lease.answered_after,
+    )
+
+
+def _leases_of(q: _Queue, ids: Iterable[MessageId]) -> dict[MessageId, _Lease]:
+    """The lease each message is held by, as it is now (one copy per lease)."""
+    copies: dict[int, _Lease] = {}
+    out: dict[MessageId, _Lease] = {}
+    for message_id in ids:
+        lease_no = q.entries[message_id].lease
+        if lease_no not in copies:
+            copies[lease_no] = _as_was(q.leases[lease_no])
+        out[message_id] = copies[lease_no]
+    return out
 
 
 def _landed(write: Future[None]) -> bool:
