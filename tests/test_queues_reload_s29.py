@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tidings.consumers.queues import QueueCoordinator
-from tidings.errors import StoreFull
+from tidings.errors import AckConflict, StoreFull
 from tidings.messaging import MessagingService
 from tidings.store.backend import Store, WriteView
 from tidings.store.backends.memory import MemoryStore
@@ -166,6 +166,60 @@ def _queues(
 def _counters(queues: QueueCoordinator) -> tuple[int, ...]:
     s = queues.describe("ns", "t", "q")
     return (s.popped, s.acked, s.nacked, s.redelivered, s.dead_lettered, s.expired)
+
+
+def test_a_reload_counts_no_committed_transactional_ack_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, messaging, manager = _queues(tmp_path, [b"a", b"b", b"c"])
+    with manager as tx:
+        queues = QueueCoordinator(store, messaging, tx)
+        snap = tx.snapshot()
+        assert snap is not None
+        got = queues.pop("ns", "t", "q", "w1", max_messages=3, snapshot=snap)
+        t = tx.begin()
+        queues.ack("ns", "t", "q", "w1", [got[0].id], write_pointer=t.write_pointer)
+        tx.commit(t.write_pointer, [])
+        # Resolved (and counted) in memory; its record is rewritten by the next write,
+        # which fails: the reload finds the record under the committed pointer again.
+        assert _counters(queues) == (3, 1, 0, 0, 0, 0)
+        _fail_next_write(store, monkeypatch)
+        with pytest.raises(StoreFull):
+            queues.ack("ns", "t", "q", "w1", [got[1].id])
+        assert _counters(queues) == (3, 1, 0, 0, 0, 0)
+        queues.ack("ns", "t", "q", "w1", [m.id for m in got])
+        assert _counters(queues) == (3, 3, 0, 0, 0, 0)
+
+
+def test_a_transactional_ack_that_commits_after_a_failed_write_counts_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The memory the reload replaces never saw the commit: the rebuilt one counts it.
+    store, messaging, manager = _queues(tmp_path, [b"a", b"b"])
+    with manager as tx:
+        queues = QueueCoordinator(store, messaging, tx)
+        snap = tx.snapshot()
+        assert snap is not None
+        got = queues.pop("ns", "t", "q", "w1", max_messages=2, snapshot=snap)
+        t = tx.begin()
+        queues.ack("ns", "t", "q", "w1", [got[0].id], write_pointer=t.write_pointer)
+        submit = store.submit
+
+        def commits_then_fails(fn: Callable[[WriteView], T]) -> Future[T]:
+            # The commit lands after the nack's call saw the transaction open.
+            monkeypatch.setattr(store, "submit", submit)
+            tx.commit(t.write_pointer, [])
+            failed: Future[T] = Future()
+            failed.set_exception(StoreFull("the store is full"))
+            return failed
+
+        monkeypatch.setattr(store, "submit", commits_then_fails)
+        with pytest.raises(StoreFull):
+            queues.nack("ns", "t", "q", "w1", [got[1].id])
+        assert _counters(queues) == (2, 1, 0, 0, 0, 0)
+        # w1 made that ack: the rebuilt memory saw it resolve, and knows who.
+        with pytest.raises(AckConflict):
+            queues.ack("ns", "t", "q", "w2", [got[0].id])
 
 
 def test_a_pop_whose_dead_lettering_fails_counts_nothing(

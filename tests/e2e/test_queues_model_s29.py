@@ -74,11 +74,9 @@ class _State:
     #: it), rather than given back (a nack or an abort: the queue's).
     expired: bool = False
     id: MessageId | None = None
-    #: Acked or dead-lettered before a restart, which forgets who acked what.
+    #: Acked or dead-lettered before a restart, which forgets who acked what (also
+    #: in a transaction whose record no write has put as resolved yet).
     forgotten: bool = False
-    #: Acked in a transaction that committed, its record still under the
-    #: transaction's write pointer (resolved in memory, written with the next write).
-    in_tx_record: bool = False
 
     def copy(self) -> _State:
         return replace(self, owners=set(self.owners))
@@ -127,8 +125,6 @@ class QueueModel(RuleBasedStateMachine):
 
     def _write(self) -> None:
         """The queue wrote its records: every lease in memory goes with any write."""
-        for m in self.messages:
-            m.in_tx_record = False
         self.durable = [m.copy() for m in self.messages]
 
     def teardown(self) -> None:
@@ -303,8 +299,6 @@ class QueueModel(RuleBasedStateMachine):
             self._write()
             return
         self._do_ack(worker, acks)
-        for i in acks:
-            self.messages[i].in_tx_record = True
 
     @precondition(lambda self: any(self._leased_to(w) for w in WORKERS))
     @rule(worker=st.sampled_from(WORKERS), deferred=st.booleans(), data=st.data())
@@ -468,15 +462,20 @@ class QueueModelWithRestarts(QueueModel):
             elif m.state == AVAILABLE:
                 m.owners, m.holder, m.expired = set(), "", False
             else:
-                # Forgotten, unless the record under a transaction's pointer (which
-                # names the worker) resolves only now.
-                m.forgotten = m.state in (ACKED, DEAD) and not m.in_tx_record
+                m.forgotten = m.state in (ACKED, DEAD)
                 m.owners = set()
-        # Records under a committed transaction's pointer resolve (and count) anew,
-        # after each restart until a write puts them as resolved.
-        self.counters = _Counters(acked=sum(m.in_tx_record for m in self.messages))
+        # Counted since the server started: acks in a transaction that committed
+        # before, whose record is still under its pointer, count no more.
+        self.counters = _Counters()
         self.pushed = 0
         self.restarted = True
+
+    @precondition(lambda self: any(self._leased_to(w) for w in WORKERS))
+    @rule(worker=st.sampled_from(WORKERS), deferred=st.booleans(), data=st.data())
+    def killed_after_a_commit(self, worker: str, deferred: bool, data: st.DataObject) -> None:
+        # Before any other write: the acks' record is still under the pointer.
+        self.ack_in_transaction(worker, True, deferred, data)
+        self.server_killed_and_restarted()
 
 
 def _examples() -> int:

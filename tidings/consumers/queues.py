@@ -1246,9 +1246,27 @@ class QueueCoordinator:
                 for k, v in view.scan(_META, start, stop)
             ]
         q = _Queue(namespace, topic, qid, qkeys.decode_queue(raw))
-        found = self._messages(namespace, topic, [m for _, r in leases for m, _ in r.entries])
+        snapshot = self._snapshot()
+        resolved = {
+            lease_no
+            for lease_no, record in leases
+            if _resolved_before(record, lease_no, snapshot, old)
+        }
+        found = self._messages(
+            namespace,
+            topic,
+            [m for n, r in leases if n not in resolved for m, _ in r.entries],
+        )
         now = self._now()
         for lease_no, record in leases:
+            if lease_no in resolved:
+                # Acked before this memory, which neither counts them nor knows who
+                # acked them (as for any ack before a restart). The record goes with
+                # the next write.
+                q.leases[lease_no] = _Lease("", 0, 0, {}, durable=True)
+                q.dirty.add(lease_no)
+                q.next_lease = max(q.next_lease, lease_no + 1)
+                continue
             lease = _Lease(record.owner, record.deadline, record.write_pointer, {}, durable=True)
             q.leases[lease_no] = lease
             q.next_lease = max(q.next_lease, lease_no + 1)
@@ -1596,6 +1614,21 @@ def _unpop(lease: _Lease, entries: dict[MessageId, _Entry]) -> None:
         entry = entries[message_id]
         entry.count -= 1
         entry.owners = entry.owners[:-1]
+
+
+def _resolved_before(
+    record: LeaseRecord, lease_no: int, snapshot: Transaction, old: _Queue | None
+) -> bool:
+    """Whether a lease record holds acks of a transaction that committed before the
+    memory being built: before a restart, or (after a failed write) seen resolved by
+    the memory it replaces, which counted them then."""
+    write_pointer = record.write_pointer
+    if not write_pointer or not is_visible(snapshot, write_pointer):
+        return False
+    if old is None:
+        return True
+    was = old.leases.get(lease_no)
+    return was is None or was.write_pointer != write_pointer
 
 
 def _as_was(lease: _Lease) -> _Lease:
