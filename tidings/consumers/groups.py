@@ -349,6 +349,7 @@ class GroupCoordinator:
         pages = self._pages.setdefault(topic_key, Pages())
         while len(out) < limit and examined < _SCAN_BUDGET:
             page = pages.find(start)
+            kept = page is not None
             if page is None:
                 # One fetch per page however many members miss it at once: they move
                 # in step, and the worker threads share one interpreter anyway.
@@ -404,8 +405,10 @@ class GroupCoordinator:
                 break
             if size:
                 last = id_at(-1)
-            if not page.full or len(out) >= limit or not size:
+            if len(out) >= limit or not size or not (page.full or kept):
                 break
+            # A kept page that ended early ended where the topic did when it was
+            # fetched: what was published since comes after it, fetched fresh.
             passed += page.data
             start = page.last
         # Everything up to ``last`` of every owned partition was examined.
