@@ -71,3 +71,20 @@ def test_a_member_sees_messages_published_after_another_group_read_the_topic(
         assert [m.payload for m in second] == [b"c"]
         for c in (early, x, y):
             c.close()
+
+
+def test_a_member_not_following_polls_again_rather_than_answer_an_empty_read_ahead(
+    server: ServerProcess, topic: str
+) -> None:
+    # A full page sends the next poll ahead; it found nothing then. A message published
+    # before the member's next poll() must come with it, not an empty answer from before
+    # the message existed (iterating, the member would stop there, caught up).
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [Record(b"a", b"k"), Record(b"b", b"k")])
+        member = client.consume(topic, group="g", follow=False, partitions=1, batch_size=2)
+        assert [m.payload for m in member.poll()] == [b"a", b"b"]
+        settle_read_ahead(member)  # answered (empty) before the publish
+        client.publish(topic, [Record(b"c", b"k")])
+        assert [m.payload for m in member.poll()] == [b"c"]
+        member.close()

@@ -17,11 +17,11 @@ Reading ahead: when a poll answers a full page, the member sends its next poll a
 (waiting for nothing on the server; a task, or a worker thread in the sync client), so
 the server reads the next page while the application works on this one. At most one
 such poll is in flight, and its answer is what the next ``poll()`` returns (an empty
-one while following is dropped for a long poll). Commits are unaffected: positions are
-those of messages *returned* to the application, never of a page read ahead. Before a
-rollback rewinds the member, the poll in flight is waited for and its answer dropped,
-so the rewind comes after it on the server and delivery restarts from the committed
-positions.
+one is dropped for a poll of its own: it tells nothing of what came since). Commits are
+unaffected: positions are those of messages *returned* to the application, never of a
+page read ahead. Before a rollback rewinds the member, the poll in flight is waited for
+and its answer dropped, so the rewind comes after it on the server and delivery
+restarts from the committed positions.
 
 A page read ahead may come from a server that restarted since (which delivers again from
 the committed positions). Within one assignment generation, the server's pages of a
@@ -372,8 +372,10 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         assignment = self._assignment
         if epoch != self._epoch or assignment is None or assignment.member_id != member_id:
             return None  # rewound or dropped since: what it delivered does not count
-        if self._follow and not answer.page.count:
-            return None  # nothing yet: a long poll instead (the empty one moved nothing)
+        if not answer.page.count:
+            # Nothing then, which says nothing of now: a poll of its own instead (a long
+            # one while following; the empty answer moved nothing on the server).
+            return None
         return answer
 
     async def _rewind(self) -> None:
