@@ -88,3 +88,29 @@ def test_a_member_not_following_polls_again_rather_than_answer_an_empty_read_ahe
         client.publish(topic, [Record(b"c", b"k")])
         assert [m.payload for m in member.poll()] == [b"c"]
         member.close()
+
+
+@pytest.mark.parametrize("defer_begin", [True, False])
+def test_an_aborted_batch_comes_again_in_a_group_starting_at_latest(
+    server: ServerProcess, topic: str, defer_begin: bool
+) -> None:
+    # With no committed position the member started at the end as it was when it
+    # joined; the abort rewinds it there, not to the end as it is at the abort (which
+    # would skip the batch the aborted transaction was working on).
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.create_topic(topic + "-out")
+        client.publish(topic, [b"before"])
+        member = client.consume(topic, "latest", group="g", follow=False, partitions=1)
+        member.heartbeat()
+        client.publish(topic, [b"a", b"b"])
+        batch = member.poll()
+        assert [m.payload for m in batch] == [b"a", b"b"]
+        with pytest.raises(KeyError), client.transaction(defer_begin=defer_begin) as tx:
+            tx.publish(topic + "-out", [b"out"])
+            member.commit(transaction=tx)
+            raise KeyError("the transform failed")
+        assert [m.payload for m in member.poll()] == [b"a", b"b"]
+        info = client.describe_group(topic, "g")
+        assert info.partitions[0].position is None
+        member.close()

@@ -112,6 +112,10 @@ class _Session:
 
     seen: float
     cursors: dict[int, MessageId | None] = field(default_factory=dict)
+    #: Where the member started each partition that had no committed position (its
+    #: rewind goes back there: for a group starting at "latest", the end as it was
+    #: then, not as it is at the rewind, which would skip what it was delivered).
+    origins: dict[int, MessageId | None] = field(default_factory=dict)
     #: Long polls of the member waiting between their scans (:meth:`waiting`).
     waiting: int = 0
 
@@ -303,7 +307,9 @@ class GroupCoordinator:
                 committed = self.positions(gid, snapshot)
                 begin = self._start_position(namespace, topic, record)
                 for p in owned:
-                    session.cursors.setdefault(p, committed.get(p, begin))
+                    if p not in session.cursors:
+                        session.cursors[p] = committed.get(p, begin)
+                        session.origins[p] = begin
             cursors = {p: session.cursors.get(p) for p in owned}
             assignment = self._assignment(record, member_id)
         if not owned:
@@ -624,7 +630,7 @@ class GroupCoordinator:
             committed = self.positions(gid, snapshot)
             begin = self._start_position(namespace, topic, record)
             for p in record.members[member_id].partitions:
-                session.cursors[p] = committed.get(p, begin)
+                session.cursors[p] = committed.get(p, session.origins.get(p, begin))
 
     def _positions_fn(
         self,
@@ -1011,9 +1017,11 @@ class GroupCoordinator:
             for p in list(session.cursors):
                 if p not in member.partitions:
                     del session.cursors[p]
+                    session.origins.pop(p, None)
             for p in member.partitions:
                 if before.get(p) != member_id:
                     session.cursors[p] = positions.get(p, start)
+                    session.origins[p] = start
 
     def _pending(self, gid: _GroupId, partitions: Iterable[int]) -> set[int]:
         state = self._tx.state()
