@@ -114,3 +114,32 @@ def test_an_aborted_batch_comes_again_in_a_group_starting_at_latest(
         info = client.describe_group(topic, "g")
         assert info.partitions[0].position is None
         member.close()
+
+
+def test_a_page_read_ahead_before_a_rebalance_the_member_heard_of_is_not_taken_back(
+    server: ServerProcess, topic: str
+) -> None:
+    # The member read the next page ahead, then learned (heartbeat) that a join took
+    # one of its partitions. Its next poll must not hand it that partition's messages
+    # (they are the new owner's now) nor report the older assignment again.
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        k0, k1 = _key_of(0, 2), _key_of(1, 2)
+        client.publish(
+            topic, [Record(b"a", k0), Record(b"b", k1), Record(b"c", k0), Record(b"d", k1)]
+        )
+        first = client.consume(topic, group="g", follow=False, partitions=2, batch_size=2)
+        assert [m.payload for m in first.poll()] == [b"a", b"b"]
+        settle_read_ahead(first)  # the next page, read before the join
+        second = client.consume(topic, group="g", follow=False)
+        second.heartbeat()
+        learned = first.heartbeat()
+        assert len(learned.partitions) == 1
+        kept = learned.partitions[0]
+        rest = [m.payload for m in first.poll()]
+        assert rest == ([b"c"] if kept == 0 else [b"d"])
+        assert first.assignment == learned
+        theirs = [m.payload for m in second]
+        assert theirs == ([b"b", b"d"] if kept == 0 else [b"a", b"c"])
+        first.close()
+        second.close()

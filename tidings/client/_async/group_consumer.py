@@ -17,11 +17,12 @@ Reading ahead: when a poll answers a full page, the member sends its next poll a
 (waiting for nothing on the server; a task, or a worker thread in the sync client), so
 the server reads the next page while the application works on this one. At most one
 such poll is in flight, and its answer is what the next ``poll()`` returns (an empty
-one is dropped for a poll of its own: it tells nothing of what came since). Commits are
-unaffected: positions are those of messages *returned* to the application, never of a
-page read ahead. Before a rollback rewinds the member, the poll in flight is waited for
-and its answer dropped, so the rewind comes after it on the server and delivery
-restarts from the committed positions.
+one is dropped for a poll of its own: it tells nothing of what came since; so are the
+messages of partitions a rebalance heard of since took away). Commits are unaffected:
+positions are those of messages *returned* to the application, never of a page read
+ahead. Before a rollback rewinds the member, the poll in flight is waited for and its
+answer dropped, so the rewind comes after it on the server and delivery restarts from
+the committed positions.
 
 A page read ahead may come from a server that restarted since (which delivers again from
 the committed positions). Within one assignment generation, the server's pages of a
@@ -157,6 +158,9 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         #: A poll sent ahead failed on the way: the server may have moved this member
         #: past messages that never arrived, so it is rewound before the next poll.
         self._rewind_first = False
+        #: The current page is of an older assignment than the member knows: only
+        #: these partitions' messages of it are returned.
+        self._keep: frozenset[int] | None = None
 
     @property
     def member_id(self) -> str | None:
@@ -273,17 +277,9 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         await self._before_fetch()
         while True:
             page = await self._fetch_page()
-            messages = page.messages()
-            delivered = self._delivered
-            if messages and delivered is not None and messages[0].id <= delivered:
-                # The server started over: drop what it already delivered (ids sorted).
-                fresh = messages[bisect.bisect_right(messages, delivered, key=_id) :]
-                if not fresh:
-                    continue  # all of it again: the next page has what is new
-                messages = fresh
-            if messages:
-                self._delivered = messages[-1].id
-            return messages
+            messages = self._fresh(page.messages())
+            if messages is not None:
+                return messages
 
     async def _fetch_rows(self) -> tuple[int, Iterator[Message]]:
         """The same for iterating: how many, and the messages, made as they are taken
@@ -293,17 +289,39 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
             page = await self._fetch_page()
             rows = page.iterate()
             delivered = self._delivered
-            if rows.first is not None and delivered is not None and rows.first <= delivered:
-                # The server started over (rare): as _fetch does it, on a list.
-                listed = list(rows.messages)
-                fresh = listed[bisect.bisect_right(listed, delivered, key=_id) :]
-                if not fresh:
+            if self._keep is not None or (
+                rows.first is not None and delivered is not None and rows.first <= delivered
+            ):
+                # The server started over, or the page is of an older assignment
+                # (rare): as _fetch does it, on a list.
+                fresh = self._fresh(list(rows.messages))
+                if fresh is None:
                     continue
-                self._delivered = fresh[-1].id
                 return len(fresh), iter(fresh)
             if rows.count:
                 self._delivered = rows.last
             return rows.count, rows.messages
+
+    def _fresh(self, messages: list[Message]) -> list[Message] | None:
+        """A page's messages this member is to return: of the partitions it owns (see
+        ``_keep``), not delivered before. None where a page with messages has none of
+        them (the next page has what is new)."""
+        keep = self._keep
+        if keep is not None and messages:
+            assert self._assignment is not None
+            count = self._assignment.partition_count
+            messages = [m for m in messages if partition_of(m, count) in keep]
+            if not messages:
+                return None
+        delivered = self._delivered
+        if messages and delivered is not None and messages[0].id <= delivered:
+            # The server started over: drop what it already delivered (ids sorted).
+            messages = messages[bisect.bisect_right(messages, delivered, key=_id) :]
+            if not messages:
+                return None  # all of it again
+        if messages:
+            self._delivered = messages[-1].id
+        return messages
 
     async def _fetch_page(self) -> PollPage:
         assert self._assignment is not None
@@ -323,9 +341,17 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
                 await self._join()
         assert answer is not None and self._assignment is not None
         member_id = self._assignment.member_id
+        self._keep = None
         if answer.generation is not None and answer.partitions is not None:
-            count = answer.partition_count or self._assignment.partition_count
-            self._adopt(GroupAssignment(member_id, answer.generation, answer.partitions, count))
+            if answer.generation < self._assignment.generation:
+                # Read ahead before a rebalance this member heard of since (a
+                # heartbeat): the assignment it knows stands, and the page's messages
+                # of partitions it lost are their new owner's, from its positions.
+                self._keep = frozenset(self._assignment.partitions)
+            else:
+                count = answer.partition_count or self._assignment.partition_count
+                assignment = GroupAssignment(member_id, answer.generation, answer.partitions, count)
+                self._adopt(assignment)
         got = answer.page.count
         if got is not None and (got >= self._batch_size or answer.page.more):
             # A full page (or one at its byte bound): more is likely there. Ask now,
