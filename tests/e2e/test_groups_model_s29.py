@@ -1,0 +1,471 @@
+"""A model-based test of consumer groups: random runs of publishes, joins, polls, commits
+(plain, or in transactions that commit or abort), leaves, resets and deletes, through the
+real server and the real sync client, checked against a model of what the group has
+committed and what each member was delivered (docs/client.md, "Consumer groups";
+docs/api.md, "Consumer groups")."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from tests.e2e.serverproc import ServerProcess
+from tests.e2e.test_groups_regressions_s29 import settle_read_ahead
+from tidings import Client
+from tidings.client._sync.group_consumer import GroupConsumer
+from tidings.codec.groups import partition_of
+from tidings.errors import PartitionFenced, TidingsError, TransactionNotInProgress
+from tidings.structs import GroupAssignment, Message, MessageId, Record
+
+pytestmark = pytest.mark.e2e
+
+PARTITIONS = 4
+GROUP = "g"
+#: Before every message: the position a reset to "earliest" writes.
+ZERO = MessageId(0, 0, 0, 0)
+#: Every member heartbeats after each join or leave, so that none misses a rebalance:
+#: a member that missed a partition moving away and back can still commit what it was
+#: delivered before (test_groups_regressions_s29.py, the xfail test), which the model
+#: would report on every run until that is fixed.
+TELL_EVERY_MEMBER = True
+
+
+class _Abort(Exception):
+    """Raised in a transaction's block to abort it."""
+
+
+def join_as(client: Client, consumer: GroupConsumer, member_id: str) -> GroupAssignment:
+    """Join with a chosen member id (as a member rejoining under its id does): the sticky
+    assignment orders members by id, so random ids would make each run differ."""
+    call = client._api.group_join(
+        consumer.topic, consumer.group, member_id, 300_000, PARTITIONS, consumer._start
+    )
+    consumer._assignment = client._send(call)
+    return consumer.heartbeat()
+
+
+@dataclass
+class MemberModel:
+    """What the machine knows of one live member."""
+
+    consumer: GroupConsumer
+    member_id: str
+    #: The last message returned per partition and not committed (the client's own
+    #: bookkeeping for ``commit()``, as the docs describe it).
+    returned: dict[int, MessageId] = field(default_factory=dict)
+    #: The last message returned per partition, committed or not.
+    last: dict[int, MessageId] = field(default_factory=dict)
+    #: Partitions whose delivery may start over (from the committed position): newly
+    #: assigned, or after a rewind.
+    restart: set[int] = field(default_factory=set)
+    #: The newest generation the client reported.
+    generation: int = 0
+
+
+class GroupsMachine(RuleBasedStateMachine):
+    """One group of ``PARTITIONS`` on a fresh topic per run. Checked after each step:
+    a partition has one owner per generation and the owners' counts are even; a
+    message goes to one member per generation, of a partition it owns; each member gets
+    each partition's messages in order, without gaps, starting over only after the
+    partition came to it or it was rewound, and then right after the committed position
+    (or where it started the partition); a plain commit, or a transaction's that
+    commits, moves the positions to what was returned; an aborted or fenced one moves
+    nothing and shows no output; describe's positions, owners and lags (and the topic
+    stats' group lag) are the model's."""
+
+    url: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.client = Client(self.url)
+        self.topic = "gm-" + uuid.uuid4().hex[:12]
+        self.out = self.topic + "-out"
+        self.client.create_topic(self.topic)
+        self.client.create_topic(self.out)
+        self.start = "earliest"
+        #: Every message of the topic, in order, and its partition.
+        self.messages: list[Message] = []
+        self.parts: dict[MessageId, int] = {}
+        #: The group's committed positions, as the model has them.
+        self.committed: dict[int, MessageId] = {}
+        self.group_exists = False
+        self.members: dict[str, MemberModel] = {}
+        #: The current assignment on the server (partition -> member).
+        self.owner: dict[int, str] = {}
+        self.generation = 0
+        #: Where a partition without a committed position starts, for a group starting
+        #: at "latest": the topic's end when its owner got it (None: the beginning).
+        self.origin: dict[int, MessageId | None] = {}
+        #: (generation, partition) -> owner, as seen by anyone.
+        self.gen_owner: dict[tuple[int, int], str] = {}
+        #: (generation, message) -> the member it was returned to.
+        self.delivered: dict[tuple[int, MessageId], str] = {}
+        #: Payloads of the output topic that must be visible.
+        self.outputs: list[bytes] = []
+        self.seq = 0
+        self.joined = 0
+
+    def teardown(self) -> None:
+        for m in self.members.values():
+            with contextlib.suppress(TidingsError):
+                m.consumer.close()
+        try:
+            self.client.delete_topic(self.topic)
+            self.client.delete_topic(self.out)
+        finally:
+            self.client.close()
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def of(self, p: int) -> list[Message]:
+        return [m for m in self.messages if self.parts[m.id] == p]
+
+    def floor(self, p: int) -> MessageId | None:
+        """Where delivery of ``p`` starts over: after its committed position, else where
+        the group starts."""
+        if p in self.committed:
+            return self.committed[p]
+        if self.start == "latest":
+            return self.origin.get(p)
+        return None
+
+    def after(self, p: int, floor: MessageId | None) -> list[Message]:
+        return [m for m in self.of(p) if floor is None or m.id > floor]
+
+    def end_id(self) -> MessageId | None:
+        return self.messages[-1].id if self.messages else None
+
+    def sync(self) -> set[int]:
+        """Read the server's assignment after a membership change; mark what moved.
+        Answers the partitions whose owner changed."""
+        info = self.client.describe_group(self.topic, GROUP)
+        assert info.generation >= self.generation
+        owner = {p.partition: p.owner for p in info.partitions if p.owner is not None}
+        assert set(info.members) == set(self.members), (info.members, list(self.members))
+        if self.members:
+            assert sorted(owner) == list(range(PARTITIONS))
+            counts = sorted(len(ps) for ps in info.members.values())
+            assert counts[-1] - counts[0] <= 1, info.members  # evened out
+        moved = {p for p in range(PARTITIONS) if owner.get(p) != self.owner.get(p)}
+        for p in moved:
+            new = owner.get(p)
+            if new is not None:
+                self.members[new].restart.add(p)
+                if p not in self.committed:
+                    self.origin[p] = self.end_id()
+        for p, m in owner.items():
+            self.note_owner(info.generation, p, m)
+        self.owner = {p: m for p, m in owner.items() if m is not None}  # type: ignore[misc]
+        self.generation = info.generation
+        if TELL_EVERY_MEMBER:
+            for m in self.members.values():
+                m.consumer.heartbeat()
+                self.observe(m)
+        return moved
+
+    def note_owner(self, generation: int, p: int, member_id: str | None) -> None:
+        if member_id is None:
+            return
+        seen = self.gen_owner.setdefault((generation, p), member_id)
+        assert seen == member_id, f"partition {p} has two owners in generation {generation}"
+
+    def observe(self, m: MemberModel) -> None:
+        """The client's view of its assignment after a call."""
+        a = m.consumer.assignment
+        if a is None:
+            return
+        assert a.generation >= m.generation, (
+            f"member {m.member_id} went back from generation {m.generation} to {a.generation}"
+        )
+        if a.generation != m.generation:
+            # The client forgets what it returned of partitions it no longer owns.
+            m.returned = {p: i for p, i in m.returned.items() if p in a.partitions}
+        m.generation = a.generation
+        for p in a.partitions:
+            self.note_owner(a.generation, p, m.member_id)
+
+    def rewound(self, m: MemberModel) -> None:
+        m.returned.clear()
+        m.restart |= {p for p, o in self.owner.items() if o == m.member_id}
+
+    def outputs_visible(self) -> list[bytes]:
+        got = self.client.poll(self.out, limit=10_000, transaction=self.client.snapshot())
+        return [x.payload for x in got]
+
+    def check_unchanged(self) -> None:
+        self.check_describe()
+        assert self.outputs_visible() == self.outputs
+
+    # --- rules -----------------------------------------------------------------------------
+
+    @initialize(start=st.sampled_from(["earliest", "latest"]))
+    def choose_start(self, start: str) -> None:
+        self.start = start
+
+    @rule(n=st.integers(1, 8), keys=st.sampled_from([0, 1, 3, 8]))
+    def publish(self, n: int, keys: int) -> None:
+        self.seq += 1
+        records = [
+            Record(b"m%d-%d" % (self.seq, i), None if not keys else b"k%d" % (i % keys))
+            for i in range(n)
+        ]
+        self.client.publish(self.topic, records)
+        self.messages = self.client.poll(self.topic, limit=10_000)
+        self.parts = {m.id: partition_of(m, PARTITIONS) for m in self.messages}
+
+    @precondition(lambda self: len(self.members) < 3)
+    @rule(batch=st.sampled_from([2, 100]))
+    def add_member(self, batch: int) -> None:
+        consumer = self.client.consume(
+            self.topic, self.start, group=GROUP, follow=False, batch_size=batch,
+            session_timeout=300.0, partitions=PARTITIONS,
+        )  # fmt: skip
+        self.joined += 1
+        assignment = join_as(self.client, consumer, f"m{self.joined:03d}")
+        m = MemberModel(consumer, assignment.member_id)
+        self.members[m.member_id] = m
+        created = not self.group_exists
+        self.group_exists = True
+        if created:
+            self.owner = {}
+        self.sync()
+        self.observe(m)
+
+    def _member(self, data: st.DataObject) -> MemberModel:
+        # By join order: member ids differ from run to run, the order does not.
+        name = data.draw(st.sampled_from(list(self.members)))
+        return self.members[name]
+
+    @precondition(lambda self: self.members)
+    @rule(data=st.data())
+    def poll(self, data: st.DataObject) -> None:
+        m = self._member(data)
+        page = m.consumer.poll()
+        settle_read_ahead(m.consumer)
+        self.observe(m)
+        self.check_page(m, page)
+
+    def check_page(self, m: MemberModel, page: list[Message]) -> None:
+        a = m.consumer.assignment
+        assert a is not None
+        for msg in page:
+            p = self.parts[msg.id]
+            assert p in a.partitions, f"{msg.id} of partition {p} not in {a}"
+            who = self.delivered.setdefault((a.generation, msg.id), m.member_id)
+            assert who == m.member_id, f"{msg.id} went to two members in generation {a.generation}"
+            prev = m.last.get(p)
+            expected: list[MessageId] = []
+            if prev is not None:
+                nxt = self.after(p, prev)
+                if nxt:
+                    expected.append(nxt[0].id)
+            if p in m.restart or prev is None:
+                first = self.after(p, self.floor(p))
+                if first:
+                    expected.append(first[0].id)
+            assert msg.id in expected, (
+                f"member {m.member_id} got {msg.id} of partition {p}; expected one of "
+                f"{expected} (last {prev}, restart {p in m.restart}, floor {self.floor(p)})"
+            )
+            following = self.after(p, prev) if prev is not None else []
+            if not following or msg.id != following[0].id:
+                m.restart.discard(p)  # started over
+            m.last[p] = msg.id
+            m.returned[p] = msg.id
+
+    @precondition(lambda self: self.members)
+    @rule(data=st.data())
+    def drain(self, data: st.DataObject) -> None:
+        m = self._member(data)
+        for _ in range(30):
+            page = m.consumer.poll()
+            settle_read_ahead(m.consumer)
+            self.observe(m)
+            self.check_page(m, page)
+            if not page:
+                break
+        else:
+            raise AssertionError("a member never caught up")
+        for p, o in self.owner.items():
+            if o != m.member_id:
+                continue
+            rest = self.after(p, self.floor(p))
+            if rest and p in m.restart:
+                raise AssertionError(f"partition {p} was not delivered again: {rest}")
+            if rest:
+                assert m.last.get(p) == self.of(p)[-1].id, f"partition {p} not caught up"
+
+    def _fenced(self, m: MemberModel) -> bool:
+        return any(self.owner.get(p) != m.member_id for p in m.returned)
+
+    @precondition(lambda self: self.members)
+    @rule(data=st.data())
+    def commit(self, data: st.DataObject) -> None:
+        m = self._member(data)
+        if self._fenced(m):
+            with pytest.raises(PartitionFenced):
+                m.consumer.commit()
+            self.check_unchanged()
+            return
+        m.consumer.commit()
+        self.committed.update(m.returned)
+        m.returned.clear()
+
+    @precondition(lambda self: self.members)
+    @rule(data=st.data(), outcome=st.sampled_from(["commit", "abort"]), defer=st.booleans())
+    def commit_in_transaction(self, data: st.DataObject, outcome: str, defer: bool) -> None:
+        m = self._member(data)
+        self.seq += 1
+        marker = b"out%d" % self.seq
+        fenced = self._fenced(m) and bool(m.returned)
+        try:
+            with self.client.transaction(defer_begin=defer) as tx:
+                tx.publish(self.out, [marker])
+                m.consumer.commit(transaction=tx)
+                if outcome == "abort":
+                    raise _Abort
+        except _Abort:
+            assert outcome == "abort"
+            self.rewound(m)
+        except PartitionFenced:
+            assert fenced, "a commit of partitions the member owns was fenced"
+            self.rewound(m)
+        else:
+            assert not fenced, "a fenced member's transaction committed"
+            assert outcome == "commit"
+            self.committed.update(m.returned)
+            m.returned.clear()
+            self.outputs.append(marker)
+        self.check_unchanged()
+
+    @precondition(lambda self: self.members and len(self.members) < 3)
+    @rule(data=st.data(), batch=st.sampled_from([2, 100]))
+    def zombie_transaction(self, data: st.DataObject, batch: int) -> None:
+        """A member's positions wait in an open transaction while a join moves
+        partitions: if one of them moved, the transaction cannot commit."""
+        m = self._member(data)
+        if not m.returned or self._fenced(m):
+            return
+        self.seq += 1
+        marker = b"zombie%d" % self.seq
+        held = dict(m.returned)
+        moved: set[int] = set()
+        try:
+            with self.client.transaction(defer_begin=False) as tx:
+                tx.publish(self.out, [marker])
+                m.consumer.commit(transaction=tx)
+                self.add_member(batch)
+                moved = {p for p in held if self.owner.get(p) != m.member_id}
+        except TransactionNotInProgress:
+            assert moved, "a transaction whose partitions stayed put was fenced"
+            # The abort rewinds the member as any abort does.
+            self.rewound(m)
+        else:
+            assert not moved, f"a zombie's transaction committed (moved {moved})"
+            self.committed.update(held)
+            m.returned.clear()
+            self.outputs.append(marker)
+        self.check_unchanged()
+
+    @precondition(lambda self: self.members)
+    @rule(data=st.data())
+    def close(self, data: st.DataObject) -> None:
+        m = self._member(data)
+        m.consumer.close()
+        del self.members[m.member_id]
+        self.sync()
+
+    @precondition(lambda self: self.group_exists and not self.members)
+    @rule(data=st.data(), how=st.sampled_from(["earliest", "latest", "id", "past", "time"]))
+    def reset(self, data: st.DataObject, how: str) -> None:
+        to: str | MessageId | int
+        end = self.end_id()
+        if how in ("earliest", "latest") or not self.messages:
+            to = how if how in ("earliest", "latest") else "earliest"
+            position = ZERO if to == "earliest" or end is None else end
+        elif how == "past":
+            to = MessageId(end.publish_ts + 1000, 0, 0, 0) if end is not None else ZERO
+            position = end if end is not None else ZERO
+        else:
+            target = data.draw(st.sampled_from(self.messages))
+            if how == "id":
+                to, position = target.id, target.id
+            else:
+                to = target.publish_time
+                first = next(x for x in self.messages if x.publish_time >= to)
+                position = first.id.previous()
+        self.client.reset_group(self.topic, GROUP, to)
+        self.committed = dict.fromkeys(range(PARTITIONS), position)
+
+    @precondition(lambda self: self.group_exists and not self.members)
+    @rule()
+    def delete(self) -> None:
+        self.client.delete_group(self.topic, GROUP)
+        self.group_exists = False
+        self.committed.clear()
+        self.origin.clear()
+        self.owner = {}
+        # A group made again counts its generations from the start.
+        self.generation = 0
+        self.gen_owner.clear()
+        self.delivered.clear()
+
+    # --- invariants -----------------------------------------------------------------------
+
+    @invariant()
+    def check_describe(self) -> None:
+        if not self.group_exists:
+            assert GROUP not in self.client.groups(self.topic)
+            return
+        info = self.client.describe_group(self.topic, GROUP)
+        assert info.start == self.start
+        assert info.partition_count == PARTITIONS
+        assert info.generation == self.generation
+        positions = {p.partition: p.position for p in info.partitions if p.position}
+        assert positions == self.committed
+        for part in info.partitions:
+            p = part.partition
+            assert part.owner == self.owner.get(p)
+            if p in self.committed or self.start == "earliest":
+                want: int | None = len(self.after(p, self.committed.get(p)))
+            else:
+                want = None
+            assert part.lag == want, (p, part, self.committed.get(p))
+            assert part.lag_exact
+        lags = [p.lag for p in info.partitions if p.lag is not None]
+        assert info.lag == (sum(lags) if lags else None)
+        assert self.client.stats(self.topic).group_lags.get(GROUP) == info.lag
+
+
+def run_machine(url: str, **options: object) -> None:
+    """Run the machine against the server at ``url`` with hypothesis ``options``."""
+    GroupsMachine.url = url
+    config = settings(
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        **options,  # type: ignore[arg-type]
+    )
+    run_state_machine_as_test(GroupsMachine, settings=config)
+
+
+def test_groups_model(server: ServerProcess) -> None:
+    # A few seconds here; run it longer while changing groups (more examples and steps).
+    run_machine(server.url, max_examples=20, stateful_step_count=20)
+
+
+def test_groups_model_on_postgres(pg_server: ServerProcess) -> None:
+    run_machine(pg_server.url, max_examples=5, stateful_step_count=15)
