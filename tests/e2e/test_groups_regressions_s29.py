@@ -174,3 +174,30 @@ def test_a_member_whose_partition_moved_away_and_back_cannot_commit_what_it_had_
         assert client.describe_group(topic, "g").partitions == before
         assert got  # it took a partition and consumed it
         first.close()
+
+
+def test_after_a_fenced_commit_the_member_commits_what_it_still_owns(
+    server: ServerProcess, topic: str
+) -> None:
+    # A join took one of the member's partitions: its commit is fenced. When that
+    # partition comes back (the other member leaves), the member's next commit must not
+    # carry what it had of it before (refused as past what it was delivered, a 400, at
+    # every commit after): it commits the partition it kept.
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        k0, k1 = _key_of(0, 2), _key_of(1, 2)
+        client.publish(topic, [Record(b"a", k0), Record(b"b", k1)])
+        first = client.consume(topic, group="g", follow=False, partitions=2)
+        got = {m.payload: m.id for m in first.poll()}
+        other = client.consume(topic, group="g", follow=False)
+        other.heartbeat()
+        with pytest.raises(PartitionFenced):
+            first.commit()
+        assert other.assignment is not None
+        (taken,) = other.assignment.partitions
+        kept = 1 - taken
+        other.close()
+        first.commit()
+        positions = {p.partition: p.position for p in client.describe_group(topic, "g").partitions}
+        assert positions == {kept: got[b"a" if kept == 0 else b"b"], taken: None}
+        first.close()

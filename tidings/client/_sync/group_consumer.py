@@ -268,7 +268,9 @@ class GroupConsumer(Iterator[Message]):
         try:
             self.commit()
         except PartitionFenced:
-            if self._refresh() is None or not self._returned:
+            # The refused commit had the member learn its assignment (or find itself
+            # dropped): what is left is what it still owns.
+            if self._assignment is None or not self._returned:
                 return
             self.commit()
         except GroupNotFound:
@@ -454,7 +456,9 @@ class GroupConsumer(Iterator[Message]):
         that moves a partition first makes it fail); without, they move now.
 
         :class:`~tidings.errors.PartitionFenced` if this member no longer owns one of
-        the partitions."""
+        the partitions; it then learns its assignment (nothing is committed, and what it
+        returned of the partitions it lost is dropped), so a later commit covers the
+        partitions it still owns."""
         if self._closed and self._assignment is None:
             # It left the group: its partitions may be another's by now, and a commit
             # that did nothing without a word would lose what it was asked to keep.
@@ -465,7 +469,18 @@ class GroupConsumer(Iterator[Message]):
         api = self._client._api
         member_id = self._assignment.member_id
         if transaction is None:
-            self._client._send(api.group_commit(self.topic, self.group, member_id, positions, None))
+            try:
+                self._client._send(
+                    api.group_commit(self.topic, self.group, member_id, positions, None)
+                )
+            except PartitionFenced:
+                # A rebalance it had not heard of moved one of these partitions: it
+                # learns its assignment, which drops what it returned of the others
+                # (their new owner gets them). Kept, they would fail every later commit,
+                # or be committed after the partition came back, behind its new owner.
+                with contextlib.suppress(TidingsError):
+                    self._refresh()
+                raise
             for p, position in positions.items():
                 if self._returned.get(p) == position:
                     del self._returned[p]
