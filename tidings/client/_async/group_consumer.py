@@ -309,12 +309,14 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         ``_keep``), not delivered before. None where a page with messages has none of
         them (the next page has what is new)."""
         keep = self._keep
-        if keep is not None and messages:
+        if keep is not None:
+            # Of an older generation: what was delivered in this one (nothing yet) does
+            # not cover it, nor does it cover what this one delivers, which starts the
+            # partitions the member gained at their committed positions, maybe earlier.
             assert self._assignment is not None
             count = self._assignment.partition_count
-            messages = [m for m in messages if partition_of(m, count) in keep]
-            if not messages:
-                return None
+            kept = [m for m in messages if partition_of(m, count) in keep]
+            return kept if kept or not messages else None
         delivered = self._delivered
         if messages and delivered is not None and messages[0].id <= delivered:
             # The server started over: drop what it already delivered (ids sorted).
