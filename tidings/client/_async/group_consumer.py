@@ -161,6 +161,9 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         #: The current page is of an older assignment than the member knows: only
         #: these partitions' messages of it are returned.
         self._keep: frozenset[int] | None = None
+        #: The generation since which the member has owned each of its partitions, as
+        #: far as it heard.
+        self._since: dict[int, int] = {}
 
     @property
     def member_id(self) -> str | None:
@@ -185,12 +188,21 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
                 self._start,
             )
         )
-        return self._assignment
+        assignment = self._assignment
+        self._since = dict.fromkeys(assignment.partitions, assignment.generation)
+        return assignment
 
     def _adopt(self, assignment: GroupAssignment) -> None:
         """A new assignment: forget what is not ours any more."""
         if self._assignment is not None and assignment.generation != self._assignment.generation:
             owned = set(assignment.partitions)
+            before = set(self._assignment.partitions)
+            since = self._since
+            for p in list(since):
+                if p not in owned:
+                    del since[p]
+            for p in owned - before:
+                since[p] = assignment.generation
             self._returned = {p: i for p, i in self._returned.items() if p in owned}
             count = assignment.partition_count
             self._rest = iter([m for m in self._rest if partition_of(m, count) in owned])
@@ -350,8 +362,13 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
             if answer.generation < self._assignment.generation:
                 # Read ahead before a rebalance this member heard of since (a
                 # heartbeat): the assignment it knows stands, and the page's messages
-                # of partitions it lost are their new owner's, from its positions.
-                self._keep = frozenset(self._assignment.partitions)
+                # of partitions it lost are their new owner's, from its positions; so
+                # are those of partitions it lost and got back since, which start
+                # again at their committed positions.
+                generation, since = answer.generation, self._since
+                self._keep = frozenset(
+                    p for p in self._assignment.partitions if since.get(p, 0) <= generation
+                )
             else:
                 count = answer.partition_count or self._assignment.partition_count
                 assignment = GroupAssignment(member_id, answer.generation, answer.partitions, count)
