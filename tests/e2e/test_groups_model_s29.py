@@ -201,6 +201,14 @@ class GroupsMachine(RuleBasedStateMachine):
         for p in a.partitions:
             self.note_owner(a.generation, p, m.member_id)
 
+    def advance(self, positions: dict[int, MessageId]) -> None:
+        """A commit that went through: a position never moves back (only a reset moves
+        it anywhere), since a member commits only what it was delivered after it."""
+        for p, position in positions.items():
+            old = self.committed.get(p)
+            assert old is None or position >= old, f"partition {p} went back to {position}"
+        self.committed.update(positions)
+
     def rewound(self, m: MemberModel) -> None:
         m.returned.clear()
         m.restart |= {p for p, o in self.owner.items() if o == m.member_id}
@@ -323,7 +331,7 @@ class GroupsMachine(RuleBasedStateMachine):
             self.check_unchanged()
             return
         m.consumer.commit()
-        self.committed.update(m.returned)
+        self.advance(m.returned)
         m.returned.clear()
 
     @precondition(lambda self: self.members)
@@ -348,7 +356,7 @@ class GroupsMachine(RuleBasedStateMachine):
         else:
             assert not fenced, "a fenced member's transaction committed"
             assert outcome == "commit"
-            self.committed.update(m.returned)
+            self.advance(m.returned)
             m.returned.clear()
             self.outputs.append(marker)
         self.check_unchanged()
@@ -381,7 +389,7 @@ class GroupsMachine(RuleBasedStateMachine):
             self.rewound(m)
         else:
             assert not moved, f"a zombie's transaction committed (moved {moved})"
-            self.committed.update(held)
+            self.advance(held)
             m.returned.clear()
             self.outputs.append(marker)
         self.check_unchanged()
