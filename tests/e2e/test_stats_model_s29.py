@@ -38,7 +38,7 @@ from tests.conftest import fresh_database
 from tests.e2e.serverproc import LeadingServerProcess, ServerProcess
 from tidings import Client, Message, MessageId, Record, TopicNotFound
 from tidings.client import Consumer
-from tidings.structs import RollbackInfo, Transaction
+from tidings.structs import PayloadRange, RollbackInfo, Transaction
 
 pytestmark = pytest.mark.e2e
 
@@ -118,6 +118,7 @@ class OpenTx:
     sealed: int | None = None
     # Stored and not published yet, and the generation they were stored on.
     pending: list[Sent] = field(default_factory=list)
+    ranges: list[tuple[PayloadRange, list[Sent]]] = field(default_factory=list)
     pending_generation: int = 0
 
 
@@ -310,6 +311,7 @@ class TopicModel(RuleBasedStateMachine):
         which.sealed = self.generation
         shown = [s for s in which.pending if which.pending_generation == self.generation]
         which.pending = []
+        which.ranges = []
         for s in shown:
             s.status = "open"
         return shown
@@ -325,21 +327,36 @@ class TopicModel(RuleBasedStateMachine):
         which = unsealed[data.draw(st.integers(0, len(unsealed) - 1))]
         sent = self.records(draw, now_ms())
         wp = which.tx.write_pointer
-        self.client.store(self.topic, self.wire(sent), write_pointer=wp)
+        stored = self.client.store(self.topic, self.wire(sent), write_pointer=wp)
         self.done(sent, "stored", wp)
         if which.pending_generation != self.generation:
             which.pending = []
+            which.ranges = []
         which.pending += sent
+        which.ranges.append((stored, sent))
         which.pending_generation = self.generation
 
     @precondition(lambda self: self.open)
-    @rule(data=st.data(), how=st.sampled_from(["commit", "abort", "invalidate"]))
-    def end_transaction(self, data: st.DataObject, how: str) -> None:
+    @rule(
+        data=st.data(),
+        how=st.sampled_from(["commit", "abort", "invalidate"]),
+        ranged=st.booleans(),
+    )
+    def end_transaction(self, data: st.DataObject, how: str, ranged: bool) -> None:
         which = self.open.pop(data.draw(st.integers(0, len(self.open) - 1)))
         wp = which.tx.write_pointer
         if how == "commit":
             if which.pending and which.pending_generation == self.generation and self.exists:
-                info = self.client.publish(self.topic, [], write_pointer=wp)
+                if ranged:
+                    # Only every other store (a Spark job's committed task attempts):
+                    # the rest are never shown, nor counted.
+                    chosen = which.ranges[::2]
+                    which.pending = [s for _, batch in chosen for s in batch]
+                    info = self.client.publish(
+                        self.topic, [], write_pointer=wp, payload_ranges=[r for r, _ in chosen]
+                    )
+                else:
+                    info = self.client.publish(self.topic, [], write_pointer=wp)
                 which.rollbacks.append(info)
                 shown = self.expose(which)
                 self.sent += shown
