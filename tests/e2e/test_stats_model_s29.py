@@ -127,15 +127,16 @@ class OpenTx:
 
 
 def full_read(client: Client, topic: str, committed: bool) -> list[Message]:
-    """Every message a reader from the start gets now (bounded)."""
+    """Every message a reader from the start gets now (bounded). Small pages, so
+    that pages end inside a publish's batch entry and the next resumes there."""
     out: list[Message] = []
     start: MessageId | None = None
-    for _ in range(200):
+    for _ in range(1000):
         page = client.poll(
             topic,
             start,
             inclusive=start is None,
-            limit=1000,
+            limit=7,
             isolation="read_committed" if committed else None,
         )
         if not page:
