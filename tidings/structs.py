@@ -117,7 +117,8 @@ class Message(NamedTuple):
 
     ``write_pointer`` is the transaction that published it (None if non-transactional);
     it is negative when that transaction was rolled back (seen only by
-    non-transactional consumers).
+    non-transactional consumers). Only messages read in the server's process carry it:
+    a poll's answer has no such field, so the HTTP clients' messages always have None.
 
     ``delivery_count`` is set on messages a queue hands out (:meth:`Client.queue`): 1 on
     the first delivery to the queue's group, one more on each redelivery. Messages read
