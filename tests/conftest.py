@@ -11,6 +11,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -22,6 +23,36 @@ from tidings.store import MemoryStore, Store
 # not among the properties tested. Tests that set their own settings keep this default.
 settings.register_profile("tidings", deadline=None)
 settings.load_profile("tidings")
+
+
+def _share_httpx_default_tls_context() -> None:
+    """Every ``httpx.get()`` (and ``httpx.Client()``) loads the whole CA bundle into a new
+    TLS context, even for an http:// URL: ~25 ms of CPU unloaded, several times that on
+    the shared cores, and the black-box tests make thousands of such calls. The default
+    context (verify=True: certifi's bundle, or SSL_CERT_FILE/SSL_CERT_DIR's) is the same
+    for the same environment, so the tests build it once per environment; any other
+    ``verify`` (False, a CA file, a context) is built as httpx builds it. (httpcore sets
+    the context's ALPN list on each connection: the same one while no test asks httpx
+    for HTTP/2.)"""
+    import httpx._transports.default as transports
+
+    build = getattr(transports, "create_ssl_context", None)
+    if build is None:  # another httpx: leave it as it is
+        return
+    shared: dict[tuple[object, ...], Any] = {}
+
+    def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+        if verify is not True or cert is not None:
+            return build(verify=verify, cert=cert, trust_env=trust_env)
+        where = (trust_env, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+        if where not in shared:
+            shared[where] = build(verify=True, trust_env=trust_env)
+        return shared[where]
+
+    transports.create_ssl_context = create_ssl_context
+
+
+_share_httpx_default_tls_context()
 
 STORE_KINDS = ["memory", "lmdb", "postgres"]
 
