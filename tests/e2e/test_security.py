@@ -57,8 +57,23 @@ def auth_file(path: Path, *extra: str) -> Path:
 
 @pytest.fixture
 def secured(start_server: Callable[..., ServerProcess], tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server of the test's own: for tests that rewrite its auth file, or that go
+    through every route (and so leave transactions open that time out later)."""
     path = auth_file(tmp_path / "auth.toml")
     yield start_server("--auth-file", str(path))
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server with the same auth file for the tests that leave it unchanged (each
+    on topics, transactional ids and transactions of its own)."""
+    where = tmp_path_factory.mktemp("secured")
+    proc = ServerProcess(where / "data", ["--auth-file", str(auth_file(where / "auth.toml"))])
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.kill()
 
 
 def bearer(name: str | None) -> dict[str, str]:
@@ -107,8 +122,8 @@ def test_every_route_answers_each_principal_as_the_table_says(secured: ServerPro
     assert checked > 200
 
 
-def test_401_carries_a_challenge_and_403_names_no_token(secured: ServerProcess) -> None:
-    url = secured.url + "/v1/namespaces/default/topics"
+def test_401_carries_a_challenge_and_403_names_no_token(shared: ServerProcess) -> None:
+    url = shared.url + "/v1/namespaces/default/topics"
     answer = httpx.get(url)
     assert answer.status_code == 401
     assert answer.headers["www-authenticate"].startswith("Bearer")
@@ -119,18 +134,18 @@ def test_401_carries_a_challenge_and_403_names_no_token(secured: ServerProcess) 
     assert forbidden.status_code == 403 and TOKENS["nobody"] not in forbidden.text
     assert "nobody" in forbidden.json()["error"]
     # The log names principals, never tokens.
-    log = secured.log()
+    log = shared.log()
     assert "nobody" in log
     assert all(token not in log for token in TOKENS.values()) and "guess-1234" not in log
 
 
-def test_refused_requests_change_nothing(secured: ServerProcess) -> None:
-    with Client(secured.url, token=TOKENS["admin"]) as admin:
+def test_refused_requests_change_nothing(shared: ServerProcess) -> None:
+    with Client(shared.url, token=TOKENS["admin"]) as admin:
         admin.create_topic("t-kept")
         admin.create_topic("other")
         admin.publish("t-kept", [b"first"])
         before = admin.transactions()
-    with Client(secured.url, token=TOKENS["reader"]) as reader:
+    with Client(shared.url, token=TOKENS["reader"]) as reader:
         with pytest.raises(Forbidden):
             reader.publish("t-kept", [b"not mine"])
         with pytest.raises(Forbidden):
@@ -140,7 +155,7 @@ def test_refused_requests_change_nothing(secured: ServerProcess) -> None:
         assert [m.payload for m in reader.poll("t-kept")] == [b"first"]
         with pytest.raises(Forbidden):
             reader.poll("other")
-    with Client(secured.url, token=TOKENS["writer"]) as writer:
+    with Client(shared.url, token=TOKENS["writer"]) as writer:
         writer.register_producer("w-1")
         with pytest.raises(Forbidden):
             writer.register_producer("x-1")
@@ -148,8 +163,8 @@ def test_refused_requests_change_nothing(secured: ServerProcess) -> None:
             tx.publish("t-kept", b"in")
             tx.publish("other", b"not allowed here")
         with pytest.raises(Unauthorized):
-            Client(secured.url, token="wrong").list_topics()
-    with Client(secured.url, token=TOKENS["admin"]) as admin:
+            Client(shared.url, token="wrong").list_topics()
+    with Client(shared.url, token=TOKENS["admin"]) as admin:
         assert [m.payload for m in admin.poll("t-kept")] == [b"first"]
         assert admin.poll("other") == []
         after = admin.transactions()
@@ -157,12 +172,12 @@ def test_refused_requests_change_nothing(secured: ServerProcess) -> None:
         assert set(admin.list_topics()) >= {"t-kept", "other"}
 
 
-async def test_async_client_and_cli_send_the_token(secured: ServerProcess) -> None:
-    async with AsyncClient(secured.url, token=TOKENS["admin"]) as client:
+async def test_async_client_and_cli_send_the_token(shared: ServerProcess) -> None:
+    async with AsyncClient(shared.url, token=TOKENS["admin"]) as client:
         await client.create_topic("t-async")
         await client.publish("t-async", [b"x"])
     runner = CliRunner()
-    env = {"TIDINGS_URL": secured.url, "TIDINGS_TOKEN": TOKENS["reader"]}
+    env = {"TIDINGS_URL": shared.url, "TIDINGS_TOKEN": TOKENS["reader"]}
     ok = runner.invoke(main, ["consume", "t-async"], env=env)
     assert ok.exit_code == 0 and ok.stdout == "x\n", ok.output
     denied = runner.invoke(main, ["--token", TOKENS["nobody"], "consume", "t-async"], env=env)
@@ -259,17 +274,17 @@ def test_metrics_need_a_token_only_with_metrics_auth(
 
 
 def test_ending_a_producers_transaction_takes_its_transactional_id(
-    secured: ServerProcess,
+    shared: ServerProcess,
 ) -> None:
     # Leaving the transactional id out of a commit or abort (the anonymous path) must
     # not let a principal end a transaction a producer began under an id it may not
     # use: that would be more than the fencing that registering the id takes.
-    with Client(secured.url, token=TOKENS["admin"]) as admin:
+    with Client(shared.url, token=TOKENS["admin"]) as admin:
         admin.create_topic("t-exactly-once")
     with (
-        Client(secured.url, token=TOKENS["writer"]) as writer,
-        Client(secured.url, token=TOKENS["reader"]) as reader,
-        Client(secured.url, token=TOKENS["nobody"]) as nobody,
+        Client(shared.url, token=TOKENS["writer"]) as writer,
+        Client(shared.url, token=TOKENS["reader"]) as reader,
+        Client(shared.url, token=TOKENS["nobody"]) as nobody,
     ):
         epoch = writer.register_producer("w-1").epoch
         tx = writer.begin(transactional_id="w-1", epoch=epoch)
@@ -282,29 +297,29 @@ def test_ending_a_producers_transaction_takes_its_transactional_id(
                 stranger.commit(tx)
             with pytest.raises(Forbidden, match="transactional id 'w-1'"):
                 stranger.commit(tx, transactional_id="w-1", epoch=epoch)
-        with Client(secured.url, token=TOKENS["admin"]) as admin:
+        with Client(shared.url, token=TOKENS["admin"]) as admin:
             assert tx.write_pointer in admin.transactions().in_progress  # nothing changed
         writer.commit(tx, transactional_id="w-1", epoch=epoch)
         assert [m.payload for m in reader.poll("t-exactly-once")] == [b"once"]
         assert info.write_pointer == tx.write_pointer
         # Its holder may leave the id out (it may use it), and so may an admin.
         writer.abort(writer.begin(transactional_id="w-1", epoch=epoch))
-        with Client(secured.url, token=TOKENS["admin"]) as admin:
+        with Client(shared.url, token=TOKENS["admin"]) as admin:
             admin.abort(writer.begin(transactional_id="w-1", epoch=epoch))
         # A transaction begun without an id stays anyone's to end (docs/transactions.md).
         nobody.abort(reader.begin())
     # The refusals are logged with the principal's name.
-    assert '"principal":"nobody","route":"/v1/transactions/{wp}/abort"' in secured.log()
+    assert '"principal":"nobody","route":"/v1/transactions/{wp}/abort"' in shared.log()
 
 
-def test_invalidating_a_transaction_takes_what_ending_it_takes(secured: ServerProcess) -> None:
+def test_invalidating_a_transaction_takes_what_ending_it_takes(shared: ServerProcess) -> None:
     # The clients invalidate their own transaction where a rollback failed or a
     # commit's answer was lost: a producer that may end its transaction may invalidate
     # it, and a stranger may not invalidate a producer's transaction.
     with (
-        Client(secured.url, token=TOKENS["writer"]) as writer,
-        Client(secured.url, token=TOKENS["reader"]) as reader,
-        Client(secured.url, token=TOKENS["admin"]) as admin,
+        Client(shared.url, token=TOKENS["writer"]) as writer,
+        Client(shared.url, token=TOKENS["reader"]) as reader,
+        Client(shared.url, token=TOKENS["admin"]) as admin,
     ):
         epoch = writer.register_producer("w-2").epoch
         held = writer.begin(transactional_id="w-2", epoch=epoch)
@@ -320,17 +335,17 @@ def test_invalidating_a_transaction_takes_what_ending_it_takes(secured: ServerPr
 
 
 def test_a_rollback_after_the_commit_leaves_the_committed_messages(
-    secured: ServerProcess,
+    shared: ServerProcess,
 ) -> None:
     # A rollback naming a committed transaction changes nothing: neither its client,
     # which lost the commit's answer, nor anyone else who may publish to the topic can
     # take committed messages away from read-committed readers.
-    with Client(secured.url, token=TOKENS["admin"]) as admin:
+    with Client(shared.url, token=TOKENS["admin"]) as admin:
         admin.create_topic("t-kept-after-commit")
     with (
-        Client(secured.url, token=TOKENS["writer"]) as writer,
-        Client(secured.url, token=TOKENS["admin"]) as other,
-        Client(secured.url, token=TOKENS["reader"]) as reader,
+        Client(shared.url, token=TOKENS["writer"]) as writer,
+        Client(shared.url, token=TOKENS["admin"]) as other,
+        Client(shared.url, token=TOKENS["reader"]) as reader,
     ):
         tx = writer.begin()
         info = writer.publish("t-kept-after-commit", [b"committed"], write_pointer=tx.write_pointer)
@@ -357,9 +372,9 @@ def test_a_rollback_after_the_commit_leaves_the_committed_messages(
     [b"", b"Bearer", b"Bearer\tx", b"Basic YTpi", b"Token x", b"Bearer \xff\xfe", b"Bearer a b",
      b"Bearer " + b"x" * 20_000],
 )  # fmt: skip
-def test_a_malformed_authorization_header_is_401(secured: ServerProcess, header: bytes) -> None:
+def test_a_malformed_authorization_header_is_401(shared: ServerProcess, header: bytes) -> None:
     answer = httpx.get(
-        secured.url + "/v1/namespaces/default/topics", headers={b"Authorization": header}
+        shared.url + "/v1/namespaces/default/topics", headers={b"Authorization": header}
     )
     assert answer.status_code == 401, answer.text
     assert answer.json()["type"] == "Unauthorized"
