@@ -49,6 +49,12 @@ def build_session(app: str) -> Any:
         .config("spark.default.parallelism", "2")
         .config("spark.sql.streaming.stopTimeout", "10s")
         .config("spark.sql.session.timeZone", "UTC")
+        # The tests' queries are small and short: the driver JVM's start-up and first
+        # queries, not its steady state, are their cost. The optimising compiler's and
+        # the parallel collector's threads would compete with them (and with the
+        # server) for the two cores; the quick compiler alone and one collector thread
+        # roughly halve a session's start and first job there.
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
         .getOrCreate()
     )
 
