@@ -49,7 +49,7 @@ def _share_httpx_default_tls_context() -> None:
             shared[where] = build(verify=True, trust_env=trust_env)
         return shared[where]
 
-    transports.create_ssl_context = create_ssl_context
+    setattr(transports, "create_ssl_context", create_ssl_context)  # noqa: B010 - not exported
 
 
 _share_httpx_default_tls_context()
