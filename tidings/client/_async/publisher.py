@@ -213,15 +213,7 @@ class AsyncPublisher:
             dropped = self._batcher.take_all()
             self._cond.notify_all()
         for topic, batch in dropped:
-            live = [p for p in batch if claim(p.future)]
-            for p in live:
-                settle(p.future, error)
-            if live:
-                report_failure(topic, [p.record for p in live], error, self._on_error)
-            async with self._cond:
-                self.failed += len(live)
-                self._batcher.resolve(batch)
-                self._cond.notify_all()
+            await self._settle_batch(topic, [p for p in batch if claim(p.future)], batch, error)
 
     async def _drop_in_flight(self) -> None:
         """Fail the batch still being published, if any: it may or may not be written."""
@@ -234,12 +226,26 @@ class AsyncPublisher:
             "the publisher was closed before this message's batch was answered: "
             "it may or may not have been written"
         )
+        await self._settle_batch(topic, live, batch, error)
+
+    async def _settle_batch(
+        self,
+        topic: str,
+        live: list[Pending[AsyncFuture[None]]],
+        batch: list[Pending[AsyncFuture[None]]],
+        error: BaseException | None,
+    ) -> None:
+        """Answer a batch's claimed messages (``live``) with ``error`` (None: sent),
+        report a failure, count them, and let the batch's topic go on."""
         for p in live:
             settle(p.future, error)
-        if live:
+        if error is not None and live:
             report_failure(topic, [p.record for p in live], error, self._on_error)
         async with self._cond:
-            self.failed += len(live)
+            if error is None:
+                self.sent += len(live)
+            else:
+                self.failed += len(live)
             self._batcher.resolve(batch)
             self._cond.notify_all()
 
@@ -272,17 +278,7 @@ class AsyncPublisher:
                 self._in_flight = None
             if not mine:
                 continue  # a close that ran out of time dropped it meanwhile
-            for p in live:
-                settle(p.future, error)
-            if error is not None:
-                report_failure(topic, [p.record for p in live], error, self._on_error)
-            async with self._cond:  # a close that ran out of time counts too
-                if error is None:
-                    self.sent += len(live)
-                else:
-                    self.failed += len(live)
-                self._batcher.resolve(batch)
-                self._cond.notify_all()
+            await self._settle_batch(topic, live, batch, error)
 
     async def _publish(self, topic: str, records: list[Outgoing]) -> BaseException | None:
         attempt = 1
