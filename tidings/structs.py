@@ -272,12 +272,16 @@ class TopicStats:
 class GroupAssignment:
     """What a consumer-group member learns on join, heartbeat and poll: its id, the
     group's generation (one per rebalance) and the partitions it owns of
-    ``partition_count``."""
+    ``partition_count``; ``owned_since``, where the server tells it (else empty), the
+    generation since which the member has held each of ``partitions`` without a break
+    (one per partition, in their order): newer than the member last heard, the
+    partition moved away and came back meanwhile."""
 
     member_id: str
     generation: int
     partitions: tuple[int, ...]
     partition_count: int
+    owned_since: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

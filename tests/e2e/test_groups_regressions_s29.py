@@ -3,6 +3,8 @@ plain run through the real server and the real client."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from tests.e2e.serverproc import ServerProcess
@@ -11,7 +13,7 @@ from tidings.client._sync.concurrency import Pending
 from tidings.client._sync.group_consumer import GroupConsumer
 from tidings.codec.groups import partition_of
 from tidings.errors import PartitionFenced, TidingsError
-from tidings.structs import Message, Record
+from tidings.structs import Message, MessageId, Record
 
 pytestmark = pytest.mark.e2e
 
@@ -197,11 +199,6 @@ def test_a_page_read_ahead_before_a_partition_moved_away_and_back_is_not_deliver
         first.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not fixed yet: a commit names no generation, so the server cannot tell "
-    "positions a member was delivered before its partition moved away and back",
-)
 def test_a_member_whose_partition_moved_away_and_back_cannot_commit_what_it_had_before(
     server: ServerProcess, topic: str
 ) -> None:
@@ -215,7 +212,11 @@ def test_a_member_whose_partition_moved_away_and_back_cannot_commit_what_it_had_
         k0, k1 = _key_of(0, 2), _key_of(1, 2)
         client.publish(topic, [Record(b"a", k0), Record(b"b", k1), Record(b"c", k1)])
         first = client.consume(topic, group="g", follow=False, partitions=2)
-        assert [m.payload for m in first.poll()] == [b"a", b"b", b"c"]
+        delivered = first.poll()
+        assert [m.payload for m in delivered] == [b"a", b"b", b"c"]
+        first_ids = {partition_of(m, 2): m.id for m in delivered}
+        # ...and more of each partition, which the other member consumes past it.
+        client.publish(topic, [Record(b"d", k0), Record(b"e", k1)])
         other = client.consume(topic, group="g", follow=False)
         got = [m.payload for m in other]
         other.commit()
@@ -225,7 +226,34 @@ def test_a_member_whose_partition_moved_away_and_back_cannot_commit_what_it_had_
             first.commit()
         assert client.describe_group(topic, "g").partitions == before
         assert got  # it took a partition and consumed it
+        # Having learned it got the partition back, the member commits what it kept
+        # (not its older position of that partition, which would be refused as past
+        # what it was delivered since, at every later commit).
+        first.commit()
+        after = {p.partition: p.position for p in client.describe_group(topic, "g").partitions}
+        assert after == {p.partition: p.position for p in before if p.position} | {
+            p.partition: first_ids[p.partition] for p in before if p.position is None
+        }
+        # What it kept comes on; the other member committed all of what it took.
+        assert len(list(first)) == 1
         first.close()
+
+
+def _moved_away_and_back(client: Client, topic: str) -> tuple[GroupConsumer, dict[int, MessageId]]:
+    """A member polls both partitions; another joins, takes one, consumes and commits
+    it, and leaves: the first member heard of none of it. Answers it and, per
+    partition, the last id it was delivered."""
+    client.create_topic(topic)
+    k0, k1 = _key_of(0, 2), _key_of(1, 2)
+    client.publish(topic, [Record(b"a", k0), Record(b"b", k1), Record(b"c", k1), Record(b"d", k0)])
+    first = client.consume(topic, group="g", follow=False, partitions=2)
+    ids = {partition_of(m, 2): m.id for m in first.poll()}
+    assert len(ids) == 2
+    other = client.consume(topic, group="g", follow=False)
+    assert list(other)
+    other.commit()
+    other.close()
+    return first, ids
 
 
 def test_after_a_fenced_commit_the_member_commits_what_it_still_owns(
@@ -252,4 +280,95 @@ def test_after_a_fenced_commit_the_member_commits_what_it_still_owns(
         first.commit()
         positions = {p.partition: p.position for p in client.describe_group(topic, "g").partitions}
         assert positions == {kept: got[b"a" if kept == 0 else b"b"], taken: None}
+        first.close()
+
+
+@pytest.mark.parametrize("defer_begin", [True, False])
+def test_a_transaction_holding_a_commit_of_a_partition_that_moved_away_and_back_fails(
+    store_server: ServerProcess, topic: str, defer_begin: bool
+) -> None:
+    # Kafka's zombie fencing: the output of a transaction that commits positions of an
+    # earlier ownership would repeat what the owner in between produced.
+    with Client(store_server.url) as client:
+        client.create_topic(topic + "-out")
+        first, _ = _moved_away_and_back(client, topic)
+        before = client.describe_group(topic, "g").partitions
+        with pytest.raises(PartitionFenced), client.transaction(defer_begin=defer_begin) as tx:
+            tx.publish(topic + "-out", [b"out"])
+            first.commit(transaction=tx)
+        assert client.describe_group(topic, "g").partitions == before
+        assert client.poll(topic + "-out", transaction=client.snapshot()) == []
+        first.close()
+
+
+def test_a_commit_names_the_generation_its_positions_are_of(
+    server: ServerProcess, topic: str
+) -> None:
+    # The server told the member of the newer generation (an answer the application
+    # never saw, as a poll's answered ahead or one lost on the way): its commit of what
+    # it had before is fenced all the same, by the generation it names.
+    with Client(server.url) as client:
+        first, _ = _moved_away_and_back(client, topic)
+        assert first.member_id is not None
+        client._send(client._api.group_heartbeat(topic, "g", first.member_id))
+        before = client.describe_group(topic, "g").partitions
+        with pytest.raises(PartitionFenced):
+            first.commit()
+        assert client.describe_group(topic, "g").partitions == before
+        first.close()
+
+
+def test_a_transaction_learns_of_a_move_from_a_poll_answered_ahead(
+    server: ServerProcess, topic: str
+) -> None:
+    # A one request names no generation: the server goes by the newest it told the
+    # member, here in a poll answered ahead after the move, which the application has
+    # not seen. The client learns that answer first and refuses the positions of the
+    # partition that moved away and back; the transaction does not commit.
+    with Client(server.url) as client:
+        client.create_topic(topic + "-out")
+        first, ids = _moved_away_and_back(client, topic)
+        assert first.member_id is not None
+        first._ahead = (
+            first._epoch,
+            first.member_id,
+            client._begin(first._worker, first._poll_call(first.member_id, 0)),
+        )
+        before = client.describe_group(topic, "g").partitions
+        with pytest.raises(PartitionFenced), client.transaction(defer_begin=True) as tx:
+            tx.publish(topic + "-out", [b"out"])
+            first.commit(transaction=tx)
+        assert client.describe_group(topic, "g").partitions == before
+        assert client.poll(topic + "-out", transaction=client.snapshot()) == []
+        # Rewound: the partition it kept comes again from its committed position (none).
+        kept = [p.partition for p in before if p.position is None]
+        assert len(kept) == 1
+        again = [m for m in first if partition_of(m, 2) == kept[0]]
+        assert again and again[-1].id == ids[kept[0]]
+        first.close()
+
+
+def test_whose_partition_came_back_is_kept_across_a_restart(
+    start_store_server: Callable[..., ServerProcess], topic: str
+) -> None:
+    # Since when an owner holds each partition is durable with the assignment: after a
+    # restart the member's commit of what it had before the move is still fenced (by the
+    # generation it names). A commit naming none (the one-request body has no room for
+    # it) from a member that made no call since the restart is fenced too: the server
+    # no longer knows what it told the member.
+    srv = start_store_server()
+    with Client(srv.url) as client:
+        first, ids = _moved_away_and_back(client, topic)
+        assert first.member_id is not None
+        srv.kill()
+        srv.start()
+        before = client.describe_group(topic, "g").partitions
+        kept = next(p.partition for p in before if p.position is None)
+        unnamed = client._api.group_commit(topic, "g", first.member_id, {kept: ids[kept]}, None)
+        with pytest.raises(PartitionFenced):
+            client._send(unnamed)
+        assert client.describe_group(topic, "g").partitions == before
+        with pytest.raises(PartitionFenced):
+            first.commit()  # (it heartbeats then: it heard of the generation)
+        assert client.describe_group(topic, "g").partitions == before
         first.close()

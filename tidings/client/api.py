@@ -218,20 +218,29 @@ class GroupPage:
     generation: int | None
     partitions: tuple[int, ...] | None
     partition_count: int | None
+    #: ``Tidings-Owned-Since``: per partition, since which generation the member holds it
+    #: (empty from a server that does not say).
+    owned_since: tuple[int, ...] = ()
 
 
 def _group_page(response: Response, sent: Media) -> GroupPage:
     headers = response.headers
     generation = partitions = count = None
+    since: tuple[int, ...] = ()
     try:
         if "tidings-generation" in headers:
             generation = int(headers["tidings-generation"])
             raw = headers.get("tidings-partitions", "")
             partitions = tuple(int(p) for p in raw.split(",") if p)
             count = int(headers["tidings-partition-count"])
+            raw_since = headers.get("tidings-owned-since", "")
+            since = tuple(int(g) for g in raw_since.split(",") if g)
+            if len(since) != len(partitions):
+                since = ()
     except (ValueError, KeyError):
         generation = partitions = count = None
-    return GroupPage(_poll_page(response, sent), generation, partitions, count)
+        since = ()
+    return GroupPage(_poll_page(response, sent), generation, partitions, count, since)
 
 
 def _popped(response: Response, sent: Media) -> list[Message]:
@@ -918,8 +927,9 @@ class RestApi:
         member_id: str,
         positions: Mapping[int, MessageId],
         write_pointer: int | None,
+        generation: int | None = None,
     ) -> Call[list[bytes]]:
-        body = admin.group_commit_request(member_id, positions, write_pointer)
+        body = admin.group_commit_request(member_id, positions, write_pointer, generation)
         url = self._group_url(topic, group, "/commit")
         return self._json_call("POST", url, _changes, body)
 

@@ -548,23 +548,40 @@ def assignment_json(a: GroupAssignment) -> dict[str, Any]:
         "generation": a.generation,
         "partitions": list(a.partitions),
         "partitionCount": a.partition_count,
+        "ownedSince": list(a.owned_since),
     }
 
 
 def read_assignment(obj: Any) -> GroupAssignment:
     """The :class:`GroupAssignment` in an answer written by :func:`assignment_json`."""
+    partitions = _pointers(_field(obj, "partitions", list))
+    since = obj.get("ownedSince") if isinstance(obj, dict) else None
+    owned_since: tuple[int, ...] = ()
+    if (
+        isinstance(since, list)
+        and len(since) == len(partitions)
+        and all(isinstance(g, int) and not isinstance(g, bool) for g in since)
+    ):
+        # Absent from a server before it was added: the member knows no more than it heard.
+        # In the order of ``partitions`` (both as the server sent them, sorted).
+        owned_since = tuple(since)
     return GroupAssignment(
         member_id=_field(obj, "memberId", str),
         generation=_field(obj, "generation", int),
-        partitions=_pointers(_field(obj, "partitions", list)),
+        partitions=partitions,
         partition_count=_field(obj, "partitionCount", int),
+        owned_since=owned_since,
     )
 
 
 def group_commit_request(
-    member_id: str, positions: Mapping[int, MessageId], write_pointer: int | None
+    member_id: str,
+    positions: Mapping[int, MessageId],
+    write_pointer: int | None,
+    generation: int | None = None,
 ) -> dict[str, Any]:
-    """A group commit body: the last consumed message id per partition."""
+    """A group commit body: the last consumed message id per partition (and the newest
+    generation the member heard of, where given)."""
     body: dict[str, Any] = {
         "memberId": member_id,
         "positions": [
@@ -574,7 +591,15 @@ def group_commit_request(
     }
     if write_pointer is not None:
         body["transactionWritePointer"] = write_pointer
+    if generation is not None:
+        body["generation"] = generation
     return body
+
+
+def read_commit_generation(obj: Mapping[str, Any]) -> int | None:
+    """The optional ``generation`` of a group commit body: the newest the member heard
+    of (clients before it was added leave it out)."""
+    return _opt_int(obj, "generation", 0)
 
 
 def read_group_commit_request(

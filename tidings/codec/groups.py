@@ -62,12 +62,16 @@ class Member:
 @dataclass(frozen=True, slots=True)
 class GroupRecord:
     """A group's durable state: partition count, generation (one per rebalance),
-    members, and the start policy for partitions without a position."""
+    members, the start policy for partitions without a position, and, per owned
+    partition, the generation since which its owner has held it without a break (a
+    commit by a member told only of an older generation is fenced: its positions
+    come from an earlier ownership)."""
 
     partitions: int
     generation: int = 0
     members: Mapping[str, Member] = field(default_factory=dict)
     start: str = "earliest"
+    since: Mapping[int, int] = field(default_factory=dict)
 
     def owner(self, partition: int) -> str | None:
         """The member owning ``partition``, if any."""
@@ -88,6 +92,7 @@ def encode_group(record: GroupRecord) -> bytes:
                 m: {"timeoutMs": v.timeout_ms, "partitions": list(v.partitions)}
                 for m, v in record.members.items()
             },
+            "since": {str(p): g for p, g in sorted(record.since.items())},
         }
     )
 
@@ -99,7 +104,10 @@ def decode_group(raw: bytes) -> GroupRecord:
         str(m): Member(int(v["timeoutMs"]), tuple(int(p) for p in v["partitions"]))
         for m, v in obj["members"].items()
     }
-    return GroupRecord(int(obj["partitions"]), int(obj["generation"]), members, obj["start"])
+    # Absent in records written before it was kept: nothing is known of the owners'
+    # tenure, and no commit is fenced by it until the next rebalance.
+    since = {int(p): int(g) for p, g in obj.get("since", {}).items()}
+    return GroupRecord(int(obj["partitions"]), int(obj["generation"]), members, obj["start"], since)
 
 
 def _topic(topic_id: int, generation: int) -> bytes:

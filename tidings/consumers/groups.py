@@ -118,6 +118,9 @@ class _Session:
     origins: dict[int, MessageId | None] = field(default_factory=dict)
     #: Long polls of the member waiting between their scans (:meth:`waiting`).
     waiting: int = 0
+    #: The newest generation an answer told the member (None: none since the server
+    #: started, or since the session was made for it by a rebalance).
+    told: int | None = None
 
 
 _GroupId = tuple[int, int, str]  # topic id, topic generation, group
@@ -193,7 +196,7 @@ class GroupCoordinator:
                 members[member_id] = replace(members[member_id], timeout_ms=session_timeout_ms)
             self._touch(gid, member_id)
             record = self._rebalance(namespace, topic, gid, record, members)
-            return self._assignment(record, member_id)
+            return self._assignment(record, member_id, gid)
 
     def heartbeat(self, namespace: str, topic: str, group: str, member_id: str) -> GroupAssignment:
         """Stay in the group; answers the current assignment (a new generation means a
@@ -219,7 +222,7 @@ class GroupCoordinator:
         with holding(self._lock, may_wait):
             record = self._require_member(namespace, topic, gid, member_id, may_wait)
             self._touch(gid, member_id)
-            return self._assignment(record, member_id)
+            return self._assignment(record, member_id, gid)
 
     def leave(self, namespace: str, topic: str, group: str, member_id: str) -> None:
         """Leave the group at once (a rebalance), rather than after the session timeout."""
@@ -311,7 +314,7 @@ class GroupCoordinator:
                         session.cursors[p] = committed.get(p, begin)
                         session.origins[p] = begin
             cursors = {p: session.cursors.get(p) for p in owned}
-            assignment = self._assignment(record, member_id)
+            assignment = self._assignment(record, member_id, gid)
         if not owned:
             return Selection(), None, assignment
         # The group's members' partitions: the first member to reach a page lays out
@@ -447,17 +450,20 @@ class GroupCoordinator:
         positions: Mapping[int, MessageId],
         *,
         write_pointer: int | None = None,
+        generation: int | None = None,
     ) -> list[bytes]:
         """Commit the member's positions (each: the id of the last message it consumed
         in that partition). With ``write_pointer`` they are part of that transaction and
         the change keys to commit it with are returned; without, they commit now. (The
-        one-request transaction uses :meth:`prepare_commit` instead.)
+        one-request transaction uses :meth:`prepare_commit` instead.) ``generation``:
+        the newest the member heard of, where it says (see :meth:`_check_commit`).
 
-        :class:`PartitionFenced` for a partition the member does not own;
-        :class:`BadRequest` for a position past what was delivered to the member."""
+        :class:`PartitionFenced` for a partition the member does not own, or has owned
+        only since a generation newer than it heard of; :class:`BadRequest` for a
+        position past what was delivered to the member."""
         gid = self._gid(namespace, topic, group)
         with self._lock:
-            self._check_commit(namespace, topic, gid, member_id, positions)
+            self._check_commit(namespace, topic, gid, member_id, positions, generation=generation)
             changes = [change_key(*gid[:2], group, p) for p in sorted(positions)]
             if write_pointer is not None:
                 self._store.apply(self._positions_fn(gid, positions, write_pointer))
@@ -546,8 +552,20 @@ class GroupCoordinator:
         member_id: str,
         positions: Mapping[int, MessageId],
         may_wait: bool = True,
+        *,
+        generation: int | None = None,
     ) -> None:
-        # Under the lock: the member owns each partition, and each position was delivered.
+        """Under the lock: the member owns each partition, has heard that it does since
+        it got it last, and was delivered each position.
+
+        The second is Kafka's generation check (ILLEGAL_GENERATION): a partition that
+        moved away and came back while the member heard nothing has positions of the
+        member's from its earlier ownership, behind what the owner in between
+        committed. Heard means the newest generation an answer told the member (join,
+        heartbeat, poll), or the one its commit names, whichever is older: a poll
+        answered ahead may tell it before the application has seen it. A session the
+        server does not remember (it restarted) heard nothing it knows of: fenced
+        unless the commit names a generation (the owners' tenure is durable)."""
         if not positions:
             raise BadRequest("a commit names at least one partition")
         group = gid[2]
@@ -558,7 +576,9 @@ class GroupCoordinator:
             raise PartitionFenced(f"{exc.message}; its partitions moved") from None
         session = self._touch(gid, member_id)
         owned = set(record.members[member_id].partitions)
-        for p, position in positions.items():
+        known = [g for g in (session.told, generation) if g is not None]
+        heard = min(known) if known else None
+        for p in positions:
             if not 0 <= p < record.partitions:
                 raise BadRequest(f"partition {p} is not in [0, {record.partitions})")
             if p not in owned:
@@ -566,6 +586,17 @@ class GroupCoordinator:
                     f"member {member_id} does not own partition {p} of group {group} "
                     f"(generation {record.generation}): it cannot commit it"
                 )
+            since = record.since.get(p)
+            if since is not None and (heard is None or heard < since):
+                raise PartitionFenced(
+                    f"member {member_id} has held partition {p} of group {group} since "
+                    f"generation {since}, newer than it heard of "
+                    f"({'none' if heard is None else heard}): its positions are of an "
+                    "earlier ownership (heartbeat or poll, then commit what comes since)"
+                )
+        # Fenced first: a position of an earlier ownership may also lie past what was
+        # delivered since, and the member must learn it was fenced, not that it erred.
+        for p, position in positions.items():
             delivered = session.cursors.get(p)
             if delivered is None or position > delivered:
                 raise BadRequest(
@@ -981,7 +1012,14 @@ class GroupCoordinator:
         if changed:
             new = assign(record.partitions, old, list(members))
             members = {m: replace(v, partitions=new.get(m, ())) for m, v in members.items()}
-            record = GroupRecord(record.partitions, record.generation + 1, members, record.start)
+            generation = record.generation + 1
+            # A partition kept by its owner keeps its tenure; one that moved starts anew.
+            since = {
+                p: record.since.get(p, 0) if p in old.get(m, ()) else generation
+                for m, v in members.items()
+                for p in v.partitions
+            }
+            record = GroupRecord(record.partitions, generation, members, record.start, since)
             self._moved(namespace, topic, gid, record, old)
         else:
             record = replace(record, members=dict(members))
@@ -1053,9 +1091,17 @@ class GroupCoordinator:
             return end.last_stable_id.previous()
         return end.newest_id
 
-    def _assignment(self, record: GroupRecord, member_id: str) -> GroupAssignment:
+    def _assignment(self, record: GroupRecord, member_id: str, gid: _GroupId) -> GroupAssignment:
+        """The member's assignment, as an answer to it tells it (remembered: see
+        :meth:`_check_commit`)."""
         member = record.members[member_id]
-        return GroupAssignment(member_id, record.generation, member.partitions, record.partitions)
+        session = self._sessions.get((gid, member_id))
+        if session is not None and (session.told is None or session.told < record.generation):
+            session.told = record.generation
+        since = tuple(record.since.get(p, 0) for p in member.partitions)
+        return GroupAssignment(
+            member_id, record.generation, member.partitions, record.partitions, since
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -407,8 +407,8 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
                         "items": {
                             "type": "object",
                             "description": "a group commit (GroupCommitRequest, without a "
-                            "write pointer) plus its topic and group, one per member: the "
-                            "positions move if and only if the transaction commits",
+                            "write pointer or generation) plus its topic and group, one "
+                            "per member: the positions move if and only if the transaction commits",
                             "required": ["topic", "group", "memberId", "positions"],
                             "properties": {
                                 "topic": _NAME,
@@ -583,6 +583,12 @@ def _group_schemas() -> dict[str, Any]:
                 "generation": {"type": "integer", "minimum": 1},
                 "partitions": partitions,
                 "partitionCount": {"type": "integer", "minimum": 1},
+                "ownedSince": {
+                    "type": "array",
+                    "items": {"type": "integer", "minimum": 1},
+                    "description": "per entry of partitions, the generation since which "
+                    "the member has held it without a break",
+                },
             },
         },
         "GroupMemberRequest": {
@@ -600,6 +606,11 @@ def _group_schemas() -> dict[str, Any]:
                 "memberId": member_id,
                 "positions": _GROUP_POSITIONS,
                 "transactionWritePointer": _nullable(_POSITIVE_INT64),
+                "generation": {
+                    **_nullable({"type": "integer", "minimum": 0}),
+                    "description": "the newest generation the member heard of: a "
+                    "partition it has held only since a newer one is fenced",
+                },
             },
         },
         "GroupChanges": {
@@ -1001,8 +1012,9 @@ def _group_paths() -> dict[str, Any]:
                 {
                     "200": {
                         "description": "messages of the member's partitions, oldest first; "
-                        "headers Tidings-Generation, Tidings-Partitions and "
-                        "Tidings-Partition-Count give its assignment, Tidings-Count, "
+                        "headers Tidings-Generation, Tidings-Partitions, "
+                        "Tidings-Partition-Count and Tidings-Owned-Since give its "
+                        "assignment, Tidings-Count, "
                         "Tidings-Last-Id and Tidings-More the page's extent",
                         "content": {
                             **_content(_ref("Messages"), "Messages", "MessagesExt"),

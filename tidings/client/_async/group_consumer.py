@@ -149,7 +149,7 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         self._closed = False
         self._worker = AsyncWorker("tidings-group-read-ahead")
         #: The poll sent ahead: the epoch and member it was sent for, and the call.
-        self._ahead: tuple[int, str, AsyncPending[GroupPage]] | None = None
+        self._ahead: tuple[int, str, AsyncPending[GroupPage] | _Settled] | None = None
         #: Bumped whenever what the server delivered so far stops counting (dropped from
         #: the group, rewound): a poll sent ahead before then is not used.
         self._epoch = 0
@@ -190,19 +190,31 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         )
         assignment = self._assignment
         self._since = dict.fromkeys(assignment.partitions, assignment.generation)
+        self._since.update(_owned_since(assignment))
         return assignment
 
     def _adopt(self, assignment: GroupAssignment) -> None:
-        """A new assignment: forget what is not ours any more."""
+        """A new assignment: forget what is not ours any more, and what we had of a
+        partition before it moved away and came back (the server says since when we
+        hold each: its positions are of an earlier ownership, and the server fences
+        them)."""
         if self._assignment is not None and assignment.generation != self._assignment.generation:
-            owned = set(assignment.partitions)
-            before = set(self._assignment.partitions)
+            told = _owned_since(assignment)
             since = self._since
+            before = set(self._assignment.partitions)
+            known = self._assignment.generation
+            # Held since a generation newer than we heard of it: it moved away and back.
+            owned = {
+                p
+                for p in assignment.partitions
+                if p in before and told.get(p, 0) <= since.get(p, known)
+            }
             for p in list(since):
                 if p not in owned:
                     del since[p]
-            for p in owned - before:
-                since[p] = assignment.generation
+            for p in assignment.partitions:
+                if p not in owned:
+                    since[p] = told.get(p, assignment.generation)
             self._returned = {p: i for p, i in self._returned.items() if p in owned}
             count = assignment.partition_count
             self._rest = iter([m for m in self._rest if partition_of(m, count) in owned])
@@ -371,7 +383,9 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
                 )
             else:
                 count = answer.partition_count or self._assignment.partition_count
-                assignment = GroupAssignment(member_id, answer.generation, answer.partitions, count)
+                assignment = GroupAssignment(
+                    member_id, answer.generation, answer.partitions, count, answer.owned_since
+                )
                 self._adopt(assignment)
         got = answer.page.count
         if got is not None and (got >= self._batch_size or answer.page.more):
@@ -441,6 +455,35 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
             await self._join()
         self._rewind_first = False
 
+    async def _learn_ahead(self) -> None:
+        """Wait for the poll in flight, if any, keeping its answer for the next poll,
+        and adopt the assignment it tells of where it is newer than ours."""
+        ahead = self._ahead
+        if ahead is None:
+            return
+        epoch, member_id, pending = ahead
+        try:
+            answer = await pending.result()
+        except Exception as exc:
+            self._ahead = (epoch, member_id, _Settled(None, exc))
+            return
+        self._ahead = (epoch, member_id, _Settled(answer, None))
+        assignment = self._assignment
+        if (
+            epoch == self._epoch
+            and assignment is not None
+            and assignment.member_id == member_id
+            and answer.generation is not None
+            and answer.partitions is not None
+            and answer.generation > assignment.generation
+        ):
+            count = answer.partition_count or assignment.partition_count
+            self._adopt(
+                GroupAssignment(
+                    member_id, answer.generation, answer.partitions, count, answer.owned_since
+                )
+            )
+
     async def _settle_ahead(self) -> None:
         """Wait for the poll in flight, if any, and drop its answer: a rewind after it
         on the server then covers what it delivered."""
@@ -482,13 +525,16 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
             raise RuntimeError("the consumer is closed")
         if self._assignment is None or not self._returned:
             return
-        positions = dict(self._returned)
         api = self._client._api
         member_id = self._assignment.member_id
+        # The generation the positions are of: the server fences those of a partition
+        # that moved away and came back since (its owner in between committed past them).
+        generation = self._assignment.generation
         if transaction is None:
+            positions = dict(self._returned)
             try:
                 await self._client._send(
-                    api.group_commit(self.topic, self.group, member_id, positions, None)
+                    api.group_commit(self.topic, self.group, member_id, positions, None, generation)
                 )
             except PartitionFenced:
                 # A rebalance it had not heard of moved one of these partitions: it
@@ -502,6 +548,22 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
                 if self._returned.get(p) == position:
                     del self._returned[p]
             return
+        # A one request names no generation: the server takes the newest it told this
+        # member, which a poll answered ahead may have told it before the application
+        # saw it. That answer is learned first: if it shows a partition of these
+        # positions moved (away, or away and back), the transaction must not commit
+        # (its output would repeat the new owner's), as the server would refuse it.
+        positions = dict(self._returned)
+        await self._learn_ahead()
+        if self._returned != positions:
+            moved = sorted(set(positions) - set(self._returned))
+            # The batch comes again from the committed positions (after the abort this
+            # raise causes), as after any fenced transaction.
+            await self._rolled_back(None)
+            raise PartitionFenced(
+                f"partitions {moved} of group {self.group} moved since their messages "
+                "were delivered to this member: their positions cannot commit"
+            )
         held = TransactionGroupCommit(self.topic, self.group, member_id, positions)
         if transaction.defer_group_commit(held, self):
             # They go with the transaction's one request; an abort rewinds this member.
@@ -510,7 +572,9 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         participant = _GroupCommit(self, [])
         tx = await transaction.enlist(participant)
         participant._changes = await self._client._send(
-            api.group_commit(self.topic, self.group, member_id, positions, tx.write_pointer)
+            api.group_commit(
+                self.topic, self.group, member_id, positions, tx.write_pointer, generation
+            )
         )
         self._returned.clear()
 
@@ -630,5 +694,30 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         return message
 
 
+class _Settled:
+    """The outcome of a poll sent ahead, waited for before it was taken (see
+    ``_learn_ahead``), as the call in flight gives it."""
+
+    def __init__(self, answer: GroupPage | None, error: Exception | None) -> None:
+        self._answer = answer
+        self._error = error
+
+    async def result(self) -> GroupPage:
+        if self._error is not None:
+            raise self._error
+        assert self._answer is not None
+        return self._answer
+
+    def cancel(self) -> None:
+        pass  # answered already
+
+
 def _id(message: Message) -> MessageId:
     return message.id
+
+
+def _owned_since(assignment: GroupAssignment) -> dict[int, int]:
+    """Since which generation the member holds each partition, where the server says."""
+    if len(assignment.owned_since) != len(assignment.partitions):
+        return {}
+    return dict(zip(assignment.partitions, assignment.owned_since, strict=True))

@@ -45,6 +45,8 @@ GROUP = GROUPS + "/{group}"
 GENERATION_HEADER = "Tidings-Generation"
 PARTITIONS_HEADER = "Tidings-Partitions"
 PARTITION_COUNT_HEADER = "Tidings-Partition-Count"
+#: Per partition of ``Tidings-Partitions``, the generation since which the member holds it.
+OWNED_SINCE_HEADER = "Tidings-Owned-Since"
 _DEFAULT_LIMIT = 500
 
 
@@ -165,6 +167,7 @@ def routes(api: Api) -> list[Route]:
             GENERATION_HEADER: str(assignment.generation),
             PARTITIONS_HEADER: ",".join(map(str, assignment.partitions)),
             PARTITION_COUNT_HEADER: str(assignment.partition_count),
+            OWNED_SINCE_HEADER: ",".join(map(str, assignment.owned_since)),
         }
         if columnar:  # the pages' columns, the member's rows as they are
             body_, answer = rows.encode(), columns.CONTENT_TYPE
@@ -182,12 +185,13 @@ def routes(api: Api) -> list[Route]:
     async def commit(request: Request) -> Response:
         coordinator = api.groups
         ns, topic, name = path_names(request, "group")
-        member_id, positions, write_pointer = admin.read_group_commit_request(
-            await json_body(api, request, "group commit")
-        )
+        body = await json_body(api, request, "group commit")
+        member_id, positions, write_pointer = admin.read_group_commit_request(body)
+        generation = admin.read_commit_generation(body)
         changes = await api.blocking(
-            coordinator.commit, ns, topic, name, member_id, positions, write_pointer=write_pointer
-        )
+            coordinator.commit, ns, topic, name, member_id, positions,
+            write_pointer=write_pointer, generation=generation,
+        )  # fmt: skip
         return json_response(admin.changes_json(changes))
 
     @api.endpoint(GROUP + "/rollback")
