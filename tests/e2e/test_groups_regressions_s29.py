@@ -372,3 +372,28 @@ def test_whose_partition_came_back_is_kept_across_a_restart(
             first.commit()  # (it heartbeats then: it heard of the generation)
         assert client.describe_group(topic, "g").partitions == before
         first.close()
+
+
+def test_a_partition_a_rebalance_left_in_place_commits_under_the_older_generation(
+    server: ServerProcess, topic: str
+) -> None:
+    # A join moved the member's other partition: the one it kept, it has held without a
+    # break, and positions of it from before the join still commit.
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.publish(topic, [Record(b"a", _key_of(0, 2)), Record(b"b", _key_of(1, 2))])
+        first = client.consume(topic, group="g", follow=False, partitions=2)
+        ids = {partition_of(m, 2): m.id for m in first.poll()}
+        assert first.assignment is not None and first.member_id is not None
+        generation = first.assignment.generation
+        other = client.consume(topic, group="g", follow=False)
+        (taken,) = other.heartbeat().partitions
+        kept = 1 - taken
+        call = client._api.group_commit(
+            topic, "g", first.member_id, {kept: ids[kept]}, None, generation
+        )
+        client._send(call)
+        positions = {p.partition: p.position for p in client.describe_group(topic, "g").partitions}
+        assert positions == {kept: ids[kept], taken: None}
+        first.close()
+        other.close()
