@@ -397,3 +397,46 @@ def test_a_partition_a_rebalance_left_in_place_commits_under_the_older_generatio
         assert positions == {kept: ids[kept], taken: None}
         first.close()
         other.close()
+
+
+@pytest.mark.parametrize(
+    ("begin", "hear"),
+    [("one request", "heartbeat"), ("one request", "poll"), ("deferred begin", "heartbeat")],
+)
+def test_a_transaction_holding_positions_of_a_partition_that_moved_away_and_back_since_fails(
+    server: ServerProcess, topic: str, begin: str, hear: str
+) -> None:
+    # The positions went into the transaction before the move; the member then heard
+    # of it (a heartbeat or a poll) before the transaction was sent. The server goes by what it
+    # told the member, so the positions of the earlier ownership were accepted and the
+    # transaction's output repeated what the owner in between produced.
+    with Client(server.url) as client:
+        client.create_topic(topic)
+        client.create_topic(topic + "-out")
+        k0, k1 = _key_of(0, 2), _key_of(1, 2)
+        client.publish(topic, [Record(b"a", k0), Record(b"b", k1), Record(b"c", k0)])
+        first = client.consume(topic, group="g", follow=False, partitions=2)
+        assert len(first.poll()) == 3
+        with pytest.raises(PartitionFenced), client.transaction(defer_begin=True) as tx:
+            tx.publish(topic + "-out", [b"out"])
+            first.commit(transaction=tx)
+            other = client.consume(topic, group="g", follow=False)
+            assert list(other)
+            other.commit()
+            other.close()
+            before = client.describe_group(topic, "g").partitions
+            if hear == "heartbeat":
+                assert len(first.heartbeat().partitions) == 2
+            else:
+                assert first.poll() == []  # (nothing past what the other committed)
+                assert first.assignment is not None
+                assert len(first.assignment.partitions) == 2
+            if begin == "deferred begin":
+                tx.start()
+        assert client.describe_group(topic, "g").partitions == before
+        assert client.poll(topic + "-out", transaction=client.snapshot()) == []
+        # Rewound: the partition it kept comes again from its committed position (none);
+        # the other member committed all of the one it took.
+        (kept,) = [p.partition for p in before if p.position is None]
+        assert [m.payload for m in first] == ([b"a", b"c"] if kept == 0 else [b"b"])
+        first.close()

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from zlib import crc32
 
 from tidings.client._async.concurrency import AsyncPending, AsyncWorker, sleep, yield_turns
@@ -72,20 +72,31 @@ class _GroupCommit:
         consumer: AsyncGroupConsumer,
         changes: list[bytes],
         held: TransactionGroupCommit | None = None,
+        generations: Mapping[int, int] | None = None,
     ) -> None:
         self._consumer = consumer
         self._changes = changes
         self._held = held
+        self._generations = generations or {}
         self._write_pointer: int | None = None
 
     async def start(self, transaction: Transaction) -> None:
         self._write_pointer = transaction.write_pointer
         held = self._held
         if held is not None:
+            await self._consumer._check_held(held, self._generations)
+            known = set(self._generations.values())
+            # Named where all are of one generation, so the server fences by it too.
+            generation = known.pop() if len(known) == 1 else None
             client = self._consumer._client
             self._changes = await client._send(
                 client._api.group_commit(
-                    held.topic, held.group, held.member_id, held.positions, self._write_pointer
+                    held.topic,
+                    held.group,
+                    held.member_id,
+                    held.positions,
+                    self._write_pointer,
+                    generation,
                 )
             )
 
@@ -565,7 +576,7 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
                 "were delivered to this member: their positions cannot commit"
             )
         held = TransactionGroupCommit(self.topic, self.group, member_id, positions)
-        if transaction.defer_group_commit(held, self):
+        if transaction.defer_group_commit(held, self, generation):
             # They go with the transaction's one request; an abort rewinds this member.
             self._returned.clear()
             return
@@ -578,10 +589,41 @@ class AsyncGroupConsumer(AsyncIterator[Message]):
         )
         self._returned.clear()
 
-    def _participant(self, held: TransactionGroupCommit) -> _GroupCommit:
+    def _participant(
+        self, held: TransactionGroupCommit, generations: Mapping[int, int]
+    ) -> _GroupCommit:
         """The participant that sends ``held`` under the write pointer of a transaction
         that began after all (see :meth:`AsyncTransactionContext.defer_group_commit`)."""
-        return _GroupCommit(self, [], held)
+        return _GroupCommit(self, [], held, generations)
+
+    async def _check_held(
+        self, held: TransactionGroupCommit, generations: Mapping[int, int]
+    ) -> None:
+        """Positions handed to a deferred transaction, just before it sends them: the
+        application may have polled or heartbeated since, and the server goes by the
+        newest generation it told this member, so it would take positions of a
+        partition that moved away and came back meanwhile (of the earlier ownership:
+        the transaction's output would repeat the new owner's). PartitionFenced for
+        those, and for partitions no longer ours; the transaction then aborts, which
+        rewinds this member."""
+        await self._learn_ahead()
+        assignment = self._assignment
+        if assignment is None or assignment.member_id != held.member_id:
+            moved = sorted(held.positions)
+        else:
+            owned = set(assignment.partitions)
+            moved = [
+                p
+                for p in sorted(held.positions)
+                if p not in owned
+                or self._since.get(p, assignment.generation)
+                > generations.get(p, assignment.generation)
+            ]
+        if moved:
+            raise PartitionFenced(
+                f"partitions {moved} of group {self.group} moved since their positions "
+                "went into the transaction: they cannot commit"
+            )
 
     async def _rolled_back(self, write_pointer: int | None) -> None:
         """The transaction holding our positions is being aborted: drop them, and have

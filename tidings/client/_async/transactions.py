@@ -47,7 +47,7 @@ import asyncio
 # ---- sync only
 # import threading
 # ---- end
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
 from tidings.client._async.session import AsyncSession
@@ -105,9 +105,21 @@ class AsyncGroupMember(Protocol):
     """A consumer group member whose positions a transaction holds (what
     :meth:`AsyncTransactionContext.defer_group_commit` needs of it)."""
 
-    def _participant(self, held: TransactionGroupCommit) -> AsyncTransactionAware:
+    def _participant(
+        self, held: TransactionGroupCommit, generations: Mapping[int, int]
+    ) -> AsyncTransactionAware:
         """The participant that sends ``held`` under the write pointer, should the
-        transaction begin after all (its rollback rewinds the member)."""
+        transaction begin after all (its rollback rewinds the member); ``generations``
+        as for :meth:`_check_held`."""
+        ...
+
+    async def _check_held(
+        self, held: TransactionGroupCommit, generations: Mapping[int, int]
+    ) -> None:
+        """Just before ``held`` is sent: PartitionFenced if the member has learned since
+        it handed them over that a partition of these positions moved (away, or away
+        and back: held since a newer generation than ``generations`` names for it, the
+        one its position is of)."""
         ...
 
     async def _rolled_back(self, write_pointer: int | None) -> None:
@@ -195,8 +207,11 @@ class AsyncTransactionContext(ContextState):
         #: their workers, as where the server refuses a transaction in one request,
         #: rather than to their queues.
         self.keeps_leases = False
-        #: Group positions of a deferred transaction, likewise, with their members.
-        self._group_commits: list[tuple[TransactionGroupCommit, AsyncGroupMember]] = []
+        #: Group positions of a deferred transaction, likewise, with their members and,
+        #: per partition, the generation each position is of.
+        self._group_commits: list[
+            tuple[TransactionGroupCommit, AsyncGroupMember, dict[int, int]]
+        ] = []
         #: What the abort answered where a newer epoch of the producer had fenced it.
         self._fenced: ProducerFenced | None = None
         #: Held while the transaction begins: publishes that run concurrently and find
@@ -250,21 +265,34 @@ class AsyncTransactionContext(ContextState):
         self._acks.append(TransactionAck(topic, queue, consumer, list(ids)))
         return True
 
-    def defer_group_commit(self, commit: TransactionGroupCommit, member: AsyncGroupMember) -> bool:
+    def defer_group_commit(
+        self,
+        commit: TransactionGroupCommit,
+        member: AsyncGroupMember,
+        generation: int | None = None,
+    ) -> bool:
         """Hold a group member's positions for the one request of a deferred transaction
         (they go in it with the publishes: poll, then one request that commits the
         positions and publishes). False if the transaction has begun: commit them
-        under its write pointer. ``member`` is told if the transaction aborts."""
+        under its write pointer. ``member`` is told if the transaction aborts, and
+        asked just before they are sent whether they still hold (``generation``: the
+        one they are of)."""
         self._require_open()
         if self._state is not State.PENDING:
             return False
-        for i, (held, owner) in enumerate(self._group_commits):
+        generations = {} if generation is None else dict.fromkeys(commit.positions, generation)
+        for i, (held, owner, known) in enumerate(self._group_commits):
             if held[:3] == commit[:3]:
                 # The same member again: its later positions replace the earlier ones.
                 positions = {**held.positions, **commit.positions}
-                self._group_commits[i] = (held._replace(positions=positions), owner)
+                known = {p: g for p, g in known.items() if p not in commit.positions}
+                self._group_commits[i] = (
+                    held._replace(positions=positions),
+                    owner,
+                    known | generations,
+                )
                 return True
-        self._group_commits.append((commit, member))
+        self._group_commits.append((commit, member, generations))
         return True
 
     async def publish(self, topic: str, messages: MessageLike | Iterable[MessageLike]) -> None:
@@ -308,7 +336,7 @@ class AsyncTransactionContext(ContextState):
             self._all = (*self._all[:-1], _QueueAcks(self._client, acks, self), self._all[-1])
         if self._group_commits:
             commits, self._group_commits = self._group_commits, []
-            held = tuple(member._participant(commit) for commit, member in commits)
+            held = tuple(member._participant(commit, gens) for commit, member, gens in commits)
             self._all = (*self._all[:-1], *held, self._all[-1])
         for participant in self._all:
             try:
@@ -439,12 +467,22 @@ class AsyncTransactionContext(ContextState):
         positions: each member gets its batch again from its committed positions, as
         after the rollback of a transaction under way."""
         commits, self._group_commits = self._group_commits, []
-        for _, member in commits:
+        for _, member, _ in commits:
             await member._rolled_back(None)
 
     async def _commit_in_one_request(self) -> bool:
         """Begin, publish and commit as one request; False if the server cannot (503,
         or 413: nothing done)."""
+        try:
+            # The server checks the positions against the newest generation it told
+            # each member, which may be after the member heard that a partition moved
+            # away and back: those positions are of its earlier ownership, and their
+            # output would repeat what the owner in between produced.
+            for commit, member, generations in self._group_commits:
+                await member._check_held(commit, generations)
+        except BaseException as exc:
+            await self._abort_after(exc)
+            raise
         try:
             self._tx = await self._client.publish_transaction(
                 dict(self.publisher.batches()),
@@ -452,7 +490,7 @@ class AsyncTransactionContext(ContextState):
                 transactional_id=self._producer_id,
                 epoch=self._epoch,
                 acks=self._acks,
-                group_commits=[c for c, _ in self._group_commits],
+                group_commits=[c for c, _, _ in self._group_commits],
             )
         except ServiceUnavailable as exc:
             # This one goes the step-by-step way. Only a process without the service
