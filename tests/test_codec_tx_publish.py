@@ -51,6 +51,7 @@ group_commits = st.builds(
     names,
     names,
     st.dictionaries(st.integers(0, 1000), ids, min_size=1, max_size=4),
+    st.none() | st.integers(0, 2**31),
 )
 
 
@@ -80,7 +81,12 @@ def test_the_server_reads_what_the_client_wrote(
     as_json = orjson.loads(orjson.dumps({"acks": queue_bodies.transaction_acks_json(ack_list)}))
     assert queue_bodies.read_transaction_acks(as_json) == ack_list
     read_commits = admin.read_transaction_group_commits(obj, binary=True)
-    assert read_commits == commits
+    # The Avro body has no room for the generation the positions are of; JSON keeps it.
+    assert read_commits == [c._replace(generation=None) for c in commits]
+    as_json = orjson.loads(
+        orjson.dumps({"groupCommits": admin.transaction_group_commits_json(commits)})
+    )
+    assert admin.read_transaction_group_commits(as_json) == commits
     read = _under(_batches(obj, binary=True), write_pointer)
     assert [topic for topic, _ in read] == list(topics)
     for (_, messages), (_, sent) in zip(read, batches, strict=True):

@@ -3,8 +3,10 @@ plain run through the real server and the real client."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 
+import httpx
 import pytest
 
 from tests.e2e.serverproc import ServerProcess
@@ -439,4 +441,39 @@ def test_a_transaction_holding_positions_of_a_partition_that_moved_away_and_back
         # the other member committed all of the one it took.
         (kept,) = [p.partition for p in before if p.position is None]
         assert [m.payload for m in first] == ([b"a", b"c"] if kept == 0 else [b"b"])
+        first.close()
+
+
+def test_a_one_request_in_json_names_the_generation_its_positions_are_of(
+    server: ServerProcess, topic: str
+) -> None:
+    # The server told the member of the newer generation (an answer the application
+    # never saw): a JSON one request naming the generation its positions are of is
+    # fenced by it, as a plain commit is; a bad one is a 400; neither changes anything.
+    with Client(server.url) as client:
+        client.create_topic(topic + "-out")
+        first, ids = _moved_away_and_back(client, topic)
+        assert first.member_id is not None and first.assignment is not None
+        client._send(client._api.group_heartbeat(topic, "g", first.member_id))
+        before = client.describe_group(topic, "g").partitions
+        (back,) = [p.partition for p in before if p.position is not None]
+        url = f"{server.url}/v1/namespaces/default/transactions/publish"
+        for status, generation in [(403, first.assignment.generation), (400, "x"), (400, -1)]:
+            item = {
+                "topic": topic,
+                "group": "g",
+                "memberId": first.member_id,
+                "positions": [
+                    {"partition": back, "id": base64.b64encode(ids[back].to_bytes()).decode()}
+                ],
+                "generation": generation,
+            }
+            body = {"topics": [{"topic": topic + "-out", "messages": ["eA=="]}]}
+            answer = httpx.post(url, json=body | {"groupCommits": [item]})
+            assert answer.status_code == status, answer.text
+            assert isinstance(answer.json()["error"], str)
+            if status == 403:
+                assert answer.json()["type"] == "PartitionFenced"
+            assert client.describe_group(topic, "g").partitions == before
+            assert client.poll(topic + "-out", transaction=client.snapshot()) == []
         first.close()

@@ -637,12 +637,19 @@ class TransactionGroupCommit(NamedTuple):
     group: str
     member_id: str
     positions: dict[int, MessageId]
+    #: The generation the positions are of (the JSON body only: the Avro one has no
+    #: room for it, and the server then goes by the newest it told the member).
+    generation: int | None = None
 
 
 def transaction_group_commits_json(commits: Iterable[TransactionGroupCommit]) -> list[Any]:
     """The ``groupCommits`` of a one-request transaction body."""
     return [
-        {"topic": c.topic, "group": c.group, **group_commit_request(c.member_id, c.positions, None)}
+        {
+            "topic": c.topic,
+            "group": c.group,
+            **group_commit_request(c.member_id, c.positions, None, c.generation),
+        }
         for c in commits
     ]
 
@@ -694,6 +701,7 @@ def read_transaction_group_commits(
                 )
             names.append(value)
         member_id, positions, _ = read_group_commit_request(item, binary=binary)
+        generation = None if binary else read_commit_generation(item)
         # One entry per member: two would commit one partition twice in one
         # transaction, and the positions could not tell which is the later.
         key = (names[0], names[1], member_id)
@@ -702,7 +710,7 @@ def read_transaction_group_commits(
                 f"member {member_id} of group {names[1]} of topic {names[0]} appears more than once"
             )
         seen.add(key)
-        out.append(TransactionGroupCommit(names[0], names[1], member_id, positions))
+        out.append(TransactionGroupCommit(names[0], names[1], member_id, positions, generation))
     return out
 
 

@@ -485,6 +485,8 @@ class GroupCoordinator:
         member_id: str,
         positions: Mapping[int, MessageId],
         write_pointer: int,
+        *,
+        generation: int | None = None,
     ) -> PositionsWrite:
         """Check a commit of the member's positions under ``write_pointer`` as
         :meth:`commit` does (same errors), and return its write, to carry in the store
@@ -494,7 +496,7 @@ class GroupCoordinator:
         commit: the write fails with :class:`TransactionConflict` instead if another
         open transaction holds a position of one of the partitions."""
         return self._prepare_commit(
-            namespace, topic, group, member_id, positions, write_pointer, True
+            namespace, topic, group, member_id, positions, write_pointer, True, generation
         )
 
     def prepare_commit_nowait(
@@ -505,13 +507,15 @@ class GroupCoordinator:
         member_id: str,
         positions: Mapping[int, MessageId],
         write_pointer: int,
+        *,
+        generation: int | None = None,
     ) -> PositionsWrite | None:
         """:meth:`prepare_commit` for the event loop: None, having changed nothing,
         where it would wait (as :meth:`heartbeat_nowait`); call :meth:`prepare_commit`
         on a worker then. Raises as it does."""
         try:
             return self._prepare_commit(
-                namespace, topic, group, member_id, positions, write_pointer, False
+                namespace, topic, group, member_id, positions, write_pointer, False, generation
             )
         except WouldWait:
             return None
@@ -525,10 +529,13 @@ class GroupCoordinator:
         positions: Mapping[int, MessageId],
         write_pointer: int,
         may_wait: bool,
+        generation: int | None = None,
     ) -> PositionsWrite:
         gid = self._gid(namespace, topic, group)
         with holding(self._lock, may_wait):
-            self._check_commit(namespace, topic, gid, member_id, positions, may_wait)
+            self._check_commit(
+                namespace, topic, gid, member_id, positions, may_wait, generation=generation
+            )
             # Until the write lands, a rebalance would not find its record: it finds
             # the pointer here instead (and invalidates it, fencing the commit).
             snapshot = self._tx.snapshot()

@@ -407,7 +407,7 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
                         "items": {
                             "type": "object",
                             "description": "a group commit (GroupCommitRequest, without a "
-                            "write pointer or generation) plus its topic and group, one "
+                            "write pointer) plus its topic and group, one "
                             "per member: the positions move if and only if the transaction commits",
                             "required": ["topic", "group", "memberId", "positions"],
                             "properties": {
@@ -415,6 +415,12 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
                                 "group": _NAME,
                                 "memberId": _MEMBER_ID,
                                 "positions": _GROUP_POSITIONS,
+                                "generation": {
+                                    **_nullable({"type": "integer", "minimum": 0}),
+                                    "description": "the generation the positions are of "
+                                    "(JSON only): a partition held since a newer one is "
+                                    "fenced",
+                                },
                             },
                         },
                     }

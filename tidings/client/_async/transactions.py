@@ -286,10 +286,14 @@ class AsyncTransactionContext(ContextState):
                 # The same member again: its later positions replace the earlier ones.
                 positions = {**held.positions, **commit.positions}
                 known = {p: g for p, g in known.items() if p not in commit.positions}
+                known |= generations
+                # Named (in the JSON body) only where all its positions are of one.
+                named = set(known.values()) if len(known) == len(positions) else set()
+                generation = named.pop() if len(named) == 1 else None
                 self._group_commits[i] = (
-                    held._replace(positions=positions),
+                    held._replace(positions=positions, generation=generation),
                     owner,
-                    known | generations,
+                    known,
                 )
                 return True
         self._group_commits.append((commit, member, generations))

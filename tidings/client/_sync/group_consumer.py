@@ -577,7 +577,7 @@ class GroupConsumer(Iterator[Message]):
                 f"partitions {moved} of group {self.group} moved since their messages "
                 "were delivered to this member: their positions cannot commit"
             )
-        held = TransactionGroupCommit(self.topic, self.group, member_id, positions)
+        held = TransactionGroupCommit(self.topic, self.group, member_id, positions, generation)
         if transaction.defer_group_commit(held, self, generation):
             # They go with the transaction's one request; an abort rewinds this member.
             self._returned.clear()

@@ -326,8 +326,9 @@ def routes(api: Api) -> list[Route]:
                     prepared = None
                     if not reads_block:
                         prepared = groups.prepare_commit_nowait(
-                            ns, g.topic, g.group, g.member_id, g.positions, wp
-                        )
+                            ns, g.topic, g.group, g.member_id, g.positions, wp,
+                            generation=g.generation,
+                        )  # fmt: skip
                     if prepared is None:
                         prepared = await api.blocking(
                             groups.prepare_commit,
@@ -337,6 +338,7 @@ def routes(api: Api) -> list[Route]:
                             g.member_id,
                             g.positions,
                             wp,
+                            generation=g.generation,
                         )
                     carried.append(prepared)
             return carried, queued
