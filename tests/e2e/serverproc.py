@@ -105,6 +105,17 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+                # Not a failure (a loaded machine may be that slow), but a server that
+                # ignores SIGTERM this long is an operations defect, and a session
+                # fixture's stop is otherwise only a slow teardown in the durations: say
+                # which server it was, past pytest's capture.
+                tail = "\n".join(self.log().splitlines()[-15:])
+                print(
+                    f"\n{self.url} ({' '.join(self.args)}) did not exit within {timeout:g} s"
+                    f" of SIGTERM; killed. Its log ends:\n{tail}",
+                    file=sys.__stderr__,
+                    flush=True,
+                )
         return self.proc.returncode
 
     def kill(self) -> None:
