@@ -162,12 +162,14 @@ _QueueId = tuple[int, int, str]  # topic id, topic generation, queue
 @dataclass(slots=True)
 class _Unlanded:
     """An ack's store write and what it took out of memory: the ids, their entries,
-    and the leases they were in (as they were: an emptied one leaves memory)."""
+    and the leases they were in (as they were: an emptied one leaves memory); and when
+    it counted in the ack rate (monotonic seconds)."""
 
     write: Future[None]
     ids: list[MessageId]
     entries: list[_Entry]
     leases: dict[int, _Lease]
+    at: float
 
 
 @dataclass(slots=True)
@@ -184,13 +186,15 @@ class _Moved:
 @dataclass(slots=True)
 class _DeadPop:
     """A pop whose answer waits for its dead-lettering write, its lease (which may
-    hold nothing), and what it counted."""
+    hold nothing), what it counted, and when it counted in the pop rate (monotonic
+    seconds)."""
 
     write: Future[None]
     lease: _Lease
     popped: int
     redelivered: int
     dead_lettered: int
+    at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +349,7 @@ class _Queue:
         ids: list[MessageId],
         dropped: list[_Entry],
         leases: dict[int, _Lease],
+        at: float,
     ) -> None:
         """Remember what an ack took out of memory until its write is known to have
         landed, so that a rebuild after it failed gives the messages back to the
@@ -352,7 +357,7 @@ class _Queue:
         unlanded = self.unlanded
         while unlanded and _landed(unlanded[0].write):
             unlanded.popleft()
-        unlanded.append(_Unlanded(write, ids, dropped, leases))
+        unlanded.append(_Unlanded(write, ids, dropped, leases, at))
 
     def moves_queued(self, moved: _Moved) -> None:
         """Remember what a nack, release or extension changed until its write is known
@@ -663,20 +668,23 @@ class QueueCoordinator:
                 q.broken = True
                 raise
             lease.answered_after = done
-            self._count_pop(q, len(ids), redelivered, len(dead))
+            at = self._count_pop(q, len(ids), redelivered, len(dead))
             # Until the write lands: if it fails, the rebuild takes the counts back.
             pops = q.dead_pops
             while pops and _landed(pops[0].write):
                 pops.popleft()
-            pops.append(_DeadPop(done, lease, len(ids), redelivered, len(dead)))
+            pops.append(_DeadPop(done, lease, len(ids), redelivered, len(dead), at))
             return out, done
 
     @staticmethod
-    def _count_pop(q: _Queue, popped: int, redelivered: int, dead_lettered: int) -> None:
+    def _count_pop(q: _Queue, popped: int, redelivered: int, dead_lettered: int) -> float:
+        """Count a pop; when it counted in the pop rate."""
         q.popped += popped
         q.redelivered += redelivered
         q.dead_lettered += dead_lettered
-        q.pop_rate.add(popped, time.monotonic())
+        at = time.monotonic()
+        q.pop_rate.add(popped, at)
+        return at
 
     def ack(
         self,
@@ -767,12 +775,14 @@ class QueueCoordinator:
                 self._tx.check_writable(write_pointer, action=_ACK_UNDER)
             dropped: list[_Entry] = []
             held_in: dict[int, _Lease] = {}
+            acked_at = 0.0
             if write_pointer is None:
                 touched = q.drop(todo, dropped)
                 held_in = {n: q.leases[n] for n in touched}
                 q.remember_acked(todo, consumer)
                 q.acked += len(todo)
-                q.ack_rate.add(len(todo), time.monotonic())
+                acked_at = time.monotonic()
+                q.ack_rate.add(len(todo), acked_at)
                 writes = q.flush(touched)
             else:
                 # Each message keeps the deadline of the lease it leaves (0: it was not
@@ -809,7 +819,7 @@ class QueueCoordinator:
                 return (None if last is None or last.done() else last), refused
             if write_pointer is None:
                 submitted = self._submit(q, _write_all(writes))
-                q.ack_queued(submitted, todo, dropped, held_in)
+                q.ack_queued(submitted, todo, dropped, held_in, acked_at)
                 return submitted, refused
             return self._submit(q, write), refused
 
@@ -1297,7 +1307,8 @@ class QueueCoordinator:
         other messages read since the last write that landed are the queue's again
         (a dead-lettering that failed goes again at the next pop). Where the records
         say a message is held (by a lease or a transaction) or acked, they win. The
-        counters carry on, less what the calls that answered an error counted."""
+        counters and the rates carry on, less what the calls that answered an error
+        counted."""
         q.popped, q.acked, q.nacked = old.popped, old.acked, old.nacked
         q.redelivered, q.dead_lettered, q.expired = old.redelivered, old.dead_lettered, old.expired
         q.pop_rate, q.ack_rate, q.recent = old.pop_rate, old.ack_rate, old.recent
@@ -1317,9 +1328,13 @@ class QueueCoordinator:
             q.popped -= pop.popped
             q.redelivered -= pop.redelivered
             q.dead_lettered -= pop.dead_lettered
+            # The rates too: an operator reading them would see work that was not done
+            # (a second of the window already past is not read any more anyway).
+            q.pop_rate.add(-pop.popped, pop.at)
         for ack in old.unlanded:
             if not _landed(ack.write):
                 q.acked -= len(ack.ids)  # the worker was told the ack failed
+                q.ack_rate.add(-len(ack.ids), ack.at)
                 for m, entry in zip(ack.ids, ack.entries, strict=True):
                     had[m] = (entry, ack.leases.get(entry.lease))
         for moved in old.moved:
