@@ -18,7 +18,7 @@ from tidings.errors import StoreFull
 from tidings.messaging import MessagingService
 from tidings.store.backend import Store, WriteView
 from tidings.store.backends.memory import MemoryStore
-from tidings.structs import Message
+from tidings.structs import Message, MessageId
 from tidings.tx import TransactionManager, TxConfig
 
 T = TypeVar("T")
@@ -86,6 +86,98 @@ def _queue(tmp_path: Path, payloads: list[bytes]) -> Iterator[_Queue]:
 
 def _payloads(messages: list[Message]) -> list[tuple[bytes, int]]:
     return [(m.payload, m.delivery_count) for m in messages]
+
+
+@pytest.mark.parametrize("keep_leases", [False, True])
+@pytest.mark.parametrize("at_once", [False, True])
+def test_a_failed_rollback_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep_leases: bool, at_once: bool
+) -> None:
+    with _queue(tmp_path, [b"a", b"b", b"c", b"d", b"e"]) as q:
+        mine = q.pop("w1", 3)
+        t = q.tx.begin()
+        acked = [m.id for m in mine[:2]]
+        q.queues.ack("ns", "t", "q", "w1", acked, write_pointer=t.write_pointer)
+        theirs = q.pop("w2", 1)  # not written: a pop writes nothing
+        before = q.seen()
+        _fail_next_write(q.store, monkeypatch, at_once=at_once)
+        with pytest.raises(StoreFull):
+            q.queues.rollback("ns", "t", "q", t.write_pointer, keep_leases=keep_leases)
+        assert q.seen() == before
+        # The acks still wait on their transaction: nobody else gets those messages,
+        # nor w2's.
+        assert _payloads(q.pop("w3", 10)) == [(b"e", 1)]
+        q.tx.commit(t.write_pointer, [])
+        q.queues.ack("ns", "t", "q", "w1", [mine[2].id])
+        q.queues.ack("ns", "t", "q", "w2", [theirs[0].id])
+        assert q.queues.describe("ns", "t", "q").consumers == {"w3": 1}
+        assert q.queues.describe("ns", "t", "q").acked == 4
+
+
+@pytest.mark.parametrize("at_once", [False, True])
+def test_a_rollback_after_a_failed_one_gives_the_messages_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_once: bool
+) -> None:
+    with _queue(tmp_path, [b"a", b"b"]) as q:
+        mine = q.pop("w1", 2)
+        t = q.tx.begin()
+        q.queues.ack("ns", "t", "q", "w1", [mine[0].id], write_pointer=t.write_pointer)
+        _fail_next_write(q.store, monkeypatch, at_once=at_once)
+        with pytest.raises(StoreFull):
+            q.queues.rollback("ns", "t", "q", t.write_pointer)
+        assert q.queues.rollback("ns", "t", "q", t.write_pointer) == 1
+        assert _payloads(q.pop("w2", 10)) == [(b"a", 2)]
+
+
+def _call(q: _Queue, call: str, ids: list[MessageId], write_pointer: int | None) -> None:
+    queues = q.queues
+    if call == "ack":
+        queues.ack("ns", "t", "q", "w1", ids, write_pointer=write_pointer)
+    elif call == "ack_nowait":  # the event loop's
+        snap = q.tx.snapshot()
+        assert snap is not None
+        done = queues.ack_nowait("ns", "t", "q", "w1", ids, snapshot=snap)
+        assert done is not None
+        done.result()
+    elif call == "nack":
+        queues.nack("ns", "t", "q", "w1", ids)
+    elif call == "release":
+        queues.release("ns", "t", "q", "w1")
+    else:
+        queues.extend("ns", "t", "q", "w1", ids, ack_timeout_ms=600_000)
+
+
+@pytest.mark.parametrize(
+    "call", ["ack", "ack_nowait", "transactional ack", "nack", "release", "extend"]
+)
+def test_a_call_whose_store_refuses_its_write_at_once_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    with _queue(tmp_path, [b"a", b"b", b"c"]) as q:
+        mine = q.pop("w1", 2)
+        before = q.seen()
+        t = q.tx.begin() if call == "transactional ack" else None
+        _fail_next_write(q.store, monkeypatch, at_once=True)
+        with pytest.raises(StoreFull):
+            _call(q, call.split()[-1], [mine[0].id], None if t is None else t.write_pointer)
+        assert q.seen() == before
+        # Still w1's, under the deadline the pop gave them.
+        assert _payloads(q.pop("w2", 10)) == [(b"c", 1)]
+        q.now[0] += 5
+        assert _payloads(q.pop("w3", 10)) == [(b"a", 2), (b"b", 2), (b"c", 2)]
+
+
+def test_a_failed_settings_change_leaves_the_queue_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _queue(tmp_path, [b"a"]) as q:
+        first = q.pop("w1", 1, max_deliveries=5)
+        _fail_next_write(q.store, monkeypatch, at_once=True)
+        with pytest.raises(StoreFull):
+            q.pop("w1", 1, max_deliveries=1)
+        assert q.queues.describe("ns", "t", "q").max_deliveries == 5
+        q.queues.nack("ns", "t", "q", "w1", [first[0].id])
+        assert _payloads(q.pop("w2", 1)) == [(b"a", 2)]  # not dead-lettered
 
 
 def test_a_failed_ack_takes_its_count_back_from_the_ack_rate(

@@ -1162,8 +1162,17 @@ class QueueCoordinator:
 
     def _submit(self, q: _Queue, write: Callable[[WriteView], None]) -> Future[None]:
         """Queue a write of ``q``'s records (under its lock, so the store applies them in
-        the order memory changed)."""
-        done = self._store.submit(write)
+        the order memory changed). A store that refuses the write at once (rather than
+        with a failed future) is answered as one whose write failed: the caller's memory
+        is already ahead of the store, and only the failed future's path (the queue
+        marked for rebuild, and :meth:`_keep_from` told what the call changed) puts it
+        back as it was."""
+        try:
+            done = self._store.submit(write)
+        except BaseException as exc:
+            done = Future()
+            done.set_running_or_notify_cancel()
+            done.set_exception(exc)
         q.last_write = done
         return done
 
