@@ -5,8 +5,9 @@ store write cannot be made to fail inside a server process."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -129,6 +130,34 @@ def test_a_rollback_after_a_failed_one_gives_the_messages_back(
         assert _payloads(q.pop("w2", 10)) == [(b"a", 2)]
 
 
+@pytest.mark.parametrize("at_once", [False, True])
+def test_a_failed_purge_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_once: bool
+) -> None:
+    with _queue(tmp_path, [b"a", b"b", b"c", b"d", b"e", b"f"]) as q:
+        first = q.pop("w1", 2)
+        q.queues.nack("ns", "t", "q", "w1", [first[1].id])  # written: "b" returned
+        t = q.tx.begin()
+        q.queues.ack("ns", "t", "q", "w1", [first[0].id], write_pointer=t.write_pointer)
+        theirs = q.pop("w2", 2)  # "b" again and "c": not written
+        assert _payloads(theirs) == [(b"b", 2), (b"c", 1)]
+        before = q.seen()
+        _fail_next_write(q.store, monkeypatch, at_once=at_once)
+        with pytest.raises(StoreFull):
+            q.queues.purge("ns", "t", "q")
+        assert q.seen() == before
+        # w2 keeps its lease, the transaction holding w1's ack is still open, and the
+        # next pop gets what it would have got.
+        q.tx.check_writable(t.write_pointer)
+        assert _payloads(q.pop("w3", 10)) == [(b"d", 1), (b"e", 1), (b"f", 1)]
+        q.queues.ack("ns", "t", "q", "w2", [m.id for m in theirs])
+        q.tx.commit(t.write_pointer, [])
+        assert q.queues.describe("ns", "t", "q").acked == 3
+        # A purge whose write lands still acks everything.
+        assert q.queues.purge("ns", "t", "q") == 3
+        assert q.pop("w4", 10) == []
+
+
 def _call(q: _Queue, call: str, ids: list[MessageId], write_pointer: int | None) -> None:
     queues = q.queues
     if call == "ack":
@@ -218,3 +247,33 @@ def test_a_pop_whose_dead_lettering_fails_takes_its_count_back_from_the_pop_rate
         assert q.seen()[-1] == rates
         assert _payloads(q.pop("w3", 2)) == [(b"fine", 1)]
         assert q.seen()[-1][0] > rates[0]
+
+
+def test_a_dead_lettering_that_fails_after_a_purge_landed_leaves_the_queue_purged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _queue(tmp_path, [b"poison", b"fine"]) as q:
+        got = q.pop("w1", 1, max_deliveries=1)
+        q.queues.nack("ns", "t", "q", "w1", [got[0].id])
+        publish = q.messaging.publish_with_future
+        pending: Future[None] = Future()
+
+        def later(*args: Any) -> Future[Any]:
+            monkeypatch.setattr(q.messaging, "publish_with_future", publish)
+            return pending
+
+        monkeypatch.setattr(q.messaging, "publish_with_future", later)
+        with ThreadPoolExecutor(1) as pool:
+            popping = pool.submit(q.pop, "w2", 2)
+            deadline = time.monotonic() + 10
+            while q.messaging.publish_with_future is later:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            assert q.queues.purge("ns", "t", "q") == 1  # "fine", leased to w2
+            pending.set_exception(StoreFull("the store is full"))
+            with pytest.raises(StoreFull):
+                popping.result(timeout=10)
+        stats = q.queues.describe("ns", "t", "q")
+        assert (stats.consumers, stats.pending, stats.waiting) == ({}, 0, 0)
+        assert (stats.popped, stats.dead_lettered) == (1, 0)
+        assert q.pop("w3", 10) == []

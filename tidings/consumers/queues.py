@@ -1067,24 +1067,38 @@ class QueueCoordinator:
             _current(q)
             end = self._messaging.end(namespace, topic, snapshot)
             read = end.newest_id if end.last_stable_id is None else end.last_stable_id.previous()
+            dropped = len(q.entries)
+            record = q.record
+            if read is not None and (record.read is None or read > record.read):
+                record = _replace_read(record, read)
+            queue_key, value = qkeys.queue_key(*q.qid), qkeys.encode_queue(record)
+            start, stop = qkeys.leases_range(*q.qid)
+
+            def purged(view: WriteView) -> None:
+                # Every lease record, not only those memory knows: memory forgets a
+                # lease it emptied once a write deleting its record is queued, and that
+                # write may still fail.
+                view.delete_range(_META, start, stop)
+                view.put(_META, queue_key, value)
+
+            # Memory changes only once the write landed, and no other call of the queue
+            # runs meanwhile (an admin call, rare; its write is small): a purge whose
+            # write fails changes nothing and needs no rebuild, where a rebuild from
+            # memory already emptied would have handed the leases nobody wrote yet to
+            # the next pop, as every message read since the records' read position.
+            # The transactions holding acks of it are invalidated only then too (one
+            # that commits first keeps its acks, which the purge acks anyway).
+            self._submit(q, purged).result()
             for lease in q.leases.values():
                 if lease.write_pointer:
                     with contextlib.suppress(TidingsError):
                         self._tx.invalidate(lease.write_pointer)
-            dropped = len(q.entries)
-            writes: list[tuple[bytes, bytes | None]] = [
-                (q.lease_key(n), None) for n in sorted(q.leases)
-            ]
-            if read is not None and (q.record.read is None or read > q.record.read):
-                q.record = _replace_read(q.record, read)
-            writes.append((qkeys.queue_key(*q.qid), qkeys.encode_queue(q.record)))
-            q.durable_read = q.record.read
+            q.record = record
+            q.durable_read = record.read
             q.entries.clear()
             q.leases.clear()
             q.dirty.clear()
             q.available.clear()
-            done = self._submit(q, _write_all(writes))
-        self._await(q, done)
         return dropped
 
     def delete(self, namespace: str, topic: str, queue: str) -> None:
@@ -1331,9 +1345,11 @@ class QueueCoordinator:
             # A pop that answered an error: as if it had not been made.
             failed = pop.lease
             for m in failed.ids:
+                if m not in had:
+                    continue  # acked since by a purge whose write landed
                 entry = had[m][0]
                 had[m] = (_Entry(entry.item, entry.count, entry.lease, entry.owners), failed)
-            _unpop(failed, {m: had[m][0] for m in failed.ids})
+            _unpop(failed, {m: had[m][0] for m in failed.ids if m in had})
             q.popped -= pop.popped
             q.redelivered -= pop.redelivered
             q.dead_lettered -= pop.dead_lettered
@@ -1635,7 +1651,9 @@ def _unpop(lease: _Lease, entries: dict[MessageId, _Entry]) -> None:
     delivery counts and workers are as before it."""
     lease.owner = ""
     for message_id in lease.ids:
-        entry = entries[message_id]
+        entry = entries.get(message_id)
+        if entry is None:
+            continue
         entry.count -= 1
         entry.owners = entry.owners[:-1]
 
