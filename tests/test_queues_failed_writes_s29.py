@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tidings.consumers.queues import QueueCoordinator
-from tidings.errors import StoreFull
+from tidings.errors import AckConflict, StoreFull
 from tidings.messaging import MessagingService
 from tidings.store.backend import Store, WriteView
 from tidings.store.backends.memory import MemoryStore
@@ -277,3 +277,80 @@ def test_a_dead_lettering_that_fails_after_a_purge_landed_leaves_the_queue_purge
         assert (stats.consumers, stats.pending, stats.waiting) == ({}, 0, 0)
         assert (stats.popped, stats.dead_lettered) == (1, 0)
         assert q.pop("w3", 10) == []
+
+
+@pytest.mark.parametrize("at_once", [False, True])
+def test_a_message_whose_dead_lettering_failed_keeps_its_deliveries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_once: bool
+) -> None:
+    # Its deliveries since the last write were in memory only: the rebuild after the
+    # failure must not take them back, or it would be delivered again, not
+    # dead-lettered.
+    with _queue(tmp_path, [b"poison", b"fine"]) as q:
+        got = q.pop("w1", 1, max_deliveries=3)
+        q.queues.nack("ns", "t", "q", "w1", [got[0].id])  # written: 1 delivery
+        for _ in range(2):  # deliveries 2 and 3, written nowhere
+            assert _payloads(q.pop("w1", 1)) == [(b"poison", _ + 2)]
+            q.now[0] += 6
+        publish = q.messaging.publish_with_future
+
+        def fails_once(*args: Any) -> Future[Any]:
+            monkeypatch.setattr(q.messaging, "publish_with_future", publish)
+            if at_once:
+                raise StoreFull("the store is full")
+            failed: Future[Any] = Future()
+            failed.set_exception(StoreFull("the store is full"))
+            return failed
+
+        monkeypatch.setattr(q.messaging, "publish_with_future", fails_once)
+        with pytest.raises(StoreFull):
+            q.pop("w2", 1)
+        assert _payloads(q.pop("w2", 1)) == [(b"fine", 1)]
+        assert [m.payload for m in q.messaging.fetch("ns", "t-dlq")] == [b"poison"]
+
+
+def test_a_failed_write_leaves_the_workers_a_message_was_delivered_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The records name at most the worker holding a message: the rebuild takes the
+    # ones before it from memory, so the calls' answers stay as they were.
+    with _queue(tmp_path, [b"a", b"b", b"c"]) as q:
+        first = q.pop("w1", 1)
+        q.queues.nack("ns", "t", "q", "w1", [first[0].id])  # written: "a" returned
+        q.pop("w2", 1)  # "a" again
+        mine = q.pop("w1", 2)
+        q.queues.ack("ns", "t", "q", "w1", [mine[1].id])  # written: w2 holds "a"
+        _fail_next_write(q.store, monkeypatch, at_once=False)
+        with pytest.raises(StoreFull):
+            q.queues.ack("ns", "t", "q", "w1", [mine[0].id])
+        with pytest.raises(AckConflict):  # passed on to w2, not "never delivered"
+            q.queues.ack("ns", "t", "q", "w1", [first[0].id])
+
+
+def test_a_failed_write_leaves_a_returned_message_ackable_by_its_last_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _queue(tmp_path, [b"a", b"b"]) as q:
+        got = q.pop("w1", 1)
+        q.queues.nack("ns", "t", "q", "w1", [got[0].id])  # written: "a" returned
+        _fail_next_write(q.store, monkeypatch, at_once=False)
+        with pytest.raises(StoreFull):
+            q.queues.ack("ns", "t", "q", "w1", [got[0].id])
+        q.queues.ack("ns", "t", "q", "w1", [got[0].id])  # as before the failure
+        assert _payloads(q.pop("w2", 10)) == [(b"b", 1)]
+
+
+def test_a_failed_ack_is_not_remembered_as_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Once purged, an ack of the message is answered as done, not as one another
+    # worker made.
+    with _queue(tmp_path, [b"a"]) as q:
+        first = q.pop("w1", 1)
+        q.now[0] += 6
+        q.pop("w2", 1)
+        _fail_next_write(q.store, monkeypatch, at_once=False)
+        with pytest.raises(StoreFull):
+            q.queues.ack("ns", "t", "q", "w2", [first[0].id])
+        assert q.queues.purge("ns", "t", "q") == 1
+        q.queues.ack("ns", "t", "q", "w1", [first[0].id])

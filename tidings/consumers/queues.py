@@ -186,8 +186,8 @@ class _Moved:
 @dataclass(slots=True)
 class _DeadPop:
     """A pop whose answer waits for its dead-lettering write, its lease (which may
-    hold nothing), what it counted, and when it counted in the pop rate (monotonic
-    seconds)."""
+    hold nothing), what it counted, when it counted in the pop rate (monotonic
+    seconds), and the messages it dead-lettered (out of memory until the write lands)."""
 
     write: Future[None]
     lease: _Lease
@@ -195,6 +195,7 @@ class _DeadPop:
     redelivered: int
     dead_lettered: int
     at: float
+    dead: list[tuple[MessageId, _Entry]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -662,9 +663,13 @@ class QueueCoordinator:
                 # Memory ran ahead of a write never queued (the dead-letter topic could
                 # not be created or published to): rebuild it from the records, or the
                 # dead messages would be neither delivered nor dead-lettered. The
-                # worker is told the pop failed: its lease is nobody's, and it counts
-                # nothing.
+                # worker is told the pop failed: its lease is nobody's, it counts
+                # nothing, and the dead messages keep their deliveries.
                 _unpop(lease, q.entries)
+                # Back in memory (in no lease: only the rebuild reads them) for the
+                # rebuild to keep their deliveries.
+                q.entries.update(dead)
+                _undead(q.recent, dead)
                 q.broken = True
                 raise
             lease.answered_after = done
@@ -673,7 +678,7 @@ class QueueCoordinator:
             pops = q.dead_pops
             while pops and _landed(pops[0].write):
                 pops.popleft()
-            pops.append(_DeadPop(done, lease, len(ids), redelivered, len(dead), at))
+            pops.append(_DeadPop(done, lease, len(ids), redelivered, len(dead), at, dead))
             return out, done
 
     @staticmethod
@@ -1350,6 +1355,11 @@ class QueueCoordinator:
                 entry = had[m][0]
                 had[m] = (_Entry(entry.item, entry.count, entry.lease, entry.owners), failed)
             _unpop(failed, {m: had[m][0] for m in failed.ids if m in had})
+            # Its dead messages are the queue's again, with the deliveries they had
+            # since the records were written (at their last, they go at the next pop).
+            for m, entry in pop.dead:
+                had.setdefault(m, (entry, None))
+            _undead(q.recent, pop.dead)
             q.popped -= pop.popped
             q.redelivered -= pop.redelivered
             q.dead_lettered -= pop.dead_lettered
@@ -1360,6 +1370,10 @@ class QueueCoordinator:
             if not _landed(ack.write):
                 q.acked -= len(ack.ids)  # the worker was told the ack failed
                 q.ack_rate.add(-len(ack.ids), ack.at)
+                # Nor does anyone remember it acked them (a purge would have them
+                # answered "another worker acked it" then).
+                for m in ack.ids:
+                    q.recent.pop(_ID.pack(*m), None)
                 for m, entry in zip(ack.ids, ack.entries, strict=True):
                     had[m] = (entry, ack.leases.get(entry.lease))
         for moved in old.moved:
@@ -1412,13 +1426,21 @@ class QueueCoordinator:
             q.record = _replace_read(q.record, old_read)
         for message_id, (was, lease) in had.items():
             now_in = q.entries.get(message_id)
+            if now_in is not None and was.owners and now_in.owners == was.owners[-1:]:
+                # Held by the worker the records name: the workers before it too, so
+                # that one of them acking it is told it passed on, as before.
+                now_in.owners = list(was.owners)
             if now_in is None or not q.is_available(now_in):
                 continue  # acked or past retention, kept above, or held per the records
+            # Its deliveries and workers as old knew them (a record of a returned
+            # lease names no worker): the last worker may still ack it, as before.
+            if was.count > now_in.count:
+                now_in.count = was.count
+                q.dirty.add(now_in.lease)
+            now_in.owners = list(was.owners)
             lease_no = keeper(lease)
             if lease_no is None:
                 continue
-            now_in.count = max(now_in.count, was.count)
-            now_in.owners = list(was.owners)
             q.dirty.update(q.take([message_id]))
             q.put_in(lease_no, [message_id])
 
@@ -1656,6 +1678,15 @@ def _unpop(lease: _Lease, entries: dict[MessageId, _Entry]) -> None:
             continue
         entry.count -= 1
         entry.owners = entry.owners[:-1]
+
+
+def _undead(recent: dict[bytes, str], dead: Iterable[tuple[MessageId, _Entry]]) -> None:
+    """Forget that messages whose dead-lettering failed were acked as dead letters."""
+    pack = _ID.pack
+    for message_id, _ in dead:
+        key = pack(*message_id)
+        if recent.get(key) == _DEAD:
+            del recent[key]
 
 
 def _resolved_before(
