@@ -1010,7 +1010,8 @@ class PostgresStore(Store):
                         conn.close()
                     conn = self._writer_conn = _connect(self._conninfo, max(left, 0.0))
                     self._writer_server = _server_of(conn)
-                if server is None or self._writer_server != server:
+                now = self._writer_server
+                if server is None or now is None or _cluster(now) != _cluster(server):
                     # Another server than the one the COMMIT went to (a standby promoted
                     # since, another host of the URL): its transaction ids are not that
                     # one's, and its sessions not that one's to end.
@@ -1020,6 +1021,8 @@ class PostgresStore(Store):
                         extra={"event": "error"},
                     )
                     return None
+                if now != server:
+                    return _outcome_after_restart(conn, xid)
                 status = _xact_status(conn, xid)
                 if status == "in progress" and view.backend_pid:
                     conn.execute(
@@ -1087,6 +1090,40 @@ def _unanswered(exc: BaseException, commit_sent: bool) -> bool:
         and isinstance(exc, psycopg.OperationalError)
         and getattr(exc, "sqlstate", None) is None
     )
+
+
+def _cluster(server: str) -> str:
+    """A :func:`_server_of` answer without the server's start: the cluster and its
+    timeline, whose transaction ids are one sequence."""
+    return server.rsplit("/", 1)[0]
+
+
+def _outcome_after_restart(conn: psycopg.Connection[Any], xid: str) -> str | None:
+    """How the transaction ``xid`` ended, asked of its server restarted since its
+    ``COMMIT`` went out unanswered.
+
+    A ``COMMIT`` that was durable before the stop keeps its id and its status. One that
+    was not left nothing: its id lies at or past where the restarted server hands out
+    ids, and is handed out again, to a transaction that may commit. So only "aborted",
+    "in progress" (the id's new holder: the old session is gone) and an id still in the
+    future say for certain that it did not commit; "committed" may be the new holder's
+    and says nothing (None)."""
+    try:
+        status = _xact_status(conn, xid)
+    except psycopg.errors.InvalidParameterValue:
+        # "transaction ID ... is in the future": the restart lost it, and it is not
+        # handed out again yet.
+        _rollback(conn)
+        return "aborted"
+    if status == "committed":
+        _log.warning(
+            "cannot find out whether the store's unanswered commit committed: "
+            "PostgreSQL restarted since, and a transaction id it did not keep may have "
+            "been handed out again",
+            extra={"event": "error"},
+        )
+        return None
+    return "aborted"
 
 
 def _xact_status(conn: psycopg.Connection[Any], xid: str) -> str | None:
@@ -1157,12 +1194,17 @@ def _connect(url: str, timeout: float) -> psycopg.Connection[Any]:
 def _server_of(conn: psycopg.Connection[Any]) -> str | None:
     """Which PostgreSQL server ``conn`` leads to, as far as transaction ids go: its
     cluster's system identifier and its timeline, which a standby's promotion changes
-    (its copy shares the identifier). The same after a restart of the same server,
-    whose transaction ids stay valid. None where it cannot be read."""
+    (its copy shares the identifier), then (after a ``/``) when it last started. None
+    where it cannot be read.
+
+    The start tells a restart: a transaction whose ``COMMIT`` was not durable when the
+    server stopped (a crash, an immediate shutdown) leaves no trace, and its id is
+    handed out again after the restart (:meth:`PostgresStore._outcome`)."""
     try:
         row = conn.execute(
             "SELECT system_identifier::text || '/' || "
-            "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) FROM pg_control_system()"
+            "substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) || '/' || "
+            "pg_postmaster_start_time()::text FROM pg_control_system()"
         ).fetchone()
     except psycopg.Error:
         if not conn.broken:
