@@ -996,7 +996,8 @@ class PostgresStore(Store):
         first (``pg_terminate_backend``, which waits for it to exit): the transaction
         then either committed before or never will. A transaction without an id wrote
         nothing: whatever became of it, nothing was written. Only asked of the server
-        the ``COMMIT`` went to (``server``, :func:`_server_of`)."""
+        the ``COMMIT`` went to (``server``, :func:`_server_of`), and where it restarted
+        since, "committed" is not believed (:func:`_outcome_after_restart`)."""
         xid = view.xid
         if xid is None:
             return "aborted"
