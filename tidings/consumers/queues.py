@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from tidings.codec import queues as qkeys
 from tidings.codec import wire
@@ -355,18 +356,13 @@ class _Queue:
         """Remember what an ack took out of memory until its write is known to have
         landed, so that a rebuild after it failed gives the messages back to the
         worker's lease (:meth:`QueueCoordinator._keep_from`)."""
-        unlanded = self.unlanded
-        while unlanded and _landed(unlanded[0].write):
-            unlanded.popleft()
-        unlanded.append(_Unlanded(write, ids, dropped, leases, at))
+        _pend(self.unlanded, _Unlanded(write, ids, dropped, leases, at))
 
     def moves_queued(self, moved: _Moved) -> None:
         """Remember what a nack, release or extension changed until its write is known
         to have landed, so that a rebuild after it failed leaves the messages as the
         worker held them: it was told the call failed."""
-        while self.moved and _landed(self.moved[0].write):
-            self.moved.popleft()
-        self.moved.append(moved)
+        _pend(self.moved, moved)
 
     def remember_acked(self, ids: Iterable[MessageId], owner: str) -> None:
         # A message is acked once, so each id is new here and goes last (a dict keeps
@@ -675,10 +671,7 @@ class QueueCoordinator:
             lease.answered_after = done
             at = self._count_pop(q, len(ids), redelivered, len(dead))
             # Until the write lands: if it fails, the rebuild takes the counts back.
-            pops = q.dead_pops
-            while pops and _landed(pops[0].write):
-                pops.popleft()
-            pops.append(_DeadPop(done, lease, len(ids), redelivered, len(dead), at, dead))
+            _pend(q.dead_pops, _DeadPop(done, lease, len(ids), redelivered, len(dead), at, dead))
             return out, done
 
     @staticmethod
@@ -1730,6 +1723,23 @@ def _leases_of(q: _Queue, ids: Iterable[MessageId]) -> dict[MessageId, _Lease]:
 
 def _landed(write: Future[None]) -> bool:
     return write.done() and not write.cancelled() and write.exception() is None
+
+
+class _Pending(Protocol):
+    """What a call changed in memory, kept until its store write is known to land."""
+
+    write: Future[None]
+
+
+_P = TypeVar("_P", bound=_Pending)
+
+
+def _pend(pending: deque[_P], item: _P) -> None:
+    """Keep ``item`` last in ``pending`` (oldest first), first letting go of those
+    whose writes landed: a rebuild only needs what may still fail."""
+    while pending and _landed(pending[0].write):
+        pending.popleft()
+    pending.append(item)
 
 
 def _held(lease: _Lease, now: int) -> bool:
