@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -40,7 +42,14 @@ class FaultProxy:
     """A proxy on 127.0.0.1 to ``127.0.0.1:port``. Each request whose first line
     ``matches`` takes the next fault of the schedule (:meth:`load`); once that is used
     up, or for other requests, it passes. One request at a time per connection, as
-    the clients send them (no pipelining)."""
+    the clients send them (no pipelining).
+
+    ``keep_alive`` (seconds) closes a client's connection idle that long since its
+    last answer, as a server's idle timeout does: at once (``reset``: with a TCP
+    reset rather than an orderly close), or, with ``close_on_arrival``, when its
+    next request comes, which is then never forwarded (the server's idle timer fired
+    just as the request arrived: the race a client reusing the connection loses).
+    ``idle_closed`` counts the connections so closed."""
 
     def __init__(
         self,
@@ -59,6 +68,10 @@ class FaultProxy:
         #: The first lines of the requests they were applied to.
         self.requests: list[str] = []
         self._closed = False
+        self.keep_alive: float | None = None
+        self.close_on_arrival = False
+        self.reset = False
+        self.idle_closed = 0
         self._busy = 0
         self._socks: set[socket.socket] = set()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -103,6 +116,14 @@ class FaultProxy:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _idle_close(self, client: socket.socket) -> None:
+        with self._lock:
+            self.idle_closed += 1
+        if self.reset:
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self._socks.discard(client)
+            client.close()
+
     def _accept(self) -> None:
         while not self._closed:
             try:
@@ -120,9 +141,25 @@ class FaultProxy:
             client.settimeout(60)
             reader = _Reader(client)
             answers = _Reader(upstream)
+            answered: float | None = None
             while not self._closed:
+                keep_alive = self.keep_alive
+                if keep_alive is not None and answered is not None and not self.close_on_arrival:
+                    poller = select.poll()
+                    poller.register(client, select.POLLIN)
+                    if not poller.poll(keep_alive * 1000):
+                        self._idle_close(client)
+                        return
                 request = reader.message(response=False)
                 if request is None:
+                    return
+                if (
+                    keep_alive is not None
+                    and self.close_on_arrival
+                    and answered is not None
+                    and time.monotonic() - answered >= keep_alive
+                ):
+                    self._idle_close(client)
                     return
                 fault = self._next(request.split(b"\r\n", 1)[0])
                 if fault is Fault.DROP_BEFORE:
@@ -152,6 +189,7 @@ class FaultProxy:
                     client.sendall(answer[: head + (len(answer) - head) // 2])
                     return
                 client.sendall(answer)
+                answered = time.monotonic()
                 if fault is Fault.CLOSE_AFTER:
                     return
         except OSError:

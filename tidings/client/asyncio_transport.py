@@ -14,25 +14,32 @@ fell by ~0.1 ms with it (BENCHMARKS.md, "Where the time goes", Latency (W3), and
 :class:`~tidings.client.transports.AiohttpTransport` remains available.
 
 Each connection carries one request at a time; ``max_connections`` bounds the requests
-in flight (and so the connections). A connection the server closed while it was idle
-is noticed (its end of stream arrives) and not used again; one closed while a request
-was on its way fails that request with :class:`TidingsConnectionError`, as with any
-client: the request is not resent here (the client's retry policy decides).
+in flight (and so the connections). A pooled connection idle for longer than
+``max_idle`` is closed rather than used (the server would be about to close it); one
+the server closed while it was idle is noticed (its end of stream arrives, or, where
+the event loop has not run since, its socket reads as ready) and not used again. One
+closed once a request was on its way fails that request with
+:class:`TidingsConnectionError`, as with any client: the request is not resent here
+(the client's retry policy decides, resending only what is safe to repeat).
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
 import ssl
+import time
 from collections.abc import Mapping
 from typing import cast
 
 from tidings.client.http1 import (
+    MAX_IDLE,
     AnswerParser,
     ConnectionLost,
     Origin,
     Wire,
     extra_headers,
+    idle_limit,
     origin_of,
     request_bytes,
     split_url,
@@ -55,12 +62,31 @@ class _Connection(asyncio.Protocol, AnswerParser):
         self._timer: asyncio.TimerHandle | None = None
         #: True once the connection cannot carry another request.
         self.closed = False
+        #: When it went back to the pool (monotonic time).
+        self.idle_since = 0.0
+        self._fd = -1
 
     # --- asyncio.Protocol ---
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport, though uvloop's are not asyncio.Transport subclasses.
         self._transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            self._fd = sock.fileno()
+
+    def stale(self) -> bool:
+        """Whether the server closed (or wrote to) this idle connection though the
+        event loop has not said so yet (it has not run since): its socket reads as
+        ready, where a healthy idle one has nothing to say."""
+        if self._fd < 0:
+            return False
+        try:
+            poller = select.poll()  # not select(): it fails on descriptors past 1023
+            poller.register(self._fd, select.POLLIN)
+            return bool(poller.poll(0))
+        except (OSError, ValueError):
+            return True
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -133,8 +159,9 @@ class AsyncioTransport:
     """:class:`~tidings.client.transports.AsyncTransport` over asyncio connections.
 
     ``max_connections`` bounds the requests in flight at once, each on a connection of
-    its own; finished connections are kept open for the next requests. Use it from one
-    event loop.
+    its own; finished connections are kept open for the next requests, for at most
+    ``max_idle`` seconds idle (None: as long as the server keeps them). Use it from
+    one event loop.
     """
 
     def __init__(
@@ -144,12 +171,14 @@ class AsyncioTransport:
         connect_timeout: float = 10.0,
         headers: Mapping[str, str] | None = None,
         verify: bool | str = True,
+        max_idle: float | None = MAX_IDLE,
     ) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
         #: Sent with every request (a bearer token's Authorization header).
         self._extra = extra_headers(headers)
         self._verify = verify
+        self._max_idle = idle_limit(max_idle)
         self._max_connections = max_connections
         self._connect_timeout = connect_timeout
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -188,6 +217,7 @@ class AsyncioTransport:
                 # Back to the pool before the slot is released, so that a request
                 # waiting for the slot finds the connection.
                 if not conn.closed:
+                    conn.idle_since = time.monotonic()
                     self._idle.setdefault(origin, []).append(conn)
             finally:
                 slots.release()
@@ -223,12 +253,15 @@ class AsyncioTransport:
 
     def _idle_connection(self, origin: Origin) -> _Connection | None:
         """The most recently used idle connection to ``origin`` (the least likely to
-        have been closed by the server meanwhile) that is still open."""
+        have been closed by the server meanwhile) that is still open, and was not
+        idle so long that the server may be closing it right now."""
         idle = self._idle.get(origin)
         while idle:
             conn = idle.pop()
-            if not conn.closed:
+            fresh = time.monotonic() - conn.idle_since <= self._max_idle
+            if fresh and not conn.closed and not conn.stale():
                 return conn
+            conn.close()
         return None
 
     async def _connect(self, origin: Origin, url: str, deadline: float | None) -> _Connection:

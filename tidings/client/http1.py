@@ -20,10 +20,13 @@ from tidings.errors import TidingsConnectionError
 
 __all__ = [
     "AnswerParser",
+    "MAX_IDLE",
     "ConnectionLost",
+    "NothingSent",
     "Origin",
     "Wire",
     "extra_headers",
+    "idle_limit",
     "origin_of",
     "request_bytes",
 ]
@@ -36,6 +39,14 @@ Wire = bytes | tuple[bytes, bytes]
 #: faulting in a fresh allocation (BENCHMARKS.md, "Large request bodies sent beside
 #: their head, and kept on the server's heap").
 LARGE_BODY = 64 * 1024
+
+#: Seconds a pooled connection may sit idle before it is closed rather than used
+#: again. The server (uvicorn) closes a connection idle for 5 s; one taken from the
+#: pool just as that happens carries a request the server never reads, and a request
+#: that is not idempotent cannot be resent on the chance that it did. A margin under
+#: the server's limit keeps such connections from being used at all. Behind a proxy
+#: with a shorter idle timeout, pass a smaller ``max_idle`` to the transport.
+MAX_IDLE = 4.0
 
 _USER_AGENT = "tidings-python"
 #: Methods that carry no body when they have none (the others send Content-Length: 0).
@@ -56,9 +67,23 @@ class ConnectionLost(Exception):
     """A connection failed under a request (closed, or an answer that is not HTTP)."""
 
 
+class NothingSent(ConnectionLost):
+    """The connection failed before any byte of the request left: the server cannot
+    have seen it, so it may go again on another connection whatever its method."""
+
+
 def extra_headers(headers: Mapping[str, str] | None) -> bytes:
     """Header lines sent with every request (a bearer token's Authorization header)."""
     return "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode()
+
+
+def idle_limit(max_idle: float | None) -> float:
+    """A transport's ``max_idle`` in seconds (None: no limit); ValueError if negative."""
+    if max_idle is None:
+        return float("inf")
+    if max_idle < 0:
+        raise ValueError("max_idle must not be negative")
+    return float(max_idle)
 
 
 def origin_of(base: str, extra: bytes) -> Origin:

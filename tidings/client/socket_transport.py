@@ -13,10 +13,14 @@ server share the cores, that CPU is latency.
 :class:`~tidings.client.transports.Urllib3Transport` remains available.
 
 Thread-safe: each request takes an idle connection of the pool (or opens one), at
-most ``max_connections`` at once. A pooled connection the server closed while it was
-idle is noticed before use (it reads as ready) and dropped; one closed while a
-request was on its way fails that request with :class:`TidingsConnectionError`, as
-with any client: the request is not resent here (the client's retry policy decides).
+most ``max_connections`` at once. A pooled connection idle for longer than
+``max_idle`` is closed rather than used (the server would be about to close it), and
+one the server closed while it was idle is noticed before use (it reads as ready) and
+dropped. Where the first write of a request on a pooled connection fails, no byte of
+it left, so it goes again on a new connection, whatever its method. One closed once
+the request was on its way fails that request with :class:`TidingsConnectionError`,
+as with any client: the request is not resent here (the client's retry policy
+decides, resending only what is safe to repeat).
 """
 
 from __future__ import annotations
@@ -33,11 +37,14 @@ from collections.abc import Mapping
 from typing import cast
 
 from tidings.client.http1 import (
+    MAX_IDLE,
     AnswerParser,
     ConnectionLost,
+    NothingSent,
     Origin,
     Wire,
     extra_headers,
+    idle_limit,
     origin_of,
     request_bytes,
     split_url,
@@ -64,6 +71,10 @@ class _Connection(AnswerParser):
         self._keep_alive = True
         #: True once the connection cannot carry another request.
         self.closed = False
+        #: Taken from the pool (it carried a request before this one).
+        self.reused = False
+        #: When it went back to the pool (monotonic time).
+        self.idle_since = 0.0
 
     def exchange(self, data: Wire, deadline: float | None) -> Response:
         """Send one whole request and read its answer; TimeoutError past ``deadline``
@@ -78,10 +89,7 @@ class _Connection(AnswerParser):
         self._answer = None
         try:
             self.sock.settimeout(None if deadline is None else _left(deadline))
-            if isinstance(data, bytes):
-                self.sock.sendall(data)
-            else:
-                _send_parts(self.sock, data)
+            _send(self.sock, data)
         except BaseException as exc:
             self.close()  # half a request sent: the connection is out of step
             if isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
@@ -173,16 +181,22 @@ def _close_all(idle: dict[Origin, list[_Connection]], busy: set[_Connection]) ->
         conn.close()
 
 
-def _send_parts(sock: socket.socket, parts: tuple[bytes, bytes]) -> None:
-    """Send a request's head and body without joining them: vectored writes where the
-    socket has them, each part in turn over TLS (whose sockets cannot ``sendmsg``)."""
-    if isinstance(sock, ssl.SSLSocket):
-        for part in parts:
-            sock.sendall(part)
-        return
-    views = [memoryview(part) for part in parts]
+def _send(sock: socket.socket, data: Wire) -> None:
+    """Send a whole request; a head and body in two parts without joining them, in
+    vectored writes where the socket has them (TLS sockets cannot ``sendmsg``).
+    :class:`NothingSent` where the first write fails: then no byte of it left (what
+    ``sendall`` could not tell)."""
+    views = [memoryview(data)] if isinstance(data, bytes) else [memoryview(p) for p in data]
+    vectored = len(views) > 1 and not isinstance(sock, ssl.SSLSocket)
+    first = True
     while views:
-        sent = sock.sendmsg(views)
+        try:
+            sent = sock.sendmsg(views) if vectored else sock.send(views[0])
+        except OSError as exc:
+            if first and not isinstance(exc, TimeoutError):
+                raise NothingSent(str(exc) or type(exc).__name__) from None
+            raise
+        first = False
         while views and sent >= len(views[0]):
             sent -= len(views.pop(0))
         if sent:
@@ -256,7 +270,8 @@ class SocketTransport:
 
     ``max_connections`` bounds the requests in flight at once (from several threads),
     each on a connection of its own; finished connections are kept open for the next
-    requests.
+    requests, for at most ``max_idle`` seconds idle (None: as long as the server keeps
+    them).
     """
 
     def __init__(
@@ -266,6 +281,7 @@ class SocketTransport:
         connect_timeout: float = 10.0,
         headers: Mapping[str, str] | None = None,
         verify: bool | str = True,
+        max_idle: float | None = MAX_IDLE,
     ) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
@@ -273,6 +289,7 @@ class SocketTransport:
         self._extra = extra_headers(headers)
         self._verify = verify
         self._connect_timeout = connect_timeout
+        self._max_idle = idle_limit(max_idle)
         self._slots = threading.BoundedSemaphore(max_connections)
         self._lock = threading.Lock()
         self._idle: dict[Origin, list[_Connection]] = {}
@@ -292,7 +309,13 @@ class SocketTransport:
         # out in both: as a shared context manager it cost ~2 us more per request.
         try:
             try:
-                response = conn.exchange(data, deadline)
+                try:
+                    response = conn.exchange(data, deadline)
+                except NothingSent:
+                    if not conn.reused:
+                        raise
+                    conn = self._again(origin, conn, request.url, deadline)
+                    response = conn.exchange(data, deadline)
             finally:
                 self._done(origin, conn)
         except TimeoutError as exc:
@@ -320,7 +343,13 @@ class SocketTransport:
         origin, conn, data, deadline = self._checkout(request, ahead=True)
         try:
             try:
-                conn.write(data, deadline)
+                try:
+                    conn.write(data, deadline)
+                except NothingSent:
+                    if not conn.reused:
+                        raise
+                    conn = self._again(origin, conn, request.url, deadline)
+                    conn.write(data, deadline)
             except BaseException:
                 self._done(origin, conn)
                 raise
@@ -372,7 +401,20 @@ class SocketTransport:
         with self._lock:
             self._busy.discard(conn)
             if not conn.closed:
+                conn.idle_since = time.monotonic()
                 self._idle.setdefault(origin, []).append(conn)
+
+    def _again(
+        self, origin: Origin, conn: _Connection, url: str, deadline: float | None
+    ) -> _Connection:
+        """A new connection (marked busy) for a request no byte of which left on the
+        pooled ``conn``: the server closed it as it was taken, and never saw the
+        request, so sending it again repeats nothing."""
+        self._done(origin, conn)
+        fresh = self._connect(origin, url, deadline)
+        with self._lock:
+            self._busy.add(fresh)
+        return fresh
 
     def close(self) -> None:
         """Close every connection; requests still waiting for an answer fail with
@@ -391,14 +433,17 @@ class SocketTransport:
 
     def _idle_connection(self, origin: Origin) -> _Connection | None:
         """The most recently used idle connection to ``origin`` (the least likely to
-        have been closed by the server meanwhile) that is still open."""
+        have been closed by the server meanwhile) that is still open, and was not
+        idle so long that the server may be closing it right now."""
         while True:
             with self._lock:
                 idle = self._idle.get(origin)
                 if not idle:
                     return None
                 conn = idle.pop()
-            if not conn.closed and not conn.stale():
+            fresh = time.monotonic() - conn.idle_since <= self._max_idle
+            if fresh and not conn.closed and not conn.stale():
+                conn.reused = True
                 return conn
             conn.close()
 
