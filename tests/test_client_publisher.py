@@ -98,7 +98,12 @@ class FakeClient:
         return None  # not idempotent: what the publisher sends is all there is to see
 
     def _publish_on(
-        self, topic: str, records: list[Record | bytes], lane: None, policy: object = None
+        self,
+        topic: str,
+        records: list[Record | bytes],
+        lane: None,
+        policy: object = None,
+        cancel: object = None,
     ) -> None:
         self.publish(topic, records)
 
@@ -215,7 +220,12 @@ class AsyncFakeClient:
         return None
 
     async def _publish_on(
-        self, topic: str, records: list[Record | bytes], lane: None, policy: object = None
+        self,
+        topic: str,
+        records: list[Record | bytes],
+        lane: None,
+        policy: object = None,
+        cancel: object = None,
     ) -> None:
         await self.publish(topic, records)
 
@@ -270,6 +280,7 @@ class IdempotentFakeClient(FakeClient):
         records: list[Record | bytes],
         lane: ProducerLane,
         policy: object = None,
+        cancel: object = None,
     ) -> None:
         payloads = [as_record(r).payload for r in records]
         self.tries.append((lane.producer_id, lane.sequence(topic), payloads))

@@ -24,18 +24,20 @@ class CountingAsyncClient(AsyncClient):
     requests = 0
 
     async def _publish_on(
-        self, topic: str, records: list[Any], lane: Any, policy: Any = None
+        self, topic: str, records: list[Any], lane: Any, policy: Any = None, cancel: Any = None
     ) -> None:
         self.requests += 1
-        await super()._publish_on(topic, records, lane, policy)
+        await super()._publish_on(topic, records, lane, policy, cancel)
 
 
 class CountingClient(Client):
     requests = 0
 
-    def _publish_on(self, topic: str, records: list[Any], lane: Any, policy: Any = None) -> None:
+    def _publish_on(
+        self, topic: str, records: list[Any], lane: Any, policy: Any = None, cancel: Any = None
+    ) -> None:
         self.requests += 1
-        super()._publish_on(topic, records, lane, policy)
+        super()._publish_on(topic, records, lane, policy, cancel)
 
 
 async def test_async_publisher_batches_and_resolves_every_future(

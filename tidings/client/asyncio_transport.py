@@ -206,6 +206,10 @@ class AsyncioTransport:
                 await slots.acquire()
             try:
                 conn = self._idle_connection(origin) or await self._connect(origin, url, deadline)
+                cancel = request.cancel
+                if cancel is not None and not cancel.attach(conn.close):
+                    conn.close()
+                    raise ConnectionLost("cancelled before it was sent")
                 self._busy.add(conn)
                 try:
                     response = await conn.exchange(data, deadline)
@@ -214,6 +218,8 @@ class AsyncioTransport:
                     raise
                 finally:
                     self._busy.discard(conn)
+                    if cancel is not None:
+                        cancel.detach()
                 # Back to the pool before the slot is released, so that a request
                 # waiting for the slot finds the connection.
                 if not conn.closed:

@@ -305,18 +305,25 @@ class SocketTransport:
 
     def send(self, request: Request) -> Response:
         origin, conn, data, deadline = self._checkout(request)
+        cancel = request.cancel
         # Exchange.result() reads an answer with the same hand-back and errors, written
         # out in both: as a shared context manager it cost ~2 us more per request.
         try:
             try:
+                if cancel is not None and not cancel.attach(conn.close):
+                    raise ConnectionLost("cancelled before it was sent")
                 try:
                     response = conn.exchange(data, deadline)
                 except NothingSent:
-                    if not conn.reused:
+                    if not conn.reused or (cancel is not None and cancel.cancelled):
                         raise
                     conn = self._again(origin, conn, request.url, deadline)
+                    if cancel is not None and not cancel.attach(conn.close):
+                        raise ConnectionLost("cancelled before it was sent") from None
                     response = conn.exchange(data, deadline)
             finally:
+                if cancel is not None:
+                    cancel.detach()
                 self._done(origin, conn)
         except TimeoutError as exc:
             raise RequestTimeout(f"no answer from {request.url} in time") from exc

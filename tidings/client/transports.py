@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 import ssl
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AiohttpTransport",
     "AsyncTransport",
+    "Cancellation",
     "Exchange",
     "Request",
     "Response",
@@ -35,6 +37,48 @@ __all__ = [
     "Urllib3Transport",
     "tls_context",
 ]
+
+
+class Cancellation:
+    """Lets one party stop requests another sends (a publisher's close stopping its
+    sender): :meth:`cancel` cuts the connection of the request on its way, if any, and
+    every request carrying it from then on fails before a byte of it is sent.
+
+    The project's transports honour it (``Request.cancel``); a transport that does
+    not just sends the request as usual.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._cut: Callable[[], None] | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(self) -> None:
+        """Cut the request on its way (it fails with TidingsConnectionError) and
+        refuse the later ones; from any thread, or the event loop's."""
+        with self._lock:
+            self._cancelled = True
+            cut, self._cut = self._cut, None
+        if cut is not None:
+            cut()
+
+    def attach(self, cut: Callable[[], None]) -> bool:
+        """A transport's request took a connection: ``cut`` closes it. False if
+        cancelled already: the transport sends nothing."""
+        with self._lock:
+            if self._cancelled:
+                return False
+            self._cut = cut
+            return True
+
+    def detach(self) -> None:
+        """The request ended: its connection is not its to cut any more."""
+        with self._lock:
+            self._cut = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +96,8 @@ class Request:
     accept: str | None = None
     #: Further request headers (``Tidings-*``: an idempotent publish's producer).
     headers: tuple[tuple[str, str], ...] = ()
+    #: Stops the request from another party (:class:`Cancellation`).
+    cancel: Cancellation | None = None
 
 
 @dataclass(frozen=True, slots=True)

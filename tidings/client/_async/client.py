@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Self, TypeVar, overload
 
@@ -37,7 +38,7 @@ from tidings.client.base import (
 )
 from tidings.client.batching import ErrorCallback
 from tidings.client.cursor import DEFAULT_BATCH_SIZE, DEFAULT_COMMITTED_WAIT, DEFAULT_WAIT
-from tidings.client.transports import AsyncTransport
+from tidings.client.transports import AsyncTransport, Cancellation
 from tidings.client.txbuffer import DEFAULT_PAYLOAD_THRESHOLD
 from tidings.codec.admin import TransactionGroupCommit
 from tidings.codec.queue_bodies import TransactionAck
@@ -160,13 +161,16 @@ class AsyncClient(BaseClient):
     #     return pool
     # ---- end
 
-    async def _send(self, call: Call[T], policy: RetryPolicy | None = None) -> T:
+    async def _send(
+        self, call: Call[T], policy: RetryPolicy | None = None, cancel: Cancellation | None = None
+    ) -> T:
         if policy is None:
             policy = self._policy_for(call)
         attempt = 1
         while True:
+            request = call.request if cancel is None else replace(call.request, cancel=cancel)
             try:
-                return call.result(await self._transport.send(call.request))
+                return call.result(await self._transport.send(request))
             except UnsupportedMediaType:
                 if call.fallback is None:
                     raise
@@ -307,26 +311,27 @@ class AsyncClient(BaseClient):
         records: list[Outgoing],
         lane: ProducerLane | None,
         policy: RetryPolicy | None = None,
+        cancel: Cancellation | None = None,
     ) -> None:
         """A non-transactional publish under ``lane``'s next sequence number for
         ``topic`` (without a lane, not idempotent). Sent again with the same lane after
         a failure, it is written once; the lane moves on once it is durable. A caller
         that gives up on the publish must drop the lane (was it written?). ``policy``
         (default: the client's, for an idempotent publish) decides how often it is
-        sent here."""
+        sent here; ``cancel`` stops it from elsewhere."""
         if lane is None:
-            await self._send(self._api.publish(topic, records), policy)
+            await self._send(self._api.publish(topic, records), policy, cancel)
             return
         producer = (lane.producer_id, lane.sequence(topic))
         try:
-            await self._send(self._api.publish(topic, records, producer), policy)
+            await self._send(self._api.publish(topic, records, producer), policy, cancel)
         except OutOfOrderSequence:
             # The server's last sequence of this producer is older than ours: it lost
             # what we wrote after it (a store restored from a copy). Nothing of this
             # publish was written, so it goes again as a new producer.
             lane.renew()
             producer = (lane.producer_id, lane.sequence(topic))
-            await self._send(self._api.publish(topic, records, producer), policy)
+            await self._send(self._api.publish(topic, records, producer), policy, cancel)
         lane.advance(topic)
 
     async def store(

@@ -17,6 +17,7 @@ from typing import Protocol, TypeVar, overload
 from tidings.client._async.concurrency import AsyncPending, AsyncWorker
 from tidings.client.api import Call, PollPage, RestApi
 from tidings.client.base import MessageLike, Outgoing, ProducerLane, RetryPolicy
+from tidings.client.transports import Cancellation
 from tidings.codec.admin import TransactionGroupCommit
 from tidings.codec.queue_bodies import TransactionAck
 from tidings.structs import (
@@ -79,6 +80,7 @@ class AsyncSession(Protocol):
         records: list[Outgoing],
         lane: ProducerLane | None,
         policy: RetryPolicy | None = None,
+        cancel: Cancellation | None = None,
     ) -> None: ...
 
     async def store(
@@ -128,7 +130,9 @@ class AsyncSession(Protocol):
     @property
     def _api(self) -> RestApi: ...
 
-    async def _send(self, call: Call[T], policy: RetryPolicy | None = None) -> T: ...
+    async def _send(
+        self, call: Call[T], policy: RetryPolicy | None = None, cancel: Cancellation | None = None
+    ) -> T: ...
 
     def _begin(self, worker: AsyncWorker, call: Call[T]) -> AsyncPending[T]: ...
 

@@ -49,10 +49,15 @@ from tidings.client.batching import (
     record_size,
     report_failure,
 )
+from tidings.client.transports import Cancellation
 from tidings.errors import RequestTimeout
 from tidings.names import check_name
 
 __all__ = ["Publisher"]
+
+#: Seconds a close that ran out of time waits for the sender it cut off to end (it
+#: ends at once unless a callback of the application holds it).
+_STOP_GRACE = 1.0
 
 
 class Publisher:
@@ -102,6 +107,9 @@ class Publisher:
             tuple[str, list[Pending[Future[None]]], list[Pending[Future[None]]]] | None
         ) = None
         self._sender: Sender | None = None
+        #: Cut by a close that ran out of time: the request in flight is cut off, and
+        #: the sender sends nothing more.
+        self._cancel = Cancellation()
         #: Messages made durable / dropped after their retries ran out.
         self.sent = 0
         self.failed = 0
@@ -166,7 +174,9 @@ class Publisher:
         dropped (its future fails with :class:`~tidings.errors.RequestTimeout`,
         ``on_error`` is called, ``failed`` counts it), the batch in flight gets no
         further try (and is dropped the same way if still unanswered: it may or may
-        not have been written), and :class:`TimeoutError` is raised. From the sender itself
+        not have been written), and :class:`TimeoutError` is raised; the sender
+        stops: its request in flight is cut off (with the project's transports) and it
+        sends nothing after ``close`` returns. From the sender itself
         (``on_error``, a future's callback) it only stops new sends: the sender sends
         what is buffered, then ends.
         """
@@ -189,6 +199,10 @@ class Publisher:
                 self._cond.notify_all()
             if self._sender is not None:
                 left = None if timeout is None else max(0.0, began + timeout - time.monotonic())
+                if self._abandoned:
+                    # Cut off, the sender ends at once: wait for it, so that nothing
+                    # of it runs once close() returned.
+                    left = _STOP_GRACE
                 self._sender.join(left)
             if self._abandoned:
                 # Its request may stay unanswered up to the client's timeout (for ever
@@ -203,6 +217,8 @@ class Publisher:
             self._closed = True
             dropped = self._batcher.take_all()
             self._cond.notify_all()
+        # Outside the lock: the cut wakes the sender, which then wants it.
+        self._cancel.cancel()
         for topic, batch in dropped:
             self._settle_batch(topic, [p for p in batch if claim(p.future)], batch, error)
 
@@ -246,7 +262,12 @@ class Publisher:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _next_batch(self) -> tuple[str, list[Pending[Future[None]]]] | None:
+    def _next_batch(
+        self,
+    ) -> tuple[str, list[Pending[Future[None]]], list[Pending[Future[None]]]] | None:
+        """The next batch to publish, in flight from here: its topic, its claimed
+        messages and the whole batch. In flight under the same lock it was taken
+        under, so a close that runs out of time finds it one way or the other."""
         with self._cond:
             while True:
                 urgent = self._flushing > 0 or self._closed
@@ -254,21 +275,27 @@ class Publisher:
                 if due is None and self._closed:
                     return None
                 if due == 0:
-                    return self._batcher.take()
+                    taken = self._batcher.take()
+                    assert taken is not None
+                    topic, batch = taken
+                    live = [p for p in batch if claim(p.future)]
+                    self._in_flight = (topic, live, batch)
+                    return topic, live, batch
                 self._cond.wait(due)
 
     def _run(self) -> None:
         while (taken := self._next_batch()) is not None:
-            topic, batch = taken
-            live = [p for p in batch if claim(p.future)]
-            with self._cond:
-                self._in_flight = (topic, live, batch)
+            topic, live, batch = taken
             error = self._publish(topic, [p.record for p in live]) if live else None
             with self._cond:
-                mine = self._in_flight is not None
-                self._in_flight = None
+                # A close that ran out of time dropped it meanwhile, or is about to:
+                # a failure now is its cutting the request off, which says nothing
+                # of whether the batch was written.
+                mine = self._in_flight is not None and (error is None or not self._abandoned)
+                if mine:
+                    self._in_flight = None
             if not mine:
-                continue  # a close that ran out of time dropped it meanwhile
+                continue
             self._settle_batch(topic, live, batch, error)
 
     def _publish(self, topic: str, records: list[Outgoing]) -> BaseException | None:
@@ -278,7 +305,7 @@ class Publisher:
                 # Each try under the same producer sequence: written once, however many.
                 # Sent once per try: the publisher's retry policy counts the tries, the
                 # client's must not multiply them.
-                self._client._publish_on(topic, records, self._lane, NO_RETRY)
+                self._client._publish_on(topic, records, self._lane, NO_RETRY, cancel=self._cancel)
                 return None
             except Exception as exc:
                 error = exc

@@ -20,6 +20,7 @@ from typing import Protocol, TypeVar, overload
 from tidings.client._sync.concurrency import Pending, Worker
 from tidings.client.api import Call, PollPage, RestApi
 from tidings.client.base import MessageLike, Outgoing, ProducerLane, RetryPolicy
+from tidings.client.transports import Cancellation
 from tidings.codec.admin import TransactionGroupCommit
 from tidings.codec.queue_bodies import TransactionAck
 from tidings.structs import (
@@ -78,6 +79,7 @@ class Session(Protocol):
         records: list[Outgoing],
         lane: ProducerLane | None,
         policy: RetryPolicy | None = None,
+        cancel: Cancellation | None = None,
     ) -> None: ...
 
     def store(
@@ -127,7 +129,9 @@ class Session(Protocol):
     @property
     def _api(self) -> RestApi: ...
 
-    def _send(self, call: Call[T], policy: RetryPolicy | None = None) -> T: ...
+    def _send(
+        self, call: Call[T], policy: RetryPolicy | None = None, cancel: Cancellation | None = None
+    ) -> T: ...
 
     def _begin(self, worker: Worker, call: Call[T]) -> Pending[T]: ...
 
