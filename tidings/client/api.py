@@ -928,8 +928,11 @@ class RestApi:
         positions: Mapping[int, MessageId],
         write_pointer: int | None,
         generation: int | None = None,
+        generations: Mapping[int, int] | None = None,
     ) -> Call[list[bytes]]:
-        body = admin.group_commit_request(member_id, positions, write_pointer, generation)
+        body = admin.group_commit_request(
+            member_id, positions, write_pointer, generation, generations
+        )
         url = self._group_url(topic, group, "/commit")
         return self._json_call("POST", url, _changes, body)
 

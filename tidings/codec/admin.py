@@ -58,6 +58,7 @@ __all__ = [
     "read_ended",
     "read_group",
     "read_group_commit_request",
+    "read_position_generations",
     "read_group_rollback_request",
     "read_join_request",
     "read_member_request",
@@ -82,6 +83,7 @@ __all__ = [
     "topic_request",
     "transaction_group_commits_avro",
     "transaction_group_commits_json",
+    "transaction_group_generations_avro",
 ]
 
 
@@ -579,16 +581,18 @@ def group_commit_request(
     positions: Mapping[int, MessageId],
     write_pointer: int | None,
     generation: int | None = None,
+    generations: Mapping[int, int] | None = None,
 ) -> dict[str, Any]:
     """A group commit body: the last consumed message id per partition (and the newest
-    generation the member heard of, where given)."""
-    body: dict[str, Any] = {
-        "memberId": member_id,
-        "positions": [
-            {"partition": p, "id": b64encode(position.to_bytes())}
-            for p, position in sorted(positions.items())
-        ],
-    }
+    generation the member heard of, where given; ``generations``: per partition, the
+    one its position is of, where it differs from one position to another)."""
+    items: list[dict[str, Any]] = []
+    for p, position in sorted(positions.items()):
+        item: dict[str, Any] = {"partition": p, "id": b64encode(position.to_bytes())}
+        if generations is not None and p in generations:
+            item["generation"] = generations[p]
+        items.append(item)
+    body: dict[str, Any] = {"memberId": member_id, "positions": items}
     if write_pointer is not None:
         body["transactionWritePointer"] = write_pointer
     if generation is not None:
@@ -600,6 +604,20 @@ def read_commit_generation(obj: Mapping[str, Any]) -> int | None:
     """The optional ``generation`` of a group commit body: the newest the member heard
     of (clients before it was added leave it out)."""
     return _opt_int(obj, "generation", 0)
+
+
+def read_position_generations(obj: Mapping[str, Any]) -> dict[int, int]:
+    """Per partition, the ``generation`` a position of a group commit body names (the
+    one that position is of; positions without one go by the body's ``generation``).
+    Call after :func:`read_group_commit_request`, which checks the positions."""
+    generations: dict[int, int] = {}
+    for i, item in enumerate(obj["positions"]):
+        generation = integer(
+            item.get("generation"), f"positions[{i}].generation", 0, INT64_MAX, optional=True
+        )
+        if generation is not None:
+            generations[item["partition"]] = generation
+    return generations
 
 
 def read_group_commit_request(
@@ -637,9 +655,13 @@ class TransactionGroupCommit(NamedTuple):
     group: str
     member_id: str
     positions: dict[int, MessageId]
-    #: The generation the positions are of (the JSON body only: the Avro one has no
-    #: room for it, and the server then goes by the newest it told the member).
+    #: The generation the positions are of (the oldest of them where they differ);
+    #: None: the server goes by the newest it told the member.
     generation: int | None = None
+    #: Per partition, the generation its position is of, where named: positions
+    #: handed to one transaction across a rebalance are of different generations, and
+    #: each is fenced by its own.
+    generations: Mapping[int, int] | None = None
 
 
 def transaction_group_commits_json(commits: Iterable[TransactionGroupCommit]) -> list[Any]:
@@ -648,7 +670,7 @@ def transaction_group_commits_json(commits: Iterable[TransactionGroupCommit]) ->
         {
             "topic": c.topic,
             "group": c.group,
-            **group_commit_request(c.member_id, c.positions, None, c.generation),
+            **group_commit_request(c.member_id, c.positions, None, c.generation, c.generations),
         }
         for c in commits
     ]
@@ -657,7 +679,8 @@ def transaction_group_commits_json(commits: Iterable[TransactionGroupCommit]) ->
 def transaction_group_commits_avro(
     commits: Iterable[TransactionGroupCommit],
 ) -> list[dict[str, Any]]:
-    """The ``groupCommits`` of a one-request transaction's Avro body (ids as bytes)."""
+    """The ``groupCommits`` of a one-request transaction's Avro body (ids as bytes);
+    their generations go in :func:`transaction_group_generations_avro`."""
     return [
         {
             "topic": c.topic,
@@ -670,6 +693,24 @@ def transaction_group_commits_avro(
         }
         for c in commits
     ]
+
+
+def transaction_group_generations_avro(
+    commits: Iterable[TransactionGroupCommit],
+) -> list[dict[str, Any]]:
+    """The ``groupCommitGenerations`` of a one-request transaction's Avro body: per
+    entry of ``groupCommits``, in its order, the generation it names and that of each
+    of its positions (in the order they are written, by partition)."""
+    out: list[dict[str, Any]] = []
+    for c in commits:
+        named = c.generations or {}
+        out.append(
+            {
+                "generation": c.generation,
+                "positions": [named.get(p) for p in sorted(c.positions)] if named else [],
+            }
+        )
+    return out
 
 
 def read_transaction_group_commits(
@@ -685,6 +726,7 @@ def read_transaction_group_commits(
         raise BadRequest(
             "groupCommits must be a list of {topic, group, memberId, positions} objects"
         )
+    named = _avro_generations(obj, len(raw)) if binary else None
     out: list[TransactionGroupCommit] = []
     seen: set[tuple[str, str, str]] = set()
     for i, item in enumerate(raw):
@@ -701,7 +743,11 @@ def read_transaction_group_commits(
                 )
             names.append(value)
         member_id, positions, _ = read_group_commit_request(item, binary=binary)
-        generation = None if binary else read_commit_generation(item)
+        if named is None:
+            generation = read_commit_generation(item)
+            generations = read_position_generations(item)
+        else:
+            generation, generations = _avro_entry_generations(named, i, item["positions"])
         # One entry per member: two would commit one partition twice in one
         # transaction, and the positions could not tell which is the later.
         key = (names[0], names[1], member_id)
@@ -710,8 +756,43 @@ def read_transaction_group_commits(
                 f"member {member_id} of group {names[1]} of topic {names[0]} appears more than once"
             )
         seen.add(key)
-        out.append(TransactionGroupCommit(names[0], names[1], member_id, positions, generation))
+        out.append(
+            TransactionGroupCommit(
+                names[0], names[1], member_id, positions, generation, generations or None
+            )
+        )
     return out
+
+
+def _avro_generations(obj: Mapping[str, Any], count: int) -> list[Any]:
+    """The Avro body's ``groupCommitGenerations``: empty (a body written before it was
+    added: the server goes by what it told each member), or one per group commit."""
+    named = obj.get("groupCommitGenerations") or []
+    if not isinstance(named, list) or (named and len(named) != count):
+        raise BadRequest(
+            "groupCommitGenerations must be empty or have one item per item of groupCommits"
+        )
+    return named
+
+
+def _avro_entry_generations(
+    named: list[Any], i: int, positions: list[Any]
+) -> tuple[int | None, dict[int, int]]:
+    """Entry ``i``'s generation and its positions' (by partition), of an Avro body."""
+    if not named:
+        return None, {}
+    entry = named[i]
+    what = f"groupCommitGenerations[{i}]"
+    generation = integer(entry["generation"], what + ".generation", 0, INT64_MAX, optional=True)
+    each = entry["positions"]
+    if each and len(each) != len(positions):
+        raise BadRequest(f"{what}.positions must be empty or have one item per position")
+    generations: dict[int, int] = {}
+    for j, (value, position) in enumerate(zip(each, positions, strict=False)):
+        g = integer(value, f"{what}.positions[{j}]", 0, INT64_MAX, optional=True)
+        if g is not None:
+            generations[position["partition"]] = g
+    return generation, generations
 
 
 def changes_json(changes: Iterable[bytes]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ __all__ = [
     "PUBLISH_RESPONSE",
     "SCHEMAS",
     "TRANSACTION_PUBLISH_REQUEST",
+    "TRANSACTION_PUBLISH_REQUEST_V1",
     "ITEM_ID",
     "AvroItems",
     "read",
@@ -219,8 +220,37 @@ TRANSACTION_PUBLISH_REQUEST = fastavro.parse_schema(
                 },
                 "default": [],
             },
+            # Added last, so a body written before it is this schema's body cut short
+            # there (read by TRANSACTION_PUBLISH_REQUEST_V1), and means what it meant.
+            {
+                "name": "groupCommitGenerations",
+                "type": {
+                    "type": "array",
+                    "items": {
+                        "type": "record",
+                        "name": "GroupCommitGenerations",
+                        "fields": [
+                            {"name": "generation", "type": ["null", "long"], "default": None},
+                            {
+                                "name": "positions",
+                                "type": {"type": "array", "items": ["null", "long"]},
+                                "default": [],
+                            },
+                        ],
+                    },
+                },
+                "default": [],
+            },
         ],
     }
+)
+
+#: The body as written before ``groupCommitGenerations`` was added (no generations:
+#: the server goes by the newest it told each member).
+_CURRENT: dict[str, Any] = TRANSACTION_PUBLISH_REQUEST  # type: ignore[assignment]
+TRANSACTION_PUBLISH_REQUEST_V1 = fastavro.parse_schema(
+    {**_CURRENT, "name": "TransactionPublishRequestV1", "fields": _CURRENT["fields"][:-1]},
+    named_schemas={},
 )
 
 #: Every Avro schema of the API by name, for docs and the OpenAPI document.

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tidings.codec import admin, avro, queue_bodies
+from tidings.errors import BadRequest
 
 __all__ = ["read_transaction_publish", "write_transaction_publish"]
 
@@ -68,8 +69,26 @@ def write_transaction_publish(
                 *(avro.varint(p) + _bytes(i.to_bytes()) for p, i in positions),
                 b"\x00" if positions else b"",
             )
+        parts.append(b"\x00")
+        # Each entry's generations. Only with group commits: a body without any stays
+        # as it was, which servers from before the field was added read too.
+        parts.append(avro.varint(len(group_commits)))
+        for c in group_commits:
+            named = c.generations or {}
+            each = [named.get(p) for p in sorted(c.positions)] if named else []
+            parts += (
+                _optional_long(c.generation),
+                avro.varint(len(each)),
+                *map(_optional_long, each),
+                b"\x00" if each else b"",
+            )
     parts.append(b"\x00")
     return b"".join(parts)
+
+
+def _optional_long(value: int | None) -> bytes:
+    """A ``["null", "long"]`` union."""
+    return b"\x00" if value is None else b"\x02" + avro.varint(value)
 
 
 def read_transaction_publish(body: bytes) -> dict[str, Any]:
@@ -80,7 +99,17 @@ def read_transaction_publish(body: bytes) -> dict[str, Any]:
     except (IndexError, ValueError, UnicodeDecodeError, struct.error):
         value = None
     if value is None:
-        value = avro.read(body, avro.TRANSACTION_PUBLISH_REQUEST, "transactional publish")
+        try:
+            value = avro.read(body, avro.TRANSACTION_PUBLISH_REQUEST, "transactional publish")
+        except BadRequest as exc:
+            # Written before groupCommitGenerations was added: the body ends where that
+            # field would begin (so it cannot read as this schema's, nor one of this
+            # schema as that one's: it would leave bytes over).
+            try:
+                value = avro.read(body, avro.TRANSACTION_PUBLISH_REQUEST_V1, "")
+            except BadRequest:
+                raise exc from None
+            value["groupCommitGenerations"] = []
     return value
 
 
@@ -128,8 +157,10 @@ def _read(body: bytes) -> dict[str, Any] | None:
         if body[pos] != 0:  # a second block
             return None
         pos += 1
-    # Acks and group positions: fastavro (the envelope's lists there are small).
-    if body[pos:] != b"\x00\x00":
+    # Acks and group positions: fastavro (the envelope's lists there are small). No
+    # generations of group positions either: present (empty) or not (a body written
+    # before they were added).
+    if body[pos:] not in (b"\x00\x00", b"\x00\x00\x00"):
         return None
     return {
         "timeout": timeout,
@@ -138,4 +169,5 @@ def _read(body: bytes) -> dict[str, Any] | None:
         "topics": topics,
         "acks": [],
         "groupCommits": [],
+        "groupCommitGenerations": [],
     }

@@ -451,19 +451,25 @@ class GroupCoordinator:
         *,
         write_pointer: int | None = None,
         generation: int | None = None,
+        generations: Mapping[int, int] | None = None,
     ) -> list[bytes]:
         """Commit the member's positions (each: the id of the last message it consumed
         in that partition). With ``write_pointer`` they are part of that transaction and
         the change keys to commit it with are returned; without, they commit now. (The
         one-request transaction uses :meth:`prepare_commit` instead.) ``generation``:
-        the newest the member heard of, where it says (see :meth:`_check_commit`).
+        the newest the member heard of, where it says (see :meth:`_check_commit`);
+        ``generations``: per partition, the one its position is of, where named (it
+        stands for ``generation`` there).
 
         :class:`PartitionFenced` for a partition the member does not own, or has owned
         only since a generation newer than it heard of; :class:`BadRequest` for a
         position past what was delivered to the member."""
         gid = self._gid(namespace, topic, group)
         with self._lock:
-            self._check_commit(namespace, topic, gid, member_id, positions, generation=generation)
+            self._check_commit(
+                namespace, topic, gid, member_id, positions,
+                generation=generation, generations=generations,
+            )  # fmt: skip
             changes = [change_key(*gid[:2], group, p) for p in sorted(positions)]
             if write_pointer is not None:
                 self._store.apply(self._positions_fn(gid, positions, write_pointer))
@@ -487,6 +493,7 @@ class GroupCoordinator:
         write_pointer: int,
         *,
         generation: int | None = None,
+        generations: Mapping[int, int] | None = None,
     ) -> PositionsWrite:
         """Check a commit of the member's positions under ``write_pointer`` as
         :meth:`commit` does (same errors), and return its write, to carry in the store
@@ -496,8 +503,9 @@ class GroupCoordinator:
         commit: the write fails with :class:`TransactionConflict` instead if another
         open transaction holds a position of one of the partitions."""
         return self._prepare_commit(
-            namespace, topic, group, member_id, positions, write_pointer, True, generation
-        )
+            namespace, topic, group, member_id, positions, write_pointer, True,
+            generation, generations,
+        )  # fmt: skip
 
     def prepare_commit_nowait(
         self,
@@ -509,14 +517,16 @@ class GroupCoordinator:
         write_pointer: int,
         *,
         generation: int | None = None,
+        generations: Mapping[int, int] | None = None,
     ) -> PositionsWrite | None:
         """:meth:`prepare_commit` for the event loop: None, having changed nothing,
         where it would wait (as :meth:`heartbeat_nowait`); call :meth:`prepare_commit`
         on a worker then. Raises as it does."""
         try:
             return self._prepare_commit(
-                namespace, topic, group, member_id, positions, write_pointer, False, generation
-            )
+                namespace, topic, group, member_id, positions, write_pointer, False,
+                generation, generations,
+            )  # fmt: skip
         except WouldWait:
             return None
 
@@ -530,12 +540,14 @@ class GroupCoordinator:
         write_pointer: int,
         may_wait: bool,
         generation: int | None = None,
+        generations: Mapping[int, int] | None = None,
     ) -> PositionsWrite:
         gid = self._gid(namespace, topic, group)
         with holding(self._lock, may_wait):
             self._check_commit(
-                namespace, topic, gid, member_id, positions, may_wait, generation=generation
-            )
+                namespace, topic, gid, member_id, positions, may_wait,
+                generation=generation, generations=generations,
+            )  # fmt: skip
             # Until the write lands, a rebalance would not find its record: it finds
             # the pointer here instead (and invalidates it, fencing the commit).
             snapshot = self._tx.snapshot()
@@ -561,6 +573,7 @@ class GroupCoordinator:
         may_wait: bool = True,
         *,
         generation: int | None = None,
+        generations: Mapping[int, int] | None = None,
     ) -> None:
         """Under the lock: the member owns each partition, has heard that it does since
         it got it last, and was delivered each position.
@@ -572,7 +585,10 @@ class GroupCoordinator:
         heartbeat, poll), or the one its commit names, whichever is older: a poll
         answered ahead may tell it before the application has seen it. A session the
         server does not remember (it restarted) heard nothing it knows of: fenced
-        unless the commit names a generation (the owners' tenure is durable)."""
+        unless the commit names a generation (the owners' tenure is durable). A
+        position may name its own (``generations``), for the commit's: positions a
+        transaction took across a rebalance are of different generations, and the
+        older ones must not pass as of the newest."""
         if not positions:
             raise BadRequest("a commit names at least one partition")
         group = gid[2]
@@ -583,9 +599,10 @@ class GroupCoordinator:
             raise PartitionFenced(f"{exc.message}; its partitions moved") from None
         session = self._touch(gid, member_id)
         owned = set(record.members[member_id].partitions)
-        known = [g for g in (session.told, generation) if g is not None]
-        heard = min(known) if known else None
+        named = generations or {}
         for p in positions:
+            known = [g for g in (session.told, named.get(p, generation)) if g is not None]
+            heard = min(known) if known else None
             if not 0 <= p < record.partitions:
                 raise BadRequest(f"partition {p} is not in [0, {record.partitions})")
             if p not in owned:

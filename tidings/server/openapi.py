@@ -74,6 +74,11 @@ _GROUP_POSITIONS = {
         "properties": {
             "partition": {"type": "integer", "minimum": 0, "maximum": 1023},
             "id": _MESSAGE_ID,
+            "generation": {
+                "oneOf": [{"type": "integer", "minimum": 0}, {"type": "null"}],
+                "description": "the generation this position is of, where it differs "
+                "from the commit's (which it stands for here)",
+            },
         },
     },
 }
@@ -418,8 +423,8 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
                                 "generation": {
                                     **_nullable({"type": "integer", "minimum": 0}),
                                     "description": "the generation the positions are of "
-                                    "(JSON only): a partition held since a newer one is "
-                                    "fenced",
+                                    "(the oldest, where a position names its own): a "
+                                    "partition held since a newer one is fenced",
                                 },
                             },
                         },

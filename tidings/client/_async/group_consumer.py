@@ -85,9 +85,9 @@ class _GroupCommit:
         held = self._held
         if held is not None:
             await self._consumer._check_held(held, self._generations)
-            known = set(self._generations.values())
-            # Named where all are of one generation, so the server fences by it too.
-            generation = known.pop() if len(known) == 1 else None
+            # Each position names the generation it is of, so the server fences each by
+            # its own (the oldest for the whole, for a server that reads only that).
+            generations = {p: g for p, g in self._generations.items() if p in held.positions}
             client = self._consumer._client
             self._changes = await client._send(
                 client._api.group_commit(
@@ -96,7 +96,8 @@ class _GroupCommit:
                     held.member_id,
                     held.positions,
                     self._write_pointer,
-                    generation,
+                    min(generations.values(), default=held.generation),
+                    generations,
                 )
             )
 

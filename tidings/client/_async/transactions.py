@@ -284,17 +284,20 @@ class AsyncTransactionContext(ContextState):
         for i, (held, owner, known) in enumerate(self._group_commits):
             if held[:3] == commit[:3]:
                 # The same member again: its later positions replace the earlier ones.
+                # A rebalance may have come between the two: each position keeps the
+                # generation it is of, and the server fences each by its own (taking
+                # the newest for all would let the older positions of a partition that
+                # moved away and back since pass).
                 positions = {**held.positions, **commit.positions}
                 known = {p: g for p, g in known.items() if p not in commit.positions}
                 known |= generations
-                # Named (in the JSON body) only where all its positions are of one.
-                named = set(known.values()) if len(known) == len(positions) else set()
-                generation = named.pop() if len(named) == 1 else None
-                self._group_commits[i] = (
-                    held._replace(positions=positions, generation=generation),
-                    owner,
-                    known,
+                merged = held._replace(
+                    positions=positions,
+                    # For a server that reads only this: the oldest fences them all.
+                    generation=min(known.values(), default=None),
+                    generations=dict(known) if len(set(known.values())) > 1 else None,
                 )
+                self._group_commits[i] = (merged, owner, known)
                 return True
         self._group_commits.append((commit, member, generations))
         return True

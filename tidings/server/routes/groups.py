@@ -188,9 +188,10 @@ def routes(api: Api) -> list[Route]:
         body = await json_body(api, request, "group commit")
         member_id, positions, write_pointer = admin.read_group_commit_request(body)
         generation = admin.read_commit_generation(body)
+        generations = admin.read_position_generations(body)
         changes = await api.blocking(
             coordinator.commit, ns, topic, name, member_id, positions,
-            write_pointer=write_pointer, generation=generation,
+            write_pointer=write_pointer, generation=generation, generations=generations,
         )  # fmt: skip
         return json_response(admin.changes_json(changes))
 

@@ -327,7 +327,7 @@ def routes(api: Api) -> list[Route]:
                     if not reads_block:
                         prepared = groups.prepare_commit_nowait(
                             ns, g.topic, g.group, g.member_id, g.positions, wp,
-                            generation=g.generation,
+                            generation=g.generation, generations=g.generations,
                         )  # fmt: skip
                     if prepared is None:
                         prepared = await api.blocking(
@@ -339,6 +339,7 @@ def routes(api: Api) -> list[Route]:
                             g.positions,
                             wp,
                             generation=g.generation,
+                            generations=g.generations,
                         )
                     carried.append(prepared)
             return carried, queued
