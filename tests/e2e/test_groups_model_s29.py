@@ -27,7 +27,9 @@ from tests.e2e.serverproc import ServerProcess
 from tests.e2e.test_groups_regressions_s29 import settle_read_ahead
 from tidings import Client
 from tidings.client._sync.group_consumer import GroupConsumer
+from tidings.client.base import DEFAULT_MEDIA
 from tidings.codec.groups import partition_of
+from tidings.codec.media import Media
 from tidings.errors import PartitionFenced, TidingsError, TransactionNotInProgress
 from tidings.structs import GroupAssignment, Message, MessageId, Record
 
@@ -87,10 +89,12 @@ class GroupsMachine(RuleBasedStateMachine):
     stats' group lag) are the model's."""
 
     url: ClassVar[str] = ""
+    #: The medium of the client's bodies (a transaction's one request among them).
+    media: ClassVar[Media] = DEFAULT_MEDIA
 
     def __init__(self) -> None:
         super().__init__()
-        self.client = Client(self.url)
+        self.client = Client(self.url, media=self.media)
         self.topic = "gm-" + uuid.uuid4().hex[:12]
         self.out = self.topic + "-out"
         self.client.create_topic(self.topic)
@@ -410,10 +414,55 @@ class GroupsMachine(RuleBasedStateMachine):
             self.outputs.append(marker)
         self.check_unchanged()
 
+    @precondition(lambda self: self.members and len(self.members) < 3)
+    @rule(
+        data=st.data(),
+        batch=st.sampled_from([2, 100]),
+        tell=st.booleans(),
+        then=st.sampled_from(["wait", "commit", "transaction"]),
+    )
+    def away_and_back(self, data: st.DataObject, batch: int, tell: bool, then: str) -> None:
+        """A member joins and leaves while the others hear nothing: the partitions it
+        took go back to the members they came from (the sticky assignment gives them to
+        whoever has fewest), held since a generation those did not hear of, and what
+        they were returned of them before cannot commit. With ``tell`` the server tells
+        them (an answer their application has not seen yet, as a poll's from another
+        thread): their commits are fenced all the same, by the generation they name.
+        ``then``: a member commits at once (random runs seldom get a commit in before
+        the member hears of the move otherwise), or the run goes on. Members are first
+        returned a message of every partition they own, where they hold no position of
+        one (so the member whose partition moves holds one of it), and the commit is
+        one of such a member's, where there is one."""
+        mine = {n: {p for p, o in self.owner.items() if o == n} for n in self.members}
+        short = sorted(n for n, m in self.members.items() if set(m.returned) != mine[n])
+        if short:
+            self.publish(8, 8)  # (keys k0..k7 fall in each of the 4 partitions)
+            for name in short:
+                self.drain(_Drawn(name))  # type: ignore[arg-type]
+        self.move_away_and_back(batch, tell)
+        fenced = [n for n, m in self.members.items() if self._fenced(m)]
+        who = _Drawn(data.draw(st.sampled_from(sorted(fenced or self.members))))
+        if then == "commit":
+            self.commit(who)  # type: ignore[arg-type]
+        elif then == "transaction":
+            outcome = data.draw(st.sampled_from(["commit", "abort"]))
+            self.commit_in_transaction(who, outcome, data.draw(st.booleans()))  # type: ignore[arg-type]
+
+    def move_away_and_back(self, batch: int, tell: bool) -> None:
+        """A member joins and leaves, quietly (see :meth:`away_and_back`)."""
+        self.add_member(batch, quiet=True)
+        self._close(self.members[f"m{self.joined:03d}"], quiet=True)
+        if tell:
+            for m in self.members.values():
+                call = self.client._api.group_heartbeat(self.topic, GROUP, m.member_id)
+                self.client._send(call)
+
     @precondition(lambda self: self.members)
     @rule(data=st.data(), quiet=st.booleans())
     def close(self, data: st.DataObject, quiet: bool) -> None:
-        m = self._member(data)
+        self._close(self._member(data), quiet)
+
+    def _close(self, m: MemberModel, quiet: bool) -> None:
         if not quiet:
             self.tell_all()
         m.consumer.close()
