@@ -355,9 +355,9 @@ def test_whose_partition_came_back_is_kept_across_a_restart(
 ) -> None:
     # Since when an owner holds each partition is durable with the assignment: after a
     # restart the member's commit of what it had before the move is still fenced (by the
-    # generation it names). A commit naming none (the one-request body has no room for
-    # it) from a member that made no call since the restart is fenced too: the server
-    # no longer knows what it told the member.
+    # generation it names). A commit naming none (as clients from before commits named
+    # one send) from a member that made no call since the restart is fenced too: the
+    # server no longer knows what it told the member.
     srv = start_store_server()
     with Client(srv.url) as client:
         first, ids = _moved_away_and_back(client, topic)

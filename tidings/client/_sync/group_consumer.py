@@ -562,11 +562,13 @@ class GroupConsumer(Iterator[Message]):
                 if self._returned.get(p) == position:
                     del self._returned[p]
             return
-        # A one request names no generation: the server takes the newest it told this
-        # member, which a poll answered ahead may have told it before the application
-        # saw it. That answer is learned first: if it shows a partition of these
-        # positions moved (away, or away and back), the transaction must not commit
-        # (its output would repeat the new owner's), as the server would refuse it.
+        # A poll answered ahead may have told this member of a move before the
+        # application saw it. That answer is learned first: if it shows a partition of
+        # these positions moved (away, or away and back), the transaction must not
+        # commit (its output would repeat the new owner's), and the server would refuse
+        # it (by the generation each position names; a server from before positions
+        # named one goes by the newest it told the member): refused here, the member
+        # is rewound before the application goes on.
         positions = dict(self._returned)
         self._learn_ahead()
         if self._returned != positions:
@@ -601,12 +603,13 @@ class GroupConsumer(Iterator[Message]):
 
     def _check_held(self, held: TransactionGroupCommit, generations: Mapping[int, int]) -> None:
         """Positions handed to a deferred transaction, just before it sends them: the
-        application may have polled or heartbeated since, and the server goes by the
-        newest generation it told this member, so it would take positions of a
-        partition that moved away and came back meanwhile (of the earlier ownership:
-        the transaction's output would repeat the new owner's). PartitionFenced for
-        those, and for partitions no longer ours; the transaction then aborts, which
-        rewinds this member."""
+        application may have polled or heartbeated since, and learned that a partition
+        of them moved away and came back meanwhile (they are of the earlier ownership:
+        the transaction's output would repeat the new owner's). The server fences them
+        by the generation each names, but a server from before positions named one
+        goes by the newest it told this member and would take them. PartitionFenced
+        for those, and for partitions no longer ours; the transaction then aborts,
+        which rewinds this member."""
         self._learn_ahead()
         assignment = self._assignment
         if assignment is None or assignment.member_id != held.member_id:

@@ -456,10 +456,11 @@ class TransactionContext(ContextState):
         """Begin, publish and commit as one request; False if the server cannot (503,
         or 413: nothing done)."""
         try:
-            # The server checks the positions against the newest generation it told
-            # each member, which may be after the member heard that a partition moved
-            # away and back: those positions are of its earlier ownership, and their
-            # output would repeat what the owner in between produced.
+            # A member may have heard since it handed its positions over that a
+            # partition of them moved away and back: those positions are of its earlier
+            # ownership, and their output would repeat what the owner in between
+            # produced. Refused before the request (a server from before positions named
+            # their generation would go by the newest it told the member).
             for commit, member, generations in self._group_commits:
                 member._check_held(commit, generations)
         except BaseException as exc:
