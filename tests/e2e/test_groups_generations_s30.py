@@ -179,3 +179,42 @@ def test_an_avro_body_without_generations_means_what_it_did(
         assert positions == {0: got.id, 1: None}
         assert [m.payload for m in client.poll(topic + "-out")] == [b"x"]
         member.close()
+
+
+@pytest.mark.parametrize("body", list(BODIES))
+@pytest.mark.parametrize("begin", ["one request", "deferred begin"])
+def test_a_partition_handed_over_again_after_it_moved_away_and_back_fails_the_transaction(
+    server: ServerProcess, topic: str, body: str, begin: str
+) -> None:
+    # The member hands a transaction its position of partition 1, which then moves to
+    # another member (which consumes and commits it) and comes back; the member hears
+    # of it, polls what came since and hands the transaction its new position of
+    # partition 1. The transaction's output still holds what came of the first batch,
+    # which the other member consumed too: it must not commit, as a transaction begun
+    # before the move (holding the first position) is invalidated by it. Before, the
+    # later position replaced the earlier one with its generation, and it committed.
+    media, headers = BODIES[body]
+    with Client(server.url, media=media) as client:
+        client.create_topic(topic)
+        client.create_topic(topic + "-out")
+        k1 = _key_of(1, 2)
+        a = client.consume(topic, group="g", follow=False, partitions=2, session_timeout=300.0)
+        client.publish(topic, [Record(b"m1", k1)])
+        with pytest.raises(PartitionFenced), client.transaction() as tx:
+            assert [m.payload for m in a.poll()] == [b"m1"]
+            tx.publish(topic + "-out", [_output(headers)])
+            a.commit(transaction=tx)
+            other = client.consume(topic, group="g", follow=False)
+            assert [m.payload for m in other] == [b"m1"]
+            other.commit()
+            other.close()
+            assert a.heartbeat().partitions == (0, 1)
+            client.publish(topic, [Record(b"m2", k1)])
+            assert [m.payload for m in a.poll()] == [b"m2"]
+            a.commit(transaction=tx)
+            before = client.describe_group(topic, "g").partitions
+            if begin == "deferred begin":
+                tx.start()
+        assert client.describe_group(topic, "g").partitions == before
+        assert client.poll(topic + "-out", transaction=client.snapshot()) == []
+        a.close()

@@ -289,8 +289,13 @@ class AsyncTransactionContext(ContextState):
                 # the newest for all would let the older positions of a partition that
                 # moved away and back since pass).
                 positions = {**held.positions, **commit.positions}
-                known = {p: g for p, g in known.items() if p not in commit.positions}
-                known |= generations
+                known = dict(known)
+                for p, g in generations.items():
+                    # A partition handed over again keeps the older generation: the
+                    # transaction's output holds what came of its earlier positions
+                    # too, a zombie's if it moved away and back in between (as a
+                    # transaction already begun holding them is invalidated by the move).
+                    known[p] = min(g, known.get(p, g))
                 merged = held._replace(
                     positions=positions,
                     # For a server that reads only this: the oldest fences them all.
