@@ -10,7 +10,8 @@ import pytest
 
 from tests.e2e.serverproc import ServerProcess
 from tests.e2e.test_groups_regressions_s29 import _key_of, _moved_away_and_back
-from tidings import Client
+from tidings import AsyncClient, Client
+from tidings.client._async.group_consumer import AsyncGroupConsumer
 from tidings.client._sync.group_consumer import GroupConsumer
 from tidings.codec import admin, avro
 from tidings.codec.media import AVRO_EXT, JSON
@@ -218,3 +219,49 @@ def test_a_partition_handed_over_again_after_it_moved_away_and_back_fails_the_tr
         assert client.describe_group(topic, "g").partitions == before
         assert client.poll(topic + "-out", transaction=client.snapshot()) == []
         a.close()
+
+
+async def test_the_async_client_names_each_held_positions_generation(
+    server: ServerProcess, topic: str
+) -> None:
+    # As test_positions_taken_across_a_rebalance_are_each_fenced_by_their_own_generation,
+    # through the asynchronous client (whose code the synchronous one is made from).
+    async with AsyncClient(server.url) as client:
+        await client.create_topic(topic)
+        await client.create_topic(topic + "-out")
+        k0, k1 = _key_of(0, 3), _key_of(1, 3)
+
+        async def member(member_id: str) -> AsyncGroupConsumer:
+            consumer = client.consume(
+                topic, group="g", follow=False, partitions=3, session_timeout=300.0
+            )
+            assert isinstance(consumer, AsyncGroupConsumer)
+            consumer._assignment = GroupAssignment(member_id, 0, (), 3, ())
+            await consumer._join()
+            return consumer
+
+        a = await member("a")
+        await client.publish(topic, [Record(b"m1", k1)])
+        with pytest.raises(PartitionFenced):
+            async with client.transaction() as tx:
+                assert [m.payload for m in await a.poll()] == [b"m1"]
+                await a.commit(transaction=tx)
+                b = await member("b")
+                assert (await a.heartbeat()).partitions == (0, 1)
+                await client.publish(topic, [Record(b"m2", k0)])
+                assert [m.payload for m in await a.poll()] == [b"m2"]
+                await a.commit(transaction=tx)
+                await client.publish(topic, [Record(b"m3", k1)])
+                x = await member("x")
+                assert [m.payload async for m in x] == [b"m1", b"m3"]
+                await x.commit()
+                await x.close()
+                assert a.member_id is not None
+                await client._send(client._api.group_heartbeat(topic, "g", a.member_id))
+                before = (await client.describe_group(topic, "g")).partitions
+                await tx.publish(topic + "-out", [b"out"])
+        assert (await client.describe_group(topic, "g")).partitions == before
+        snapshot = await client.snapshot()
+        assert await client.poll(topic + "-out", transaction=snapshot) == []
+        await a.close()
+        await b.close()
