@@ -29,7 +29,8 @@
     │   ├── OutOfOrderSequence        409  an idempotent publish skipped sequence numbers
     │   ├── UnknownProducerEpoch      409  an epoch of the transactional id never handed out
     │   ├── AckConflict               409  ack of a message whose lease passed to another worker
-    │   └── NotDelivered              409  ack of messages never delivered to the caller
+    │   ├── NotDelivered              409  ack of messages never delivered to the caller
+    │   └── BeginIdConflict           409  a begin id sent again with other begin parameters
     ├── TransactionNotInProgress      410  the transaction already ended; subclasses say how
     │   ├── TransactionCommitted      410
     │   ├── TransactionAborted        410
@@ -65,6 +66,7 @@ from typing import ClassVar
 __all__ = [
     "AckConflict",
     "BadRequest",
+    "BeginIdConflict",
     "ClientError",
     "ConfigError",
     "Conflict",
@@ -270,6 +272,12 @@ class NotDelivered(Conflict):
     popped from a server that restarted before the lease was written, or messages of
     another group); the message names them. Nothing was changed. A 409 rather than a
     400: the same request is right for the worker that popped them."""
+
+
+class BeginIdConflict(Conflict):
+    """A begin carries the ``beginId`` of a transaction still open that was begun with
+    another ``transactionalId``, ``epoch`` or ``timeout``: the id was used for another
+    begin, so answering that transaction would hand it to a stranger. Nothing was begun."""
 
 
 class TransactionNotInProgress(TidingsError):

@@ -10,6 +10,7 @@ sent it); an answer that does not fit raises :class:`~tidings.errors.ServerError
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -31,6 +32,7 @@ from tidings.structs import (
 )
 
 __all__ = [
+    "BEGIN_ID_MAX",
     "JoinRequest",
     "ProducerFields",
     "TransactionGroupCommit",
@@ -38,6 +40,7 @@ __all__ = [
     "assignment_json",
     "begin_request",
     "changes_json",
+    "check_begin_id",
     "end_json",
     "ended_json",
     "commit_request",
@@ -51,6 +54,7 @@ __all__ = [
     "pruned_json",
     "read_abort_request",
     "read_assignment",
+    "read_begin_id",
     "read_begin_request",
     "read_changes",
     "read_commit_request",
@@ -300,19 +304,45 @@ def _read_producer_fields(obj: Mapping[str, Any]) -> ProducerFields:
     return ProducerFields(_opt_str(obj, "transactionalId"), _opt_int(obj, "epoch", 0))
 
 
+#: A begin's idempotency key: what a client draws at random (hex, base64url, a UUID)
+#: fits, and nothing that needs escaping in a log line or a URL.
+BEGIN_ID_MAX = 64
+_BEGIN_ID = re.compile(rf"[A-Za-z0-9._~-]{{1,{BEGIN_ID_MAX}}}")
+
+
+def check_begin_id(value: object, field: str = "beginId") -> str:
+    """``value`` if it is a valid begin id; :class:`BadRequest` otherwise."""
+    if not isinstance(value, str) or _BEGIN_ID.fullmatch(value) is None:
+        raise BadRequest(
+            f"{field} must be 1-{BEGIN_ID_MAX} characters of A-Z a-z 0-9 . _ ~ -, got {value!r:.80}"
+        )
+    return value
+
+
 def begin_request(
-    timeout: float | None, transactional_id: str | None, epoch: int | None
+    timeout: float | None,
+    transactional_id: str | None,
+    epoch: int | None,
+    begin_id: str | None = None,
 ) -> dict[str, Any]:
     """A ``POST /v1/transactions`` body (also the head of a one-request transaction)."""
     body = _producer_fields(transactional_id, epoch)
     if timeout is not None:
         body["timeout"] = timeout
+    if begin_id is not None:
+        body["beginId"] = check_begin_id(begin_id, "begin_id")
     return body
 
 
 def read_begin_request(obj: Mapping[str, Any]) -> tuple[float | None, ProducerFields]:
     """The timeout (seconds) and producer fields of a begin body."""
     return _opt_number(obj, "timeout"), _read_producer_fields(obj)
+
+
+def read_begin_id(obj: Mapping[str, Any]) -> str | None:
+    """The ``beginId`` of a begin body (its idempotency key), if it has one."""
+    value = obj.get("beginId")
+    return None if value is None else check_begin_id(value)
 
 
 def commit_request(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tidings.codec import payload_frames, wire
+from tidings.codec.admin import BEGIN_ID_MAX
 from tidings.consumers.queues import MAX_ACK_TIMEOUT_MS, MAX_DELIVERIES_LIMIT
 from tidings.messaging.names import MAX_TTL
 from tidings.names import INT64_MAX
@@ -378,6 +379,14 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
                 "timeout": _nullable(timeout),
                 "transactionalId": _nullable(_TRANSACTIONAL_ID),
                 "epoch": _nullable(epoch),
+                "beginId": _nullable(
+                    {
+                        "type": "string",
+                        "pattern": f"^[A-Za-z0-9._~-]{{1,{BEGIN_ID_MAX}}}$",
+                        "description": "idempotency key: a begin sent again with it, "
+                        "while its transaction is open, answers that transaction",
+                    }
+                ),
             },
             **_PRODUCER_RULE,
         },
@@ -1375,7 +1384,13 @@ def _transaction_paths() -> dict[str, Any]:
                 {
                     "200": _json("the snapshot", _ref("TransactionSnapshot")),
                     **fenced,
+                    "409": _error(
+                        "an epoch of the transactional id never handed out "
+                        "(UnknownProducerEpoch), or a beginId sent again with another "
+                        "timeout, transactionalId or epoch (BeginIdConflict)"
+                    ),
                     **producer_unknown,
+                    "410": _error("the transaction the beginId began already ended"),
                     **full,
                 },
                 body={JSON: {"schema": _ref("BeginRequest")}},

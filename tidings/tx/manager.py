@@ -39,17 +39,18 @@ import math
 import os
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from tidings.clock import Clock, SystemClock
 from tidings.errors import (
     BadRequest,
+    BeginIdConflict,
     InvalidProducer,
     ServerError,
     ServiceUnavailable,
@@ -69,6 +70,7 @@ from tidings.tx.records import (
     Abort,
     Begin,
     Commit,
+    Invalidate,
     Outcome,
     Prune,
     Release,
@@ -79,6 +81,7 @@ from tidings.tx.state import Result, TxStateMachine
 from tidings.tx.stored import StoreLog, StoreTxStorage
 
 __all__ = [
+    "Begun",
     "Ending",
     "OneWriteCommit",
     "OpenTransaction",
@@ -93,6 +96,8 @@ _U = TypeVar("_U")
 
 #: Records that change nothing a reader sees.
 _NOT_VISIBLE = frozenset({Begin, Reserve, Release})
+#: Records that end the transaction they name.
+_ENDS = frozenset({Commit, Abort, Invalidate})
 
 #: How long ``snapshot(wait=False)`` may wait for the lock (seconds): longer than any
 #: decision takes, shorter than a log flush.
@@ -100,6 +105,29 @@ _NOWAIT_LOCK_TIMEOUT = 0.0005
 #: How often a one-write commit, waiting for the lock on the store's writer, looks
 #: whether a log rotation holds it (seconds).
 _ROTATION_POLL = 0.0005
+#: Begin ids of ended transactions kept (the newest), so that a late resend is told how
+#: its transaction ended rather than beginning another: a resend comes within a
+#: client's retries (seconds), and each costs ~200 bytes.
+_ENDED_BEGIN_IDS = 10_000
+
+
+class Begun(NamedTuple):
+    """A begin's answer: the snapshot, and whether a begin id sent before named it."""
+
+    transaction: Transaction
+    #: The begin id named a transaction begun before; nothing new was begun.
+    again: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Keyed:
+    """An open transaction begun with a begin id: its snapshot as begun, and what the
+    begin asked for (a resend must ask for the same)."""
+
+    transaction: Transaction
+    timeout_ms: int
+    transactional_id: str | None
+    epoch: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +229,12 @@ class TransactionManager:
         #: Begin time (ms) of the transactions begun by this process, for details();
         #: memory only (the log keeps expiries), trimmed by every timeout sweep.
         self._began: dict[int, int] = {}
+        #: Begin ids (idempotency keys of begins) of open transactions, and the write
+        #: pointer -> begin id map that forgets one as its transaction ends; then the
+        #: newest ended ones (-> write pointer). Memory only: see begin().
+        self._begin_ids: dict[str, _Keyed] = {}
+        self._begin_id_of: dict[int, str] = {}
+        self._ended_begin_ids: OrderedDict[str, int] = OrderedDict()
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -272,17 +306,21 @@ class TransactionManager:
         *,
         transactional_id: str | None = None,
         epoch: int | None = None,
+        begin_id: str | None = None,
     ) -> Transaction:
-        """Start a transaction; its snapshot says what it may see (seconds of ``timeout``)."""
+        """Start a transaction; its snapshot says what it may see (seconds of ``timeout``).
+
+        ``begin_id`` makes the begin safe to send again when its answer was lost: while
+        the transaction it began is open, a begin with the same id answers that
+        transaction again (its snapshot as first answered) and begins nothing;
+        once it ended, the begin fails as a commit would (410 how it ended, or
+        :class:`TransactionTimedOut` past its expiry); with other ``timeout``,
+        ``transactional_id`` or ``epoch`` it fails with :class:`BeginIdConflict`.
+        The ids are kept in memory: after a restart a resend begins a new transaction.
+        """
         timeout_ms = self._timeout_ms(timeout)
         result = self._run(
-            lambda now: self._noted(
-                now,
-                self._state.begin(
-                    now, timeout_ms, transactional_id, epoch, max_open=self.config.max_open
-                ),
-            ),
-            early=True,
+            self._begin_op(timeout_ms, transactional_id, epoch, begin_id), early=True
         )
         assert result.transaction is not None
         return result.transaction
@@ -293,6 +331,7 @@ class TransactionManager:
         *,
         transactional_id: str | None = None,
         epoch: int | None = None,
+        begin_id: str | None = None,
     ) -> Future[Transaction]:
         """:meth:`begin` without blocking: the future resolves once the begin is durable,
         or carries the error :meth:`begin` would raise."""
@@ -301,15 +340,116 @@ class TransactionManager:
         except TidingsError as exc:
             return _failed(exc)
         return self._run_future(
-            lambda now: self._noted(
+            self._begin_op(timeout_ms, transactional_id, epoch, begin_id),
+            _transaction_of,
+            early=True,
+        )
+
+    def begin_once_future(
+        self,
+        timeout: float | None = None,
+        *,
+        transactional_id: str | None = None,
+        epoch: int | None = None,
+        begin_id: str | None = None,
+    ) -> Future[Begun]:
+        """:meth:`begin_future` that also says whether ``begin_id`` named a transaction
+        begun before (nothing new was begun: the server counts no begin)."""
+        try:
+            timeout_ms = self._timeout_ms(timeout)
+        except TidingsError as exc:
+            return _failed(exc)
+        return self._run_future(
+            self._begin_op(timeout_ms, transactional_id, epoch, begin_id),
+            _begun,
+            early=True,
+        )
+
+    def _begin_op(
+        self,
+        timeout_ms: int,
+        transactional_id: str | None,
+        epoch: int | None,
+        begin_id: str | None,
+    ) -> Callable[[int], Result]:
+        def op(now: int) -> Result:
+            # Under the lock, as every op.
+            if begin_id is not None:
+                again = self._begun_before(now, begin_id, timeout_ms, transactional_id, epoch)
+                if again is not None:
+                    return again
+            result = self._noted(
                 now,
                 self._state.begin(
                     now, timeout_ms, transactional_id, epoch, max_open=self.config.max_open
                 ),
-            ),
-            _transaction_of,
-            early=True,
-        )
+            )
+            tx = result.transaction
+            if begin_id is not None and tx is not None:
+                # The snapshot as the state machine made it: a resend answered before
+                # the commits it shows are durable gets them shown as in progress
+                # again (_answer_early), as the first answer did.
+                self._begin_ids[begin_id] = _Keyed(tx, timeout_ms, transactional_id, epoch)
+                self._begin_id_of[tx.write_pointer] = begin_id
+            return result
+
+        return op
+
+    def _begun_before(
+        self,
+        now: int,
+        begin_id: str,
+        timeout_ms: int,
+        transactional_id: str | None,
+        epoch: int | None,
+    ) -> Result | None:
+        # Under the lock: the answer to a begin whose id began a transaction already
+        # (None: it did not, or too long ago to remember). The client never saw that
+        # transaction's snapshot (its answer was lost), so the snapshot it gets now is
+        # the first one it uses: the original, since the pointer was handed out then,
+        # and a snapshot taken later could show transactions that began after it.
+        keyed = self._begin_ids.get(begin_id)
+        if keyed is None:
+            ended = self._ended_begin_ids.get(begin_id)
+            return None if ended is None else Result(error=self._ended_again(begin_id, ended))
+        wp = keyed.transaction.write_pointer
+        if (keyed.timeout_ms, keyed.transactional_id, keyed.epoch) != (
+            timeout_ms,
+            transactional_id,
+            epoch,
+        ):
+            return Result(
+                error=BeginIdConflict(
+                    f"beginId {begin_id!r} began transaction {wp} with another timeout, "
+                    "transactionalId or epoch; nothing was begun (draw a new id per begin)"
+                )
+            )
+        entry = self._state.in_progress.get(wp)
+        if entry is None:  # ended, and the sweep has not moved its id yet (fenced)
+            return Result(error=self._ended_again(begin_id, wp))
+        if now >= entry.expiry_ms:
+            return Result(
+                error=TransactionTimedOut(
+                    f"beginId {begin_id!r} began transaction {wp}, which timed out"
+                )
+            )
+        return Result(transaction=keyed.transaction, again=True)
+
+    def _ended_again(self, begin_id: str, write_pointer: int) -> TidingsError:
+        error = self._state.ended_error(write_pointer, "begin again")
+        reason = error.message.partition(": ")[2]  # past "cannot ... transaction N"
+        return type(error)(f"beginId {begin_id!r} began transaction {write_pointer}; {reason}")
+
+    def _forget_begin_id(self, write_pointer: int) -> None:
+        # Under the lock: the transaction ended; keep its id among the newest ended.
+        begin_id = self._begin_id_of.pop(write_pointer, None)
+        if begin_id is None:
+            return
+        self._begin_ids.pop(begin_id, None)
+        ended = self._ended_begin_ids
+        ended[begin_id] = write_pointer
+        while len(ended) > _ENDED_BEGIN_IDS:
+            ended.popitem(last=False)
 
     def commit(
         self,
@@ -620,6 +760,9 @@ class TransactionManager:
             in_progress = self._state.in_progress
             for wp in [wp for wp in self._began if wp not in in_progress]:
                 del self._began[wp]
+            # Fencing ends transactions inside its Register record: caught here.
+            for wp in [wp for wp in self._begin_id_of if wp not in in_progress]:
+                self._forget_begin_id(wp)
         if forgotten:
             log.info("forgot %d idle transactional ids: %s", len(forgotten), forgotten[:10])
         return expired
@@ -715,6 +858,10 @@ class TransactionManager:
             visible = any(type(r) not in _NOT_VISIBLE for r in result.records)
             if visible:
                 self._visible_seq = seq
+                if self._begin_id_of:
+                    for record in result.records:
+                        if type(record) in _ENDS:
+                            self._forget_begin_id(record.write_pointer)  # type: ignore[union-attr]
             if wal is not None:
                 self._track(result, seq, wal.durable)
                 if early and result.transaction is not None:
@@ -992,6 +1139,11 @@ def _settle(future: Future[_T], fn: Callable[[], _T]) -> None:
 def _transaction_of(result: Result) -> Transaction:
     assert result.transaction is not None
     return result.transaction
+
+
+def _begun(result: Result) -> Begun:
+    assert result.transaction is not None
+    return Begun(result.transaction, result.again)
 
 
 def _none(result: Result) -> None:

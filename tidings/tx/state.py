@@ -92,6 +92,9 @@ class Result:
     #: How an abort or invalidate left the transaction (what it did, or how the
     #: transaction had ended already).
     outcome: Outcome | None = None
+    #: A begin answered with a transaction begun before (a resent begin id): nothing
+    #: new was begun.
+    again: bool = False
 
 
 @dataclass(frozen=True, slots=True)

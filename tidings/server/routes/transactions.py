@@ -190,18 +190,23 @@ def routes(api: Api) -> list[Route]:
         tx = api.tx
         if request.method in ("GET", "HEAD"):
             return json_response(admin.state_json(await api.blocking(tx.state)))
-        timeout, (transactional_id, epoch) = admin.read_begin_request(
-            await body(request, "begin request")
-        )
+        obj = await body(request, "begin request")
+        timeout, (transactional_id, epoch) = admin.read_begin_request(obj)
+        begin_id = admin.read_begin_id(obj)
         _may_use(request, transactional_id)
         try:
-            snapshot = await _result(
-                api.inbox, tx.begin_future(timeout, transactional_id=transactional_id, epoch=epoch)
+            begun = await _result(
+                api.inbox,
+                tx.begin_once_future(
+                    timeout, transactional_id=transactional_id, epoch=epoch, begin_id=begin_id
+                ),
             )
         except TooManyTransactions:
             counts.refused += 1
             raise
-        counts.begun += 1
+        snapshot = begun.transaction
+        if not begun.again:  # a resent begin id began nothing
+            counts.begun += 1
         return json_response(admin.snapshot_json(snapshot, encode_transaction(snapshot)))
 
     @api.endpoint(PREFIX + "/{wp}/commit")
