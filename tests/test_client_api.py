@@ -183,7 +183,12 @@ def test_a_wait_that_is_not_a_finite_number_is_refused_before_sending(wait: obje
 def test_transaction_calls() -> None:
     begin = api().begin(10, "producer", 3)
     assert begin.request.url == f"{URL}/v1/transactions"
-    assert orjson.loads(begin.request.body) == {
+    body = orjson.loads(begin.request.body)
+    # A fresh begin id makes the begin safe to send again (docs/client.md).
+    begin_id = body.pop("beginId")
+    assert len(begin_id) == 32 and int(begin_id, 16) >= 0
+    assert begin.request.idempotent
+    assert body == {
         "timeout": 10,
         "transactionalId": "producer",
         "epoch": 3,

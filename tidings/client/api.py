@@ -10,6 +10,7 @@ as its Tidings class. Both clients send the same calls, so they cannot drift.
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -818,10 +819,19 @@ class RestApi:
         return self._json_call("POST", url, _begun, body, idempotent=False)
 
     def begin(
-        self, timeout: float | None, transactional_id: str | None, epoch: int | None
+        self,
+        timeout: float | None,
+        transactional_id: str | None,
+        epoch: int | None,
+        begin_id: str | None = None,
     ) -> Call[Transaction]:
-        body = admin.begin_request(check_timeout(timeout), transactional_id, epoch)
-        return self._json_call("POST", self._tx_url, _begun, body)
+        """A begin under ``begin_id`` (a fresh random one if None): the server answers
+        the same transaction to the same id while it is open, so the request is safe
+        to send again when its answer was lost."""
+        if begin_id is None:
+            begin_id = secrets.token_hex(16)
+        body = admin.begin_request(check_timeout(timeout), transactional_id, epoch, begin_id)
+        return self._json_call("POST", self._tx_url, _begun, body, idempotent=True)
 
     def commit(
         self,

@@ -702,9 +702,17 @@ class Client(BaseClient):
         *,
         transactional_id: str | None = None,
         epoch: int | None = None,
+        begin_id: str | None = None,
     ) -> Transaction:
-        """Begin a transaction (``timeout`` seconds; the server's default if None)."""
-        return self._send(self._api.begin(timeout, transactional_id, epoch))
+        """Begin a transaction (``timeout`` seconds; the server's default if None).
+
+        The begin carries ``begin_id`` (a fresh random one if None), so it is resent
+        per the retry policy when its answer is lost: the server answers the
+        transaction that id began, rather than begin another that nobody could end.
+        An id is for one begin; one already used for another fails with
+        :class:`~tidings.errors.BeginIdConflict` or, once its transaction ended, with
+        the error saying how (410)."""
+        return self._send(self._api.begin(timeout, transactional_id, epoch, begin_id))
 
     def commit(
         self,
