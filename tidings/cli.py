@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -23,7 +24,7 @@ import click
 import orjson
 
 from tidings.errors import ConfigError, TidingsError, TransactionInvalid, TransactionTimedOut
-from tidings.names import DEFAULT_URL, INT64_MAX
+from tidings.names import DEFAULT_URL, INT64_MAX, MAX_TTL
 from tidings.structs import MessageId, Record
 
 if TYPE_CHECKING:
@@ -86,7 +87,10 @@ class _Main(click.Group):
         except click.UsageError as exc:  # a subcommand's arguments, or a check of ours
             raise _one_line(exc) from None
         except TidingsError as exc:
-            raise click.ClickException(f"{type(exc).__name__}: {exc.message}") from None
+            # The message may come from the server (or whatever answers at the URL):
+            # a line break in it must not make two lines, nor an escape reach the terminal.
+            message = _escape_controls(exc.message)
+            raise click.ClickException(f"{type(exc).__name__}: {message}") from None
         except BrokenPipeError:
             # The reader went away (``tidings consume t | head``): not an error. Point
             # stdout at /dev/null so the interpreter's final flush does not fail again.
@@ -156,15 +160,30 @@ def _check_token(token: str | None) -> str | None:
     from tidings.client.base import bearer_token  # the client loads only when used
 
     try:
-        return bearer_token(token)
+        token = bearer_token(token)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--token") from None
+    _check_text(token, "--token", shown=False)
+    return token
+
+
+def _check_text(value: str | None, option: str, *, shown: bool = True) -> None:
+    """A usage error for text that holds bytes no encoding gives back (an argument that
+    was not UTF-8): it could not be sent, and failed with a traceback where it was."""
+    if value is None:
+        return
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        what = f"{value!r} is" if shown else "it is"
+        raise click.BadParameter(f"{what} not UTF-8 text", param_hint=option) from None
 
 
 def _with_scheme(url: str, option: str = "--url") -> str:
     """``host:port`` means ``http://host:port``; anything else that is no http(s) URL
     with a host (and a port in range, if any) is a usage error (one line, exit 2)."""
     given = url
+    _check_text(url, option)
     url = url.strip()
     if "://" not in url:
         url = "http://" + url
@@ -254,6 +273,7 @@ def auth_token(name: str) -> None:
     """
     from tidings.server.auth import new_token
 
+    _check_text(name, "--name")
     token, digest = new_token()
     click.echo(f"token: {token}")
     click.echo("")
@@ -318,14 +338,32 @@ def _client(ctx: click.Context) -> Client:
     return client
 
 
-def _pairs(values: Iterable[str], what: str) -> dict[str, str]:
+def _pairs(values: Iterable[str], what: str, *, raw_values: bool = False) -> dict[str, str]:
+    """NAME=VALUE items; names (and values, unless ``raw_values``: the caller takes their
+    bytes with :func:`os.fsencode`) must be UTF-8 text."""
     out: dict[str, str] = {}
     for item in values:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise click.BadParameter(f"expected NAME=VALUE, got {item!r}", param_hint=what)
+        _check_text(name, what)
+        if not raw_values:
+            _check_text(value, what)
         out[name] = value
     return out
+
+
+class _Seconds(click.FloatRange):
+    """A number of seconds: infinity and NaN are refused as wrong usage (the client
+    refuses them, and that was a traceback)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return seconds
 
 
 def _emit_json(value: object) -> None:
@@ -381,7 +419,7 @@ def topics() -> None:
     """Create, list, describe, update and delete topics."""
 
 
-_ttl_option = click.option("--ttl", type=click.IntRange(min=1), help="Retention in seconds.")
+_ttl_option = click.option("--ttl", type=click.IntRange(1, MAX_TTL), help="Retention in seconds.")
 _property_option = click.option(
     "--property", "-p", "props", multiple=True, metavar="NAME=VALUE", help="A topic property."
 )
@@ -520,10 +558,14 @@ def publish(
 
     Returns once every message is durable; with --tx, once the transaction committed.
     """
-    header_map = {k: v.encode() for k, v in _pairs(headers, "--header").items()}
-    raw_key = None if key is None else key.encode()
+    # Arguments as the bytes the shell passed (os.fsencode undoes Python's decoding):
+    # one that is no UTF-8 is published as it is, as a line of stdin would be.
+    header_map = {
+        k: os.fsencode(v) for k, v in _pairs(headers, "--header", raw_values=True).items()
+    }
+    raw_key = None if key is None else os.fsencode(key)
     payloads: Iterable[bytes] = (
-        [m.encode() for m in messages] if messages else _stdin_lines(sys.stdin.buffer)
+        [os.fsencode(m) for m in messages] if messages else _stdin_lines(sys.stdin.buffer)
     )
     records = (Record(p, raw_key, header_map) for p in payloads)
     client = _client(ctx)
@@ -922,9 +964,9 @@ def queues_delete(ctx: click.Context, topic: str, queue: str) -> None:
 @main.command()
 @click.argument("topic")
 @click.option("--group", "-g", required=True, help="The queue (a named group of TOPIC).")
-@click.option("--count", "-n", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--count", "-n", type=click.IntRange(1, INT64_MAX), default=1, show_default=True)
 @click.option("--ack", is_flag=True, help="Ack what was popped (else it goes back at exit).")
-@click.option("--wait", type=click.FloatRange(min=0), default=0, show_default=True,
+@click.option("--wait", type=_Seconds(min=0), default=0, show_default=True,
               help="Seconds to wait for a message when none is available.")  # fmt: skip
 @click.option(
     "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
@@ -1421,6 +1463,10 @@ _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
     ord("\r"): "\\r",
     ord("\t"): "\\t",
 }
+
+
+def _escape_controls(text: str) -> str:
+    return text.translate(_CONTROLS)
 
 
 def _preview(payload: bytes, width: int = 40) -> str:

@@ -9,7 +9,15 @@ import re
 
 from tidings.errors import InvalidName
 
-__all__ = ["DEFAULT_PORT", "DEFAULT_URL", "INT64_MAX", "INT64_MIN", "NAME_PATTERN", "check_name"]
+__all__ = [
+    "DEFAULT_PORT",
+    "DEFAULT_URL",
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_TTL",
+    "NAME_PATTERN",
+    "check_name",
+]
 
 #: Where ``tidings serve`` listens by default, and where clients look without a URL.
 DEFAULT_PORT = 8470
@@ -18,6 +26,9 @@ DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 #: Signed 64-bit bounds: write pointers, timestamps in ms, and the Avro ``long``.
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+
+#: The largest topic ttl (seconds) whose milliseconds still fit in a signed 64-bit integer.
+MAX_TTL = INT64_MAX // 1000
 
 #: Namespace and topic names (also consumer group names): 1-128 of ``[A-Za-z0-9_-]``.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")

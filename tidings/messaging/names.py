@@ -10,13 +10,11 @@ from collections.abc import Mapping
 
 from tidings.codec.json_bodies import whole
 from tidings.errors import InvalidProperties
-from tidings.names import INT64_MAX
+from tidings.names import MAX_TTL
 
 __all__ = ["MAX_TTL", "TTL_PROPERTY", "normalize_properties", "parse_ttl"]
 
 TTL_PROPERTY = "ttl"
-#: The largest ttl (seconds) whose milliseconds still fit in a signed 64-bit integer.
-MAX_TTL = INT64_MAX // 1000
 
 
 def parse_ttl(value: object) -> int:
