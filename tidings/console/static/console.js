@@ -475,12 +475,15 @@ async function topicRows(names) {
         const [meta, stats] = await Promise.all([get(topicPath(name)), get(topicPath(name, "/stats"))]);
         out[i] = { name, meta, stats };
       } catch (err) {
-        out[i] = { name, error: err.message };
+        // As settle(): a 401 fails the page (start() takes over); a topic deleted
+        // meanwhile is left out; any other refusal is this row's, with its status.
+        if (err instanceof ApiError && err.status === 401) throw err;
+        out[i] = err instanceof ApiError && err.status === 404 ? null : { name, error: errorText(err) };
       }
     }
   }
   await Promise.all(Array.from({ length: Math.min(6, names.length) }, worker));
-  return out;
+  return out.filter(Boolean);
 }
 
 async function topicsPage() {
@@ -489,10 +492,16 @@ async function topicsPage() {
   const now = Date.now();
   const body = rows.map((row) => {
     const link = h("a", { href: `#/topic/${encodeURIComponent(row.name)}` }, row.name);
-    if (row.hidden || row.error) {
+    if (row.hidden) {
       return h("tr", { "data-topic": row.name },
-        h("td", {}, row.hidden ? row.name : link),
-        h("td", { colspan: 7, class: "muted" }, row.hidden ? "no publish or consume rights" : row.error),
+        h("td", {}, row.name),
+        h("td", { colspan: 7, class: "muted" }, "no publish or consume rights"),
+        h("td", {}));
+    }
+    if (row.error) {
+      return h("tr", { "data-topic": row.name },
+        h("td", {}, link),
+        h("td", { colspan: 7 }, notice("error", row.error)),
         h("td", {}));
     }
     const s = row.stats;
@@ -519,7 +528,7 @@ async function topicsPage() {
   show(
     heading("Topics", `Namespace ${namespace()}`, refreshButton()),
     create,
-    panel("Topics", `${names.length} in ${namespace()}`, table(
+    panel("Topics", `${rows.length} in ${namespace()}`, table(
       ["Name", ["Messages", "num"], ["Size", "num"], ["TTL", "num"], ["Publish rate", "num"],
         ["Fetch rate", "num"], "Last message", "", ""],
       body,
