@@ -6,6 +6,10 @@
 // ever interpreted as markup.
 
 const TOKEN_KEY = "tidings.token";
+// The principal a server at this address accepted the kept token for, in this tab: a
+// server that then does not know the token is one whose auth file lacks it, not a sign
+// that the token is worthless everywhere.
+const PRINCIPAL_KEY = "tidings.principal";
 const NAMESPACE_KEY = "tidings.namespace";
 const PAGE_SIZES = [10, 20, 50, 100];
 const RATES_EVERY_MS = 3000;
@@ -1114,13 +1118,14 @@ function sendable(token) {
   return /^[\x20-\x7e\xa0-\xff]+$/.test(token);
 }
 
-function loginPage(message) {
+function loginPage(message, retry = null) {
   const token = h("input", { type: "password", id: "token", autocomplete: "current-password", required: true });
   show(h("div", { class: "login panel" },
     h("h1", {}, "Log in"),
     h("p", { class: "muted" }, "This server needs a token: the one ", h("code", {}, "tidings auth token"),
       " printed for your principal. It is kept in this tab only."),
     message ? notice("error", message) : null,
+    retry ? h("p", {}, h("button", { type: "button", id: "retry-token", onclick: retry }, "Try again")) : null,
     h("form", {
       id: "login-form",
       onsubmit: (event) => {
@@ -1131,6 +1136,7 @@ function loginPage(message) {
           return;
         }
         sessionStorage.setItem(TOKEN_KEY, value);
+        sessionStorage.removeItem(PRINCIPAL_KEY);
         start();
       },
     }, h("label", { for: "token" }, "Token"), token, h("button", { type: "submit", id: "login" }, "Log in"))));
@@ -1146,8 +1152,11 @@ function renderSession() {
     append(who, ["Signed in as ", h("b", {}, me.name), me.admin ? " (admin)" : ""]);
   } else if (me && !me.auth) {
     append(who, ["No auth file: open to all"]);
+  } else if (me && sessionStorage.getItem(PRINCIPAL_KEY) && sessionStorage.getItem(TOKEN_KEY)) {
+    append(who, ["Token of ", h("b", {}, sessionStorage.getItem(PRINCIPAL_KEY)), " kept (refused here)"]);
   }
-  logout.hidden = !(me && me.auth && me.name);
+  // A token kept while the server that answered refuses it can be dropped too.
+  logout.hidden = !((me && me.auth && me.name) || (sessionStorage.getItem(PRINCIPAL_KEY) && sessionStorage.getItem(TOKEN_KEY)));
   document.getElementById("nav-transactions").hidden = !may.admin();
 }
 
@@ -1204,6 +1213,7 @@ async function start() {
   const kept = sessionStorage.getItem(TOKEN_KEY);
   if (kept && !sendable(kept)) {
     sessionStorage.removeItem(TOKEN_KEY);
+    sessionStorage.removeItem(PRINCIPAL_KEY);
     state.me = null;
     loginPage(UNSENDABLE);
     return;
@@ -1237,13 +1247,31 @@ async function start() {
         "(SIGHUP). Refresh tries again."));
     return;
   }
+  const acceptedFor = kept ? sessionStorage.getItem(PRINCIPAL_KEY) : null;
+  if (state.me.auth && !state.me.name && acceptedFor) {
+    // A server at this address accepted this token earlier in this tab, and the one
+    // that answered now does not know it: several servers answer here and their auth
+    // files differ (or the principal was removed). Dropping the token logged the user
+    // out of the others too: it is kept, to try again or replace.
+    loginPage(
+      "No principal has this token. That is what the server that answered says, yet a " +
+      `server at this address accepted it for ${acceptedFor} earlier in this tab: if ` +
+      "several servers answer here, this one's auth file lacks that principal (changed " +
+      "and not reloaded, or not yet everywhere). The token is kept for the others: try " +
+      "again, log in with another token, or log out.",
+      () => start());
+    return;
+  }
   if (state.me.auth && !state.me.name) {
     // The token this call sent (read before the await): several refused requests of
     // one page each call start(), and the first to get here drops the token.
     sessionStorage.removeItem(TOKEN_KEY);
+    sessionStorage.removeItem(PRINCIPAL_KEY);
+    renderSession();
     loginPage(kept ? "No principal has this token." : null);
     return;
   }
+  if (state.me.auth) sessionStorage.setItem(PRINCIPAL_KEY, state.me.name);
   route();
 }
 
@@ -1262,6 +1290,7 @@ function setUp() {
   });
   document.getElementById("logout").addEventListener("click", () => {
     sessionStorage.removeItem(TOKEN_KEY);
+    sessionStorage.removeItem(PRINCIPAL_KEY);
     state.me = null;
     start();
   });
