@@ -570,30 +570,31 @@ def publish(
     records = (Record(p, raw_key, header_map) for p in payloads)
     client = _client(ctx)
     count = 0
-    with _progress(len(messages) or None, f"publishing to {topic}") as progress:
-        task = progress.task_ids[0]
-        if tx:
+    if tx:
+        with _progress(len(messages) or None, f"publishing to {topic}") as progress:
+            task = progress.task_ids[0]
             with client.transaction() as transaction:
                 for batch in _batches(records, batch_size, _record_bytes):
                     transaction.publish(topic, batch)
                     count += len(batch)
                     progress.advance(task, len(batch))
-            click.echo(f"published {count} message(s) to {topic} in transaction "
-                       f"{transaction.write_pointer}")  # fmt: skip
-            return
-        try:
+        click.echo(f"published {count} message(s) to {topic} in transaction "
+                   f"{transaction.write_pointer}")  # fmt: skip
+        return
+    try:
+        with _progress(len(messages) or None, f"publishing to {topic}") as progress:
+            task = progress.task_ids[0]
             for batch in _batches(records, batch_size, _record_bytes):
                 client.publish(topic, batch)
                 count += len(batch)
                 progress.advance(task, len(batch))
-        except TidingsError:
-            if count:
-                # Those are durable: whoever runs the input again publishes them twice.
-                click.echo(
-                    f"{count} message(s) were published to {topic} before the error below",
-                    err=True,
-                )
-            raise
+    except (TidingsError, KeyboardInterrupt) as exc:
+        # Those are durable: whoever runs the input again publishes them twice. (Ctrl-C
+        # may end the input too, and then land anywhere up to here.)
+        if count:
+            why = "the error below" if isinstance(exc, TidingsError) else "the interrupt"
+            click.echo(f"{count} message(s) were published to {topic} before {why}", err=True)
+        raise
     click.echo(f"published {count} message(s) to {topic}")
 
 

@@ -8,7 +8,13 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -379,3 +385,41 @@ def test_any_option_value_is_an_answer_or_one_line(command: list[str], value: st
         return  # auth token: any UTF-8 name is fine
     one_line(result, result.exit_code)
     assert result.exit_code in (1, 2)
+
+
+def test_an_interrupted_publish_says_how_much_was_published(
+    server: ServerProcess, topic: str
+) -> None:
+    """Ctrl-C in ``cat lines | tidings publish t`` said only "Aborted!": whoever ran the
+    input again published twice what had gone out. It says how many now, as a failed
+    request does."""
+    with Client(server.url) as client:
+        client.create_topic(topic)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidings", "publish", topic, "--batch-size", "1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "TIDINGS_URL": server.url},
+    )
+    try:
+        assert proc.stdin is not None and proc.stderr is not None
+        proc.stdin.write(b"one\ntwo\n")
+        proc.stdin.flush()
+        deadline = time.monotonic() + 20
+        with Client(server.url) as client:
+            while len(client.poll(topic)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        # Stdin stays open (no end of input) until the command has ended.
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=20)
+        err = proc.stderr.read().decode()
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == 1, err
+    lines = err.strip().splitlines()
+    # The second publish may still wait for its answer: then it is not counted.
+    said = rf"[12] message\(s\) were published to {topic} before the interrupt"
+    assert re.fullmatch(said, lines[0]), lines
+    assert lines[-1] == "Aborted!" and "Traceback" not in err
