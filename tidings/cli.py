@@ -1339,8 +1339,9 @@ def _inspect_store(view: ReadView, path: Path) -> None:
     # columns, the number columns giving way instead.
     longest = max((len(key) - len(keys.TOPIC_PREFIX) for key, _ in records), default=0)
     listing.add_column("namespace/topic", min_width=min(longest, 24), overflow="fold")
+    # Figures fold as well: one cut short with "…" reads as another number.
     for column in ("id", "generation", "ttl s", "entries", "payload rows"):
-        listing.add_column(column, justify="right")
+        listing.add_column(column, justify="right", overflow="fold")
     for key, value in records:
         name = key[len(keys.TOPIC_PREFIX) :].decode("ascii", "replace")
         topic_id, _ = values.decode_topic_record(value)

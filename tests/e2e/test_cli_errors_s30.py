@@ -423,3 +423,22 @@ def test_an_interrupted_publish_says_how_much_was_published(
     said = rf"[12] message\(s\) were published to {topic} before the interrupt"
     assert re.fullmatch(said, lines[0]), lines
     assert lines[-1] == "Aborted!" and "Traceback" not in err
+
+
+def test_inspect_shows_every_figure_whole(
+    start_server: Callable[..., ServerProcess], topic: str
+) -> None:
+    """The topics table cut a long figure with "…" in 80 columns (a ttl of
+    9223372036854775 s showed as 92233720368547…): a number cut short is another
+    number. It folds onto the next line now, as the names do."""
+    srv = start_server()
+    longest = 2**63 // 1000 - 1
+    with Client(srv.url) as client:
+        client.create_topic(topic, ttl=longest)
+    result = CliRunner().invoke(main, ["inspect", str(srv.data_dir)], terminal_width=80)
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "…" not in result.stdout
+    lines = result.stdout.splitlines()
+    row = next(i for i, line in enumerate(lines) if f"default/{topic}" in line)
+    cells = [line.split("│")[4].strip() for line in lines[row : row + 2]]
+    assert "".join(cells) == str(longest), cells
