@@ -373,7 +373,14 @@ def _emit_json(value: object) -> None:
 def _console() -> Console:
     from rich.console import Console
 
-    return Console(soft_wrap=True)
+    class _Quiet(Console):
+        def on_broken_pipe(self) -> None:
+            # rich exits 1 here; a reader that stops early (``tidings stats t | head``)
+            # is no error: the root group ends quietly with 0, as for click's output.
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _Quiet(soft_wrap=True)
 
 
 def _progress(total: int | None, description: str) -> Progress:

@@ -442,3 +442,26 @@ def test_inspect_shows_every_figure_whole(
     row = next(i for i, line in enumerate(lines) if f"default/{topic}" in line)
     cells = [line.split("│")[4].strip() for line in lines[row : row + 2]]
     assert "".join(cells) == str(longest), cells
+
+
+@pytest.mark.parametrize("command", [["stats", "{t}"], ["cluster"], ["topics", "list"]])
+def test_a_reader_gone_early_ends_tables_quietly_too(
+    server: ServerProcess, topic: str, command: list[str]
+) -> None:
+    """``tidings stats t | head -0`` exited 1 (rich's own handling of a closed pipe),
+    where ``consume`` and the plain outputs exit 0 quietly, as docs/cli.md says."""
+    with Client(server.url) as client:
+        client.create_topic(topic)
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tidings", *_fill(command, topic)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "TIDINGS_URL": server.url},
+            timeout=30,
+        )
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (0, b"")
