@@ -991,7 +991,14 @@ def pop(
     """
     client = _client(ctx)
     with client.queue(topic, group) as q:
-        messages = q.pop(count, wait=wait)
+        try:
+            messages = q.pop(count, wait=wait)
+        except TidingsError:
+            # The pop's error is the one to show: the release on leaving the block,
+            # failing too (no server there), would put its own in its place.
+            with contextlib.suppress(TidingsError):
+                q.close()
+            raise
         out = sys.stdout.buffer
         for message in messages:
             if fmt == "text":

@@ -465,3 +465,12 @@ def test_a_reader_gone_early_ends_tables_quietly_too(
     finally:
         os.close(write)
     assert (proc.returncode, proc.stderr) == (0, b"")
+
+
+def test_a_failed_pop_names_the_pop() -> None:
+    """With no server at the URL, ``pop`` said that it could not connect for
+    ``.../release`` (giving back on exit failed too, and its error took the pop's
+    place): the request that failed was the pop."""
+    result = CliRunner().invoke(main, ["pop", "t", "-g", "q"], env={"TIDINGS_URL": NOWHERE})
+    shown = one_line(result, 1)
+    assert shown.startswith("Error: TidingsConnectionError: ") and "/queues/q/pop" in shown, shown
