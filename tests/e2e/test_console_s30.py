@@ -169,3 +169,42 @@ def test_a_topic_row_whose_figures_are_refused_shows_the_status(
     finally:
         _stop_refusing(console, identifier)
     console.errors()
+
+
+def test_the_other_refusals_on_the_topic_pages_show_their_status_too(
+    console: Console,  # noqa: F811
+    server: ServerProcess,
+    namespace: str,  # noqa: F811
+) -> None:
+    """Creating a topic that exists, deleting one gone meanwhile, a message page or the
+    live rates refused: each showed the server's message without its status."""
+    with Client(server.url, namespace) as client:
+        for topic in ("kept", "doomed"):
+            client.create_topic(topic)
+            client.publish(topic, [b"one"])
+    console.open("#/topics")
+    console.find("#new-topic").send_keys("kept")
+    console.find("#create-topic").click()
+    assert console.wait_for("form .badge.bad").text.endswith("(409)")
+
+    with Client(server.url, namespace) as client:
+        client.delete_topic("doomed")  # while the page still lists it
+    console.find("tr[data-topic=doomed] [data-action=delete]").click()
+    console.wait_for("dialog#confirm[open]")
+    console.find("#confirm-ok").click()
+    shown = console.wait_for("#main > .notice.error").text
+    assert shown.startswith("Could not delete doomed: ") and shown.endswith("(404)"), shown
+
+    identifier = _refusing(
+        console,
+        (r"/topics/kept/(poll|messages)", 503, "ServiceUnavailable", "the store is busy"),
+        (r"/namespaces/[^/]+/topics$", 503, "ServiceUnavailable", "the store is busy"),
+    )
+    try:
+        console.open("#/topic/kept/messages?from=earliest&size=10")
+        assert "the store is busy (503)" in console.find("#main .notice.error").text
+        console.open("#/rates")
+        assert console.wait_for("#rates-stamp .badge.bad").text == "the store is busy (503)"
+    finally:
+        _stop_refusing(console, identifier)
+    console.errors()

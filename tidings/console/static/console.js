@@ -455,7 +455,7 @@ async function deleteTopic(topic, after) {
     await call("DELETE", topicPath(topic));
     after();
   } catch (err) {
-    main.prepend(notice("error", `Could not delete ${topic}: ${err.message}`));
+    main.prepend(notice("error", `Could not delete ${topic}: ${errorText(err)}`));
   }
 }
 
@@ -554,7 +554,7 @@ function createTopicForm() {
         await call("PUT", topicPath(name.value.trim()), body);
         route();
       } catch (err) {
-        result.replaceChildren(h("span", { class: "badge bad" }, err.message));
+        result.replaceChildren(h("span", { class: "badge bad" }, errorText(err)));
       }
     },
   }, h("label", {}, "New topic "), name, h("label", {}, "TTL (seconds) "), ttl,
@@ -911,7 +911,7 @@ async function browserPage(topic) {
   try {
     messages = await fetchPage(topic, p);
   } catch (err) {
-    failure = err.message;
+    failure = errorText(err);
   }
   const first = messages.length ? bytesToHex(b64ToBytes(messages[0].id)) : null;
   const last = messages.length ? bytesToHex(b64ToBytes(messages[messages.length - 1].id)) : null;
@@ -1077,7 +1077,7 @@ async function ratesPage() {
     try {
       sample = await sampleRates();
     } catch (err) {
-      stamp.replaceChildren(h("span", { class: "badge bad" }, err.message));
+      stamp.replaceChildren(h("span", { class: "badge bad" }, errorText(err)));
       return;
     }
     const points = state.rates.points;
