@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import math
 import os
 import sys
@@ -322,9 +323,29 @@ def _settings(ctx: click.Context) -> _Settings:
     return settings
 
 
+class _LogLines(logging.Handler):
+    """The client's warnings (a following consumer's outage) as one line each on
+    whatever stderr is now: the error they name may come from the server with line
+    breaks in it, or escapes for the terminal."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            click.echo(_escape_controls(self.format(record)), err=True)
+        except Exception:
+            self.handleError(record)
+
+
+def _log_lines() -> None:
+    logger = logging.getLogger("tidings.client")
+    if not any(isinstance(handler, _LogLines) for handler in logger.handlers):
+        handler = _LogLines(logging.WARNING)
+        logger.addHandler(handler)
+
+
 def _client(ctx: click.Context) -> Client:
     from tidings.client import Client
 
+    _log_lines()
     settings = _settings(ctx)
     verify: bool | str = True if settings.cacert is None else str(settings.cacert)
     client = Client(

@@ -240,7 +240,7 @@ class _Answers(http.server.BaseHTTPRequestHandler):
     """Answers every request with the class's status and body."""
 
     status = 503
-    body = b"<html><body>Service Unavailable</body></html>"
+    body = b"<html>\nService\nUnavailable\n</html>"
     content_type = "text/html"
 
     def _answer(self) -> None:
@@ -474,3 +474,36 @@ def test_a_failed_pop_names_the_pop() -> None:
     result = CliRunner().invoke(main, ["pop", "t", "-g", "q"], env={"TIDINGS_URL": NOWHERE})
     shown = one_line(result, 1)
     assert shown.startswith("Error: TidingsConnectionError: ") and "/queues/q/pop" in shown, shown
+
+
+class _BusyThenGone(_Answers):
+    """503 with a page of several lines twice, then the topic does not exist."""
+
+    answered = 0
+
+    def _answer(self) -> None:
+        type(self).answered += 1
+        if type(self).answered > 2:
+            self.status, self.content_type = 404, "application/json"
+            self.body = json.dumps({"error": "no topic t", "type": "TopicNotFound"}).encode()
+        super()._answer()
+
+    do_GET = do_POST = _answer
+
+
+def test_a_following_consumer_says_an_outage_in_one_line() -> None:
+    """``consume --follow`` says that the server stopped answering in one line (docs/
+    cli.md), but the error it names came as it was: a proxy's 503 page printed over
+    several lines."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BusyThenGone)
+    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        result = CliRunner().invoke(main, ["--url", url, "consume", "t", "--follow"])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert result.exit_code == 1, (result.output, result.exception)
+    outage, error = result.stderr.strip().splitlines()
+    assert outage.startswith("consumer of topic 't': ServiceUnavailable: <html>\\nService"), outage
+    assert error == "Error: TopicNotFound: no topic t"
