@@ -191,7 +191,10 @@ def _with_scheme(url: str, option: str = "--url") -> str:
     try:
         parts = urlsplit(url)
         port = parts.port  # raises for a port that is no number in 0..65535
-    except ValueError:
+        # A host name no DNS name can be (an empty or overlong label, a control
+        # character) failed at the connection with a traceback.
+        (parts.hostname or "").encode("idna")
+    except ValueError:  # UnicodeError included
         parts, port = None, None
     if (
         parts is None

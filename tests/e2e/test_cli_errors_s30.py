@@ -143,6 +143,9 @@ def test_unknown_and_bad_names_in_every_command(
         ["topics", "create", "{t}", "-p", "\udcff=a"],
         ["publish", "{t}", "-H", "\udcff=v", "a"],
         ["--url", "\udcff", "topics", "list"],
+        ["--url", "http://a..b:1", "topics", "list"],
+        ["--url", "\x80:1", "topics", "list"],
+        ["--transactions-url", "http://" + "a" * 64, "tx", "list"],
         ["--token", "tok\udcffen", "topics", "list"],
         ["auth", "token", "--name", "\udcff"],
         # And some that were already refused, in every command that takes them.
