@@ -59,7 +59,9 @@ class _UsageProblem(click.ClickException):
 
 def _one_line(exc: click.UsageError) -> click.ClickException:
     where = exc.ctx.command_path if exc.ctx is not None else "tidings"
-    return _UsageProblem(f"{exc.format_message().rstrip('.')} (see '{where} --help')")
+    # The message quotes what was given: a line break in an argument stays in the line.
+    message = _escape_controls(exc.format_message().rstrip("."))
+    return _UsageProblem(f"{message} (see '{where} --help')")
 
 
 class _Main(click.Group):
@@ -92,6 +94,9 @@ class _Main(click.Group):
             # a line break in it must not make two lines, nor an escape reach the terminal.
             message = _escape_controls(exc.message)
             raise click.ClickException(f"{type(exc).__name__}: {message}") from None
+        except click.ClickException as exc:  # ours, naming a path or topic as given
+            exc.message = _escape_controls(exc.message)
+            raise
         except BrokenPipeError:
             # The reader went away (``tidings consume t | head``): not an error. Point
             # stdout at /dev/null so the interpreter's final flush does not fail again.

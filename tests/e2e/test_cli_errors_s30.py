@@ -510,3 +510,20 @@ def test_a_following_consumer_says_an_outage_in_one_line() -> None:
     outage, error = result.stderr.strip().splitlines()
     assert outage.startswith("consumer of topic 't': ServiceUnavailable: <html>\\nService"), outage
     assert error == "Error: TopicNotFound: no topic t"
+
+
+def test_arguments_with_line_breaks_stay_on_the_error_line(
+    run: Run, server: ServerProcess, tmp_path: Path
+) -> None:
+    """An error that quotes what was given (an extra argument, a topic for inspect, a
+    directory) printed a line break in it as one: the one line became several."""
+    full = tmp_path / "full\nof things"
+    full.mkdir()
+    (full / "f").write_text("")
+    for args, status in (
+        (["topics", "list", "\r\nextra"], 2),
+        (["inspect", str(server.data_dir), "--topic", "a\nb"], 1),
+        (["backup", str(server.data_dir), str(full)], 2),
+    ):
+        shown = one_line(run(*args), status)
+        assert "\\n" in shown, shown
