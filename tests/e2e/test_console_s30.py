@@ -1,5 +1,5 @@
 """The web console with several servers behind one address whose auth files differ, and
-a Topics page row whose figures are refused (the driver and page helpers of
+a Topics page row whose figures are refused (the browser driver and the page object of
 test_console.py; skipped without Chromium)."""
 
 from __future__ import annotations
