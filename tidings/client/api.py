@@ -53,6 +53,7 @@ __all__ = [
     "READ_COMMITTED",
     "READ_UNCOMMITTED",
     "Call",
+    "IdsPage",
     "PollPage",
     "RestApi",
     "error_from_response",
@@ -101,7 +102,8 @@ class PollPage:
     ``count`` and ``last_id`` come from ``Tidings-Count`` and ``Tidings-Last-Id``
     (docs/api.md); ``count`` is None if the server sent no (or a malformed) count.
     ``more``: the page reached its byte bound (``Tidings-More``), so more may follow
-    however few messages it holds.
+    however few messages it holds. ``generation``: the generation of the topic the page
+    was read from (``Tidings-Topic-Generation``; None from a server that does not say).
     """
 
     body: bytes
@@ -109,6 +111,7 @@ class PollPage:
     count: int | None
     last_id: MessageId | None
     more: bool = False
+    generation: int | None = None
 
     def messages(self) -> list[Message]:
         """Decode the page (the costly part, which the consumer overlaps with I/O)."""
@@ -207,7 +210,26 @@ def _poll_page(response: Response, sent: Media) -> PollPage:
     except (ValueError, TidingsError):
         count, last = None, None
     more = last is not None and headers.get("tidings-more") == "true"
-    return PollPage(response.body, _response_media(response, sent), count, last, more)
+    return PollPage(
+        response.body, _response_media(response, sent), count, last, more, _generation(response)
+    )
+
+
+def _generation(response: Response) -> int | None:
+    """A poll answer's ``Tidings-Topic-Generation``, or None (absent or malformed)."""
+    raw = response.headers.get("tidings-topic-generation")
+    if raw is None or not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+        return None
+    return int(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class IdsPage:
+    """An ids-only poll's answer: the ids, and the generation of the topic they were read
+    from (``Tidings-Topic-Generation``; None from a server that does not say)."""
+
+    ids: list[MessageId]
+    generation: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -731,6 +753,27 @@ class RestApi:
 
         def decode(response: Response) -> list[MessageId]:
             return wire.decode_message_ids(response.body, _response_media(response, media))
+
+        return Call(request, decode, final)
+
+    def poll_ids_page(
+        self,
+        topic: str,
+        start: MessageId | int | None,
+        *,
+        inclusive: bool,
+        limit: int | None,
+        transaction: bytes | None,
+    ) -> Call[IdsPage]:
+        """:meth:`poll_ids`, with the generation of the topic the ids were read from."""
+        media = self.media
+        request, final = self._poll_request(
+            topic, start, inclusive, limit, transaction, None, None, ids_only=True
+        )
+
+        def decode(response: Response) -> IdsPage:
+            ids = wire.decode_message_ids(response.body, _response_media(response, media))
+            return IdsPage(ids, _generation(response))
 
         return Call(request, decode, final)
 

@@ -46,7 +46,7 @@ from tidings.structs import (
 )
 from tidings.tx.visibility import Visibility, classify
 
-__all__ = ["MessagingConfig", "MessagingService"]
+__all__ = ["FetchedFrom", "MessagingConfig", "MessagingService"]
 
 _I64 = struct.Struct(">q")
 
@@ -60,6 +60,15 @@ _MESSAGES = "messages"
 #: Columnar pages of a topic that go the general way after a plain page was given up
 #: on it (a topic's shape seldom changes; the walk given up costs a second read).
 _GENERAL_PAGES = 16
+
+
+@dataclass(slots=True)
+class FetchedFrom:
+    """What a fetch given one fills in: the generation of the topic its page was read
+    from, in the same store view, so a reader can tell the page's topic from one of the
+    same name deleted and created again (a poll answers it as a header)."""
+
+    generation: int | None = None
 
 
 @dataclass(frozen=True)
@@ -530,11 +539,12 @@ class MessagingService:
         limit: int | None = None,
         transaction: Transaction | None = None,
         count: bool = True,
+        source: FetchedFrom | None = None,
     ) -> tuple[bytes, int, MessageId | None]:
         """:meth:`fetch_ids` as an ids-only poll response body in ``media``, with the
         count and the last id (as :meth:`fetch_encoded`); the ids go from the store's
         keys into the body without a :class:`MessageId` each."""
-        raw = self._fetch_ids(namespace, topic, start, inclusive, limit, transaction, count)
+        raw = self._fetch_ids(namespace, topic, start, inclusive, limit, transaction, count, source)
         last = MessageId.from_bytes(raw[-1]) if raw else None
         return wire.encode_raw_message_ids(raw, media), len(raw), last
 
@@ -567,11 +577,13 @@ class MessagingService:
         limit: int | None,
         transaction: Transaction | None,
         count: bool = True,
+        source: FetchedFrom | None = None,
     ) -> list[bytes]:
         # Not bounded by bytes: an id is 20 of them, whatever its message holds.
         items = self._fetch(
-            namespace, topic, start, inclusive, limit, transaction, None, True, count=count
-        )
+            namespace, topic, start, inclusive, limit, transaction, None, True, count=count,
+            source=source,
+        )  # fmt: skip
         return cast("list[bytes]", items)  # with ids=True every item is a 20-byte id
 
     def fetch_items(
@@ -586,6 +598,7 @@ class MessagingService:
         transaction: Transaction | None = None,
         max_bytes: int | None = None,
         count: bool = True,
+        source: FetchedFrom | None = None,
     ) -> list[Message | bytes]:
         """:meth:`fetch`, with plain messages as their items of an Avro poll response in
         ``media`` (``bytes``, see :func:`tidings.codec.wire.avro_messages`) and the
@@ -593,7 +606,7 @@ class MessagingService:
         avro = AvroItems.for_media(media)
         return self._fetch(
             namespace, topic, start, inclusive, limit, transaction, avro,
-            max_bytes=max_bytes, count=count,
+            max_bytes=max_bytes, count=count, source=source,
         )  # fmt: skip
 
     def fetch_encoded(
@@ -608,6 +621,7 @@ class MessagingService:
         transaction: Transaction | None = None,
         max_bytes: int | None = None,
         count: bool = True,
+        source: FetchedFrom | None = None,
     ) -> tuple[bytes, int, MessageId | None]:
         """:meth:`fetch`, answered as a poll response body in ``media`` directly: the
         body, the number of messages in it and the last one's id (None if empty, for
@@ -615,7 +629,7 @@ class MessagingService:
         the body without a :class:`Message` each (the consumer's hot path)."""
         items = self.fetch_items(
             namespace, topic, media, start=start, inclusive=inclusive, limit=limit,
-            transaction=transaction, max_bytes=max_bytes, count=count,
+            transaction=transaction, max_bytes=max_bytes, count=count, source=source,
         )  # fmt: skip
         last: MessageId | None = None
         if items:
@@ -639,6 +653,7 @@ class MessagingService:
         transaction: Transaction | None = None,
         max_bytes: int | None = None,
         count: bool = True,
+        source: FetchedFrom | None = None,
     ) -> tuple[bytes, int, MessageId | None]:
         """:meth:`fetch_encoded` as a columnar poll response
         (:mod:`tidings.codec.columns`): plain and short-keyed messages go from the store
@@ -656,14 +671,14 @@ class MessagingService:
             plain = PlainPage()
             self._fetch(
                 namespace, topic, start, inclusive, limit, transaction, None,
-                columns=plain, max_bytes=max_bytes, count=count,
+                columns=plain, max_bytes=max_bytes, count=count, source=source,
             )  # fmt: skip
             if plain.complete:
                 return plain.encode(), len(plain), plain.last_id()
             self._general_pages[topic_key] = _GENERAL_PAGES
         columns = self.fetch_page_columns(
             namespace, topic, start=start, inclusive=inclusive, limit=limit,
-            transaction=transaction, max_bytes=max_bytes, count=count,
+            transaction=transaction, max_bytes=max_bytes, count=count, source=source,
         )  # fmt: skip
         ids = columns.ids
         last = MessageId.from_bytes(ids[-1]) if ids else None
@@ -680,6 +695,7 @@ class MessagingService:
         transaction: Transaction | None = None,
         max_bytes: int | None = None,
         count: bool = True,
+        source: FetchedFrom | None = None,
     ) -> PageColumns:
         """:meth:`fetch_columns` not encoded yet: the page's columns (what group pages
         hold, each member's answer a selection of its rows; ``cut`` says the page
@@ -687,7 +703,7 @@ class MessagingService:
         columns = PageColumns()
         self._fetch(
             namespace, topic, start, inclusive, limit, transaction, None,
-            columns=columns, max_bytes=max_bytes, count=count,
+            columns=columns, max_bytes=max_bytes, count=count, source=source,
         )  # fmt: skip
         return columns
 
@@ -704,6 +720,7 @@ class MessagingService:
         columns: PageColumns | PlainPage | None = None,
         max_bytes: int | None = None,
         count: bool = True,
+        source: FetchedFrom | None = None,
     ) -> list[Message | bytes]:
         check_name(namespace, "namespace")
         check_name(topic, "topic")
@@ -714,6 +731,8 @@ class MessagingService:
             raise BadRequest(f"transaction must be a Transaction, got {type(transaction)}")
         with self._store.read() as view:
             ref = self._topics.resolve(view, namespace, topic)
+            if source is not None:
+                source.generation = ref.state.generation
             out = fetch_messages(
                 view,
                 ref.topic_id,

@@ -888,7 +888,9 @@ def _messaging_paths() -> dict[str, Any]:
                         "description": (
                             "messages, oldest first (MessageIds with fields=id); headers "
                             "Tidings-Count and Tidings-Last-Id give the page's extent, "
-                            "Tidings-More: true that it reached its byte bound"
+                            "Tidings-More: true that it reached its byte bound, "
+                            "Tidings-Topic-Generation the generation of the topic it "
+                            "was read from"
                         ),
                         "content": {
                             # anyOf: an empty page is both an empty list of messages

@@ -30,6 +30,7 @@ from tidings.codec.media import JSON, Media
 from tidings.codec.payload_frames import names_frames
 from tidings.codec.transaction import decode_transaction
 from tidings.errors import BadRequest, RoleUnavailable
+from tidings.messaging.service import FetchedFrom
 from tidings.names import check_name
 from tidings.server.bodies import json_object, read_body, request_media, require_json
 from tidings.server.handlers import Api, json_response, principal_of
@@ -52,6 +53,8 @@ PRODUCER_HEADER = "Tidings-Producer-Id"
 SEQUENCE_HEADER = "Tidings-Sequence"
 #: Read-committed poll response header: the first entry of the oldest open transaction.
 LAST_STABLE_HEADER = "Tidings-Last-Stable-Id"
+#: Poll response header: the generation of the topic the page was read from.
+TOPIC_GENERATION_HEADER = "Tidings-Topic-Generation"
 #: Store response header (docs/api.md): the Payload Table range the store wrote.
 PAYLOAD_RANGE_HEADER = "Tidings-Payload-Range"
 #: The Content-Type of the empty answer to a non-transactional publish.
@@ -217,21 +220,24 @@ def routes(api: Api) -> list[Route]:
             manager_ = manager()  # its snapshot is taken right before each fetch
 
         columnar = not ids_only and wants_columns(request)
+        # Read in the fetch's own store view: a reader checking that the topic was not
+        # deleted and created again under it needs no request of its own.
+        source = FetchedFrom()
 
         def fetch(counted: bool = True) -> tuple[bytes, int, MessageId | None]:
             if columnar:
                 return messaging.fetch_columns(
                     ns, topic, start=req.start, inclusive=req.inclusive, limit=req.limit,
-                    transaction=tx, max_bytes=max_bytes, count=counted,
+                    transaction=tx, max_bytes=max_bytes, count=counted, source=source,
                 )  # fmt: skip
             if ids_only:
                 return messaging.fetch_ids_encoded(
                     ns, topic, media, start=req.start, inclusive=req.inclusive,
-                    limit=req.limit, transaction=tx, count=counted,
+                    limit=req.limit, transaction=tx, count=counted, source=source,
                 )  # fmt: skip
             return messaging.fetch_encoded(
                 ns, topic, media, start=req.start, inclusive=req.inclusive, limit=req.limit,
-                transaction=tx, max_bytes=max_bytes, count=counted,
+                transaction=tx, max_bytes=max_bytes, count=counted, source=source,
             )  # fmt: skip
 
         if wait_ms <= 0:
@@ -262,6 +268,8 @@ def routes(api: Api) -> list[Route]:
             messaging.count_fetch(ns, topic, count)
         # The page's extent, so a client can ask for the next page before decoding it.
         headers = {COUNT_HEADER: str(count)}
+        if source.generation is not None:
+            headers[TOPIC_GENERATION_HEADER] = str(source.generation)
         if last is not None:
             headers[LAST_ID_HEADER] = last.hex
             if not ids_only and len(body) >= messaging.max_bytes(max_bytes):
