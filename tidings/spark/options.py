@@ -21,6 +21,7 @@ from tidings.structs import MessageId
 
 __all__ = [
     "DEFAULT_FETCH_SIZE",
+    "DEFAULT_GENERATION_CHECK_INTERVAL",
     "DEFAULT_NAMESPACE",
     "DEFAULT_TRANSACTION_TIMEOUT",
     "Bound",
@@ -36,6 +37,9 @@ DEFAULT_NAMESPACE = "default"
 #: Messages asked for per poll: the server's maximum is 10,000; 5,000 1 KiB messages
 #: keep a response around 5 MiB.
 DEFAULT_FETCH_SIZE = 5_000
+#: Seconds between requests for the generation of a topic a streaming query finds
+#: nothing new in, where no poll of the query's told it (docs/spark.md).
+DEFAULT_GENERATION_CHECK_INTERVAL = 1.0
 #: Seconds a write's transaction may stay open: a whole batch job, or one micro-batch.
 DEFAULT_TRANSACTION_TIMEOUT = 600.0
 #: Records per ``store`` call and the bytes at which a call is sent early.
@@ -100,6 +104,9 @@ class ReadOptions:
     generations: Mapping[str, int] = field(default_factory=dict)
     #: False for ``spark.read``: only what an error says differs.
     streaming: bool = True
+    #: Streaming: at most one request per this many seconds for the generation of a
+    #: topic with nothing new whose generation no poll answered (0: at every trigger).
+    generation_check_interval: float = DEFAULT_GENERATION_CHECK_INTERVAL
 
     @property
     def committed(self) -> bool:
@@ -135,6 +142,7 @@ _READ_KEYS = {
     "isolation",
     "maxmessagespertrigger",
     "failondataloss",
+    "generationcheckinterval",
     "minpartitions",
     "fetchsize",
     "requesttimeout",
@@ -159,6 +167,7 @@ _NAMES = {
         "isolation",
         "maxMessagesPerTrigger",
         "failOnDataLoss",
+        "generationCheckInterval",
         "minPartitions",
         "fetchSize",
         "requestTimeout",
@@ -236,6 +245,19 @@ def _positive_float(options: Mapping[str, str], key: str, what: str) -> float | 
         raise ValueError(f"option {what} must be a positive number, got {text!r}") from None
     if not value > 0 or value != value or value == float("inf"):
         raise ValueError(f"option {what} must be a positive number, got {text!r}")
+    return value
+
+
+def _non_negative_float(options: Mapping[str, str], key: str, what: str) -> float | None:
+    text = _get(options, key)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"option {what} must be a number of seconds, got {text!r}") from None
+    if not 0 <= value < float("inf"):  # NaN fails this too
+        raise ValueError(f"option {what} must be a number of seconds (0 or more), got {text!r}")
     return value
 
 
@@ -432,8 +454,13 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         for key in ("endingmessageid", "endingtimestamp"):
             if key in opts:
                 raise ValueError(f"option {key} applies to batch reads only")
-    elif "maxmessagespertrigger" in opts:
-        raise ValueError("option maxMessagesPerTrigger applies to streaming reads only")
+    else:
+        for key, name in (
+            ("maxmessagespertrigger", "maxMessagesPerTrigger"),
+            ("generationcheckinterval", "generationCheckInterval"),
+        ):
+            if key in opts:
+                raise ValueError(f"option {name} applies to streaming reads only")
     topics = _topics(_get(opts, "topic"), required=True)
     isolation = (_get(opts, "isolation") or "read_committed").lower()
     if isolation not in ("read_committed", "read_uncommitted"):
@@ -462,7 +489,13 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         fail_on_data_loss=_boolean(opts, "failondataloss", "failOnDataLoss", default=True),
         generations=generations,
         streaming=streaming,
+        generation_check_interval=_checked_interval(opts),
     )
+
+
+def _checked_interval(opts: Mapping[str, str]) -> float:
+    found = _non_negative_float(opts, "generationcheckinterval", "generationCheckInterval")
+    return DEFAULT_GENERATION_CHECK_INTERVAL if found is None else found
 
 
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:

@@ -74,24 +74,36 @@ def read_partition(options: ReadOptions, part: InputPartition) -> Iterator[pa.Re
     if not isinstance(part, TopicRange):
         raise TypeError(f"not a tidings partition: {part!r}")
     schema = arrow_read_schema()
+    told = False  # whether a poll answer said its page's generation
+
+    def accept(now: int | None) -> bool:
+        # Each poll answer says the generation its page was read from, so the check
+        # costs no request of its own; a page of another topic of that name is never
+        # handed to Spark.
+        nonlocal told
+        if now is None or part.generation is None:
+            return True
+        told = True
+        if now == part.generation:
+            return True
+        if options.fail_on_data_loss:
+            raise TopicNotFound(
+                data_loss_message(
+                    options.namespace, part.topic, part.generation, now,
+                    streaming=options.streaming,
+                )
+            )  # fmt: skip
+        return False  # what the range held is gone: read nothing more of it
+
     with connect(options) as client:
         try:
-            for page, rows in read_range_columns(client, part, options.fetch_size):
+            for page, rows in read_range_columns(client, part, options.fetch_size, accept):
                 yield poll_batch(page, rows, part.topic, options.namespace, schema)
-            if part.generation is not None:
-                # Asked after reading: the same generation then means every poll read
-                # the topic the range was planned in (generations only grow).
-                now = client.get_topic(part.topic).generation
-                if now != part.generation and options.fail_on_data_loss:
-                    raise TopicNotFound(
-                        data_loss_message(
-                            options.namespace,
-                            part.topic,
-                            part.generation,
-                            now,
-                            streaming=options.streaming,
-                        )
-                    )
+            if part.generation is not None and not told:
+                # A server whose polls do not say: asked after reading, the same
+                # generation means every poll read the topic the range was planned in
+                # (generations only grow).
+                accept(client.get_topic(part.topic).generation)
         except TopicNotFound:
             # Deleted since the range was planned: what it held is gone, which a
             # streaming read with failOnDataLoss=false goes on without.

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -82,6 +82,10 @@ class Scan:
     first_ts: int | None = None
     last: MessageId | None = None
     ids: list[MessageId] | None = None
+    #: The generation of the topic the scan's last page was read from (generations only
+    #: grow: the same as the one its ids were taken in means all of them were), or
+    #: None (no page read, or a server that does not say).
+    generation: int | None = None
 
 
 def scan(
@@ -109,12 +113,16 @@ def scan(
     found = Scan(ids=[] if keep_ids else None)
     start, inclusive = poll_start(position)
     asked_end = False
+    snapshot = encoded_transaction(transaction)
     while True:
         want = fetch_size if max_messages is None else min(fetch_size, max_messages - found.count)
         # Ids only: the driver keeps nothing else, so the payloads stay on the server.
-        page = client.poll_ids(
-            topic, start, inclusive=inclusive, limit=want, transaction=transaction
+        answer = client._send(
+            client._api.poll_ids_page(
+                topic, start, inclusive=inclusive, limit=want, transaction=snapshot
+            )
         )
+        page, found.generation = answer.ids, answer.generation
         # The page is in id order (and so in publish-time order): its part within the
         # bounds is a prefix, found by bisection rather than a test per id (a
         # micro-batch's scan is tens of thousands of ids, on the driver).
@@ -214,12 +222,19 @@ def _columns(page: PollPage) -> PollRows:
 
 
 def read_range_columns(
-    client: Client, part: TopicRange, fetch_size: int
+    client: Client,
+    part: TopicRange,
+    fetch_size: int,
+    accept: Callable[[int | None], bool] | None = None,
 ) -> Iterator[tuple[PollRows, int]]:
     """The messages of one range as pages of columns, with how many leading rows of
     each belong to the range. The next page is asked for as soon as the answer's
     headers say where this one ends, so the server prepares it while this one is
-    decoded and handed to Spark."""
+    decoded and handed to Spark.
+
+    ``accept`` is given each page's topic generation (None where the server does not
+    say) before its rows are used, the empty last page's too; False ends the read
+    there."""
     end = MessageId.from_hex(part.end)
     hi = part.hi
 
@@ -252,6 +267,8 @@ def read_range_columns(
                 assert page.last_id is not None
                 resume = page.last_id
                 following = client._begin(ahead, fetch(resume, False))
+            if accept is not None and not accept(page.generation):
+                return
             columns = _columns(page)
             if not len(columns):
                 return  # the rest of the range expired (retention) before it was read

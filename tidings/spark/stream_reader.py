@@ -8,10 +8,13 @@ restarted from its checkpoint continues exactly where it stopped
 (:mod:`tidings.spark.scan` has the argument).
 
 A topic deleted (and perhaps created again) under the query is noticed by its
-generation, which every offset records: a scan that finds the topic gone, or new
-messages in it, compares the generation the server has now; a topic with nothing new
-is asked now and then (:data:`QUIET_CHECK_INTERVAL`), as one created again empty has
-no new message to be noticed by. By default (Kafka's
+generation, which every offset records: each poll of a scan answers the generation
+of the topic it read, which is compared with the recorded one, so a topic created
+again is noticed even empty (it has no new message to be noticed by) without a request
+of its own. Only where no poll said it (a scan that failed or was not needed, or a
+server that does not send it) is the generation asked: at once for a topic gone or
+with new messages, and at most every ``generationCheckInterval`` seconds for one with
+nothing new (:data:`QUIET_CHECK_INTERVAL` by default). By default (Kafka's
 ``failOnDataLoss=true``) the query then fails naming the topic: the new topic's
 messages would otherwise be read as if they followed the old one's, and the old one's
 unread messages be lost without a word. With ``failOnDataLoss=false`` the new topic is
@@ -52,7 +55,7 @@ from tidings.spark.offsets import (
     position_reaches,
     slices,
 )
-from tidings.spark.options import ReadOptions
+from tidings.spark.options import DEFAULT_GENERATION_CHECK_INTERVAL, ReadOptions
 from tidings.spark.reader import (
     data_loss_message,
     read_partition,
@@ -67,12 +70,13 @@ if TYPE_CHECKING:
 
 __all__ = ["QUIET_CHECK_INTERVAL", "TidingsStreamReader"]
 
-#: Seconds between checks of the generation of a topic that has nothing new. A topic
-#: created again is noticed by its first new message at once; one created again but
-#: left empty has none, so it is asked after, but not at every trigger: an idle query
-#: polls every few milliseconds, and one request per topic more each time would add
-#: half to what an idle query costs the server.
-QUIET_CHECK_INTERVAL = 1.0
+#: Default seconds between requests for the generation of a topic that has nothing
+#: new, where no poll of the scan said it (option ``generationCheckInterval``). One
+#: created again but left empty has no new message to be noticed by, so it is asked
+#: after, but not at every trigger: an idle query polls every few milliseconds, and
+#: one request per topic more each time would add half to what an idle query costs
+#: the server.
+QUIET_CHECK_INTERVAL = DEFAULT_GENERATION_CHECK_INTERVAL
 
 
 def _is_id(position: str) -> bool:
@@ -296,26 +300,37 @@ class TidingsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         found: dict[str, Scan] | None,
         gone: set[str],
     ) -> bool:
-        """True if no topic that ``found`` has news of (every topic, where the scan
-        failed: ``found`` None), nor a topic with nothing new whose turn it is
-        (:data:`QUIET_CHECK_INTERVAL`), changed generation. Otherwise fails naming the
-        topic (``failOnDataLoss``), or sets the new topic's start and generation, adds
-        a topic that is gone to ``gone``, and returns False."""
+        """True if no topic changed generation: as its scan's polls said it, or else,
+        asked, a topic that ``found`` has news of (every topic, where the scan failed:
+        ``found`` None) or one with nothing new whose turn it is
+        (``generationCheckInterval``). Otherwise fails naming the topic
+        (``failOnDataLoss``), or sets the new topic's start and generation, adds a topic
+        that is gone to ``gone``, and returns False."""
         same = True
         now = time.monotonic()
+        interval = self.options.generation_check_interval
         for topic in list(positions):
             if topic in gone:
                 continue
-            if found is not None and (topic not in found or found[topic].last is None):
+            told = None if found is None or topic not in found else found[topic].generation
+            if told is not None:
+                # Read with the scan's own last page: the ids it found are of this
+                # generation (generations only grow), and a topic created again, even
+                # empty, is noticed at the first scan after, at no cost.
+                current: int | None = told
+                self._quiet_checked[topic] = now
+            elif found is not None and (topic not in found or found[topic].last is None):
                 # Nothing new, so nothing read from a topic that may have changed; but a
                 # topic created again and left empty has no new message to be noticed
                 # by, and the query would go on as if nothing had happened.
                 checked = self._quiet_checked.get(topic)
-                if checked is not None and now - checked < QUIET_CHECK_INTERVAL:
+                if checked is not None and now - checked < interval:
                     continue
                 self._quiet_checked[topic] = now
+                current = self._generation(topic)
+            else:
+                current = self._generation(topic)
             recorded = generations.get(topic)
-            current = self._generation(topic)
             if current is not None and (recorded is None or current == recorded):
                 continue
             if self.options.fail_on_data_loss:
