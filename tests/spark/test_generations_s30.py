@@ -180,3 +180,18 @@ def test_the_generation_check_interval_is_an_option(
             assert counted.sent[TOPIC] == asked, (interval, counted.sent)
         finally:
             reader.stop()
+
+
+def test_a_batch_read_of_a_missing_topic_fails_whatever_failondataloss(
+    server: ServerProcess,
+) -> None:
+    # As Spark's Kafka source (its subscribed topics are described first, and a missing
+    # one fails the read): failOnDataLoss is about offsets of data that is gone, and a
+    # read that never named offsets of this topic lost nothing.
+    for lenient in ("true", "false"):
+        options = parse_read_options(
+            {"url": server.url, "topic": "s-never-made", "failOnDataLoss": lenient},
+            streaming=False,
+        )
+        with pytest.raises(TopicNotFound, match="s-never-made"):
+            TidingsBatchReader(options).partitions()
