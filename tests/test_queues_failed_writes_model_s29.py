@@ -3,11 +3,7 @@ were never made: the same leases per worker, depth and counters, and the same an
 (payloads and delivery counts) to every later call. In process, as a store write
 cannot be made to fail inside a server process. Knobs:
 TIDINGS_QUEUE_FAILURES_EXAMPLES, TIDINGS_QUEUE_FAILURES_STEPS (derandomized by
-default, so a run in the suite is repeatable; TIDINGS_QUEUE_FAILURES_RANDOM=1 explores).
-
-Known open case, found by longer runs: a message whose lease ran out and whose worker
-could still extend it comes back from a rebuild in a returned lease, so that worker's
-extension of it is skipped, as a message given back would be."""
+default, so a run in the suite is repeatable; TIDINGS_QUEUE_FAILURES_RANDOM=1 explores)."""
 
 from __future__ import annotations
 

@@ -188,7 +188,8 @@ class _Moved:
 class _DeadPop:
     """A pop whose answer waits for its dead-lettering write, its lease (which may
     hold nothing), what it counted, when it counted in the pop rate (monotonic
-    seconds), and the messages it dead-lettered (out of memory until the write lands)."""
+    seconds), the messages it dead-lettered (out of memory until the write lands),
+    and the lease each message it took was held by before it (as it was then)."""
 
     write: Future[None]
     lease: _Lease
@@ -197,6 +198,7 @@ class _DeadPop:
     dead_lettered: int
     at: float
     dead: list[tuple[MessageId, _Entry]]
+    before: dict[MessageId, _Lease]
 
 
 @dataclass(frozen=True, slots=True)
@@ -604,6 +606,9 @@ class QueueCoordinator:
                 )
             if not chosen and not dead and not fresh:
                 return Popped([], [], []), None
+            # Where a pop whose dead-lettering fails leaves them (a lease that ran out
+            # is still its worker's to extend or ack while nobody else took it).
+            before = _leases_of(q, [m for m, _ in chosen + dead]) if dead else {}
             touched = q.take(message_id for message_id, _ in chosen + dead)
             for message_id, _ in dead:
                 del q.entries[message_id]
@@ -655,23 +660,18 @@ class QueueCoordinator:
             lease = q.leases[lease_no]  # (the write forgets it if it holds nothing)
             try:
                 done = self._dead_letter(q, dead, q.flush(()))
-            except BaseException:
-                # Memory ran ahead of a write never queued (the dead-letter topic could
-                # not be created or published to): rebuild it from the records, or the
-                # dead messages would be neither delivered nor dead-lettered. The
-                # worker is told the pop failed: its lease is nobody's, it counts
-                # nothing, and the dead messages keep their deliveries.
-                _unpop(lease, q.entries)
-                # Back in memory (in no lease: only the rebuild reads them) for the
-                # rebuild to keep their deliveries.
-                q.entries.update(dead)
-                _undead(q.recent, dead)
-                q.broken = True
-                raise
+            except BaseException as exc:
+                # A write never queued (the dead-letter topic could not be created or
+                # published to) is one that failed: the caller's wait raises it and
+                # marks the queue for its rebuild, which undoes the pop as below.
+                done = _failed(exc)
             lease.answered_after = done
             at = self._count_pop(q, len(ids), redelivered, len(dead))
             # Until the write lands: if it fails, the rebuild takes the counts back.
-            _pend(q.dead_pops, _DeadPop(done, lease, len(ids), redelivered, len(dead), at, dead))
+            _pend(
+                q.dead_pops,
+                _DeadPop(done, lease, len(ids), redelivered, len(dead), at, dead, before),
+            )
             return out, done
 
     @staticmethod
@@ -1182,9 +1182,7 @@ class QueueCoordinator:
         try:
             done = self._store.submit(write)
         except BaseException as exc:
-            done = Future()
-            done.set_running_or_notify_cancel()
-            done.set_exception(exc)
+            done = _failed(exc)
         q.last_write = done
         return done
 
@@ -1312,20 +1310,21 @@ class QueueCoordinator:
                 lease.expired = bool(record.owner)
                 q.available.extend(lease.ids)
         if old is not None:
-            self._keep_from(old, q, now)
+            self._keep_from(old, q)
         heapq.heapify(q.available)
         self._queues[qid] = q
         return q
 
-    def _keep_from(self, old: _Queue, q: _Queue, now: int) -> None:
+    def _keep_from(self, old: _Queue, q: _Queue) -> None:
         """Carry into ``q``, rebuilt from the records after a write of ``old`` failed,
         what only ``old`` knew. Leases no write recorded yet (a pop writes nothing)
         stay with their workers where the records leave their messages free, rather
         than go to the next pop while their workers still hold them; so do messages
         whose ack's write failed (the worker was told so, and may ack again), and
         those of a nack, release or extension whose write failed, as they were held
-        before it. The
-        other messages read since the last write that landed are the queue's again
+        before it, and those of a pop whose dead-lettering failed. A lease that ran out
+        while nobody took its messages stays its worker's as well (to extend or ack).
+        The other messages read since the last write that landed are the queue's again
         (a dead-lettering that failed goes again at the next pop). Where the records
         say a message is held (by a lease or a transaction) or acked, they win. The
         counters and the rates carry on, less what the calls that answered an error
@@ -1346,12 +1345,13 @@ class QueueCoordinator:
                 if m not in had:
                     continue  # acked since by a purge whose write landed
                 entry = had[m][0]
-                had[m] = (_Entry(entry.item, entry.count, entry.lease, entry.owners), failed)
+                copy = _Entry(entry.item, entry.count, entry.lease, entry.owners)
+                had[m] = (copy, pop.before.get(m))
             _unpop(failed, {m: had[m][0] for m in failed.ids if m in had})
             # Its dead messages are the queue's again, with the deliveries they had
             # since the records were written (at their last, they go at the next pop).
             for m, entry in pop.dead:
-                had.setdefault(m, (entry, None))
+                had.setdefault(m, (entry, pop.before.get(m)))
             _undead(q.recent, pop.dead)
             q.popped -= pop.popped
             q.redelivered -= pop.redelivered
@@ -1383,11 +1383,18 @@ class QueueCoordinator:
 
         def keeper(lease: _Lease | None) -> int | None:
             """The lease of ``q`` that keeps a message of ``lease`` with its worker
-            (None: no worker holds it now)."""
-            if lease is None or not _held(lease, now):
+            (None: it is nobody's). One that ran out stays its worker's (to extend
+            or ack) until another worker takes its messages, as in ``old``; one whose
+            deadline passed unnoticed runs out at the next call, counted then."""
+            if lease is None or not _held(lease):
                 return None
             if id(lease) not in kept:
-                kept[id(lease)] = q.new_lease(lease.owner, lease.deadline, 0)
+                lease_no = q.new_lease(lease.owner, lease.deadline, 0)
+                # A transaction's ack keeps deadline 0 for a lease that had run out.
+                q.leases[lease_no].expired = lease.expired or (
+                    bool(lease.write_pointer) and not lease.deadline
+                )
+                kept[id(lease)] = lease_no
             return kept[id(lease)]
 
         read, old_read = q.record.read, old.record.read
@@ -1409,8 +1416,10 @@ class QueueCoordinator:
                 q.entries[message_id] = entry
                 if lease_no is None:
                     returned.append(message_id)
-                else:
-                    q.put_in(lease_no, [message_id])
+                    continue
+                q.put_in(lease_no, [message_id])
+                if q.is_available(entry):  # its lease ran out
+                    q.available.append(message_id)
             if returned:
                 lease_no = q.new_lease("", 0, 0)
                 q.put_in(lease_no, returned)
@@ -1721,6 +1730,14 @@ def _leases_of(q: _Queue, ids: Iterable[MessageId]) -> dict[MessageId, _Lease]:
     return out
 
 
+def _failed(exc: BaseException) -> Future[None]:
+    """The future of a write refused before it was queued."""
+    done: Future[None] = Future()
+    done.set_running_or_notify_cancel()
+    done.set_exception(exc)
+    return done
+
+
 def _landed(write: Future[None]) -> bool:
     return write.done() and not write.cancelled() and write.exception() is None
 
@@ -1742,10 +1759,11 @@ def _pend(pending: deque[_P], item: _P) -> None:
     pending.append(item)
 
 
-def _held(lease: _Lease, now: int) -> bool:
-    """Whether a worker holds this lease of a memory being replaced: its deadline is
-    ahead, and the pop that made it answered (not one whose dead-lettering failed)."""
-    if not lease.owner or lease.expired or lease.deadline <= now:
+def _held(lease: _Lease) -> bool:
+    """Whether this lease of a memory being replaced is a worker's (held, or run out
+    while nobody took its messages): the pop that made it answered (not one whose
+    dead-lettering failed)."""
+    if not lease.owner:
         return False
     return lease.answered_after is None or _landed(lease.answered_after)
 
