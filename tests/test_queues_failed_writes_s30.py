@@ -89,3 +89,23 @@ def test_a_pop_whose_dead_lettering_fails_leaves_leases_that_ran_out_to_their_wo
             3,
             0,
         )
+
+
+@pytest.mark.parametrize("at_once", [False, True])
+def test_a_failed_write_leaves_a_message_of_a_failed_transaction_with_its_new_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_once: bool
+) -> None:
+    # The records still hold the message under the transaction's pointer: it failed,
+    # so they no longer say who has it.
+    with _queue(tmp_path, [b"a", b"b"]) as q:
+        first = q.pop("w1", 1)
+        t = q.tx.begin()
+        q.queues.ack("ns", "t", "q", "w1", [first[0].id], write_pointer=t.write_pointer)
+        q.tx.invalidate(t.write_pointer)
+        assert _payloads(q.pop("w2", 1)) == [(b"a", 2)]  # not written
+        theirs = q.pop("w3", 1)
+        _fail_next_write(q.store, monkeypatch, at_once=at_once)
+        with pytest.raises(StoreFull):
+            q.queues.ack("ns", "t", "q", "w3", [theirs[0].id])
+        assert q.pop("w4", 10) == []
+        assert q.queues.describe("ns", "t", "q").consumers == {"w2": 1, "w3": 1}

@@ -1296,7 +1296,14 @@ class QueueCoordinator:
                 q.dirty.add(lease_no)
                 q.next_lease = max(q.next_lease, lease_no + 1)
                 continue
-            lease = _Lease(record.owner, record.deadline, record.write_pointer, {}, durable=True)
+            owner, deadline, write_pointer = record.owner, record.deadline, record.write_pointer
+            if write_pointer in snapshot.invalid:
+                # Acked in a transaction that failed: back in the queue, as the next
+                # call's settle would have them (the memory replaced may have handed
+                # them out again already; the record goes with the next write).
+                owner, deadline, write_pointer = "", 0, 0
+                q.dirty.add(lease_no)
+            lease = _Lease(owner, deadline, write_pointer, {}, durable=True)
             q.leases[lease_no] = lease
             q.next_lease = max(q.next_lease, lease_no + 1)
             for message_id, count in record.entries:
@@ -1306,8 +1313,8 @@ class QueueCoordinator:
                 owners = [record.owner] if record.owner else []
                 q.entries[message_id] = _Entry(message, count, lease_no, owners)
                 lease.ids[message_id] = None
-            if not record.write_pointer and (not record.owner or record.deadline <= now):
-                lease.expired = bool(record.owner)
+            if not write_pointer and (not owner or deadline <= now):
+                lease.expired = bool(owner)
                 q.available.extend(lease.ids)
         if old is not None:
             self._keep_from(old, q)
