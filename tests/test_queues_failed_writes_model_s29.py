@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from tidings.consumers.queues import QueueCoordinator
-from tidings.errors import StoreFull, TidingsError
+from tidings.errors import AckConflict, StoreFull, TidingsError
 from tidings.messaging import MessagingService
 from tidings.store.backend import WriteView
 from tidings.store.backends.memory import MemoryStore
@@ -29,7 +29,12 @@ from tidings.tx import TransactionManager, TxConfig
 
 T = TypeVar("T")
 WORKERS = ("w1", "w2", "w3")
-CALLS = ("pop", "ack", "tx_ack", "nack", "release", "extend", "rollback", "purge")
+CALLS = (
+    "pop", "ack", "tx_ack", "nack", "release", "extend", "rollback", "purge",
+    # The event loop's paths: a pop carrying acks (the acks first, then the pop), and
+    # a transactional ack as the one-request transaction makes it.
+    "ack_next", "tx_ack_nowait",
+)  # fmt: skip
 
 
 class _Twin:
@@ -89,6 +94,18 @@ class _Twin:
                 if self.open_tx is None:
                     self.open_tx = self.tx.begin().write_pointer
                 q.ack("ns", "t", "q", worker, ids, write_pointer=self.open_tx)
+            elif name == "tx_ack_nowait":
+                if self.open_tx is None:
+                    self.open_tx = self.tx.begin().write_pointer
+                wp = self.open_tx
+                try:
+                    self._ack_nowait(worker, ids, wp)
+                except AckConflict:
+                    self.tx.invalidate(wp)  # left to the caller on the event loop
+                    raise
+            elif name == "ack_next":
+                self._ack_nowait(worker, ids, None)
+                return self.call("pop", worker, [], n)
             elif name == "nack":
                 return self._payloads(q.nack("ns", "t", "q", worker, ids))
             elif name == "release":
@@ -106,6 +123,18 @@ class _Twin:
         except TidingsError as exc:
             return type(exc)
         return None
+
+    def _ack_nowait(self, worker: str, ids: list[MessageId], wp: int | None) -> None:
+        """An ack as the event loop makes it: on a worker thread where the queue is
+        not in memory (or is to be rebuilt)."""
+        snap = self.tx.snapshot()
+        assert snap is not None
+        q = self.queues
+        done = q.ack_nowait("ns", "t", "q", worker, ids, snapshot=snap, write_pointer=wp)
+        if done is None:
+            q.ack("ns", "t", "q", worker, ids, write_pointer=wp)
+        else:
+            done.result()
 
     def _payloads(self, ids: list[MessageId]) -> list[bytes]:
         by_id = {v: k for k, v in self.ids.items()}
@@ -183,7 +212,7 @@ class FailedWrites(RuleBasedStateMachine):
             twin.restore()
         if answer is StoreFull:
             assert twin.seen() == before, (name, worker, payloads)
-            if name == "tx_ack" and twin.open_tx is not None and self.reference.open_tx is None:
+            if name.startswith("tx_ack") and twin.open_tx and self.reference.open_tx is None:
                 # The transaction began on the failing twin only: begin it on the other.
                 self.reference.open_tx = self.reference.tx.begin().write_pointer
             return
@@ -207,6 +236,39 @@ class FailedWrites(RuleBasedStateMachine):
                     twin.tx.abort(wp)
                 outcomes.append("ended")
             except TidingsError as exc:  # a purge invalidated it, say
+                outcomes.append(type(exc))
+        assert outcomes[0] == outcomes[1], outcomes
+
+    @rule(keep_leases=st.booleans(), at_once=st.booleans())
+    def end_transaction_whose_rollback_fails(self, keep_leases: bool, at_once: bool) -> None:
+        """The transaction is ended as the clients and the one-request transaction end
+        one whose queue rollback failed: invalidated, not aborted. The failed rollback
+        changes nothing: the twin that never made it ends the same way."""
+        if self.failing.open_tx is None:
+            return
+        twin = self.failing
+        before = twin.seen()
+        twin.fail_next(at_once)
+        try:
+            answer = twin.call("rollback", "w1", [], 2 if keep_leases else 1)
+        finally:
+            twin.restore()
+        if answer is StoreFull:
+            assert twin.seen() == before
+        else:  # nothing to write: the reference makes it too
+            assert self.reference.call("rollback", "w1", [], 2 if keep_leases else 1) == answer
+        outcomes: list[object] = []
+        for each in self.twins:
+            wp = each.open_tx
+            assert wp is not None
+            each.open_tx = None
+            try:
+                if answer is StoreFull:
+                    each.tx.invalidate(wp)
+                else:
+                    each.tx.abort(wp)
+                outcomes.append("ended")
+            except TidingsError as exc:
                 outcomes.append(type(exc))
         assert outcomes[0] == outcomes[1], outcomes
 
