@@ -1,7 +1,9 @@
 """A queue whose calls' store writes fail behaves as a twin queue to which those calls
 were never made: the same leases per worker, depth and counters, and the same answers
-(payloads and delivery counts) to every later call. In process, as a store write
-cannot be made to fail inside a server process. Knobs:
+(payloads and delivery counts) to every later call, also once both restart (their
+memory read back from what each wrote). A transaction whose queue rollback fails is
+invalidated, as the clients do; the twin only invalidates it. In process, as a store
+write cannot be made to fail inside a server process. Knobs:
 TIDINGS_QUEUE_FAILURES_EXAMPLES, TIDINGS_QUEUE_FAILURES_STEPS (derandomized by
 default, so a run in the suite is repeatable; TIDINGS_QUEUE_FAILURES_RANDOM=1 explores)."""
 
@@ -47,6 +49,9 @@ class _Twin:
         self.ids: dict[bytes, MessageId] = {}
         self.open_tx: int | None = None
         self.fail_at_once = False
+
+    def restart(self, now: list[float]) -> None:
+        self.queues = QueueCoordinator(self.store, self.messaging, self.tx, clock=lambda: now[0])
 
     def fail_next(self, at_once: bool) -> None:
         """The next queue write fails (its dead-lettering too, for a pop)."""
@@ -271,6 +276,13 @@ class FailedWrites(RuleBasedStateMachine):
             except TidingsError as exc:
                 outcomes.append(type(exc))
         assert outcomes[0] == outcomes[1], outcomes
+
+    @rule()
+    def restart(self) -> None:
+        """Both queues' memory is dropped and read back from the store: what the
+        failing one wrote after its rebuilds must read back as the twin's does."""
+        for twin in self.twins:
+            twin.restart(self.now)
 
     @rule(seconds=st.integers(1, 6))
     def time_passes(self, seconds: int) -> None:

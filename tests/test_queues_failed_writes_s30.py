@@ -109,3 +109,22 @@ def test_a_failed_write_leaves_a_message_of_a_failed_transaction_with_its_new_wo
             q.queues.ack("ns", "t", "q", "w3", [theirs[0].id])
         assert q.pop("w4", 10) == []
         assert q.queues.describe("ns", "t", "q").consumers == {"w2": 1, "w3": 1}
+
+
+@pytest.mark.parametrize("at_once", [False, True])
+def test_a_failed_transactional_ack_of_a_lease_that_ran_out_leaves_it_extendable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_once: bool
+) -> None:
+    with _queue(tmp_path, [b"a", b"b"]) as q:
+        mine = q.pop("w1", 1)
+        q.now[0] += 6
+        t = q.tx.begin()
+        _fail_next_write(q.store, monkeypatch, at_once=at_once)
+        with pytest.raises(StoreFull):
+            q.queues.ack("ns", "t", "q", "w1", [mine[0].id], write_pointer=t.write_pointer)
+        assert _extend(q, "w1", [mine[0].id]) == []
+        assert _payloads(q.pop("w2", 10)) == [(b"b", 1)]
+        q.queues.ack("ns", "t", "q", "w1", [mine[0].id], write_pointer=t.write_pointer)
+        q.tx.commit(t.write_pointer, [])
+        stats = q.queues.describe("ns", "t", "q")
+        assert (stats.consumers, stats.acked, stats.expired) == ({"w2": 1}, 1, 1)
