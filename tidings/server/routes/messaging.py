@@ -360,7 +360,14 @@ def routes(api: Api) -> list[Route]:
     async def topics(request: Request) -> Response:
         messaging = api.messaging
         ns = check_name(request.path_params["ns"], "namespace")
-        return json_response(sorted(await api.blocking(messaging.list_topics, ns)))
+        found = await api.blocking(messaging.list_topics, ns)
+        principal = principal_of(request)
+        if principal is not None:
+            # Any principal may ask, but it learns only the topics it may publish to or
+            # consume, as Kafka lists only the topics a principal may describe: a
+            # topic's name is its producers' and consumers' business (docs/security.md).
+            found = [t for t in found if principal.may_publish(t) or principal.may_consume(t)]
+        return json_response(sorted(found))
 
     async def end_of(ns: str, topic: str) -> TopicEnd:
         messaging = api.messaging  # 503 where the role lacks it
