@@ -150,12 +150,16 @@ class Authenticator:
     def reload(self) -> bool:
         """Read the file again (SIGHUP); on any problem keep the principals and log it.
         True if the new ones are in force."""
-        try:
-            principals = load_principals(self.path)
-        except ConfigError as exc:
-            _log.error(f"auth file not reloaded: {exc.message}", extra={"event": "auth"})
-            return False
+        # One reload at a time, from reading the file to putting it in force: each
+        # SIGHUP reloads on a worker thread of its own, and a reload that read the file
+        # before the operator's last change (a revoked token, say) must not finish
+        # after the one that read it since.
         with self._lock:
+            try:
+                principals = load_principals(self.path)
+            except ConfigError as exc:
+                _log.error(f"auth file not reloaded: {exc.message}", extra={"event": "auth"})
+                return False
             self._principals = principals
         _log.info(
             f"auth file reloaded: {len(principals)} principal(s)",
