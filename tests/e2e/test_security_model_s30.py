@@ -69,6 +69,8 @@ GHOST, ANONYMOUS = "ghost", "anonymous"
 CALLERS = (*NAMES, GHOST, ANONYMOUS)
 
 OK, UNAUTHORIZED, FORBIDDEN = "ok", "unauthorized", "forbidden"
+#: The calls of ``other_calls`` that name a transaction's write pointer.
+WRITE_POINTER_CALLS = ("rollback", "queue-rollback")
 
 
 @dataclass(frozen=True)
@@ -911,7 +913,15 @@ class SecurityModel(RuleBasedStateMachine):
             "heartbeat": ("POST", f"/groups/{name}/heartbeat", {"memberId": member}, "consume"),
             "group-poll": ("POST", f"/groups/{name}/poll", {"memberId": member}, "consume"),
         }[what]  # fmt: skip
-        expected = self.expect(caller, self.may(caller, need, topic))
+        allowed = self.may(caller, need, topic)
+        g = self.grants(caller)
+        tx = self.open.get(wp)
+        if what in WRITE_POINTER_CALLS and tx is not None and tx.tid is not None and g:
+            # Under a producer's open transaction: its transactional id too.
+            if tx.fenced:
+                return  # whether its registration ended it is the server's business
+            allowed = allowed and g.may_use(tx.tid)
+        expected = self.expect(caller, allowed)
         before = self.count(ns, topic)
         self.checked(caller, expected, method, base + path, body, (topic,))
         if expected != OK:
@@ -1081,3 +1091,73 @@ def test_the_topic_list_names_only_topics_the_principal_may_use(
             headers={"Authorization": f"Bearer {who.token}"},
         )
         assert raw.status_code == 200 and "payroll-cuts" not in raw.text
+
+
+def test_writing_under_a_producers_transaction_takes_its_transactional_id(
+    secured: tuple[ServerProcess, Path],
+) -> None:
+    # Ending a producer's transaction takes its transactional id; so does writing into
+    # it or taking its writes back while it is open (Kafka: only the holder of a
+    # transactional id produces in its transactions). Else whoever may publish to or
+    # consume a topic could undo a producer's exactly-once step: give its queue acks or
+    # group positions back (the input is processed again after the commit), roll back
+    # its messages, or slip messages of its own into its commit.
+    run = "w" + uuid.uuid4().hex[:8] + "-"
+    topic = run + "orders"
+    producer = Grants("producer-" + run, publish=(topic,), consume=(topic,), tids=(run + "*",))
+    other = Grants("other-" + run, publish=(topic,), consume=(topic,))
+    _install(secured, {"producer": producer, "other": other})
+    proc, _ = secured
+    ns = f"{proc.url}/v1/namespaces/default/topics/{topic}"
+    with Client(proc.url, token=ROOT_TOKEN) as admin:
+        admin.create_topic(topic)
+        admin.publish(topic, [b"job"])
+    with (
+        Client(proc.url, token=producer.token) as mine,
+        Client(proc.url, token=other.token) as theirs,
+    ):
+        job = httpx.post(
+            ns + "/queues/work/pop",
+            json={"consumerId": "w1"},
+            headers={"Authorization": f"Bearer {producer.token}"},
+        ).json()[0]["id"]
+        member = mine.consume(topic, group="billing", follow=False)
+        member.poll()
+        epoch = mine.register_producer(run + "1").epoch
+        tx = mine.begin(transactional_id=run + "1", epoch=epoch)
+        wp = tx.write_pointer
+        info = mine.publish(topic, [b"output"], write_pointer=wp)
+        acked = httpx.post(
+            ns + "/queues/work/ack",
+            json={"consumerId": "w1", "ids": [job], "transactionWritePointer": wp},
+            headers={"Authorization": f"Bearer {producer.token}"},
+        )
+        assert acked.status_code == 200, acked.text
+        with pytest.raises(Forbidden, match="transaction"):
+            theirs.publish(topic, [b"slipped in"], write_pointer=wp)
+        with pytest.raises(Forbidden, match="transaction"):
+            theirs.rollback(topic, info)
+        as_other = {"Authorization": f"Bearer {other.token}"}
+        for path, body in (
+            ("/store", {"transactionWritePointer": wp, "messages": []}),
+            ("/queues/work/rollback", {"transactionWritePointer": wp}),
+            ("/queues/work/ack", {"consumerId": "w1", "ids": [job], "transactionWritePointer": wp}),
+            ("/groups/billing/rollback", {"transactionWritePointer": wp}),
+            (
+                "/groups/billing/commit",
+                {
+                    "memberId": "m",
+                    "positions": [{"partition": 0, "id": job}],
+                    "transactionWritePointer": wp,
+                },
+            ),
+        ):
+            refused = httpx.post(ns + path, json=body, headers=as_other)
+            assert refused.status_code == 403, (path, refused.text)
+            assert refused.json()["type"] == "Forbidden" and run + "1" not in refused.text
+        mine.commit(tx, transactional_id=run + "1", epoch=epoch)
+        member.close()
+    with Client(proc.url, token=ROOT_TOKEN) as admin:
+        committed = admin.poll(topic, isolation="read_committed")
+        assert [m.payload for m in committed] == [b"job", b"output"]
+        assert admin.describe_queue(topic, "work").acked == 1  # the ack stayed

@@ -199,6 +199,28 @@ class Api:
         request.scope[PRINCIPAL] = principal
         permissions.check(need, principal, request.path_params)
 
+    def require_writer(self, request: Request, write_pointer: int | None) -> None:
+        """:class:`Forbidden` unless the request's principal may write under (or take
+        back the writes of) transaction ``write_pointer``: one open under a
+        transactional id takes that id, or admin, as ending it does
+        (docs/security.md). A transaction begun without one, or no longer open, is
+        anyone's who may use the topic; a process without the transaction service
+        cannot tell, and lets it through."""
+        if write_pointer is None:
+            return
+        principal = principal_of(request)
+        tx = self.services.tx
+        if principal is None or principal.admin or tx is None:
+            return
+        owner = tx.began_under(write_pointer)
+        if owner is not None and not principal.may_use(owner):
+            # The id is not named: a principal that may not use it need not learn it.
+            raise Forbidden(
+                f"principal {principal.name} may not write under transaction "
+                f"{write_pointer}: it was begun under a transactional id the principal "
+                "may not use"
+            )
+
     async def blocking(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a blocking call on the worker threads and await it."""
         loop = asyncio.get_running_loop()

@@ -189,6 +189,7 @@ def routes(api: Api) -> list[Route]:
         member_id, positions, write_pointer = admin.read_group_commit_request(body)
         generation = admin.read_commit_generation(body)
         generations = admin.read_position_generations(body)
+        api.require_writer(request, write_pointer)
         changes = await api.blocking(
             coordinator.commit, ns, topic, name, member_id, positions,
             write_pointer=write_pointer, generation=generation, generations=generations,
@@ -202,6 +203,7 @@ def routes(api: Api) -> list[Route]:
         write_pointer, member_id = admin.read_group_rollback_request(
             await json_body(api, request, "group rollback")
         )
+        api.require_writer(request, write_pointer)
         await api.blocking(
             coordinator.rollback, ns, topic, name, write_pointer, member_id=member_id
         )

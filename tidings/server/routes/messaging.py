@@ -189,6 +189,7 @@ def routes(api: Api) -> list[Route]:
         ns, topic = _names(request)
         media, req = await _publish_request(request, max_body, "publish")
         producer = _producer(request)
+        api.require_writer(request, req.write_pointer)
         if reads_block:
             await api.known_topics(ns, (topic,))
         info = await inbox.wait(
@@ -304,6 +305,7 @@ def routes(api: Api) -> list[Route]:
             raise BadRequest("store requires a transactionWritePointer")
         if req.payload_ranges is not None:
             raise BadRequest("payloadRanges belong to a publish, not to a store")
+        api.require_writer(request, req.write_pointer)
         if reads_block:
             await api.known_topics(ns, (topic,))
         rng = await inbox.wait(messaging.store_future(ns, topic, req.write_pointer, req.records))
@@ -320,6 +322,7 @@ def routes(api: Api) -> list[Route]:
         ns, topic = _names(request)
         media = request_media(request)
         info = wire.decode_rollback_info(await read_body(request, max_body), media)
+        api.require_writer(request, info.write_pointer)
         if reads_block:
             await api.known_topics(ns, (topic,))
         count = await inbox.wait(messaging.rollback_future(ns, topic, info))

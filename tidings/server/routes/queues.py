@@ -194,6 +194,7 @@ def routes(api: Api) -> list[Route]:
         consumer, ids, write_pointer = queue_bodies.read_ack_request(
             await json_body(api, request, "ack request")
         )
+        api.require_writer(request, write_pointer)
         if write_pointer is None:
             # Outside a transaction an ack only queues a store write: await it here
             # rather than hold a worker thread for it.
@@ -250,6 +251,7 @@ def routes(api: Api) -> list[Route]:
         ns, topic, name = path_names(request, "queue")
         body = await json_body(api, request, "rollback request")
         write_pointer = queue_bodies.read_rollback_request(body)
+        api.require_writer(request, write_pointer)
         keep = queue_bodies.read_rollback_keeps_leases(body)
         returned = await api.blocking(
             coordinator.rollback, ns, topic, name, write_pointer, keep_leases=keep
