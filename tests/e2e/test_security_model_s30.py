@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import fnmatch
 import hashlib
+import json
 import os
 import re
 import signal
@@ -69,6 +70,9 @@ GHOST, ANONYMOUS = "ghost", "anonymous"
 CALLERS = (*NAMES, GHOST, ANONYMOUS)
 
 OK, UNAUTHORIZED, FORBIDDEN = "ok", "unauthorized", "forbidden"
+#: The admin every auth file of the module keeps, which checks what calls changed.
+ADMIN_NAME = "root"
+ROOT_TOKEN = "root-" + uuid.uuid4().hex
 #: The calls of ``other_calls`` that name a transaction's write pointer.
 WRITE_POINTER_CALLS = ("rollback", "queue-rollback")
 
@@ -124,9 +128,6 @@ class QueueModel:
     leased: dict[str, list[str]] = field(default_factory=dict)
 
 
-ADMIN_NAME = "root"
-
-
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Path]]:
     """One server for every example, with an auth file the examples rewrite and
@@ -142,10 +143,10 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPr
         proc.kill()
 
 
-ROOT_TOKEN = "root-" + uuid.uuid4().hex
-
-
 class SecurityModel(RuleBasedStateMachine):
+    """Principals, topics, groups, queues and transactions of one example (its topics
+    and transactional ids under a prefix of its own), and the calls against them."""
+
     server: ServerProcess
     auth_path: Path
 
@@ -161,6 +162,8 @@ class SecurityModel(RuleBasedStateMachine):
         self.open: dict[int, OpenTx] = {}
         self.epochs: dict[str, int] = {}
         self.reloads = 0
+        #: A principal of each version of the auth file: in force once it is known.
+        self.marker, self.marker_token = "", ""
         self.http = httpx.Client(base_url=self.server.url, timeout=20)
         self.clients: dict[str, Client] = {}
 
@@ -1002,8 +1005,6 @@ class SecurityModel(RuleBasedStateMachine):
 
 
 def _json(text: str) -> dict[str, Any]:
-    import json
-
     try:
         found = json.loads(text)
     except ValueError:
@@ -1012,8 +1013,6 @@ def _json(text: str) -> dict[str, Any]:
 
 
 def _error_json(exc: TidingsError) -> str:
-    import json
-
     return json.dumps({"error": str(exc), "type": type(exc).__name__})
 
 
