@@ -65,7 +65,9 @@ PERMISSIONS: Mapping[tuple[str, str], Need] = {
     ("POST", _TOPIC + "/rollback"): Need.PUBLISH,
     ("POST", _TOPIC + "/poll"): Need.CONSUME,
     # transactions
-    ("GET", _TX): Need.ADMIN,
+    # Pointers only (what any principal's begin answers too): every read-committed
+    # reader whose server takes no snapshots of its own reads it (Client.snapshot()).
+    ("GET", _TX): Need.ANY,
     ("POST", _TX): Need.BODY,
     ("POST", _TX + "/{wp}/commit"): Need.BODY,
     ("POST", _TX + "/{wp}/abort"): Need.BODY,
