@@ -1203,3 +1203,35 @@ def test_a_principal_that_is_no_admin_takes_read_committed_snapshots(
     finally:
         with Client(proc.url, token=ROOT_TOKEN) as admin:
             admin.abort(held)
+
+
+def test_a_streaming_sink_that_is_no_admin_uses_a_control_topic_made_for_it(
+    secured: tuple[ServerProcess, Path],
+) -> None:
+    # The Spark streaming sink created its control topic at every micro-batch, a
+    # TopicAlreadyExists taken for "there already": a principal that is no admin was
+    # refused the create (403, before the server looks whether the topic exists), so
+    # such a sink failed every batch even with the topic made for it by an admin.
+    from tidings.spark import sink
+
+    sink_id = "s" + uuid.uuid4().hex[:8]
+    control = sink.control_topic(sink_id)
+    writer = Grants(
+        "sink-" + sink_id,
+        publish=(control,),
+        consume=(control,),
+        tids=(sink.transactional_id(sink_id),),
+    )
+    _install(secured, {"sink": writer})
+    proc, _ = secured
+    with Client(proc.url, token=writer.token) as client:
+        with pytest.raises(Forbidden, match="not an admin"):  # none made for it yet
+            sink.begin_write(client, 30, sink_id)
+        with Client(proc.url, token=ROOT_TOKEN) as admin:
+            admin.create_topic(control, ttl=sink.MARKER_TTL)
+        began = sink.begin_write(client, 30, sink_id)
+        assert began.transactional_id == sink.transactional_id(sink_id)
+        assert sink.last_committed_batch(client, sink_id) is None
+        client.abort(
+            began.write_pointer, transactional_id=began.transactional_id, epoch=began.epoch
+        )

@@ -45,6 +45,7 @@ from tidings.client.base import MessageLike
 from tidings.codec.media import AVRO_EXT
 from tidings.errors import (
     ClientError,
+    Forbidden,
     ServerError,
     TidingsError,
     TopicAlreadyExists,
@@ -105,8 +106,21 @@ def begin_write(client: Client, timeout: float, sink_id: str | None) -> SinkTran
     registering the sink's transactional id first so that older holders are fenced."""
     if sink_id is None:
         return SinkTransaction(client.begin(timeout).write_pointer)
-    with contextlib.suppress(TopicAlreadyExists):
-        client.create_topic(control_topic(sink_id), ttl=MARKER_TTL)
+    control = control_topic(sink_id)
+    try:
+        client.create_topic(control, ttl=MARKER_TTL)
+    except TopicAlreadyExists:
+        pass
+    except Forbidden as refused:
+        # With an auth file only an admin creates topics (before the server looks
+        # whether it exists): a sink that is no admin uses the one an admin made.
+        try:
+            client.get_topic(control)
+        except TopicNotFound:
+            raise Forbidden(
+                f"{refused.message}: the sink's control topic {control} does not exist, "
+                "and only an admin may create it (docs/spark.md)"
+            ) from None
     tid = transactional_id(sink_id)
     producer = client.register_producer(tid)
     tx = client.begin(timeout, transactional_id=tid, epoch=producer.epoch)
