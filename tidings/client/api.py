@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote, urlsplit
@@ -22,7 +24,9 @@ from tidings.client.transports import Request, Response
 from tidings.codec import admin, payload_frames, queue_bodies, tx_publish, wire
 from tidings.codec.wire import AVRO, AVRO_EXT, COLUMNS, JSON, ConsumeRequest, Media
 from tidings.errors import (
+    BadRequest,
     EmptyPublish,
+    InvalidProperties,
     ServerError,
     ServiceUnavailable,
     TidingsError,
@@ -117,23 +121,90 @@ class PollPage:
         """Decode the page (the costly part, which the consumer overlaps with I/O)."""
         if not self.body:
             return []
-        return wire.decode_messages(self.body, self.media)
+        with _answer("poll"):
+            return wire.decode_messages(self.body, self.media)
 
     def iterate(self) -> wire.PageRows:
         """The page's messages, made as they are read where the medium allows
         (:func:`~tidings.codec.wire.iterate_messages`)."""
         if not self.body:
             return wire.no_rows()
-        return wire.iterate_messages(self.body, self.media)
+        with _answer("poll"):
+            return wire.iterate_messages(self.body, self.media)
 
 
 def check_max_bytes(max_bytes: int | None) -> int | None:
-    """``max_bytes`` if it is None or a positive integer; ValueError otherwise."""
+    """``max_bytes`` if it is None or a positive integer of 64 bits; ValueError
+    otherwise (a larger one the server refused as "not a positive integer")."""
     if max_bytes is not None and (
-        isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1
+        isinstance(max_bytes, bool)
+        or not isinstance(max_bytes, int)
+        or not 1 <= max_bytes <= INT64_MAX
     ):
-        raise ValueError(f"max_bytes must be a positive integer, got {max_bytes!r}")
+        raise ValueError(
+            f"max_bytes must be a positive integer of at most {INT64_MAX}, got {max_bytes!r}"
+        )
     return max_bytes
+
+
+@contextmanager
+def _answer(what: str) -> Iterator[None]:
+    """Decoding a server's answer: the codecs, shared with the server, raise
+    BadRequest (or a bare decoding error) for a malformed body, which here means the
+    server broke its contract, not that the caller erred."""
+    try:
+        yield
+    except (BadRequest, ValueError, IndexError, KeyError, TypeError, struct.error) as exc:
+        raise ServerError(f"malformed {what} answer from the server: {exc}") from None
+
+
+def _out_of_range(value: object, path: str) -> tuple[str, int] | None:
+    """Where in a request body an integer lies outside 64 bits (JSON's and the
+    server's range), and how many bits it has; None if none does."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if INT64_MIN <= value <= INT64_MAX:
+            return None
+        return path, value.bit_length()
+    if isinstance(value, Mapping):
+        items: Iterable[tuple[str, object]] = (
+            (f"{path}.{k}" if path else str(k), v) for k, v in value.items()
+        )
+    elif isinstance(value, list | tuple):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for where, item in items:
+        found = _out_of_range(item, where)
+        if found is not None:
+            return found
+    return None
+
+
+def dumps_request(body: object, invalid: type[BadRequest] = BadRequest) -> bytes:
+    """``body`` as JSON. An integer past 64 bits failed in orjson with a bare TypeError;
+    it is refused as ``invalid`` (what the server answers for a value out of its range),
+    naming the field, before anything is sent."""
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        found = _out_of_range(body, "")
+        if found is None:
+            raise
+        where, bits = found
+        raise invalid(
+            f"{where or 'the value'} is out of range: an integer of {bits} bits, "
+            f"where the server takes integers from {INT64_MIN} to {INT64_MAX}"
+        ) from None
+
+
+def _check_limit(limit: int | None) -> int | None:
+    """A poll's ``limit``, which the Avro body would write whatever its size and JSON
+    cannot carry past 64 bits: BadRequest, as the server answers, before sending."""
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= INT64_MAX
+    ):
+        raise BadRequest(f"limit must be an integer from 1 to {INT64_MAX}, got {limit!r:.40}")
+    return limit
 
 
 def check_timeout(timeout: float | None) -> float | None:
@@ -269,9 +340,10 @@ def _group_page(response: Response, sent: Media) -> GroupPage:
 def _popped(response: Response, sent: Media) -> list[Message]:
     """The messages of a pop answer, each with its delivery count."""
     messages = _poll_page(response, sent).messages()
-    counts = queue_bodies.read_delivery_counts(
-        response.headers.get(queue_bodies.DELIVERY_COUNTS_HEADER.lower()), len(messages)
-    )
+    with _answer("pop"):
+        counts = queue_bodies.read_delivery_counts(
+            response.headers.get(queue_bodies.DELIVERY_COUNTS_HEADER.lower()), len(messages)
+        )
     # Built whole rather than with _replace (a Python-level call per message).
     new, cls = tuple.__new__, Message
     return [
@@ -307,8 +379,12 @@ def _response_media(response: Response, sent: Media) -> Media:
         return sent
 
 
-def _ignore(response: Response) -> None:
-    return None
+def _done(response: Response) -> None:
+    """The answer of a call that returns nothing: an empty body (a publish) or a JSON
+    object (``{}``). Anything else is no answer the server gives: whatever sent it,
+    the request cannot be taken as carried out."""
+    if response.body.strip() and not isinstance(_json(response), dict):
+        raise ServerError(f"unexpected answer from the server: {response.body[:80]!r}")
 
 
 def _topic(namespace: str) -> Callable[[Response], TopicMetadata]:
@@ -345,12 +421,22 @@ def _producer(response: Response) -> ProducerInfo:
     return admin.read_producer(_json(response))
 
 
+def _ended(response: Response, verb: str) -> TransactionEnd:
+    """How an abort or invalidate left the transaction. The answer must say so
+    (``{"outcome", "already"}``): an empty or other answer is no proof the transaction
+    ended, so it is a ServerError rather than read as done."""
+    obj = _json(response)
+    if not isinstance(obj, dict) or "outcome" not in obj:
+        raise ServerError(f"the server's answer to {verb} says no outcome: {obj!r:.80}")
+    return admin.read_ended(obj, verb)
+
+
 def _aborted(response: Response) -> TransactionEnd:
-    return admin.read_ended(_json(response), "aborted")
+    return _ended(response, "abort")
 
 
 def _invalidated(response: Response) -> TransactionEnd:
-    return admin.read_ended(_json(response), "invalidated")
+    return _ended(response, "invalidate")
 
 
 def _pruned(response: Response) -> list[int]:
@@ -465,6 +551,35 @@ def _transaction_body(
     )
 
 
+def check_url(url: str, what: str = "url") -> str:
+    """``url`` if it is an http(s) URL a request can go to; ValueError otherwise, at
+    construction rather than at the first request (where a host no DNS name can be
+    failed with the IDNA codec's UnicodeError). Credentials in it (``user:pass@``) are
+    refused: the server takes bearer tokens only (``token=``), and they would have
+    gone out in the ``Host`` header, which the server refuses."""
+    if not isinstance(url, str):
+        raise ValueError(f"{what} must be a str, not {type(url).__name__}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (ValueError for a port that is no number in 0..65535)
+    except ValueError:
+        raise ValueError(f"{what} is not an http(s) URL with a valid port: {url!r}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{what} is not an http(s) URL: {url!r}")
+    if "@" in parts.netloc:
+        raise ValueError(
+            f"{what} holds credentials (user:password@), which the server does not take: "
+            "pass a bearer token as token= instead (docs/security.md)"
+        )
+    try:
+        parts.hostname.encode("idna")
+    except UnicodeError:
+        raise ValueError(f"{what} names a host no DNS name can be: {url!r}") from None
+    if any(c <= " " or c == "\x7f" for c in parts.netloc):
+        raise ValueError(f"{what} holds a space or a control character in its host: {url!r}")
+    return url
+
+
 class RestApi:
     """docs/api.md as :class:`Call` builders for one server and namespace."""
 
@@ -477,9 +592,9 @@ class RestApi:
         media: Media,
         transactions_url: str | None = None,
     ) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"not an http(s) URL: {url!r}")
+        check_url(url, "url")
+        if transactions_url is not None:
+            check_url(transactions_url, "transactions_url")
         self.url = url.rstrip("/")
         self.namespace = check_name(namespace, "namespace")
         self.timeout = timeout
@@ -509,8 +624,9 @@ class RestApi:
         body: object = None,
         *,
         idempotent: bool = False,
+        invalid: type[BadRequest] = BadRequest,
     ) -> Call[T]:
-        raw = b"" if body is None else orjson.dumps(body)
+        raw = b"" if body is None else dumps_request(body, invalid)
         return Call(
             Request(
                 method,
@@ -529,7 +645,13 @@ class RestApi:
         self, topic: str, ttl: int | None, properties: Mapping[str, object] | None
     ) -> Call[TopicMetadata]:
         props = admin.topic_request(ttl, properties)
-        return self._json_call("PUT", self._topic_url(topic), _topic(self.namespace), props or None)
+        return self._json_call(
+            "PUT",
+            self._topic_url(topic),
+            _topic(self.namespace),
+            props or None,
+            invalid=InvalidProperties,
+        )
 
     def update_topic(
         self, topic: str, ttl: int | None, properties: Mapping[str, object] | None
@@ -540,6 +662,7 @@ class RestApi:
             _topic(self.namespace),
             admin.topic_request(ttl, properties),
             idempotent=True,
+            invalid=InvalidProperties,
         )
 
     def get_topic(self, topic: str) -> Call[TopicMetadata]:
@@ -551,7 +674,7 @@ class RestApi:
         return self._json_call("GET", f"{self._ns_url}/topics", _topic_names, idempotent=True)
 
     def delete_topic(self, topic: str) -> Call[None]:
-        return self._json_call("DELETE", self._topic_url(topic), _ignore)
+        return self._json_call("DELETE", self._topic_url(topic), _done)
 
     def stats(self, topic: str) -> Call[TopicStats]:
         return self._json_call("GET", self._topic_url(topic, "/stats"), _stats, idempotent=True)
@@ -612,7 +735,7 @@ class RestApi:
                 idempotent=producer is not None,
                 headers=headers,
             ),
-            _ignore,
+            _done,
             # Refused, nothing was written: the same producer sequence again is right.
             fallback=self._unless_refused(
                 content_type, lambda: self.publish(topic, records, producer)
@@ -644,7 +767,8 @@ class RestApi:
 
         def decode(response: Response) -> RollbackInfo:
             # A payloads body is answered in JSON, which the answer's Content-Type says.
-            return wire.decode_rollback_info(response.body, _response_media(response, media))
+            with _answer("publish"):
+                return wire.decode_rollback_info(response.body, _response_media(response, media))
 
         return Call(
             Request("POST", self._topic_url(topic, "/publish"), body, content_type, self.timeout),
@@ -711,7 +835,8 @@ class RestApi:
         def decode(response: Response) -> list[Message]:
             if not response.body:
                 return []
-            return wire.decode_messages(response.body, _response_media(response, media))
+            with _answer("poll"):
+                return wire.decode_messages(response.body, _response_media(response, media))
 
         return Call(request, decode, final)
 
@@ -752,7 +877,8 @@ class RestApi:
         )
 
         def decode(response: Response) -> list[MessageId]:
-            return wire.decode_message_ids(response.body, _response_media(response, media))
+            with _answer("poll"):
+                return wire.decode_message_ids(response.body, _response_media(response, media))
 
         return Call(request, decode, final)
 
@@ -805,7 +931,7 @@ class RestApi:
             url += "?" + "&".join(query)
         media = self.media
         body = wire.encode_consume_request(
-            ConsumeRequest(start, inclusive, limit, transaction), media
+            ConsumeRequest(start, inclusive, _check_limit(limit), transaction), media
         )
 
         # A 503 to an isolation poll means "no transaction service here": final, so a
@@ -836,6 +962,8 @@ class RestApi:
         url = f"{self._ns_url}/transactions/publish"
         check_timeout(timeout)
         if self.media is not JSON:
+            # The JSON body's checks of the producer fields: the Avro writer has none.
+            admin.begin_request(None, transactional_id, epoch)
             args = (batches, timeout, transactional_id, epoch, acks, group_commits)
             raw = None
             if self.payload_frames and batches:
@@ -885,7 +1013,7 @@ class RestApi:
     ) -> Call[None]:
         wp = _write_pointer_arg(write_pointer, "write_pointer")
         body = admin.commit_request(changes, transactional_id, epoch)
-        return self._json_call("POST", f"{self._tx_url}/{wp}/commit", _ignore, body)
+        return self._json_call("POST", f"{self._tx_url}/{wp}/commit", _done, body)
 
     def abort(
         self, write_pointer: int, transactional_id: str | None, epoch: int | None
@@ -949,7 +1077,7 @@ class RestApi:
 
     def group_leave(self, topic: str, group: str, member_id: str) -> Call[None]:
         body = admin.member_request(member_id)
-        return self._json_call("POST", self._group_url(topic, group, "/leave"), _ignore, body)
+        return self._json_call("POST", self._group_url(topic, group, "/leave"), _done, body)
 
     def group_poll(
         self,
@@ -965,7 +1093,7 @@ class RestApi:
         waiting = _wait_ms(wait)
         url = self._group_url(topic, group, "/poll") + _wait_and_bytes(waiting, max_bytes)
         timeout = None if self.timeout is None else self.timeout + waiting / 1000
-        body = orjson.dumps(admin.member_request(member_id, limit))
+        body = dumps_request(admin.member_request(member_id, limit))
         # The columnar medium first, as for a poll (and the client's own medium, which
         # a server that does not know it answers in).
         accept = media.value if media is JSON else f"{COLUMNS.value}, {media.value}"
@@ -998,7 +1126,7 @@ class RestApi:
         if member_id is not None:
             body["memberId"] = member_id
         url = self._group_url(topic, group, "/rollback")
-        return self._json_call("POST", url, _ignore, body, idempotent=True)
+        return self._json_call("POST", url, _done, body, idempotent=True)
 
     def group_describe(self, topic: str, group: str) -> Call[GroupInfo]:
         url = self._group_url(topic, group)
@@ -1010,10 +1138,10 @@ class RestApi:
 
     def group_reset(self, topic: str, group: str, to: str | MessageId | int) -> Call[None]:
         body = admin.reset_request(to)
-        return self._json_call("POST", self._group_url(topic, group, "/reset"), _ignore, body)
+        return self._json_call("POST", self._group_url(topic, group, "/reset"), _done, body)
 
     def group_delete(self, topic: str, group: str) -> Call[None]:
-        return self._json_call("DELETE", self._group_url(topic, group), _ignore)
+        return self._json_call("DELETE", self._group_url(topic, group), _done)
 
     # --- queues ---
 
@@ -1049,7 +1177,7 @@ class RestApi:
             start,
             ack_ids,
         )
-        request = Request("POST", url, orjson.dumps(body), JSON.value, timeout, accept=media.value)
+        request = Request("POST", url, dumps_request(body), JSON.value, timeout, accept=media.value)
         # Not resent after a lost answer: the server leased what it answered. A 503
         # leased nothing that stays leased (docs/client.md, "Queues"), so it goes
         # again, acks and all: the server pops only once the acks are durable, and
@@ -1068,7 +1196,7 @@ class RestApi:
         body = queue_bodies.ack_request(consumer, ids, write_pointer)
         url = self._queue_url(topic, queue, "/ack")
         # Safe to resend: an ack the server applied already is answered as done.
-        return self._json_call("POST", url, _ignore, body, idempotent=True)
+        return self._json_call("POST", url, _done, body, idempotent=True)
 
     def queue_nack(
         self, topic: str, queue: str, consumer: str, ids: Sequence[MessageId]
@@ -1117,4 +1245,4 @@ class RestApi:
         return self._json_call("POST", self._queue_url(topic, queue, "/purge"), _purged)
 
     def queue_delete(self, topic: str, queue: str) -> Call[None]:
-        return self._json_call("DELETE", self._queue_url(topic, queue), _ignore)
+        return self._json_call("DELETE", self._queue_url(topic, queue), _done)

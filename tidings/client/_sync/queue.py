@@ -291,5 +291,19 @@ class Queue:
     def __enter__(self) -> Queue:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if exc is None:
+            self.close()
+            return
+        # The block's own error is what the caller must see: a release that fails too
+        # (the server is down, likely the same cause) is attached to it, not raised
+        # in its place.
+        try:
+            self.close()
+        except Exception as release_error:
+            exc.add_note(
+                f"and giving back this queue handle's messages failed too: "
+                f"{type(release_error).__name__}: {release_error}"
+            )

@@ -1,0 +1,150 @@
+"""The client's bad arguments and a server's bad answers: each is a typed error, raised
+before anything is sent (arguments) or instead of a success (answers)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import orjson
+import pytest
+
+from tidings import Client
+from tidings.client.base import RetryPolicy
+from tidings.client.transports import Request, Response
+from tidings.codec.wire import AVRO_EXT, JSON, Media
+from tidings.errors import (
+    BadRequest,
+    InvalidProperties,
+    ServerError,
+    ServiceUnavailable,
+)
+
+RETRY = RetryPolicy(attempts=2, initial_backoff=0, jitter=0)
+Handler = Callable[[Request], Response]
+
+
+class Fake:
+    """A transport answering every request with ``handler``; keeps what was sent."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.sent: list[Request] = []
+
+    def send(self, request: Request) -> Response:
+        self.sent.append(request)
+        return self.handler(request)
+
+    def close(self) -> None:
+        pass
+
+
+def answer(body: bytes, status: int = 200, content_type: str = "application/json") -> Handler:
+    return lambda request: Response(status, body, content_type)
+
+
+def client(handler: Handler, media: Media = JSON) -> tuple[Client, Fake]:
+    fake = Fake(handler)
+    return Client("http://h:1", media=media, retry=RETRY, transport=fake), fake
+
+
+# --- integers past 64 bits -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("media", [JSON, AVRO_EXT])
+def test_integers_past_64_bits_are_refused_before_sending(media: Media) -> None:
+    c, fake = client(answer(b"{}"), media)
+    huge = 2**70
+    with pytest.raises(InvalidProperties, match="ttl"):
+        c.create_topic("t", ttl=huge)
+    with pytest.raises(InvalidProperties, match="ttl"):
+        c.update_topic("t", ttl=-huge)
+    with pytest.raises(BadRequest, match="maxMessages"):
+        c.queue("t", "q").pop(max_messages=huge)
+    with pytest.raises(BadRequest, match="limit"):
+        c.poll("t", limit=huge)
+    with pytest.raises(BadRequest, match="sessionTimeoutMs"):
+        c.consume("t", group="g", session_timeout=huge, follow=False).poll()
+    with pytest.raises(ValueError, match="max_bytes"):
+        c.poll("t", max_bytes=huge)
+    assert not [r for r in fake.sent if not r.url.endswith("/release")]
+
+
+# --- URLs --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://user:secret@127.0.0.1:8470",
+        "http://token@127.0.0.1:8470",
+        "http://a..b:8470",
+        "http://" + "x" * 64 + ".example:8470",
+        "http://h:99999",
+        "http://h x:1",
+    ],
+)
+def test_a_url_the_client_cannot_use_is_refused_at_construction(url: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        Client(url)
+    assert "secret" not in str(caught.value)
+    with pytest.raises(ValueError):
+        Client("http://127.0.0.1:8470", transactions_url=url)
+
+
+# --- a queue's with block ------------------------------------------------------------------
+
+
+def test_a_with_blocks_error_survives_a_failed_release() -> None:
+    unavailable = orjson.dumps({"error": "down", "type": "ServiceUnavailable"})
+    c, fake = client(answer(unavailable, 503))
+    with pytest.raises(KeyError) as caught, c.queue("t", "q"):
+        raise KeyError("the block's own")
+    assert caught.value.args == ("the block's own",)
+    assert any("ServiceUnavailable" in note for note in caught.value.__notes__)
+    assert fake.sent and fake.sent[-1].url.endswith("/release")
+    # Without an error of its own, the block raises the release's.
+    with pytest.raises(ServiceUnavailable), c.queue("t", "q"):
+        pass
+
+
+# --- malformed answers ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body", [b"<html>oops</html>", b"{", b'"done"', b"[1]"])
+def test_a_malformed_answer_to_publish_or_delete_is_no_success(body: bytes) -> None:
+    c, _ = client(answer(body))
+    with pytest.raises(ServerError):
+        c.publish("t", [b"x"])
+    with pytest.raises(ServerError):
+        c.delete_topic("t")
+
+
+def test_the_usual_answers_still_succeed() -> None:
+    c, _ = client(answer(b""))
+    assert c.publish("t", [b"x"]) is None
+    c, _ = client(answer(b"{}"))
+    assert c.delete_topic("t") is None
+
+
+@pytest.mark.parametrize("body", [b"{}", b"", b"null", b"[]", b"<html>"])
+def test_an_abort_answer_without_its_outcome_is_no_success(body: bytes) -> None:
+    c, _ = client(answer(body))
+    with pytest.raises(ServerError):
+        c.abort(5)
+    with pytest.raises(ServerError):
+        c.invalidate(5)
+    c, _ = client(answer(b'{"outcome": "aborted", "already": false}'))
+    assert c.abort(5).aborted
+
+
+@pytest.mark.parametrize("media", [JSON, AVRO_EXT])
+@pytest.mark.parametrize("body", [b"{not json", b'[{"id": 1}]', b"\x00\xff\x07"])
+def test_a_malformed_poll_answer_is_a_server_error(media: Media, body: bytes) -> None:
+    content_type = "application/json" if body.startswith((b"{", b"[")) else media.value
+    c, _ = client(answer(body, content_type=content_type), media)
+    with pytest.raises(ServerError):
+        c.poll("t")
+    with pytest.raises(ServerError):
+        list(c.consume("t", follow=False))
+    with pytest.raises(ServerError):
+        c.queue("t", "q").pop()
