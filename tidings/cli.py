@@ -13,7 +13,10 @@ import contextlib
 import logging
 import math
 import os
+import queue as _queue
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -49,6 +52,7 @@ class _Settings:
     token: str | None = None
     cacert: Path | None = None
     transactions_url: str | None = None
+    timeout: float | None = None
 
 
 class _UsageProblem(click.ClickException):
@@ -62,6 +66,19 @@ def _one_line(exc: click.UsageError) -> click.ClickException:
     # The message quotes what was given: a line break in an argument stays in the line.
     message = _escape_controls(exc.format_message().rstrip("."))
     return _UsageProblem(f"{message} (see '{where} --help')")
+
+
+class _Seconds(click.FloatRange):
+    """A number of seconds: infinity and NaN are refused as wrong usage (the client
+    refuses them, and that was a traceback)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return seconds
 
 
 class _Main(click.Group):
@@ -144,6 +161,15 @@ class _Main(click.Group):
     help="Where the transaction service answers, if not at --url (a server run as "
     "--role messaging and --role transactions) [env: TIDINGS_TRANSACTIONS_URL].",
 )
+@click.option(
+    "--timeout",
+    envvar="TIDINGS_TIMEOUT",
+    type=_Seconds(min=0, min_open=True),
+    default=None,
+    help="Seconds to wait for each answer of the server; a request safe to repeat is "
+    "tried up to 3 times, and a long poll waits its --wait on top [default: 30] "
+    "[env: TIDINGS_TIMEOUT].",
+)
 @click.pass_context
 def main(
     ctx: click.Context,
@@ -152,10 +178,11 @@ def main(
     token: str | None,
     cacert: Path | None,
     transactions_url: str | None,
+    timeout: float | None,
 ) -> None:
     """Tidings: a transactional messaging system."""
     tx_url = None if not transactions_url else _with_scheme(transactions_url, "--transactions-url")
-    ctx.obj = _Settings(_with_scheme(url), namespace, token, cacert, tx_url)
+    ctx.obj = _Settings(_with_scheme(url), namespace, token, cacert, tx_url, timeout)
 
 
 def _check_token(token: str | None) -> str | None:
@@ -206,9 +233,18 @@ def _with_scheme(url: str, option: str = "--url") -> str:
         or parts.scheme.lower() not in ("http", "https")
         or not parts.hostname
         or port == 0
+        or any(c <= " " or c == "\x7f" for c in parts.netloc)
     ):
         raise click.BadParameter(
             f"not a server URL: {given!r}; expected HOST:PORT or http(s)://HOST:PORT",
+            param_hint=option,
+        )
+    if "@" in parts.netloc:
+        # The client refuses them too: they went out in the Host header, which the
+        # server refused. The message does not repeat the URL, which holds a password.
+        raise click.BadParameter(
+            "a server URL with credentials (user:password@): the server takes a bearer "
+            "token, --token, instead",
             param_hint=option,
         )
     return url
@@ -356,13 +392,18 @@ def _client(ctx: click.Context) -> Client:
     _log_lines()
     settings = _settings(ctx)
     verify: bool | str = True if settings.cacert is None else str(settings.cacert)
-    client = Client(
-        settings.url,
-        settings.namespace,
-        token=settings.token,
-        verify=verify,
-        transactions_url=settings.transactions_url,
-    )
+    extra: dict[str, Any] = {} if settings.timeout is None else {"timeout": settings.timeout}
+    try:
+        client = Client(
+            settings.url,
+            settings.namespace,
+            token=settings.token,
+            verify=verify,
+            transactions_url=settings.transactions_url,
+            **extra,
+        )
+    except ValueError as exc:  # a URL the client cannot use that our checks let by
+        raise click.UsageError(str(exc)) from None
     ctx.call_on_close(client.close)
     return client
 
@@ -380,19 +421,6 @@ def _pairs(values: Iterable[str], what: str, *, raw_values: bool = False) -> dic
             _check_text(value, what)
         out[name] = value
     return out
-
-
-class _Seconds(click.FloatRange):
-    """A number of seconds: infinity and NaN are refused as wrong usage (the client
-    refuses them, and that was a traceback)."""
-
-    name = "seconds"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        seconds = super().convert(value, param, ctx)
-        if not math.isfinite(seconds):
-            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
-        return seconds
 
 
 def _emit_json(value: object) -> None:
@@ -461,6 +489,27 @@ _property_option = click.option(
 )
 
 
+def _properties(props: tuple[str, ...], ttl: int | None) -> dict[str, str]:
+    """The -p NAME=VALUE items; a property given twice with two values, or a ttl
+    given by --ttl and -p ttl= with two, is wrong usage (one of them was silently
+    dropped)."""
+    out = _pairs(props, "--property")
+    seen: dict[str, str] = {}
+    for item in props:
+        name, _, value = item.partition("=")
+        if seen.setdefault(name, value) != value:
+            raise click.BadParameter(
+                f"{name!r} is given twice, as {seen[name]!r} and {value!r}",
+                param_hint="--property",
+            )
+    given = out.get("ttl")
+    if ttl is not None and given is not None and given.strip() != str(ttl):
+        raise click.BadParameter(
+            f"the ttl is given twice: --ttl {ttl} and -p ttl={given}", param_hint="--ttl"
+        )
+    return out
+
+
 @topics.command("create")
 @click.argument("topic")
 @_ttl_option
@@ -468,7 +517,8 @@ _property_option = click.option(
 @click.pass_context
 def topics_create(ctx: click.Context, topic: str, ttl: int | None, props: tuple[str, ...]) -> None:
     """Create TOPIC."""
-    meta = _client(ctx).create_topic(topic, ttl=ttl, properties=_pairs(props, "--property"))
+    properties = _properties(props, ttl)
+    meta = _client(ctx).create_topic(topic, ttl=ttl, properties=properties)
     click.echo(f"created topic {meta.name} (ttl {meta.ttl}s, generation {meta.generation})")
 
 
@@ -516,7 +566,8 @@ def topics_describe(ctx: click.Context, topic: str, as_json: bool) -> None:
 @click.pass_context
 def topics_update(ctx: click.Context, topic: str, ttl: int | None, props: tuple[str, ...]) -> None:
     """Replace ALL of TOPIC's properties (unset ones return to their defaults)."""
-    meta = _client(ctx).update_topic(topic, ttl=ttl, properties=_pairs(props, "--property"))
+    properties = _properties(props, ttl)
+    meta = _client(ctx).update_topic(topic, ttl=ttl, properties=properties)
     click.echo(f"updated topic {meta.name} (ttl {meta.ttl}s)")
 
 
@@ -532,9 +583,95 @@ def topics_delete(ctx: click.Context, topic: str) -> None:
 # --- publish ------------------------------------------------------------------------
 
 
-def _stdin_lines(stream: IO[bytes]) -> Iterator[bytes]:
-    for line in stream:
-        yield line[:-1] if line.endswith(b"\n") else line
+#: Seconds a line of stdin waits for more to join its request (publish --linger).
+DEFAULT_LINGER = 0.1
+_END = object()
+
+
+def _read_chunks(stream: IO[bytes], chunks: _queue.Queue[object]) -> None:
+    """Put ``stream``'s lines on ``chunks`` a list at a time, as they arrive (what one
+    read gives: up to 64 KiB of a file or a fast pipe, one line of a slow one), then
+    ``_END``; an error of the read goes on it before ``_END``."""
+    read: Callable[[int], bytes]
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):  # not a file (a test's in-memory input)
+        read = getattr(stream, "read1", None) or stream.read
+    else:
+        # The file descriptor, not the buffered stream: this thread may still wait in
+        # a read when the command ends (Ctrl-C), and one waiting inside the stream
+        # holds its lock, which the interpreter's exit then aborts on.
+        def read(size: int) -> bytes:
+            return os.read(fd, size)
+
+    tail: list[bytes] = []
+    try:
+        while data := read(1 << 16):
+            if b"\n" not in data:
+                tail.append(data)  # a long line: joined once it ends
+                continue
+            lines = data.split(b"\n")
+            if tail:
+                lines[0] = b"".join(tail) + lines[0]
+                tail = []
+            last = lines.pop()
+            if last:
+                tail.append(last)
+            chunks.put(lines)
+        if tail:
+            chunks.put([b"".join(tail)])
+    except BaseException as exc:  # handed to the publishing thread, which raises it
+        chunks.put(exc)
+    finally:
+        chunks.put(_END)
+
+
+def _stdin_batches(
+    stream: IO[bytes], size: int, weight: Callable[[bytes], int], linger: float
+) -> Iterator[list[bytes]]:
+    """The lines of ``stream`` in batches as :func:`_batches` makes them, except that a
+    batch also goes once its first line has waited ``linger`` seconds for more (0:
+    as soon as nothing more has been read): a slow stream (``tail -f log``) is
+    published line by line as it comes, not held back until 500 lines or its end,
+    while a file or a fast pipe, read faster than it is published, fills whole
+    batches (as Kafka's console producer lingers)."""
+    chunks: _queue.Queue[object] = _queue.Queue(maxsize=64)
+    reader = threading.Thread(
+        target=_read_chunks, args=(stream, chunks), name="tidings-stdin", daemon=True
+    )
+    reader.start()
+    batch: list[bytes] = []
+    total = 0
+    deadline = 0.0
+    while True:
+        try:
+            if not batch:
+                item = chunks.get()
+            else:
+                item = chunks.get(timeout=max(0.0, deadline - time.monotonic()))
+        except _queue.Empty:
+            yield batch
+            batch, total = [], 0
+            continue
+        if item is _END:
+            if batch:
+                yield batch
+            return
+        if isinstance(item, BaseException):
+            raise item
+        assert isinstance(item, list)
+        for line in item:
+            w = weight(line)
+            if batch and total + w > BATCH_BYTES:
+                yield batch
+                batch, total = [], 0
+            if not batch:
+                deadline = time.monotonic() + linger
+            batch.append(line)
+            total += w
+            if len(batch) >= size:
+                yield batch
+                batch, total = [], 0
 
 
 #: Bytes of payload per publish request, well below the server's default body limit.
@@ -564,10 +701,6 @@ def _batches(
         yield batch
 
 
-def _record_bytes(record: Record) -> int:
-    return len(record.payload) + len(record.key or b"")
-
-
 @main.command()
 @click.argument("topic")
 @click.argument("messages", nargs=-1)
@@ -580,6 +713,10 @@ def _record_bytes(record: Record) -> int:
     "--batch-size", type=click.IntRange(min=1), default=500, show_default=True,
     help="Messages per request (and at most 4 MiB of them).",
 )  # fmt: skip
+@click.option(
+    "--linger", type=_Seconds(min=0), default=DEFAULT_LINGER, show_default=True,
+    help="Seconds a line of stdin waits for more lines to join its request (0: none).",
+)  # fmt: skip
 @click.pass_context
 def publish(
     ctx: click.Context,
@@ -589,6 +726,7 @@ def publish(
     key: str | None,
     headers: tuple[str, ...],
     batch_size: int,
+    linger: float,
 ) -> None:
     """Publish MESSAGES (or, without any, each line of stdin) to TOPIC.
 
@@ -600,17 +738,24 @@ def publish(
         k: os.fsencode(v) for k, v in _pairs(headers, "--header", raw_values=True).items()
     }
     raw_key = None if key is None else os.fsencode(key)
-    payloads: Iterable[bytes] = (
-        [os.fsencode(m) for m in messages] if messages else _stdin_lines(sys.stdin.buffer)
-    )
-    records = (Record(p, raw_key, header_map) for p in payloads)
+    key_bytes = len(raw_key or b"")
+    payload_batches: Iterable[list[bytes]]
+    if messages:
+        payload_batches = _batches(
+            [os.fsencode(m) for m in messages], batch_size, lambda p: len(p) + key_bytes
+        )
+    else:
+        payload_batches = _stdin_batches(
+            sys.stdin.buffer, batch_size, lambda p: len(p) + key_bytes, linger
+        )
+    batches = ([Record(p, raw_key, header_map) for p in b] for b in payload_batches)
     client = _client(ctx)
     count = 0
     if tx:
         with _progress(len(messages) or None, f"publishing to {topic}") as progress:
             task = progress.task_ids[0]
             with client.transaction() as transaction:
-                for batch in _batches(records, batch_size, _record_bytes):
+                for batch in batches:
                     transaction.publish(topic, batch)
                     count += len(batch)
                     progress.advance(task, len(batch))
@@ -620,7 +765,7 @@ def publish(
     try:
         with _progress(len(messages) or None, f"publishing to {topic}") as progress:
             task = progress.task_ids[0]
-            for batch in _batches(records, batch_size, _record_bytes):
+            for batch in batches:
                 client.publish(topic, batch)
                 count += len(batch)
                 progress.advance(task, len(batch))
@@ -699,7 +844,7 @@ def _check_start(ctx: click.Context, param: click.Parameter, value: str) -> str:
 )  # fmt: skip
 @click.option("--limit", type=click.IntRange(min=1), help="Stop after this many messages.")
 @click.option(
-    "--max-bytes", type=click.IntRange(min=1), metavar="BYTES",
+    "--max-bytes", type=click.IntRange(1, INT64_MAX), metavar="BYTES",
     help="Bytes of messages per poll (default and most: the server's fetch_max_bytes).",
 )  # fmt: skip
 @click.pass_context
