@@ -8,7 +8,7 @@ from collections.abc import Callable
 import orjson
 import pytest
 
-from tidings import Client
+from tidings import Client, Record
 from tidings.client.base import RetryPolicy
 from tidings.client.transports import Request, Response
 from tidings.codec.wire import AVRO_EXT, JSON, Media
@@ -67,6 +67,27 @@ def test_integers_past_64_bits_are_refused_before_sending(media: Media) -> None:
     with pytest.raises(ValueError, match="max_bytes"):
         c.poll("t", max_bytes=huge)
     assert not [r for r in fake.sent if not r.url.endswith("/release")]
+
+
+@pytest.mark.parametrize("media", [JSON, AVRO_EXT])
+@pytest.mark.parametrize("ttl", [2**70, 2**63, 0])
+def test_a_message_ttl_the_server_cannot_take_is_refused_before_sending(
+    media: Media, ttl: int
+) -> None:
+    c, fake = client(answer(b""), media)
+    with pytest.raises(BadRequest, match="ttl"):
+        c.publish("t", Record(b"x", ttl=ttl))
+    with pytest.raises(BadRequest, match="ttl"):
+        c.publish("t", Record(b"x", headers={"h": b"v"}, ttl=ttl))
+    assert not fake.sent
+
+
+@pytest.mark.parametrize("seconds", [float("inf"), float("nan"), 0, -1])
+def test_a_session_timeout_that_is_no_positive_number_is_a_value_error(seconds: float) -> None:
+    c, fake = client(answer(b"{}"))
+    with pytest.raises(ValueError, match="session_timeout"):
+        c.consume("t", group="g", session_timeout=seconds, follow=False).poll()
+    assert not fake.sent
 
 
 # --- URLs --------------------------------------------------------------------------------

@@ -197,6 +197,22 @@ def dumps_request(body: object, invalid: type[BadRequest] = BadRequest) -> bytes
         ) from None
 
 
+def _check_ttls(records: Sequence[Record | bytes]) -> None:
+    """A message's ``ttl`` is whole seconds, at least 1, of 64 bits: the Avro body would
+    carry a larger one (and JSON fail on it with a bare TypeError), for the server to
+    refuse. BadRequest, as the server answers, before anything is sent."""
+    for record in records:
+        if type(record) is bytes:
+            continue
+        ttl = getattr(record, "ttl", None)
+        if ttl is not None and (
+            isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= INT64_MAX
+        ):
+            raise BadRequest(
+                f"a message's ttl must be whole seconds from 1 to {INT64_MAX}, got {ttl!r:.40}"
+            )
+
+
 def _check_limit(limit: int | None) -> int | None:
     """A poll's ``limit``, which the Avro body would write whatever its size and JSON
     cannot carry past 64 bits: BadRequest, as the server answers, before sending."""
@@ -512,6 +528,7 @@ def _json_batch(topic: str, records: Sequence[Record | bytes]) -> dict[str, Any]
             "messages": [b64(r.payload) for r in keyed],
             "extras": [None if r.key is None else {"key": b64(r.key)} for r in keyed],
         }
+    _check_ttls(records)
     part: dict[str, Any] = orjson.loads(wire.encode_publish_request(None, records, JSON))
     part.pop("transactionWritePointer", None)
     part["topic"] = topic
@@ -534,6 +551,7 @@ def _transaction_body(
     bodies = []
     for topic, records in batches:
         check_name(topic)
+        _check_ttls(records)
         if not frames:
             bodies.append((topic, wire.encode_publish_request(None, records, AVRO_EXT)))
             continue
@@ -695,6 +713,8 @@ class RestApi:
                 pass  # headers or a TTL, which only the client's medium carries
             else:
                 return body, payload_frames.CONTENT_TYPE
+        if self.media is not AVRO and not _plain(records):
+            _check_ttls(records)  # (plain Avro refuses any ttl, as ValueError)
         return wire.encode_publish_request(write_pointer, records, self.media), self.media.value
 
     def _unless_refused(

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from zlib import crc32
 
@@ -144,6 +145,15 @@ class GroupConsumer(Iterator[Message]):
             )
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        if isinstance(session_timeout, bool) or not (
+            isinstance(session_timeout, int | float)
+            and session_timeout > 0
+            and math.isfinite(session_timeout)
+        ):
+            # Infinity failed the first poll with OverflowError as it became milliseconds.
+            raise ValueError(
+                f"session_timeout must be a positive number of seconds, got {session_timeout!r}"
+            )
         self._client = client
         self.topic = topic
         self.group = group
