@@ -169,3 +169,20 @@ def test_a_malformed_poll_answer_is_a_server_error(media: Media, body: bytes) ->
         list(c.consume("t", follow=False))
     with pytest.raises(ServerError):
         c.queue("t", "q").pop()
+
+
+BODIES = [b"{", b"[]", b'"x"', b"null", b'{"newestId": "zz", "lastStableId": null}', b"\xff"]
+
+
+@pytest.mark.parametrize("body", BODIES)
+def test_any_success_answer_that_does_not_decode_is_a_server_error(body: bytes) -> None:
+    c, _ = client(answer(body))
+    for call in (
+        lambda: c.end("t"),
+        lambda: c.get_topic("t"),
+        lambda: c.stats("t"),
+        lambda: c.transactions(),
+        lambda: c.queue("t", "q").nack([]) or c.purge_queue("t", "q"),
+    ):
+        with pytest.raises(ServerError):
+            call()

@@ -96,7 +96,8 @@ class Call(Generic[T]):
         """The decoded value, or the server's error raised as its Tidings class."""
         if response.status >= 300:
             raise error_from_response(response)
-        return self.decode(response)
+        with _answer():
+            return self.decode(response)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,14 +149,15 @@ def check_max_bytes(max_bytes: int | None) -> int | None:
 
 
 @contextmanager
-def _answer(what: str) -> Iterator[None]:
+def _answer(what: str = "") -> Iterator[None]:
     """Decoding a server's answer: the codecs, shared with the server, raise
     BadRequest (or a bare decoding error) for a malformed body, which here means the
     server broke its contract, not that the caller erred."""
     try:
         yield
     except (BadRequest, ValueError, IndexError, KeyError, TypeError, struct.error) as exc:
-        raise ServerError(f"malformed {what} answer from the server: {exc}") from None
+        kind = f"{what} " if what else ""
+        raise ServerError(f"malformed {kind}answer from the server: {exc}") from None
 
 
 def _out_of_range(value: object, path: str) -> tuple[str, int] | None:
