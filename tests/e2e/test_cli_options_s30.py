@@ -4,10 +4,12 @@ and ``publish`` from a slow pipe, which sends each line as it comes."""
 
 from __future__ import annotations
 
+import http.server
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -121,3 +123,50 @@ def test_publish_from_a_slow_pipe_sends_each_line_as_it_comes(
             b"second",
             b"third",
         ]
+
+
+@pytest.fixture
+def garbage_url() -> Iterator[str]:
+    """A server answering 200 to everything: ``{}`` to transactions, else no JSON."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(length)
+            body = b"{}" if "/v1/transactions/" in self.path else b"<html>ok</html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["tx", "abort", "5"],
+        ["tx", "invalidate", "5"],
+        ["topics", "delete", "t"],
+        ["publish", "t", "a"],
+    ],
+)
+def test_a_malformed_success_answer_is_an_error_not_a_success(
+    garbage_url: str, args: list[str]
+) -> None:
+    result = invoke("--url", garbage_url, *args)
+    assert one_line(result, 1).startswith("Error: ServerError: ")
+    assert "aborted" not in result.stdout and "deleted" not in result.stdout
