@@ -97,6 +97,7 @@ def test_a_session_timeout_that_is_no_positive_number_is_a_value_error(seconds: 
     "url",
     [
         "http://user:secret@127.0.0.1:8470",
+        "http://user:secret@127.0.0.1:99999",
         "http://token@127.0.0.1:8470",
         "http://a..b:8470",
         "http://" + "x" * 64 + ".example:8470",

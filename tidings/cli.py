@@ -220,6 +220,15 @@ def _with_scheme(url: str, option: str = "--url") -> str:
     url = url.strip()
     if "://" not in url:
         url = "http://" + url
+    with contextlib.suppress(ValueError):
+        if "@" in urlsplit(url).netloc:
+            # The client refuses them too: they went out in the Host header, which the
+            # server refused. The message does not repeat the URL, which holds a password.
+            raise click.BadParameter(
+                "a server URL with credentials (user:password@): the server takes a "
+                "bearer token, --token, instead",
+                param_hint=option,
+            )
     try:
         parts = urlsplit(url)
         port = parts.port  # raises for a port that is no number in 0..65535
@@ -237,14 +246,6 @@ def _with_scheme(url: str, option: str = "--url") -> str:
     ):
         raise click.BadParameter(
             f"not a server URL: {given!r}; expected HOST:PORT or http(s)://HOST:PORT",
-            param_hint=option,
-        )
-    if "@" in parts.netloc:
-        # The client refuses them too: they went out in the Host header, which the
-        # server refused. The message does not repeat the URL, which holds a password.
-        raise click.BadParameter(
-            "a server URL with credentials (user:password@): the server takes a bearer "
-            "token, --token, instead",
             param_hint=option,
         )
     return url

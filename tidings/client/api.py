@@ -581,16 +581,20 @@ def check_url(url: str, what: str = "url") -> str:
         raise ValueError(f"{what} must be a str, not {type(url).__name__}")
     try:
         parts = urlsplit(url)
+    except ValueError:  # a bracketed host that is no IPv6 address
+        raise ValueError(f"{what} is not an http(s) URL: {url!r}") from None
+    # Before any message quotes the URL: it must not show a password.
+    if "@" in parts.netloc:
+        raise ValueError(
+            f"{what} holds credentials (user:password@), which the server does not "
+            "take: pass a bearer token as token= instead (docs/security.md)"
+        )
+    try:
         parts.port  # noqa: B018  (ValueError for a port that is no number in 0..65535)
     except ValueError:
         raise ValueError(f"{what} is not an http(s) URL with a valid port: {url!r}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{what} is not an http(s) URL: {url!r}")
-    if "@" in parts.netloc:
-        raise ValueError(
-            f"{what} holds credentials (user:password@), which the server does not take: "
-            "pass a bearer token as token= instead (docs/security.md)"
-        )
     try:
         parts.hostname.encode("idna")
     except UnicodeError:
