@@ -3,13 +3,18 @@ before anything is sent (arguments) or instead of a success (answers)."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import threading
 from collections.abc import Callable
 
 import orjson
 import pytest
 
 from tidings import Client, Record
+from tidings.client.asyncio_transport import AsyncioTransport
 from tidings.client.base import RetryPolicy
+from tidings.client.socket_transport import SocketTransport
 from tidings.client.transports import Request, Response
 from tidings.codec.wire import AVRO_EXT, JSON, Media
 from tidings.errors import (
@@ -17,6 +22,7 @@ from tidings.errors import (
     InvalidProperties,
     ServerError,
     ServiceUnavailable,
+    TidingsConnectionError,
 )
 
 RETRY = RetryPolicy(attempts=2, initial_backoff=0, jitter=0)
@@ -187,3 +193,51 @@ def test_any_success_answer_that_does_not_decode_is_a_server_error(body: bytes) 
     ):
         with pytest.raises(ServerError):
             call()
+
+
+# --- the transports on their own --------------------------------------------------------
+
+
+def test_the_transports_refuse_a_host_no_dns_name_can_be_with_a_tidings_error() -> None:
+    request = Request("GET", "http://a..b:1/healthz", timeout=1)
+    with pytest.raises(TidingsConnectionError):
+        SocketTransport().send(request)
+
+    async def send() -> None:
+        transport = AsyncioTransport()
+        try:
+            await transport.send(request)
+        finally:
+            await transport.aclose()
+
+    with pytest.raises(TidingsConnectionError):
+        asyncio.run(send())
+
+
+def test_the_host_header_never_carries_credentials() -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        server.settimeout(5)
+        port = server.getsockname()[1]
+        seen: list[bytes] = []
+
+        def answer_once() -> None:
+            conn, _ = server.accept()
+            with conn:
+                seen.append(conn.recv(65536))
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+
+        thread = threading.Thread(target=answer_once)
+        thread.start()
+        transport = SocketTransport()
+        try:
+            response = transport.send(
+                Request("GET", f"http://user:secret@127.0.0.1:{port}/healthz", timeout=5)
+            )
+        finally:
+            transport.close()
+            thread.join(5)
+    assert response.status == 200
+    assert f"Host: 127.0.0.1:{port}\r\n".encode() in seen[0]
+    assert b"secret" not in seen[0]

@@ -91,9 +91,17 @@ def origin_of(base: str, extra: bytes) -> Origin:
     parts = urlsplit(base)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise TidingsConnectionError(f"not an http(s) URL: {base!r}")
+    try:
+        # The socket layer encodes the name so, and failed with a bare UnicodeError.
+        parts.hostname.encode("idna")
+    except UnicodeError:
+        raise TidingsConnectionError(f"no DNS name can be the host of {base!r}") from None
     tls = parts.scheme == "https"
     port = parts.port or (443 if tls else 80)
-    headers = f"Host: {parts.netloc}\r\nUser-Agent: {_USER_AGENT}\r\n".encode() + extra
+    # Credentials (user:password@) are no part of the Host header: the server refuses
+    # such a header (the clients refuse such URLs before they get here).
+    host = parts.netloc.rpartition("@")[2]
+    headers = f"Host: {host}\r\nUser-Agent: {_USER_AGENT}\r\n".encode() + extra
     return Origin(parts.hostname, port, tls, headers)
 
 
