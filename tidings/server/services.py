@@ -271,7 +271,7 @@ def _exit_unclosed(why: str, after: float, code: int) -> None:
         with contextlib.suppress(Exception):
             handler.flush()
     sys.stdout.flush()
-    os._exit(3)
+    os._exit(code)
 
 
 def _default_advertise_url(config: ServerConfig) -> str:
