@@ -336,7 +336,8 @@ class OutcomeUnknown(ServerError):
     have been carried out. Not a 503, which says "not done": an idempotent request (an
     idempotent publish, an ack) may be sent again, and the Python clients do so; any
     other (a plain publish, a pop) must be checked before it is sent again, or it may
-    be carried out twice."""
+    be carried out twice. Also an instance standing by's answer (502) when the leader's
+    answer to a request it forwarded was lost."""
 
 
 class ServiceUnavailable(TidingsError):
@@ -421,6 +422,10 @@ def _all_wire_errors() -> dict[str, type[TidingsError]]:
     return found
 
 
+#: Statuses besides its own that an error type is believed with: a standby's 502 (Bad
+#: Gateway) when the leader's answer to a forwarded request was lost.
+_ALSO: dict[type[TidingsError], tuple[int, ...]] = {OutcomeUnknown: (502,)}
+
 _BY_STATUS: dict[int, type[TidingsError]] = {
     400: BadRequest,
     401: Unauthorized,
@@ -444,6 +449,6 @@ def error_for(status: int, body: object) -> TidingsError:
         raw_type = body.get("type")
         type_name = raw_type if isinstance(raw_type, str) else None
     cls = _all_wire_errors().get(type_name or "")
-    if cls is None or cls.status != status:
+    if cls is None or (cls.status != status and status not in _ALSO.get(cls, ())):
         cls = _BY_STATUS.get(status, ServerError if status >= 500 else BadRequest)
     return cls(message or f"HTTP {status}")

@@ -19,9 +19,10 @@ instance has not reached PostgreSQL for a whole lease), the answer is a retriabl
 lease's last poll, not from a query on the way): the clients retry, and by then this
 instance or another leads. Where the leader got the request but its answer was lost
 (a read timeout, the leader died while answering), the outcome is unknown and the
-answer is 502 ``ServerError``, as a lost connection would be to a client talking to
+answer is 502 ``OutcomeUnknown``, as a lost connection would be to a client talking to
 the leader itself: a 503 would say the request was not carried out, and a client
-would then send a transaction that committed again, or roll it back.
+would then send a transaction that committed again, or roll it back; a plain
+``ServerError`` (a bug's) would not say that it may have been carried out.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from tidings.errors import (
+    OutcomeUnknown,
     PayloadTooLarge,
-    ServerError,
     ServiceUnavailable,
     TidingsError,
     Unauthorized,
@@ -74,8 +75,8 @@ _NOT_PASSED_BACK = _HOP | {b"date"}
 #: effect, so the answer is a retriable 503. Any other failure may come after the leader
 #: received the request (a read timeout, a connection closed while it answered).
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
-#: The status of an answer lost on the hop (Bad Gateway), as a ``ServerError``: the
-#: outcome is unknown, as after a lost connection.
+#: The status of an answer lost on the hop (Bad Gateway), as an ``OutcomeUnknown``:
+#: the outcome is unknown, as after a lost connection.
 _ANSWER_LOST = 502
 #: How long a looked-up leader URL is trusted before the lease is asked again.
 _LEADER_TTL = 1.0
@@ -227,7 +228,7 @@ class Forwarder:
             # say (clients read a 503 as "nothing was done", and a transaction context
             # then sends its transaction again, or rolls back one that committed).
             self._cached = (0.0, None)
-            error = ServerError(
+            error = OutcomeUnknown(
                 f"the leader at {leader} did not answer ({type(exc).__name__}): the "
                 "request may or may not have taken effect"
             )

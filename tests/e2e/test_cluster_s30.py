@@ -1,0 +1,83 @@
+"""Regression tests of several instances on one PostgreSQL store (found by the
+failover model, tests/e2e/test_cluster_model_s30.py): what a standby and an ex-leader
+answer when a request's fate is unknown, or when nothing was done.
+
+Black box: real server processes, a real PostgreSQL, the real client.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.conftest import fresh_database
+from tests.e2e.serverproc import ServerProcess, readiness
+from tidings import Client, RetryPolicy
+from tidings.errors import OutcomeUnknown, TidingsError
+
+pytestmark = pytest.mark.e2e
+
+LEASE = 1.5
+PATIENT = RetryPolicy(attempts=30, initial_backoff=0.05, max_backoff=0.3)
+
+
+class Pair:
+    """Two instances on one fresh database; the first started leads."""
+
+    def __init__(self, root: Path, url: str) -> None:
+        self.url = url
+        args = ["--store", url, "--lease-seconds", str(LEASE)]
+        self.a = ServerProcess(root / "a", args).start()
+        self.b = ServerProcess(root / "b", args).start()
+        assert readiness(self.a) == "ready" and readiness(self.b) == "forwarding"
+
+    def epoch(self) -> int:
+        with psycopg.connect(self.url) as conn:
+            row = conn.execute("SELECT epoch FROM tidings_leases WHERE name = 'leader'").fetchone()
+        return int(row[0]) if row else 0
+
+
+@pytest.fixture
+def pair(tmp_path: Path, postgres_url: str) -> Iterator[Pair]:
+    made = Pair(tmp_path, fresh_database(postgres_url))
+    try:
+        yield made
+    finally:
+        for node in (made.a, made.b):
+            if node.proc is not None and node.proc.poll() is None:
+                node.proc.send_signal(signal.SIGCONT)
+            node.kill()
+
+
+def test_a_standby_says_the_outcome_is_unknown_when_the_leaders_answer_is_lost(
+    pair: Pair,
+) -> None:
+    """The leader dies while a request forwarded to it waits for its answer: the
+    standby cannot know whether it was carried out, and says so as a 500 that is not
+    a bug's (a client told only "ServerError" cannot tell it from one that changed
+    nothing)."""
+    a, b = pair.a, pair.b
+    once = RetryPolicy(attempts=1)
+    with Client(a.url) as client:
+        client.create_topic("t")
+    raised: list[BaseException] = []
+
+    def wait_through_b() -> None:
+        with Client(b.url, retry=once) as client:
+            try:
+                client.poll("t", wait=10.0)
+            except TidingsError as exc:
+                raised.append(exc)
+
+    thread = threading.Thread(target=wait_through_b)
+    thread.start()
+    time.sleep(0.5)  # the long-poll waits at the leader
+    a.kill()
+    thread.join(20)
+    assert raised and isinstance(raised[0], OutcomeUnknown), raised
