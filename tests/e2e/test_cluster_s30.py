@@ -1,6 +1,6 @@
 """Regression tests of several instances on one PostgreSQL store (found by the
-failover model, tests/e2e/test_cluster_model_s30.py): what a standby and an ex-leader
-answer when a request's fate is unknown, or when nothing was done.
+failover model, tests/e2e/test_cluster_model_s30.py): what a standby and a deposed
+leader answer when a request's fate is unknown, or when nothing was done.
 
 Black box: real server processes, a real PostgreSQL, the real client.
 """
@@ -17,13 +17,14 @@ import psycopg
 import pytest
 
 from tests.conftest import fresh_database
-from tests.e2e.serverproc import ServerProcess, readiness
+from tests.e2e.serverproc import ServerProcess, readiness, wait_leading
 from tidings import Client, RetryPolicy
-from tidings.errors import OutcomeUnknown, TidingsError
+from tidings.errors import OutcomeUnknown, ServiceUnavailable, TidingsError
 
 pytestmark = pytest.mark.e2e
 
-LEASE = 1.5
+#: Long: a leader renews every third of it, and must not notice a takeover first.
+LEASE = 30.0
 PATIENT = RetryPolicy(attempts=30, initial_backoff=0.05, max_backoff=0.3)
 
 
@@ -81,3 +82,31 @@ def test_a_standby_says_the_outcome_is_unknown_when_the_leaders_answer_is_lost(
     a.kill()
     thread.join(20)
     assert raised and isinstance(raised[0], OutcomeUnknown), raised
+
+
+def test_a_leader_whose_lease_was_taken_refuses_a_commit_as_not_done(pair: Pair) -> None:
+    """A commit that reaches a leader whose lease another instance has taken, before
+    its renewal noticed (it was paused, say), is refused by the database's fence:
+    nothing was done, which a retriable 503 says (a 500 ``LogFailed`` said "a bug or
+    a storage failure"); committed through the new leader, the transaction then shows
+    whole."""
+    a, b = pair.a, pair.b
+    with Client(a.url, retry=RetryPolicy(attempts=1)) as client:
+        client.create_topic("t")
+        begun = client.begin(60)
+        client.publish("t", [b"x", b"y"], write_pointer=begun.write_pointer)
+        with psycopg.connect(pair.url, autocommit=True) as conn:
+            # Another instance's takeover; a renews only every third of the lease.
+            conn.execute(
+                "UPDATE tidings_leases SET holder = 'another', epoch = epoch + 1 "
+                "WHERE name = 'leader'"
+            )
+        with pytest.raises(ServiceUnavailable):
+            client.commit(begun)
+    with psycopg.connect(pair.url, autocommit=True) as conn:
+        conn.execute("UPDATE tidings_leases SET expires_at = now() - interval '1 second'")
+    wait_leading(b, 20.0)
+    with Client(b.url, retry=PATIENT) as client:
+        client.commit(begun)
+        shown = client.poll("t", isolation="read_committed")
+        assert [m.payload for m in shown] == [b"x", b"y"]

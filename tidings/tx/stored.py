@@ -39,7 +39,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
 
-from tidings.errors import LogFailed, ServiceUnavailable
+from tidings.errors import LeaseLost, LogFailed, ServiceUnavailable, TidingsError
 from tidings.store.backend import Store, WriteView
 from tidings.tx.records import decode_record
 from tidings.tx.snapshot import decode_state, encode_state
@@ -158,7 +158,7 @@ class StoreLog:
                 return future
             try:
                 self._check()
-            except LogFailed as exc:
+            except (LogFailed, LeaseLost) as exc:
                 future.set_exception(exc)
                 return future
             heapq.heappush(self._waiters, (seq, next(self._tickets), future))
@@ -196,7 +196,7 @@ class StoreLog:
 
     def _check(self) -> None:
         if self._failed is not None:
-            raise LogFailed(f"transaction log write failed: {self._failed}")
+            raise _failure(self._failed)
         if self._closed:
             raise LogFailed("transaction log is closed")
 
@@ -228,12 +228,23 @@ class StoreLog:
             if exc is None:
                 waiter.set_result(None)
             else:
-                waiter.set_exception(LogFailed(f"transaction log write failed: {exc}"))
+                waiter.set_exception(_failure(exc))
         if first_failure and exc is not None and self.on_failed is not None:
             try:
                 self.on_failed(exc)
             except Exception:
                 log.exception("the transaction log's failure handler failed")
+
+
+def _failure(error: BaseException) -> TidingsError:
+    """What a call the failed log cannot serve raises. Where the store's fence refused
+    a write (the leader lease passed to another instance), nothing this instance
+    writes can commit any more, so nothing was done: a retriable 503 that sends the
+    client to the new leader, not a 500 that reads as a bug or a write that may have
+    happened."""
+    if isinstance(error, LeaseLost):
+        return LeaseLost(error.message)
+    return LogFailed(f"transaction log write failed: {error}")
 
 
 class StoreTxStorage:
