@@ -262,6 +262,16 @@ class LeaderLease:
         """True between a successful :meth:`acquire` and the lease's loss or release."""
         return self.epoch > 0 and not self._lost and not self._stop.is_set()
 
+    @property
+    def current(self) -> bool:
+        """True while no other instance can have taken the lease: it is held, and the
+        last acquisition or renewal the database confirmed was sent less than a lease
+        ago by this process's clock (the database counts the lease from later on). A
+        leader paused past its lease (SIGSTOP, a VM frozen) is not current from the
+        moment it runs again, before its renewal learns that another instance leads:
+        what it would answer from memory meanwhile may be out of date."""
+        return self.held and time.monotonic() - self._renewed < self.seconds
+
     def prepare(self) -> None:
         """Create the lease and instance tables where missing."""
         with self._connect() as conn:
@@ -284,10 +294,13 @@ class LeaderLease:
         self._polling = True
         try:
             while True:
+                sent = time.monotonic()
                 epoch, holder = self._poll()
                 if epoch is not None:
                     self.epoch = epoch
-                    self._renewed = time.monotonic()
+                    # From when the poll began: the database counts the lease from its
+                    # statement, which may have waited (for a fenced write) since.
+                    self._renewed = sent
                     _log.info(
                         f"leading the cluster (epoch {epoch})",
                         extra={"event": "lease", "epoch": epoch, "instance": self.instance_id},

@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
+import orjson
 import uvicorn
 import uvloop
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import tidings
-from tidings.errors import ConfigError, ServiceUnavailable, TidingsError
+from tidings.errors import ConfigError, LeaseLost, ServiceUnavailable, TidingsError
 from tidings.server.alone import LoneRequest
 from tidings.server.app import create_app
 from tidings.server.auth import Authenticator
@@ -275,6 +276,40 @@ class _Switch:
         await self.app(scope, receive, send)
 
 
+#: Answered about this process whatever its lease: liveness, readiness, its metrics.
+_ABOUT_ME = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+class _Leading:
+    """The leader's app, serving only while its lease is current.
+
+    A leader paused past its lease (SIGSTOP, a frozen VM) runs again with the requests
+    that arrived meanwhile waiting to be read, and answers them before its renewal
+    learns that another instance leads: writes are refused by the database's fence,
+    but reads are answered from this process's memory (the transaction state, groups,
+    queues), which misses what the new leader did meanwhile, so a client could be told
+    a transaction it saw commit is still open. Those requests get a retriable 503
+    ``LeaseLost`` instead; the clients retry, reaching the new leader."""
+
+    def __init__(self, app: ASGIApp, lease: LeaderLease) -> None:
+        self.app = app
+        self._lease = lease
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self._lease.current and scope["path"] not in _ABOUT_ME:
+            error = LeaseLost("this instance may no longer lead the cluster; retry")
+            body = orjson.dumps(error.to_json())
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", b"1"),
+            ]
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+
 def _application(
     config: ServerConfig,
     services: Services,
@@ -341,7 +376,7 @@ async def _serve(
         app, polls = _application(config, holder.services, auth, loop)
         longpolls.append(polls)
         if holder.lease is not None:
-            app = _Switch(app)
+            app = _Switch(_Leading(app, holder.lease))
     else:
         assert holder.lease is not None
         forwarder = _forwarder(config, holder.lease, auth)
@@ -436,7 +471,7 @@ async def _take_over(
     holder.services = services
     app, polls = _application(config, services, auth, asyncio.get_running_loop())
     longpolls.append(polls)
-    switch.app = app
+    switch.app = _Leading(app, lease)
     log.info("took over: this instance leads", extra={"event": "takeover", "epoch": lease.epoch})
 
 
