@@ -57,7 +57,7 @@ from tidings.errors import (
     TidingsError,
     TransactionCommitted,
 )
-from tidings.structs import MessageId
+from tidings.structs import Message, MessageId
 
 pytestmark = pytest.mark.e2e
 
@@ -93,6 +93,8 @@ class Model:
     #: Partition -> the newest position an acknowledged group commit moved it to.
     positions: dict[int, MessageId] = field(default_factory=dict)
     acked: set[MessageId] = field(default_factory=set)
+    #: Acks answered with an error after being sent more than once.
+    maybe_acked: set[MessageId] = field(default_factory=set)
     surprises: list[str] = field(default_factory=list)
 
     def surprise(self, what: str) -> None:
@@ -147,9 +149,9 @@ class Cluster:
         return int(row[0]) if row else 0
 
 
-def _payloads(client: Client, topic: str) -> list[bytes]:
+def _messages(client: Client, topic: str) -> list[Message]:
     """Every committed message of ``topic``, read page after page."""
-    out: list[bytes] = []
+    out: list[Message] = []
     start: MessageId | None = None
     for _ in range(1000):
         page = client.poll(
@@ -157,9 +159,13 @@ def _payloads(client: Client, topic: str) -> list[bytes]:
         )
         if not page:
             return out
-        out += [m.payload for m in page]
+        out += page
         start = page[-1].id
     raise AssertionError("too many pages")
+
+
+def _payloads(client: Client, topic: str) -> list[bytes]:
+    return [m.payload for m in _messages(client, topic)]
 
 
 class Worker:
@@ -307,7 +313,12 @@ class Worker:
                     again = set(seen) & self.model.acked
                 if again:
                     self.model.surprise(f"queue {tag}: acked messages delivered again: {again}")
-                handle.ack(popped)
+                try:
+                    handle.ack(popped)
+                except TidingsError:
+                    with self.model.lock:  # resent after a lost answer, it may have counted
+                        self.model.maybe_acked.update(seen)
+                    raise
                 with self.model.lock:
                     self.model.acked.update(seen)
         except TidingsError as exc:
@@ -501,12 +512,16 @@ def _check(cluster: Cluster, model: Model, leader: int) -> None:
             for partition, position in model.positions.items():
                 now = kept.get(partition)
                 assert now is not None and now >= position, f"{info}: group position lost"
-        _drain(client, model, info)
+        drained = _drain(client, model, info)
+        ids = {m.id for m in _messages(client, "p")}
+        lost = ids - model.acked - model.maybe_acked - drained
+        assert not lost, f"{info}: messages the queue lost: {sorted(lost)[:3]}"
 
 
-def _drain(client: Client, model: Model, info: str) -> None:
+def _drain(client: Client, model: Model, info: str) -> set[MessageId]:
     """Pop the queue empty (leases of killed workers run out first): nothing acked
-    comes back."""
+    comes back. Returns what it popped."""
+    drained: set[MessageId] = set()
     with client.queue("p", "q", ack_timeout=30.0) as handle:
         quiet_since = time.monotonic()
         deadline = quiet_since + ACK_TIMEOUT + 20
@@ -517,6 +532,8 @@ def _drain(client: Client, model: Model, info: str) -> None:
             assert not again, f"{info}: acked messages delivered again: {sorted(again)[:3]}"
             if popped:
                 handle.ack(popped)
+                drained.update(m.id for m in popped)
                 quiet_since = time.monotonic()
         with contextlib.suppress(TidingsError):
             handle.close()
+    return drained
