@@ -39,7 +39,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
 
-from tidings.errors import LeaseLost, LogFailed, ServiceUnavailable, TidingsError
+from tidings.errors import LeaseLost, LogFailed, OutcomeUnknown, ServiceUnavailable, TidingsError
 from tidings.store.backend import Store, WriteView
 from tidings.tx.records import decode_record
 from tidings.tx.snapshot import decode_state, encode_state
@@ -81,6 +81,8 @@ class StoreLog:
         #: Keys and payloads of the records after ``_durable``: what a write may carry.
         self._unsynced: deque[tuple[bytes, bytes]] = deque()
         self._failed: BaseException | None = None
+        #: The last record submitted when the log failed (what may still commit).
+        self._failed_at = 0
         self._closed = False
         self._waiters: list[tuple[int, int, Future[None]]] = []
         self._tickets = itertools.count()
@@ -144,9 +146,9 @@ class StoreLog:
         """Return once every record up to ``seq`` is committed (or raise LogFailed)."""
         with self._cond:
             while self._durable < seq:
-                self._check()
+                self._check(seq)
                 self._cond.wait()
-            self._check()
+            self._check(seq)
 
     def sync_future(self, seq: int) -> Future[None]:
         """:meth:`sync` without blocking."""
@@ -157,8 +159,8 @@ class StoreLog:
                 future.set_result(None)
                 return future
             try:
-                self._check()
-            except (LogFailed, LeaseLost) as exc:
+                self._check(seq)
+            except (LogFailed, LeaseLost, OutcomeUnknown) as exc:
                 future.set_exception(exc)
                 return future
             heapq.heappush(self._waiters, (seq, next(self._tickets), future))
@@ -194,9 +196,13 @@ class StoreLog:
             else:
                 future.set_exception(LogFailed("transaction log is closed"))
 
-    def _check(self) -> None:
+    def _check(self, seq: int | None = None) -> None:
+        """Raise if the log failed (or closed); ``seq``: the caller waits for the
+        records up to it, submitted before the failure where it is past the last
+        record known committed and not past the last submitted then."""
         if self._failed is not None:
-            raise _failure(self._failed)
+            waiting = seq is not None and self._durable < seq <= self._failed_at
+            raise _failure(self._failed, waiting=waiting)
         if self._closed:
             raise LogFailed("transaction log is closed")
 
@@ -212,6 +218,7 @@ class StoreLog:
                 if self._failed is None:
                     log.error("transaction log write failed; refusing further changes: %s", exc)
                     first_failure = True
+                    self._failed_at = self._appended
                 self._failed = exc
                 ready = [(s, f) for s, _, f in self._waiters]
                 self._waiters.clear()
@@ -228,7 +235,7 @@ class StoreLog:
             if exc is None:
                 waiter.set_result(None)
             else:
-                waiter.set_exception(_failure(exc))
+                waiter.set_exception(_failure(exc, waiting=True))
         if first_failure and exc is not None and self.on_failed is not None:
             try:
                 self.on_failed(exc)
@@ -236,14 +243,20 @@ class StoreLog:
                 log.exception("the transaction log's failure handler failed")
 
 
-def _failure(error: BaseException) -> TidingsError:
-    """What a call the failed log cannot serve raises. Where the store's fence refused
-    a write (the leader lease passed to another instance), nothing this instance
-    writes can commit any more, so nothing was done: a retriable 503 that sends the
-    client to the new leader, not a 500 that reads as a bug or a write that may have
-    happened."""
+def _failure(error: BaseException, *, waiting: bool = False) -> TidingsError:
+    """What a call the failed log cannot serve raises: one ``waiting`` for records it
+    submitted before the failure, or one refused after it (nothing submitted).
+
+    Where the store's fence refused a write (the leader lease passed to another
+    instance), nothing this instance writes can commit any more, so nothing was done:
+    a retriable 503 that sends the client to the new leader, not a 500 that reads as
+    a bug or a write that may have happened. Where the write's ``COMMIT`` went
+    unanswered, a call waiting for it may have taken effect, which only
+    ``OutcomeUnknown`` says."""
     if isinstance(error, LeaseLost):
         return LeaseLost(error.message)
+    if waiting and isinstance(error, OutcomeUnknown):
+        return OutcomeUnknown(f"transaction log write failed: {error.message}")
     return LogFailed(f"transaction log write failed: {error}")
 
 
