@@ -32,6 +32,7 @@ TOKENS = {
     "writer": "writer-token-0123456789",
     "reader": "reader-token-0123456789",
     "nobody": "nobody-token-0123456789",
+    "teamed": "teamed-token-0123456789",
 }
 
 
@@ -50,6 +51,8 @@ def auth_file(path: Path, *extra: str) -> Path:
         + principal_lines("writer", publish=["t-*"], transactional_ids=["w-*"])
         + principal_lines("reader", consume=["t-*"])
         + principal_lines("nobody")
+        # Consumes the same topics, but only groups and queues of other names.
+        + principal_lines("teamed", consume=["t-*"], groups=["other-*"], queues=["other-*"])
         + "".join(extra)
     )
     return path
@@ -90,8 +93,10 @@ def allowed(need: Need, who: str) -> bool:
         Need.ANY: True,
         Need.BODY: True,
         Need.PUBLISH: who == "writer",
-        Need.CONSUME: who == "reader",
-        Need.TOPIC: who in ("writer", "reader"),
+        Need.CONSUME: who in ("reader", "teamed"),
+        Need.GROUP: who == "reader",
+        Need.QUEUE: who == "reader",
+        Need.TOPIC: who in ("writer", "reader", "teamed"),
         Need.ADMIN: False,
     }[need]
 
@@ -104,7 +109,7 @@ def test_every_route_answers_each_principal_as_the_table_says(secured: ServerPro
         url = secured.url + path.format(**values)
         for method in operations:
             need = need_of(method.upper(), path)
-            for who in ("admin", "writer", "reader", "nobody", "stranger", None):
+            for who in ("admin", "writer", "reader", "teamed", "nobody", "stranger", None):
                 kwargs: dict[str, object] = {"headers": bearer(who), "timeout": 10}
                 if method in ("post", "put"):
                     kwargs["json"] = {}

@@ -9,6 +9,8 @@ The auth file (``auth_file``) is TOML, one ``[[principal]]`` table each::
     publish = ["billing-*"]             # topic patterns, fnmatch-style
     consume = ["orders", "billing-*"]
     transactional_ids = ["billing-*"]
+    groups = ["billing-*"]              # optional: consumer groups (absent: all)
+    queues = ["billing-*"]              # optional: queues (absent: all)
 
 Only the tokens' hashes are kept. A request's token is hashed and compared with every
 principal's hash in constant time (``hmac.compare_digest``), so the answer's timing
@@ -34,7 +36,16 @@ from tidings.errors import ConfigError, Forbidden, Unauthorized
 __all__ = ["Authenticator", "Principal", "load_principals", "new_token"]
 
 _log = logging.getLogger("tidings.server")
-_FIELDS = {"name", "token_sha256", "admin", "publish", "consume", "transactional_ids"}
+_FIELDS = {
+    "name",
+    "token_sha256",
+    "admin",
+    "publish",
+    "consume",
+    "transactional_ids",
+    "groups",
+    "queues",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +58,11 @@ class Principal:
     publish: tuple[str, ...] = ()
     consume: tuple[str, ...] = ()
     transactional_ids: tuple[str, ...] = ()
+    #: Consumer group and queue name patterns; None (the field left out of the file)
+    #: is every group or queue of the topics the principal may consume, which is what
+    #: an auth file written before these fields existed meant.
+    groups: tuple[str, ...] | None = None
+    queues: tuple[str, ...] | None = None
 
     def may_publish(self, topic: str) -> bool:
         return self.admin or _matches(topic, self.publish)
@@ -57,6 +73,14 @@ class Principal:
     def may_use(self, transactional_id: str) -> bool:
         return self.admin or _matches(transactional_id, self.transactional_ids)
 
+    def may_use_group(self, group: str) -> bool:
+        """The group's name is granted (``consume`` on its topic is checked apart)."""
+        return self.admin or self.groups is None or _matches(group, self.groups)
+
+    def may_use_queue(self, queue: str) -> bool:
+        """The queue's name is granted (``consume`` on its topic is checked apart)."""
+        return self.admin or self.queues is None or _matches(queue, self.queues)
+
     def require_publish(self, topic: str) -> None:
         if not self.may_publish(topic):
             raise Forbidden(f"principal {self.name} may not publish to topic {topic}")
@@ -64,6 +88,17 @@ class Principal:
     def require_consume(self, topic: str) -> None:
         if not self.may_consume(topic):
             raise Forbidden(f"principal {self.name} may not consume topic {topic}")
+
+    def require_group(self, topic: str, group: str) -> None:
+        """Kafka's group ACL: the topic to read and the group to read it as."""
+        self.require_consume(topic)
+        if not self.may_use_group(group):
+            raise Forbidden(f"principal {self.name} may not use consumer group {group!r}")
+
+    def require_queue(self, topic: str, queue: str) -> None:
+        self.require_consume(topic)
+        if not self.may_use_queue(queue):
+            raise Forbidden(f"principal {self.name} may not use queue {queue!r}")
 
     def require_transactional_id(self, transactional_id: str | None) -> None:
         if transactional_id is not None and not self.may_use(transactional_id):
@@ -127,7 +162,26 @@ def load_principals(path: Path) -> tuple[Principal, ...]:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(f"{where} ({name}): {key} must be a list of patterns")
             lists[key] = tuple(value)
-        out.append(Principal(name, token_hash, admin, **lists))
+        names_of: dict[str, tuple[str, ...] | None] = {}
+        for key in ("groups", "queues"):
+            # Left out: every name (the file's meaning before the field existed);
+            # an empty list: none.
+            value = table.get(key)
+            if value is not None and (
+                not isinstance(value, list) or not all(isinstance(v, str) for v in value)
+            ):
+                raise ConfigError(f"{where} ({name}): {key} must be a list of patterns")
+            names_of[key] = None if value is None else tuple(value)
+        out.append(
+            Principal(
+                name,
+                token_hash,
+                admin,
+                **lists,
+                groups=names_of["groups"],
+                queues=names_of["queues"],
+            )
+        )
     names = [p.name for p in out]
     hashes = [p.token_sha256 for p in out]
     if len(set(names)) != len(names) or len(set(hashes)) != len(hashes):

@@ -35,6 +35,10 @@ class Need(enum.Enum):
     PUBLISH = "publish on the topic"
     #: ``consume`` on the path's topic.
     CONSUME = "consume on the topic"
+    #: ``consume`` on the path's topic and the path's group granted (``groups``).
+    GROUP = "consume on the topic, and the group"
+    #: ``consume`` on the path's topic and the path's queue granted (``queues``).
+    QUEUE = "consume on the topic, and the queue"
     #: ``publish`` or ``consume`` on the path's topic.
     TOPIC = "publish or consume on the topic"
     #: ``admin = true``.
@@ -77,26 +81,26 @@ PERMISSIONS: Mapping[tuple[str, str], Need] = {
     ("POST", _NS + "/transactions/publish"): Need.BODY,
     # consumer groups
     ("GET", _TOPIC + "/groups"): Need.CONSUME,
-    ("GET", _GROUP): Need.CONSUME,
+    ("GET", _GROUP): Need.GROUP,
     ("DELETE", _GROUP): Need.ADMIN,
-    ("POST", _GROUP + "/join"): Need.CONSUME,
-    ("POST", _GROUP + "/heartbeat"): Need.CONSUME,
-    ("POST", _GROUP + "/leave"): Need.CONSUME,
-    ("POST", _GROUP + "/poll"): Need.CONSUME,
-    ("POST", _GROUP + "/commit"): Need.CONSUME,
-    ("POST", _GROUP + "/rollback"): Need.CONSUME,
+    ("POST", _GROUP + "/join"): Need.GROUP,
+    ("POST", _GROUP + "/heartbeat"): Need.GROUP,
+    ("POST", _GROUP + "/leave"): Need.GROUP,
+    ("POST", _GROUP + "/poll"): Need.GROUP,
+    ("POST", _GROUP + "/commit"): Need.GROUP,
+    ("POST", _GROUP + "/rollback"): Need.GROUP,
     ("POST", _GROUP + "/reset"): Need.ADMIN,
     # queues
     ("GET", _NS + "/queues"): Need.ANY,
     ("GET", _TOPIC + "/queues"): Need.CONSUME,
-    ("GET", _QUEUE): Need.CONSUME,
+    ("GET", _QUEUE): Need.QUEUE,
     ("DELETE", _QUEUE): Need.ADMIN,
-    ("POST", _QUEUE + "/pop"): Need.CONSUME,
-    ("POST", _QUEUE + "/ack"): Need.CONSUME,
-    ("POST", _QUEUE + "/nack"): Need.CONSUME,
-    ("POST", _QUEUE + "/extend"): Need.CONSUME,
-    ("POST", _QUEUE + "/rollback"): Need.CONSUME,
-    ("POST", _QUEUE + "/release"): Need.CONSUME,
+    ("POST", _QUEUE + "/pop"): Need.QUEUE,
+    ("POST", _QUEUE + "/ack"): Need.QUEUE,
+    ("POST", _QUEUE + "/nack"): Need.QUEUE,
+    ("POST", _QUEUE + "/extend"): Need.QUEUE,
+    ("POST", _QUEUE + "/rollback"): Need.QUEUE,
+    ("POST", _QUEUE + "/release"): Need.QUEUE,
     ("POST", _QUEUE + "/purge"): Need.ADMIN,
     # the web console: its files are open, the data it shows comes through the API
     ("GET", "/console/"): Need.OPEN,
@@ -121,6 +125,10 @@ def check(need: Need, principal: Principal, path_params: Mapping[str, str]) -> N
         principal.require_publish(path_params["topic"])
     elif need is Need.CONSUME:
         principal.require_consume(path_params["topic"])
+    elif need is Need.GROUP:
+        principal.require_group(path_params["topic"], path_params["group"])
+    elif need is Need.QUEUE:
+        principal.require_queue(path_params["topic"], path_params["queue"])
     elif need is Need.TOPIC:
         topic = path_params["topic"]
         if not (principal.may_publish(topic) or principal.may_consume(topic)):

@@ -19,7 +19,7 @@ from tidings.codec import admin, columns, wire
 from tidings.consumers.groups import DEFAULT_SESSION_TIMEOUT_MS
 from tidings.consumers.pages import Selection
 from tidings.names import check_name
-from tidings.server.handlers import Api, json_response
+from tidings.server.handlers import Api, json_response, principal_of
 from tidings.server.routes.consumers import (
     answer_media,
     json_body,
@@ -64,7 +64,13 @@ def routes(api: Api) -> list[Route]:
         coordinator = api.groups
         ns = check_name(request.path_params["ns"], "namespace")
         topic = check_name(request.path_params["topic"], "topic")
-        return json_response(await api.blocking(coordinator.list, ns, topic))
+        found = await api.blocking(coordinator.list, ns, topic)
+        principal = principal_of(request)
+        if principal is not None:
+            # Only the groups the principal may use, as Kafka lists only the groups a
+            # principal may describe (docs/security.md).
+            found = [g for g in found if principal.may_use_group(g)]
+        return json_response(found)
 
     @api.endpoint(GROUP)
     async def group(request: Request) -> Response:

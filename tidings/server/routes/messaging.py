@@ -393,6 +393,8 @@ def routes(api: Api) -> list[Route]:
             lags = {}
         else:
             lags = await api.blocking(groups.topic_lags, ns, topic)
+            if principal is not None:
+                lags = {g: lag for g, lag in lags.items() if principal.may_use_group(g)}
         found = dataclasses.replace(found, last_stable_id=end.last_stable_id, group_lags=lags)
         return json_response(admin.stats_json(found))
 

@@ -58,7 +58,9 @@ def routes(api: Api) -> list[Route]:
         if principal is not None:
             # Any principal may ask, but a queue's name is its topic's consumers'
             # business, as the topic's own queue list is (docs/security.md).
-            found = [(t, q) for t, q in found if principal.may_consume(t)]
+            found = [
+                (t, q) for t, q in found if principal.may_consume(t) and principal.may_use_queue(q)
+            ]
         return json_response([{"topic": t, "queue": q} for t, q in found])
 
     @api.endpoint(QUEUES)
@@ -66,7 +68,11 @@ def routes(api: Api) -> list[Route]:
         coordinator = api.queues
         ns = check_name(request.path_params["ns"], "namespace")
         topic = check_name(request.path_params["topic"], "topic")
-        return json_response(await api.blocking(coordinator.names, ns, topic))
+        found = await api.blocking(coordinator.names, ns, topic)
+        principal = principal_of(request)
+        if principal is not None:
+            found = [q for q in found if principal.may_use_queue(q)]
+        return json_response(found)
 
     @api.endpoint(QUEUE)
     async def queue(request: Request) -> Response:

@@ -283,9 +283,9 @@ def routes(api: Api) -> list[Route]:
             for topic, _ in batches:
                 principal.require_publish(topic)
             for a in acks:
-                principal.require_consume(a.topic)
+                principal.require_queue(a.topic, a.queue)
             for g in group_commits:
-                principal.require_consume(g.topic)
+                principal.require_group(g.topic, g.group)
         queues = api.queues if acks else None  # 503 where queues do not run
         groups = api.groups if group_commits else None  # likewise groups
 
