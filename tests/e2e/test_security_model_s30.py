@@ -2,7 +2,8 @@
 with an auth file (hypothesis' stateful testing, docs/security.md).
 
 Principals get random grants (admin, ``publish``, ``consume`` and ``transactional_ids``
-patterns over a handful of topics in two namespaces); rules rewrite the auth file and
+patterns over a handful of topics in two namespaces, and ``groups`` and ``queues``
+patterns or none, which is every group and queue); rules rewrite the auth file and
 reload it (``SIGHUP``, also with a file that does not load), and make random calls as
 a random principal, with no token or with a token nobody has: publish, poll, stats,
 the topic list, topic create, delete and properties, consumer groups (join, commit,
@@ -64,6 +65,8 @@ SUFFIXES = ("xa", "xb", "ya")
 PATTERN_TAILS = ("x*", "xa", "ya", "y*", "*")
 TID_TAILS = ("ta", "tb")
 TID_PATTERN_TAILS = ("t*", "ta", "tb")
+#: Group and queue name patterns (the names are g1, g2 and q1, q2).
+NAME_PATTERNS = ("g1", "g*", "q1", "q*", "*")
 NAMES = ("p0", "p1", "p2")
 #: Callers: a principal of the model, a token no principal has, no token at all.
 GHOST, ANONYMOUS = "ghost", "anonymous"
@@ -86,6 +89,9 @@ class Grants:
     publish: tuple[str, ...] = ()
     consume: tuple[str, ...] = ()
     tids: tuple[str, ...] = ()
+    #: None: the field left out (every group or queue of a topic it may consume).
+    groups: tuple[str, ...] | None = None
+    queues: tuple[str, ...] | None = None
 
     def may_publish(self, topic: str) -> bool:
         return self.admin or any(fnmatch.fnmatchcase(topic, p) for p in self.publish)
@@ -96,6 +102,20 @@ class Grants:
     def may_use(self, tid: str) -> bool:
         return self.admin or any(fnmatch.fnmatchcase(tid, p) for p in self.tids)
 
+    def may_group(self, topic: str, group: str) -> bool:
+        return self.may_consume(topic) and (
+            self.admin
+            or self.groups is None
+            or any(fnmatch.fnmatchcase(group, p) for p in self.groups)
+        )
+
+    def may_queue(self, topic: str, queue: str) -> bool:
+        return self.may_consume(topic) and (
+            self.admin
+            or self.queues is None
+            or any(fnmatch.fnmatchcase(queue, p) for p in self.queues)
+        )
+
 
 def _lines(name: str, grants: Grants) -> str:
     digest = hashlib.sha256(grants.token.encode()).hexdigest()
@@ -103,12 +123,22 @@ def _lines(name: str, grants: Grants) -> str:
     def listed(values: tuple[str, ...]) -> str:
         return "[" + ", ".join(f'"{v}"' for v in values) + "]"
 
+    optional = "".join(
+        f"{key} = {listed(values)}\n"
+        for key, values in (("groups", grants.groups), ("queues", grants.queues))
+        if values is not None
+    )
     return (
         f'[[principal]]\nname = "{name}"\ntoken_sha256 = "{digest}"\n'
         f"admin = {'true' if grants.admin else 'false'}\n"
         f"publish = {listed(grants.publish)}\nconsume = {listed(grants.consume)}\n"
-        f"transactional_ids = {listed(grants.tids)}\n"
+        f"transactional_ids = {listed(grants.tids)}\n{optional}"
     )
+
+
+#: What the grants strategy draws: admin, publish, consume, transactional ids, groups
+#: and queues (None: left out of the file).
+RawGrants = tuple[bool, list[str], list[str], list[str], list[str] | None, list[str] | None]
 
 
 @dataclass
@@ -218,10 +248,14 @@ class SecurityModel(RuleBasedStateMachine):
         g = self.grants(caller)
         return g is not None and (g.may_publish(topic) or g.may_consume(topic))
 
-    def may(self, caller: str, what: str, topic: str = "") -> bool:
+    def may(self, caller: str, what: str, topic: str = "", name: str = "") -> bool:
         g = self.grants(caller)
         if g is None:
             return False
+        if what == "group":
+            return g.may_group(topic, name)
+        if what == "queue":
+            return g.may_queue(topic, name)
         if what == "admin":
             return g.admin
         if what == "publish":
@@ -357,26 +391,31 @@ class SecurityModel(RuleBasedStateMachine):
 
     # --- principals ---------------------------------------------------------------
 
+    names_strategy = st.none() | st.lists(st.sampled_from(NAME_PATTERNS), max_size=2, unique=True)
     grants_strategy = st.builds(
-        lambda admin, pub, con, tids: (admin, pub, con, tids),
+        lambda admin, pub, con, tids, groups, queues: (admin, pub, con, tids, groups, queues),
         st.integers(0, 6).map(lambda n: n == 0),
         st.lists(st.sampled_from(PATTERN_TAILS), max_size=3, unique=True),
         st.lists(st.sampled_from(PATTERN_TAILS), max_size=3, unique=True),
         st.lists(st.sampled_from(TID_PATTERN_TAILS), max_size=2, unique=True),
+        names_strategy,
+        names_strategy,
     )
 
-    def make_grants(self, raw: tuple[bool, list[str], list[str], list[str]]) -> Grants:
-        admin, pub, con, tids = raw
+    def make_grants(self, raw: RawGrants) -> Grants:
+        admin, pub, con, tids, groups, queues = raw
         return Grants(
             token="tok-" + uuid.uuid4().hex,
             admin=admin,
             publish=tuple(self.run + p for p in pub),
             consume=tuple(self.run + p for p in con),
             tids=tuple(self.run + p for p in tids),
+            groups=None if groups is None else tuple(groups),
+            queues=None if queues is None else tuple(queues),
         )
 
     @initialize(every=st.lists(grants_strategy, min_size=3, max_size=3))
-    def start(self, every: list[tuple[bool, list[str], list[str], list[str]]]) -> None:
+    def start(self, every: list[RawGrants]) -> None:
         for name, raw in zip(NAMES, every, strict=True):
             self.principals[name] = self.make_grants(raw)
         self.reload()
@@ -395,9 +434,7 @@ class SecurityModel(RuleBasedStateMachine):
         raw=grants_strategy,
         how=st.sampled_from(["set", "rotate", "remove"]),
     )
-    def change_principal(
-        self, name: str, raw: tuple[bool, list[str], list[str], list[str]], how: str
-    ) -> None:
+    def change_principal(self, name: str, raw: RawGrants, how: str) -> None:
         if how == "remove":
             self.principals.pop(name, None)
         elif how == "rotate" and name in self.principals:
@@ -550,7 +587,11 @@ class SecurityModel(RuleBasedStateMachine):
         if what == "stats":
             stats = answer.json()
             assert stats["messageCount"] == self.model_count(ns, topic)
-            groups = {k[2] for k in self.groups if k[:2] == (ns, topic)}
+            groups = {
+                k[2]
+                for k in self.groups
+                if k[:2] == (ns, topic) and self.may(caller, "group", topic, k[2])
+            }
             if self.may(caller, "consume", topic):
                 assert set(stats["groupLag"]) <= groups, stats
             else:
@@ -578,7 +619,7 @@ class SecurityModel(RuleBasedStateMachine):
     @rule(caller=callers, ns=namespaces, suffix=suffixes, group=groups_)
     def join(self, caller: str, ns: str, suffix: str, group: str) -> None:
         topic = self.topic(suffix)
-        expected = self.expect(caller, self.may(caller, "consume", topic))
+        expected = self.expect(caller, self.may(caller, "group", topic, group))
         path = f"/v1/namespaces/{ns}/topics/{topic}/groups/{group}"
         before = self.root_get(path).status_code
         answer = self.checked(
@@ -605,8 +646,8 @@ class SecurityModel(RuleBasedStateMachine):
         key = (ns, topic, group)
         members = self.groups.get(key, [])
         member = members[-1] if members else "m-none"
-        need = "admin" if what in ("reset", "delete") else "consume"
-        expected = self.expect(caller, self.may(caller, need, topic))
+        need = {"reset": "admin", "delete": "admin", "list": "consume"}.get(what, "group")
+        expected = self.expect(caller, self.may(caller, need, topic, group))
         base = f"/v1/namespaces/{ns}/topics/{topic}/groups"
         path = f"{base}/{group}"
         before = self.root_get(path).json()
@@ -623,7 +664,11 @@ class SecurityModel(RuleBasedStateMachine):
             assert self.root_get(path).json() == before
             return
         if what == "list" and answer.status_code == 200:
-            assert set(answer.json()) == {k[2] for k in self.groups if k[:2] == (ns, topic)}
+            assert set(answer.json()) == {
+                k[2]
+                for k in self.groups
+                if k[:2] == (ns, topic) and self.may(caller, "group", topic, k[2])
+            }
         if answer.status_code == 200 and what == "leave":
             members.remove(member)
         if answer.status_code == 200 and what == "delete":
@@ -631,7 +676,7 @@ class SecurityModel(RuleBasedStateMachine):
 
     # --- queues ---------------------------------------------------------------------
 
-    queues_ = st.sampled_from(("q1",))
+    queues_ = st.sampled_from(("q1", "q2"))
 
     @rule(
         caller=callers,
@@ -647,7 +692,7 @@ class SecurityModel(RuleBasedStateMachine):
         topic = self.topic(suffix)
         if dead == suffix:  # refused as bad input (400), not what this checks
             dead = None
-        allowed = self.may(caller, "consume", topic)
+        allowed = self.may(caller, "queue", topic, queue)
         body: dict[str, Any] = {"consumerId": worker, "maxMessages": 2, "ackTimeoutMs": 600000}
         named = (topic,)
         if dead is not None:
@@ -690,8 +735,8 @@ class SecurityModel(RuleBasedStateMachine):
                 if leased:
                     worker, ids = w, leased[:1]
                     break
-        need = "admin" if what in ("purge", "delete") else "consume"
-        expected = self.expect(caller, self.may(caller, need, topic))
+        need = {"purge": "admin", "delete": "admin", "list": "consume"}.get(what, "queue")
+        expected = self.expect(caller, self.may(caller, need, topic, queue))
         listing = f"/v1/namespaces/{ns}/topics/{topic}/queues"
         path = f"{listing}/{queue}"
         before = _stable(self.root_get(path))
@@ -716,7 +761,11 @@ class SecurityModel(RuleBasedStateMachine):
         if answer.status_code != 200:
             return
         if what == "list":
-            assert set(answer.json()) == {k[2] for k in self.queues if k[:2] == (ns, topic)}
+            assert set(answer.json()) == {
+                k[2]
+                for k in self.queues
+                if k[:2] == (ns, topic) and self.may(caller, "queue", topic, k[2])
+            }
         elif what == "ack" and model is not None and ids:
             model.leased[worker].remove(ids[0])
         elif what in ("purge", "release") and model is not None:
@@ -736,7 +785,7 @@ class SecurityModel(RuleBasedStateMachine):
         if listed is None:
             return
         mine = {(e["topic"], e["queue"]) for e in listed if e["topic"].startswith(self.run)}
-        want = {(t, q) for n, t, q in self.queues if n == ns and self.may(caller, "consume", t)}
+        want = {(t, q) for n, t, q in self.queues if n == ns and self.may(caller, "queue", t, q)}
         assert mine == want, (mine, want)
 
     # --- transactions ---------------------------------------------------------------
@@ -828,6 +877,7 @@ class SecurityModel(RuleBasedStateMachine):
         picked=st.lists(suffixes, max_size=2, unique=True),
         tail=tids,
         ack=st.none() | st.tuples(suffixes, queues_),
+        positions=st.none() | st.tuples(suffixes, groups_),
     )
     def publish_transaction(
         self,
@@ -836,6 +886,7 @@ class SecurityModel(RuleBasedStateMachine):
         picked: list[str],
         tail: str | None,
         ack: tuple[str, str] | None,
+        positions: tuple[str, str] | None = None,
     ) -> None:
         topics = [self.topic(s) for s in picked]
         g = self.grants(caller)
@@ -861,9 +912,22 @@ class SecurityModel(RuleBasedStateMachine):
                         acked = (model, w, leased[0])
                         break
             body["acks"] = [{"topic": topic, "queue": ack[1], "consumerId": worker, "ids": ids}]
-            allowed = allowed and g is not None and g.may_consume(topic)
+            allowed = allowed and g is not None and g.may_queue(topic, ack[1])
             named = (*named, topic)
-        if not topics and ack is None:
+        if positions is not None:
+            # A position no member was delivered: refused (or let in and failed) as
+            # the grants say, and in no case does it move the group.
+            topic = self.topic(positions[0])
+            members = self.groups.get((ns, topic, positions[1]), [])
+            zero = base64.b64encode(b"\0" * 20).decode()
+            body["groupCommits"] = [{
+                "topic": topic, "group": positions[1],
+                "memberId": members[-1] if members else "m-none",
+                "positions": [{"partition": 0, "id": zero}],
+            }]  # fmt: skip
+            allowed = allowed and g is not None and g.may_group(topic, positions[1])
+            named = (*named, topic)
+        if not topics and ack is None and positions is None:
             return  # nothing to do: 400, not what this checks
         expected = self.expect(caller, allowed)
         before = self.in_progress()
@@ -906,18 +970,18 @@ class SecurityModel(RuleBasedStateMachine):
                  "endTimestamp": 0, "endSequenceId": 0}, "publish",
             ),
             "nack": (
-                "POST", f"/queues/{name}/nack", {"consumerId": "w1", "ids": [zero]}, "consume",
+                "POST", f"/queues/{name}/nack", {"consumerId": "w1", "ids": [zero]}, "queue",
             ),
             "extend": (
-                "POST", f"/queues/{name}/extend", {"consumerId": "w1", "ids": [zero]}, "consume",
+                "POST", f"/queues/{name}/extend", {"consumerId": "w1", "ids": [zero]}, "queue",
             ),
             "queue-rollback": (
-                "POST", f"/queues/{name}/rollback", {"transactionWritePointer": wp}, "consume",
+                "POST", f"/queues/{name}/rollback", {"transactionWritePointer": wp}, "queue",
             ),
-            "heartbeat": ("POST", f"/groups/{name}/heartbeat", {"memberId": member}, "consume"),
-            "group-poll": ("POST", f"/groups/{name}/poll", {"memberId": member}, "consume"),
+            "heartbeat": ("POST", f"/groups/{name}/heartbeat", {"memberId": member}, "group"),
+            "group-poll": ("POST", f"/groups/{name}/poll", {"memberId": member}, "group"),
         }[what]  # fmt: skip
-        allowed = self.may(caller, need, topic)
+        allowed = self.may(caller, need, topic, name)
         g = self.grants(caller)
         tx = self.open.get(wp)
         if what in WRITE_POINTER_CALLS and tx is not None and tx.tid is not None and g:
@@ -948,11 +1012,11 @@ class SecurityModel(RuleBasedStateMachine):
             "stats": (base + "/stats", "topic"),
             "end": (base + "/end", "consume"),
             "groups": (base + "/groups", "consume"),
-            "queue": (base + "/queues/q1", "consume"),
+            "queue": (base + "/queues/q1", "queue"),
             "list": (f"/v1/namespaces/{ns}/topics", "any"),
             "state": ("/v1/transactions", "any"),
         }[what]
-        expected = self.expect(caller, self.may(caller, need, topic))
+        expected = self.expect(caller, self.may(caller, need, topic, "q1"))
         status = self.http.head(path, headers=self.headers(caller)).status_code
         want = {UNAUTHORIZED: {401}, FORBIDDEN: {403}}.get(expected)
         if want is None:
@@ -996,13 +1060,14 @@ class SecurityModel(RuleBasedStateMachine):
             "stats": ("topic", lambda c: c.stats(topic)),
             "end": ("consume", lambda c: c.end(topic)),
             "groups": ("consume", lambda c: c.groups(topic)),
-            "group": ("consume", lambda c: c.describe_group(topic, "g1")),
-            "queue": ("consume", lambda c: c.describe_queue(topic, "q1")),
+            "group": ("group", lambda c: c.describe_group(topic, "g1")),
+            "queue": ("queue", lambda c: c.describe_queue(topic, "q1")),
             "snapshot": ("any", lambda c: c.snapshot()),
             "prune": ("admin", lambda c: c.prune(ids=[])),
             "begin": ("any", lambda c: c.begin(600)),
         }[what]
-        expected = self.expect(caller, self.may(caller, need, topic))
+        name = {"group": "g1", "queue": "q1"}.get(what, "")
+        expected = self.expect(caller, self.may(caller, need, topic, name))
         found, error = self.via_client(caller, expected, ns, call, what, (topic,))
         if what == "begin" and error is None:
             self.open[found.write_pointer] = OpenTx(None, None)
