@@ -330,6 +330,10 @@ def auth_token(name: str) -> None:
     click.echo("publish = []")
     click.echo("consume = []")
     click.echo("transactional_ids = []")
+    # Left out, these mean every group (queue) of the topics it may consume; an empty
+    # list would mean none, so the template offers them commented out.
+    click.echo('# groups = ["NAME-*"]')
+    click.echo('# queues = ["NAME-*"]')
 
 
 def _toml_string(text: str) -> str:

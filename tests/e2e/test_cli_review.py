@@ -96,6 +96,9 @@ def test_auth_token_lines_read_back_for_any_name(tmp_path: Path, name: str) -> N
     path.write_text("\n".join(lines[2:]) + "\n")
     (principal,) = load_principals(path)
     assert principal.name == name
+    # Its group and queue lines are commented out: an empty list would admit none.
+    assert principal.groups is None and principal.queues is None
+    assert any(line.startswith("# groups = ") for line in lines)
 
 
 def test_a_token_with_a_line_break_is_a_usage_error(run: Run) -> None:

@@ -168,6 +168,8 @@ def test_whoami_without_and_with_an_auth_file(
         "admin": True,
         "publish": ["*"],
         "consume": ["*"],
+        "groups": None,
+        "queues": None,
     }
     token = "whoami-token-0123456789"
     digest = hashlib.sha256(token.encode()).hexdigest()
@@ -182,6 +184,8 @@ def test_whoami_without_and_with_an_auth_file(
         "admin": False,
         "publish": [],
         "consume": [],
+        "groups": [],
+        "queues": [],
     }
     wrong = httpx.get(secured.url + "/v1/whoami", headers={"Authorization": "Bearer nope"})
     assert wrong.json()["name"] is None and "nope" not in wrong.text
@@ -192,6 +196,8 @@ def test_whoami_without_and_with_an_auth_file(
         "admin": False,
         "publish": [],
         "consume": ["a-*"],
+        "groups": None,
+        "queues": None,
     }
     # The console's files are open; its data is not.
     assert httpx.get(secured.url + "/console/").status_code == 200

@@ -1578,6 +1578,8 @@ def _console_paths() -> dict[str, Any]:
             "admin": {"type": "boolean"},
             "publish": patterns,
             "consume": patterns,
+            "groups": _nullable(patterns),
+            "queues": _nullable(patterns),
         },
     }
     nullable_int = _nullable(_INT64)

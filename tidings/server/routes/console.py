@@ -110,13 +110,29 @@ def routes(api: Api) -> list[Route]:
         # browser reports as an error): it authenticates the token itself.
         if api.auth is None:  # no auth file: everyone may do everything
             return json_response(
-                {"auth": False, "name": None, "admin": True, "publish": ["*"], "consume": ["*"]}
+                {
+                    "auth": False,
+                    "name": None,
+                    "admin": True,
+                    "publish": ["*"],
+                    "consume": ["*"],
+                    "groups": None,
+                    "queues": None,
+                }
             )
         try:
             principal = api.auth.authenticate(request.headers.get("authorization"))
         except Unauthorized:
             return json_response(
-                {"auth": True, "name": None, "admin": False, "publish": [], "consume": []}
+                {
+                    "auth": True,
+                    "name": None,
+                    "admin": False,
+                    "publish": [],
+                    "consume": [],
+                    "groups": [],
+                    "queues": [],
+                }
             )
         return json_response(
             {
@@ -125,6 +141,10 @@ def routes(api: Api) -> list[Route]:
                 "admin": principal.admin,
                 "publish": list(principal.publish),
                 "consume": list(principal.consume),
+                # null: the auth file leaves the field out, so every group (queue) of
+                # the topics it may consume is the principal's.
+                "groups": None if principal.groups is None else list(principal.groups),
+                "queues": None if principal.queues is None else list(principal.queues),
             }
         )
 
