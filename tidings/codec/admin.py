@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from tidings.codec.json_bodies import b64decode, b64encode, integer, whole
+from tidings.codec.json_bodies import b64decode, b64encode, integer, only, whole
 from tidings.errors import BadRequest, ServerError
 from tidings.names import INT64_MAX, INT64_MIN, NAME_PATTERN
 from tidings.structs import (
@@ -32,7 +32,10 @@ from tidings.structs import (
 )
 
 __all__ = [
+    "BEGIN_FIELDS",
     "BEGIN_ID_MAX",
+    "GROUP_COMMIT_FIELDS",
+    "TRANSACTION_PUBLISH_FIELDS",
     "JoinRequest",
     "ProducerFields",
     "TransactionGroupCommit",
@@ -304,6 +307,27 @@ def _read_producer_fields(obj: Mapping[str, Any]) -> ProducerFields:
     return ProducerFields(_opt_str(obj, "transactionalId"), _opt_int(obj, "epoch", 0))
 
 
+# The fields each request body may have: any other is refused (json_bodies.only).
+_PRODUCER = frozenset({"transactionalId", "epoch"})
+#: A begin body's fields.
+BEGIN_FIELDS = _PRODUCER | {"timeout", "beginId"}
+_COMMIT_FIELDS = _PRODUCER | {"changes"}
+#: A one-request transaction's JSON body's fields (the Avro body's are its schema's).
+#: ``beginId`` is documented as taken and ignored (the request leaves no transaction
+#: open to find again): a begin body stays one this takes.
+TRANSACTION_PUBLISH_FIELDS = _PRODUCER | {"timeout", "topics", "acks", "groupCommits", "beginId"}
+_PRUNE_FIELDS = frozenset({"below", "ids"})
+_JOIN_FIELDS = frozenset({"memberId", "sessionTimeoutMs", "partitions", "start"})
+_MEMBER_FIELDS = frozenset({"memberId"})
+_GROUP_POLL_FIELDS = frozenset({"memberId", "limit"})
+#: A group commit body's fields.
+GROUP_COMMIT_FIELDS = frozenset({"memberId", "positions", "transactionWritePointer", "generation"})
+_POSITION_FIELDS = frozenset({"partition", "id", "generation"})
+_TRANSACTION_GROUP_COMMIT_FIELDS = GROUP_COMMIT_FIELDS | {"topic", "group"}
+_GROUP_ROLLBACK_FIELDS = frozenset({"transactionWritePointer", "memberId"})
+_RESET_FIELDS = frozenset({"to", "id", "time"})
+
+
 #: A begin's idempotency key: what a client draws at random (hex, base64url, a UUID)
 #: fits, and nothing that needs escaping in a log line or a URL.
 BEGIN_ID_MAX = 64
@@ -367,6 +391,7 @@ def commit_request(
 
 def read_commit_request(obj: Mapping[str, Any]) -> tuple[list[bytes], ProducerFields]:
     """The change keys and producer fields of a commit body."""
+    only(obj, _COMMIT_FIELDS, "commit request")
     return _base64_list(obj, "changes"), _read_producer_fields(obj)
 
 
@@ -377,6 +402,7 @@ def abort_request(transactional_id: str | None, epoch: int | None) -> dict[str, 
 
 def read_abort_request(obj: Mapping[str, Any]) -> ProducerFields:
     """The producer fields of an abort body."""
+    only(obj, _PRODUCER, "abort request")
     return _read_producer_fields(obj)
 
 
@@ -437,6 +463,7 @@ def producer_request(transactional_id: str) -> dict[str, Any]:
 
 def read_producer_request(obj: Mapping[str, Any]) -> str:
     """The transactional id to register."""
+    only(obj, _PRODUCER - {"epoch"}, "producer registration")
     transactional_id = _opt_str(obj, "transactionalId")
     if transactional_id is None:
         raise BadRequest("transactionalId is required")
@@ -487,6 +514,7 @@ def prune_request(below: int | None, ids: Iterable[int] | None) -> dict[str, Any
 
 def read_prune_request(obj: Mapping[str, Any]) -> tuple[int | None, list[int]]:
     """``below`` and ``ids`` of a prune body."""
+    only(obj, _PRUNE_FIELDS, "prune request")
     return _opt_int(obj, "below", 0), _int_list(obj, "ids")
 
 
@@ -554,6 +582,7 @@ def start_name(value: str | None) -> str | None:
 
 def read_join_request(obj: Mapping[str, Any]) -> JoinRequest:
     """The fields of a join body."""
+    only(obj, _JOIN_FIELDS, "join request")
     timeout_ms = _opt_int(obj, "sessionTimeoutMs", 0)
     partitions = _opt_int(obj, "partitions", 0)
     start = start_name(_opt_str(obj, "start")) or "earliest"
@@ -568,8 +597,12 @@ def member_request(member_id: str, limit: int | None = None) -> dict[str, Any]:
     return body
 
 
-def read_member_request(obj: Mapping[str, Any]) -> tuple[str, int | None]:
-    """The member id (and, for a poll, the limit) of a member's request."""
+def read_member_request(
+    obj: Mapping[str, Any], what: str = "group poll", *, poll: bool = True
+) -> tuple[str, int | None]:
+    """The member id (and, for a poll, the limit) of a member's request; ``poll``
+    False: a heartbeat or leave body, which has no limit."""
+    only(obj, _GROUP_POLL_FIELDS if poll else _MEMBER_FIELDS, what)
     return _member(obj), _opt_int(obj, "limit", 1)
 
 
@@ -662,6 +695,7 @@ def read_group_commit_request(
     for i, item in enumerate(raw):
         if not isinstance(item, dict):
             raise BadRequest(f"positions[{i}] must be an object with partition and id")
+        only(item, _POSITION_FIELDS, f"positions[{i}]")
         partition = _opt_int(item, "partition", 0)
         if partition is None:
             raise BadRequest(f"positions[{i}].partition is required")
@@ -762,6 +796,8 @@ def read_transaction_group_commits(
     for i, item in enumerate(raw):
         if not isinstance(item, dict):
             raise BadRequest(f"groupCommits[{i}] must be an object")
+        # An Avro entry has its schema's fields only; its generations come apart.
+        only(item, _TRANSACTION_GROUP_COMMIT_FIELDS, f"groupCommits[{i}]")
         if item.get("transactionWritePointer") is not None:
             raise BadRequest("the server assigns the write pointer; do not send one")
         names = []
@@ -844,6 +880,7 @@ def read_group_rollback_request(obj: Mapping[str, Any]) -> tuple[int | None, str
     to rewind to its committed positions. One of them is required: a member alone is
     rewound only (its transaction never wrote a position, e.g. a one-request
     transaction that was not sent)."""
+    only(obj, _GROUP_ROLLBACK_FIELDS, "group rollback")
     wp = _opt_int(obj, "transactionWritePointer", 1)
     member_id = _opt_member(obj)
     if wp is None and member_id is None:
@@ -862,6 +899,7 @@ def reset_request(to: str | MessageId | int) -> dict[str, Any]:
 
 def read_reset_request(obj: Mapping[str, Any]) -> str | MessageId | int:
     """Where a reset body points."""
+    only(obj, _RESET_FIELDS, "reset request")
     given = [k for k in ("to", "id", "time") if obj.get(k) is not None]
     if len(given) != 1:
         raise BadRequest("a reset names exactly one of to (earliest|latest), id or time")

@@ -9,7 +9,7 @@ accept; the request dataclasses themselves live in :mod:`tidings.codec.wire`.
 from __future__ import annotations
 
 import binascii
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -33,6 +33,7 @@ __all__ = [
     "messages",
     "whole",
     "obj",
+    "only",
     "payload_ranges_json",
     "publish_request",
     "start_from_bytes",
@@ -77,6 +78,21 @@ def obj(body: bytes, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BadRequest(f"the {what} must be a JSON object")
     return value
+
+
+def only(value: Mapping[str, Any], fields: frozenset[str], what: str) -> None:
+    """:class:`BadRequest` naming the first field of ``value`` not among ``fields``.
+
+    A misspelt field must not be read as an absent one: ``queueAcks`` for ``acks``
+    would commit a transaction without its acks and answer 200. One C-level subset
+    test on the good path, so hot bodies pay next to nothing for it.
+    """
+    if fields.issuperset(value):
+        return
+    unknown = next(k for k in value if k not in fields)
+    raise BadRequest(
+        f"unknown field {unknown!r:.80} in the {what}; it takes {', '.join(sorted(fields))}"
+    )
 
 
 def whole(value: object) -> object:
@@ -126,6 +142,7 @@ def _extras(raw: object, n: int) -> list[dict[str, Any]] | None:
                 pass
         if not isinstance(item, dict):
             raise BadRequest(f"extras[{i}] must be an object or null")
+        only(item, _EXTRAS_FIELDS, f"extras[{i}]")
         key = item.get("key")
         headers_raw = item.get("headers") or {}
         if not isinstance(headers_raw, dict):
@@ -163,17 +180,31 @@ def _payload_ranges(raw: object) -> list[PayloadRange] | None:
     for i, item in enumerate(raw):
         if not isinstance(item, dict):
             raise BadRequest(f"payloadRanges[{i}] must be an object with first and last")
+        only(item, _RANGE_FIELDS, f"payloadRanges[{i}]")
         first = _position(item.get("first"), f"payloadRanges[{i}].first")
         last = _position(item.get("last"), f"payloadRanges[{i}].last")
         out.append(PayloadRange(*first, *last))
     return out
 
 
+#: The fields of a JSON PublishRequest.
+PUBLISH_FIELDS = frozenset({"transactionWritePointer", "messages", "extras", "payloadRanges"})
+_EXTRAS_FIELDS = frozenset({"key", "headers", "ttl"})
+_RANGE_FIELDS = frozenset({"first", "last"})
+#: The fields of a JSON poll body.
+CONSUME_FIELDS = frozenset({"startFrom", "inclusive", "limit", "transaction"})
+
+
 def publish_request(
     value: dict[str, Any],
+    fields: frozenset[str] = PUBLISH_FIELDS,
+    what: str = "publish request",
 ) -> tuple[int | None, list[bytes], list[dict[str, Any]] | None, list[PayloadRange] | None]:
     """The fields of a JSON PublishRequest: write pointer, payloads, per-message extras
-    (None when absent) and payload ranges (None when absent)."""
+    (None when absent) and payload ranges (None when absent); ``fields``: those the
+    body may have (``what`` names it in the error for any other)."""
+    if not fields.issuperset(value):  # the check inline: a publish's hot path
+        only(value, fields, what)
     wp = integer(
         value.get("transactionWritePointer"),
         "transactionWritePointer",
@@ -224,6 +255,8 @@ def consume_request(
 ) -> tuple[MessageId | int | None, bool, int | None, bytes | None]:
     """The fields of a JSON poll body: start, inclusive, limit, transaction."""
     value = obj(body, "poll request")
+    if not CONSUME_FIELDS.issuperset(value):  # the check inline: a poll's hot path
+        only(value, CONSUME_FIELDS, "poll request")
     raw_start = value.get("startFrom")
     start: MessageId | int | None
     if raw_start is None:

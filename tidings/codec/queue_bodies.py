@@ -9,12 +9,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from tidings.codec.admin import start_name
-from tidings.codec.json_bodies import integer
+from tidings.codec.json_bodies import integer, only
 from tidings.errors import BadRequest, ServerError
 from tidings.names import INT64_MAX, NAME_PATTERN
 from tidings.structs import MESSAGE_ID_LAYOUT, MessageId, QueueStats
 
 __all__ = [
+    "ACK_FIELDS",
     "DELIVERY_COUNTS_HEADER",
     "PopRequest",
     "TransactionAck",
@@ -41,6 +42,26 @@ _ID = struct.Struct(MESSAGE_ID_LAYOUT)
 
 #: A pop answer's header: each message's delivery count, in order, comma-separated.
 DELIVERY_COUNTS_HEADER = "Tidings-Delivery-Counts"
+
+
+# The fields each request body may have: any other is refused (json_bodies.only).
+_POP_FIELDS = frozenset(
+    {
+        "consumerId",
+        "maxMessages",
+        "ackTimeoutMs",
+        "maxDeliveries",
+        "deadLetterTopic",
+        "start",
+        "ackIds",
+    }
+)
+_CONSUMER_FIELDS = frozenset({"consumerId"})
+#: An ack or nack body's fields.
+ACK_FIELDS = frozenset({"consumerId", "ids", "transactionWritePointer"})
+_EXTEND_FIELDS = ACK_FIELDS | {"ackTimeoutMs"}
+_ROLLBACK_FIELDS = frozenset({"transactionWritePointer", "keepLeases"})
+_TRANSACTION_ACK_FIELDS = ACK_FIELDS | {"topic", "queue"}
 
 
 class PopRequest(NamedTuple):
@@ -104,6 +125,7 @@ def pop_request(
 
 def read_pop_request(obj: Mapping[str, Any]) -> PopRequest:
     """The fields of a pop body (BadRequest for anything malformed or out of range)."""
+    only(obj, _POP_FIELDS, "pop request")
     max_messages = integer(obj.get("maxMessages", 1), "maxMessages", 1, INT64_MAX, optional=False)
     assert max_messages is not None
     ack_timeout = integer(obj.get("ackTimeoutMs"), "ackTimeoutMs", 1, INT64_MAX, optional=True)
@@ -129,6 +151,7 @@ def consumer_request(consumer: str) -> dict[str, Any]:
 
 def read_consumer_request(obj: Mapping[str, Any]) -> str:
     """The consumer id of a release body."""
+    only(obj, _CONSUMER_FIELDS, "release request")
     return _consumer(obj)
 
 
@@ -143,11 +166,17 @@ def ack_request(
 
 
 def read_ack_request(
-    obj: Mapping[str, Any], *, binary: bool = False
+    obj: Mapping[str, Any],
+    *,
+    binary: bool = False,
+    fields: frozenset[str] = ACK_FIELDS,
+    what: str = "ack request",
 ) -> tuple[str, list[MessageId], int | None]:
     """Consumer, ids and write pointer (None: not in a transaction) of an ack or nack
     body; BadRequest naming every malformed id. ``binary``: the ids are bytes (an Avro
-    body's), not base64."""
+    body's), not base64; ``fields``: those the body may have (``what`` names it in the
+    error for any other)."""
+    only(obj, fields, what)
     consumer = _consumer(obj)
     raw = obj.get("ids")
     if not isinstance(raw, list) or not raw:
@@ -205,7 +234,9 @@ def extend_request(
 
 def read_extend_request(obj: Mapping[str, Any]) -> tuple[str, list[MessageId], int | None]:
     """Consumer, ids and lease length (None: the default) of an extend body."""
-    consumer, ids, write_pointer = read_ack_request(obj)
+    consumer, ids, write_pointer = read_ack_request(
+        obj, fields=_EXTEND_FIELDS, what="extend request"
+    )
     if write_pointer is not None:
         raise BadRequest("an extend takes effect at once: it takes no transaction")
     ack_timeout = integer(obj.get("ackTimeoutMs"), "ackTimeoutMs", 1, INT64_MAX, optional=True)
@@ -250,6 +281,7 @@ def read_rollback_keeps_leases(obj: Mapping[str, Any]) -> bool:
 
 def read_rollback_request(obj: Mapping[str, Any]) -> int:
     """The write pointer of a rollback body."""
+    only(obj, _ROLLBACK_FIELDS, "rollback request")
     write_pointer = integer(
         obj.get("transactionWritePointer"), "transactionWritePointer", 1, INT64_MAX, optional=False
     )
@@ -304,7 +336,9 @@ def read_transaction_acks(obj: Mapping[str, Any], *, binary: bool = False) -> li
             if not isinstance(value, str) or NAME_PATTERN.fullmatch(value) is None:
                 raise BadRequest(f"acks[{i}].{field} must be a name of [A-Za-z0-9_-]{{1,128}}")
             names.append(value)
-        consumer, ids, _ = read_ack_request(item, binary=binary)
+        consumer, ids, _ = read_ack_request(
+            item, binary=binary, fields=_TRANSACTION_ACK_FIELDS, what=f"acks[{i}]"
+        )
         out.append(TransactionAck(names[0], names[1], consumer, ids))
     return out
 

@@ -183,10 +183,15 @@ def _large_payloads(body: bytes) -> bool:
     return count > 0 and len(body) >= LARGE_PAYLOAD * count
 
 
-def publish_request_from_json(obj: dict[str, Any]) -> PublishRequest:
+def publish_request_from_json(
+    obj: dict[str, Any],
+    fields: frozenset[str] = jsonb.PUBLISH_FIELDS,
+    what: str = "publish request",
+) -> PublishRequest:
     """The PublishRequest in an already parsed JSON object (e.g. one topic of a
-    transactional publish); the same checks as :func:`decode_publish_request`."""
-    return _publish_request(*jsonb.publish_request(obj))
+    transactional publish, whose ``fields`` include its topic); the same checks as
+    :func:`decode_publish_request`."""
+    return _publish_request(*jsonb.publish_request(obj, fields, what))
 
 
 def format_payload_range(rng: PayloadRange) -> str:
@@ -262,6 +267,9 @@ def encode_rollback_info(info: RollbackInfo, media: Media) -> bytes:
 def decode_rollback_info(body: bytes, media: Media) -> RollbackInfo:
     """Decode a rollback body (the publish response, echoed back)."""
     if media is JSON:
+        # Unknown fields are let through here alone: the body is a publish answer sent
+        # back as it came, and an answer may gain fields (from a newer node of a
+        # cluster, mid-upgrade). Every field read is required, so none can be misspelt.
         obj = jsonb.obj(body, "rollback request")
     else:
         obj = avro.read(body, avro.PUBLISH_RESPONSE, "rollback request")

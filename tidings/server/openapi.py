@@ -473,6 +473,7 @@ def _schemas(max_timeout: float) -> dict[str, Any]:
                 "timeout": _nullable(timeout),
                 "transactionalId": _nullable(_TRANSACTIONAL_ID),
                 "epoch": _nullable(epoch),
+                "beginId": {"description": "taken and ignored (docs/api.md)"},
             },
             **_PRODUCER_RULE,
         },
@@ -611,8 +612,15 @@ def _group_schemas() -> dict[str, Any]:
                 },
             },
         },
+        "GroupHeartbeatRequest": {
+            "type": "object",
+            "description": "a heartbeat or leave: the member alone",
+            "required": ["memberId"],
+            "properties": {"memberId": member_id},
+        },
         "GroupMemberRequest": {
             "type": "object",
+            "description": "a member's poll",
             "required": ["memberId"],
             "properties": {
                 "memberId": member_id,
@@ -654,6 +662,8 @@ def _group_schemas() -> dict[str, Any]:
         "GroupResetRequest": {
             "type": "object",
             "description": "exactly one of to, id (after that message) or time (ms)",
+            # Each one's schema is its branch's; listed here as the body's only fields.
+            "properties": {"to": {}, "id": {}, "time": {}},
             "oneOf": [
                 {
                     "required": ["to"],
@@ -978,6 +988,7 @@ def _group_paths() -> dict[str, Any]:
     unknown = {"404": _error("unknown topic, group or member (join again)")}
     assignment = {"200": _json("the member's assignment", _ref("GroupAssignment"))}
     member = {JSON: {"schema": _ref("GroupMemberRequest")}}
+    member_only = {JSON: {"schema": _ref("GroupHeartbeatRequest")}}
     ok = {"200": _json("done", _ref("Empty"))}
     return {
         base: {
@@ -1012,7 +1023,7 @@ def _group_paths() -> dict[str, Any]:
             "post": _op(
                 "Stay in the group; answers the current assignment",
                 {**assignment, **unknown},
-                body=member,
+                body=member_only,
                 required=True,
                 tags=tags,
                 parameters=params,
@@ -1022,7 +1033,7 @@ def _group_paths() -> dict[str, Any]:
             "post": _op(
                 "Leave the group (a rebalance)",
                 {**ok, **unknown},
-                body=member,
+                body=member_only,
                 required=True,
                 tags=tags,
                 parameters=params,
@@ -1693,9 +1704,73 @@ def _console_paths() -> dict[str, Any]:
     return paths
 
 
+#: Request bodies whose unknown fields the server lets through: topic properties are
+#: free-form, and a rollback body is a publish answer sent back, which may gain fields.
+_OPEN_BODIES = frozenset({"TopicProperties", "PublishResponse"})
+
+
+def _refs(node: Any) -> set[str]:
+    """The component schemas ``node`` names."""
+    if isinstance(node, dict):
+        found = {node["$ref"].rsplit("/", 1)[-1]} if "$ref" in node else set()
+        for value in node.values():
+            found |= _refs(value)
+        return found
+    if isinstance(node, list):
+        return set().union(*map(_refs, node)) if node else set()
+    return set()
+
+
+def _closed(node: Any) -> Any:
+    """``node`` with ``additionalProperties: false`` on each object schema that lists its
+    properties and says nothing of others: the server refuses unknown fields."""
+    if isinstance(node, list):
+        return [_closed(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _closed(v) for k, v in node.items()}
+    if out.get("type") == "object" and "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def _close_request_bodies(paths: dict[str, Any], schemas: dict[str, Any]) -> None:
+    """Close the JSON request bodies' schemas (and those they name, unless an answer
+    names them too, as answers may gain fields)."""
+    asked: set[str] = set()
+    answered: set[str] = set()
+    for ops in paths.values():
+        for op in ops.values():
+            if not isinstance(op, dict):
+                continue
+            body = op.get("requestBody", {}).get("content", {}).get(JSON)
+            if body is not None:
+                if "$ref" not in body["schema"]:
+                    body["schema"] = _closed(body["schema"])
+                asked |= _refs(body)
+            answered |= _refs(op.get("responses", {}))
+    todo = list(asked)
+    while todo:  # what the bodies name, transitively
+        for name in _refs(schemas[todo.pop()]) - asked:
+            asked.add(name)
+            todo.append(name)
+    for name in asked - answered - _OPEN_BODIES:
+        schemas[name] = _closed(schemas[name])
+
+
 def openapi_document(version: str, *, max_timeout: float = 3600.0) -> dict[str, Any]:
     """The whole contract as an OpenAPI 3.1 document (``max_timeout``: the server's
     longest transaction timeout, seconds)."""
+    paths = {
+        **_messaging_paths(),
+        **_group_paths(),
+        **_queue_paths(),
+        **_transaction_paths(),
+        **_ops_paths(),
+        **_console_paths(),
+    }
+    schemas = _schemas(max_timeout)
+    _close_request_bodies(paths, schemas)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -1705,16 +1780,9 @@ def openapi_document(version: str, *, max_timeout: float = 3600.0) -> dict[str, 
             'additions (docs/api.md). Errors are {"error", "type"} with the status '
             "of the error class.",
         },
-        "paths": {
-            **_messaging_paths(),
-            **_group_paths(),
-            **_queue_paths(),
-            **_transaction_paths(),
-            **_ops_paths(),
-            **_console_paths(),
-        },
+        "paths": paths,
         "components": {
-            "schemas": _schemas(max_timeout),
+            "schemas": schemas,
             "securitySchemes": {
                 "bearer": {
                     "type": "http",

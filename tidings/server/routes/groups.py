@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tidings.codec import admin, columns, wire
+from tidings.codec import admin, columns, json_bodies, wire
 from tidings.consumers.groups import DEFAULT_SESSION_TIMEOUT_MS
 from tidings.consumers.pages import Selection
 from tidings.names import check_name
@@ -106,7 +106,9 @@ def routes(api: Api) -> list[Route]:
     async def heartbeat(request: Request) -> Response:
         coordinator = api.groups
         ns, topic, name = path_names(request, "group")
-        member_id, _ = admin.read_member_request(await json_body(api, request, "heartbeat"))
+        member_id, _ = admin.read_member_request(
+            await json_body(api, request, "heartbeat"), "heartbeat", poll=False
+        )
         # On the loop unless it would wait (docs/design.md, "Where the work runs").
         assignment = None
         if not reads_block:
@@ -119,7 +121,9 @@ def routes(api: Api) -> list[Route]:
     async def leave(request: Request) -> Response:
         coordinator = api.groups
         ns, topic, name = path_names(request, "group")
-        member_id, _ = admin.read_member_request(await json_body(api, request, "leave request"))
+        member_id, _ = admin.read_member_request(
+            await json_body(api, request, "leave request"), "leave request", poll=False
+        )
         await api.blocking(coordinator.leave, ns, topic, name, member_id)
         return json_response({})
 
@@ -192,6 +196,7 @@ def routes(api: Api) -> list[Route]:
         coordinator = api.groups
         ns, topic, name = path_names(request, "group")
         body = await json_body(api, request, "group commit")
+        json_bodies.only(body, admin.GROUP_COMMIT_FIELDS, "group commit")
         member_id, positions, write_pointer = admin.read_group_commit_request(body)
         generation = admin.read_commit_generation(body)
         generations = admin.read_position_generations(body)

@@ -226,7 +226,7 @@ def routes(api: Api) -> list[Route]:
         coordinator = api.queues
         ns, topic, name = path_names(request, "queue")
         consumer, ids, write_pointer = queue_bodies.read_ack_request(
-            await json_body(api, request, "nack request")
+            await json_body(api, request, "nack request"), what="nack request"
         )
         if write_pointer is not None:
             raise BadRequest("a nack takes effect at once: it takes no transaction")

@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tidings.codec import admin, payload_frames, queue_bodies, tx_publish, wire
+from tidings.codec import admin, json_bodies, payload_frames, queue_bodies, tx_publish, wire
 from tidings.codec.media import AVRO_EXT, JSON
 from tidings.codec.payload_frames import PayloadFrames, names_frames
 from tidings.codec.stored_publish import StoredBatch
@@ -119,6 +119,10 @@ def _write_pointer(request: Request) -> int:
     return int(raw)
 
 
+#: An item of a one-request transaction's JSON ``topics``: a PublishRequest and its topic.
+_TOPIC_FIELDS = json_bodies.PUBLISH_FIELDS | {"topic"}
+
+
 def _batches(
     obj: dict[str, Any], *, empty_ok: bool = False, binary: bool = False, frames: bool = False
 ) -> list[_Batch]:
@@ -150,7 +154,7 @@ def _batches(
             if "transactionWritePointer" in item:
                 raise BadRequest("the server assigns the write pointer; do not send one")
             # Each item is a JSON PublishRequest plus its topic: decode it as one.
-            request = wire.publish_request_from_json(item)
+            request = wire.publish_request_from_json(item, _TOPIC_FIELDS, f"topics[{i}]")
         if request.write_pointer is not None:
             raise BadRequest("the server assigns the write pointer; do not send one")
         records = request.records
@@ -191,6 +195,7 @@ def routes(api: Api) -> list[Route]:
         if request.method in ("GET", "HEAD"):
             return json_response(admin.state_json(await api.blocking(tx.state)))
         obj = await body(request, "begin request")
+        json_bodies.only(obj, admin.BEGIN_FIELDS, "begin request")
         timeout, (transactional_id, epoch) = admin.read_begin_request(obj)
         begin_id = admin.read_begin_id(obj)
         _may_use(request, transactional_id)
@@ -265,6 +270,7 @@ def routes(api: Api) -> list[Route]:
         media = AVRO_EXT if frames else request_media(request)
         if media is JSON:
             obj = json_object(await read_body(request, max_body), "transactional publish")
+            json_bodies.only(obj, admin.TRANSACTION_PUBLISH_FIELDS, "transactional publish")
         elif media is AVRO_EXT:
             obj = tx_publish.read_transaction_publish(await read_body(request, max_body))
         else:
