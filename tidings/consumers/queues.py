@@ -1003,11 +1003,16 @@ class QueueCoordinator:
             self._settle(q, snapshot)
             consumers: dict[str, int] = {}
             pending = 0
+            back: list[MessageId] = []
             for lease in q.leases.values():
                 if lease.active() or lease.write_pointer:
                     pending += len(lease.ids)
                     consumers[lease.owner] = consumers.get(lease.owner, 0) + len(lease.ids)
-            returned = len(q.entries) - pending
+                else:
+                    back.extend(lease.ids)
+            # A returned message past the topic's retention (or its own expiry) is
+            # never handed out again (the next pop forgets it): not the queue's depth.
+            returned = len(self._messaging.held_ids(namespace, topic, back)) if back else 0
             read, cursor, record = q.record.read, q.cursor(), q.record
             ack_state = len(q.entries)
             counters = (
@@ -1555,6 +1560,8 @@ class QueueCoordinator:
         out), or the error naming those it may not. ``skipped``: raise nothing; every
         id the call may not act on (or that was acked) is added to it instead."""
         unknown: list[MessageId] = []
+        #: Read, held by no lease, and no longer in the topic.
+        gone: list[MessageId] = []
         conflicts: list[tuple[MessageId, str]] = []
         todo: dict[MessageId, None] = {}
         #: Read, held by no lease and not among the acks remembered: acked, by a worker
@@ -1593,23 +1600,37 @@ class QueueCoordinator:
             # A plain ack sent again after its answer was lost (the server restarted
             # meanwhile) is answered as done, as before the restart; a transactional
             # one cannot tell whether it conflicts, so it is refused as before.
-            held: set[MessageId] = set()
-            if write_pointer is None:
+            if write_pointer is not None:
+                unknown.extend(forgotten)
+            else:
                 held = self._messaging.held_ids(q.namespace, q.topic, list(forgotten))
-            for message_id in forgotten:
-                if message_id not in held:
-                    unknown.append(message_id)
-                elif skipped is not None:
-                    skipped.append(message_id)
+                for message_id in forgotten:
+                    if message_id not in held:
+                        gone.append(message_id)
+                    elif skipped is not None:
+                        skipped.append(message_id)
         if skipped is not None:
-            left = {*unknown, *(m for m, _ in conflicts), *skipped}
+            left = {*unknown, *gone, *(m for m, _ in conflicts), *skipped}
             skipped[:] = [m for m in dict.fromkeys(ids) if m in left]
             return list(todo)
-        if unknown:
-            raise NotDelivered(
-                f"{len(unknown)} message(s) were never delivered to this worker by queue "
-                f"{q.qid[2]} (or were acked already): {_ids_text(unknown)}"
-            )
+        if unknown or gone:
+            said = []
+            if unknown:
+                said.append(
+                    f"{len(unknown)} message(s) were never delivered to this worker by "
+                    f"queue {q.qid[2]} (or were acked already): {_ids_text(unknown)}"
+                )
+            if gone:
+                # Retention deleted them after their lease ran out (or the server
+                # restarted): the queue no longer knows who held them, nor can it tell
+                # them from ids never in the topic. Never delivered again either way.
+                said.append(
+                    f"{len(gone)} message(s) are not in topic {q.topic} any more (past "
+                    "its retention or their own expiry, or never in it) and queue "
+                    f"{q.qid[2]} holds no lease of them: nothing to ack, and they are not "
+                    f"delivered again: {_ids_text(gone)}"
+                )
+            raise NotDelivered("; ".join(said))
         if conflicts:
             reasons = sorted({why for _, why in conflicts})
             raise AckConflict(
