@@ -1,8 +1,9 @@
 """Retention while consumer groups and queues are behind or mid-flight, black box.
 
-A queue's depth leaves out returned messages retention deleted, and an ack of a leased
+A queue's depth leaves out returned messages retention deleted, an ack of a leased
 message retention deleted is answered as done while its lease holds and with a 409
-that says why once the queue forgot it.
+that says why once the queue forgot it, and a group whose committed positions lie
+below the oldest kept message resumes there, its lag counting only kept messages.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ import httpx
 import pytest
 
 from tests.e2e.serverproc import ServerProcess
-from tidings import Client, Record
+from tidings import Client, MessageId, Record
+from tidings.client import GroupConsumer
 from tidings.errors import NotDelivered
 
 pytestmark = pytest.mark.e2e
 
 NS = "default"
+PARTITIONS = 4
+KEYS = [b"k%d" % i for i in range(6)]
 
 
 def metric(text: str, name: str, topic: str, **labels: str) -> float | None:
@@ -80,3 +84,38 @@ def test_an_ack_of_a_message_retention_deleted(server: ServerProcess, topic: str
         assert client.queue(topic, "work").pop(5) == []
         stats = client.describe_queue(topic, "work")
         assert (stats.pending, stats.waiting, stats.acked, stats.popped) == (0, 0, 1, 2)
+
+
+def test_a_group_behind_retention_resumes_at_the_oldest_kept_message(
+    server: ServerProcess, topic: str
+) -> None:
+    # Kafka's auto.offset.reset applies to an offset retention deleted; here there is
+    # no such case: a position is a place in the one order, and reading after it
+    # starts at the oldest message kept (docs/api.md, "Consumer groups").
+    with Client(server.url) as client, httpx.Client(base_url=server.url) as http:
+        client.create_topic(topic, ttl=1)
+        client.publish(topic, [Record(b"old-%d" % i, key=k) for i, k in enumerate(KEYS)])
+        first = client.consume(
+            topic, group="g", partitions=PARTITIONS, follow=False, wait=0, batch_size=2
+        )
+        assert isinstance(first, GroupConsumer)
+        assert len(first.poll()) == 2
+        first.commit()
+        first.close()
+        assert client.describe_group(topic, "g").lag == len(KEYS) - 2
+        time.sleep(1.3)
+        client.publish(topic, [Record(b"new-%d" % i, key=k) for i, k in enumerate(KEYS[:3])])
+        info = client.describe_group(topic, "g")
+        assert info.lag == 3 and all(p.lag_exact for p in info.partitions)
+        assert client.stats(topic).group_lags == {"g": 3}
+        assert metric(http.get("/metrics").text, "tidings_group_lag", topic, group="g") == 3
+        again = client.consume(topic, group="g", follow=False, wait=0)
+        got = [m.payload for m in again]
+        again.close()
+        assert sorted(got) == [b"new-0", b"new-1", b"new-2"]
+        # A reset to a time before every kept message, or to a message retention
+        # deleted, counts the kept ones.
+        client.reset_group(topic, "g", 0)
+        assert client.describe_group(topic, "g").lag == 3
+        client.reset_group(topic, "g", MessageId(1, 0, 0, 0))
+        assert client.describe_group(topic, "g").lag == 3

@@ -437,7 +437,16 @@ class GroupCoordinator:
             namespace, topic, start=start, inclusive=start is None, limit=size,
             transaction=snapshot, count=False,
         )  # fmt: skip
-        return Page(start, columns, len(columns.ids) == size or columns.cut)
+        page = Page(start, columns, len(columns.ids) == size or columns.cut)
+        if columns.ids:
+            # Kept for other members and later polls: only while its oldest message is
+            # within the topic's TTL, or a member behind the retention cutoff would be
+            # handed what a fresh read (and the group's lag) no longer counts. Messages
+            # with a TTL of their own, or stored apart from their entry, are not
+            # tracked: the page's lifetime bounds how late they may still come.
+            ttl_ms = self._messaging.get_topic(namespace, topic).ttl * 1000
+            page.stale_at = MessageId.from_bytes(columns.ids[0]).publish_ts + ttl_ms
+        return page
 
     # --- positions -------------------------------------------------------------------
 

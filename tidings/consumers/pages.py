@@ -37,7 +37,8 @@ _BYTES_KEPT = 64 << 20
 #: (123k against 279k msg/s in one benchmark run).
 _ROW_OVERHEAD = 53 + 33 + 3 * 8
 #: Seconds a page serves: it may hold messages whose TTL passes meanwhile, which a fresh
-#: fetch would skip, so it is not kept much longer than members take to pass through.
+#: fetch would skip, so it is not kept much longer than members take to pass through
+#: (and no longer than its oldest message is within the topic's TTL: ``Page.stale_at``).
 PAGE_LIFETIME = 10.0
 
 
@@ -56,6 +57,10 @@ class Page:
     indexes: dict[int, dict[int, list[int]]] = field(default_factory=dict)
     #: When it was fetched (monotonic seconds).
     fetched: float = field(default_factory=time.monotonic)
+    #: When its oldest message passes the topic's TTL (ms since the epoch; None: not
+    #: known). A fresh fetch skips that message from then on, so the page serves no
+    #: longer: a member must not get what the topic's retention no longer keeps.
+    stale_at: int | None = None
     #: Roughly what it holds in memory (bytes), for the bound on the kept pages.
     size: int = 0
     #: At least its messages' payload and key bytes (what a member's byte bound
@@ -318,8 +323,13 @@ class Pages:
 
     def find(self, position: MessageId | None) -> Page | None:
         oldest = time.monotonic() - PAGE_LIFETIME
+        now_ms = time.time_ns() // 1_000_000
         with self._lock:
-            self._pages = [p for p in self._pages if p.fetched >= oldest]
+            self._pages = [
+                p
+                for p in self._pages
+                if p.fetched >= oldest and (p.stale_at is None or p.stale_at > now_ms)
+            ]
             for i, page in enumerate(self._pages):
                 if page.covers(position):
                     self._pages.append(self._pages.pop(i))  # most recently used last
