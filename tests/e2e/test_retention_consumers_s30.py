@@ -204,6 +204,9 @@ class Sent:
     deadline_hi: int = 0
     # A restart may have forgotten its lease (a pop writes nothing).
     unsure: bool = False
+    # Past a TTL the topic had: the cleaner may have deleted it, or not yet (then a
+    # longer TTL shows it again).
+    maybe_gone: bool = False
 
     def expiry(self, ttl: int) -> tuple[int, int]:
         """The earliest and latest time (ms) it may stop being visible."""
@@ -211,7 +214,7 @@ class Sent:
             lo = hi = self.id.publish_ts + ttl * 1000
         else:
             lo, hi = self.lo + ttl * 1000, self.hi + ttl * 1000
-        return lo - SLACK, hi + SLACK
+        return (0 if self.maybe_gone else lo - SLACK), hi + SLACK
 
     @property
     def partition(self) -> int:
@@ -363,6 +366,15 @@ class RetentionModel(RuleBasedStateMachine):
     @rule()
     def wait_past_retention(self) -> None:
         time.sleep(self.ttl + 0.3)
+
+    @rule(ttl=st.sampled_from([1, 2, 3]))
+    def set_ttl(self, ttl: int) -> None:
+        changed = now_ms()
+        self.client.update_topic(self.topic, ttl=ttl)
+        for s in self.sent:
+            if s.expiry(self.ttl)[0] <= changed + SLACK:
+                s.maybe_gone = True
+        self.ttl = ttl
 
     # --- rules: the group --------------------------------------------------------------
 
