@@ -1,0 +1,500 @@
+"""``tidings backup`` under a random mix of load, each copy restored and checked
+against a model of what was acknowledged before that backup began.
+
+Worker threads publish (plain and idempotent), run transactions (in one request, and of
+several calls committed, aborted or left open), commit consumer-group positions inside
+and outside transactions, pop, ack and nack a queue (acks also inside one-request
+transactions), create and delete topics and publish to a topic with a short retention,
+while the real ``tidings backup`` command runs one or more times at random moments.
+Each copy then starts as a server (docs/operations.md, "Backup and restore") and:
+
+* holds every message, committed transaction, topic, group position and queue ack
+  acknowledged before its backup began, and nothing of a transaction aborted before;
+* shows every transaction whole or not at all (open ones are invalidated here, as an
+  operator would after a restore, and must then show nothing);
+* keeps group positions within the restored data;
+* answers idempotent producers as documented: a batch sent again is not written
+  twice, and the next one is written or refused with ``OutOfOrderSequence``;
+* hands out write pointers above every one begun before the backup, and a new
+  transaction shows nothing but its own messages;
+* answers every request without a 500.
+
+The run is random: its seed is printed on failure. When hunting bugs,
+``TIDINGS_BACKUP_MODEL_SEED`` sets the seed, ``TIDINGS_BACKUP_MODEL_ROUNDS`` runs more
+rounds (a fresh live server each), ``TIDINGS_BACKUP_MODEL_BACKUPS`` takes more backups
+per round and ``TIDINGS_BACKUP_MODEL_WORKERS`` runs more clients.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.serverproc import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+SEED = int(os.environ.get("TIDINGS_BACKUP_MODEL_SEED", str(random.randrange(1 << 30))))
+ROUNDS = int(os.environ.get("TIDINGS_BACKUP_MODEL_ROUNDS", "1"))
+BACKUPS = int(os.environ.get("TIDINGS_BACKUP_MODEL_BACKUPS", "2"))
+WORKERS = int(os.environ.get("TIDINGS_BACKUP_MODEL_WORKERS", "3"))
+TOPICS = ("a", "b")
+QUEUE = "q"
+#: Long enough that no transaction of the run times out by itself.
+LONG = 600
+NS = "/v1/namespaces/default"
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def hex_id(b64_id: str) -> str:
+    return base64.b64decode(b64_id).hex()
+
+
+@dataclass
+class Model:
+    """What the live server acknowledged; a copy is taken as each backup begins."""
+
+    #: Payloads of acknowledged non-transactional publishes, per topic.
+    plain: dict[str, list[bytes]] = field(default_factory=lambda: {t: [] for t in TOPICS})
+    #: Transactions (by tag) whose commit / abort was acknowledged.
+    committed: set[str] = field(default_factory=set)
+    aborted: set[str] = field(default_factory=set)
+    #: Write pointers of transactions whose begin was acknowledged, by tag.
+    pointers: dict[str, int] = field(default_factory=dict)
+    #: (producer id, topic) -> last acknowledged sequence and its payload.
+    idempotent: dict[tuple[str, str], tuple[int, bytes]] = field(default_factory=dict)
+    #: Group -> the last acknowledged committed position (hex id).
+    positions: dict[str, str] = field(default_factory=dict)
+    #: Queue messages acked for good (hex ids), and by which consumer.
+    acked: dict[str, str] = field(default_factory=dict)
+    #: Topics created (and published to) and not yet asked to be deleted; deleted ones.
+    created: dict[str, bytes] = field(default_factory=dict)
+    deleting: set[str] = field(default_factory=set)
+    deleted: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Run:
+    url: str
+    model: Model = field(default_factory=Model)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)
+    surprises: list[str] = field(default_factory=list)
+
+
+class Surprise(Exception):
+    pass
+
+
+def _ok(answer: httpx.Response, *expected: int) -> httpx.Response:
+    if answer.status_code >= 500 or (expected and answer.status_code not in expected):
+        raise Surprise(
+            f"{answer.request.method} {answer.request.url.path}: "
+            f"{answer.status_code} {answer.text[:300]}"
+        )
+    return answer
+
+
+def _worker(run: Run, n: int, seed: int) -> None:
+    rng = random.Random(seed)
+    pid = f"{n:02x}" + "cd" * 15
+    sequences: dict[str, int] = {}
+    group = f"g{n}"
+    consumer = f"w{n}"
+    leased: list[str] = []  # b64 ids of queue messages this worker holds
+    with httpx.Client(base_url=run.url + NS, timeout=30) as http:
+        member = _ok(http.post("/topics/b/groups/" + group + "/join", json={"partitions": 1}), 200)
+        member_id = member.json()["memberId"]
+        for i in range(100_000):  # bounded; the stop event ends it long before
+            if run.stop.is_set():
+                return
+            tag = f"w{n}i{i}"
+            try:
+                _step(run, http, rng, tag, pid, sequences, group, member_id, consumer, leased)
+            except (Surprise, httpx.HTTPError) as exc:
+                with run.lock:
+                    run.surprises.append(f"{tag}: {exc!r}")
+                return
+
+
+def _step(
+    run: Run,
+    http: httpx.Client,
+    rng: random.Random,
+    tag: str,
+    pid: str,
+    sequences: dict[str, int],
+    group: str,
+    member_id: str,
+    consumer: str,
+    leased: list[str],
+) -> None:
+    model = run.model
+    roll = rng.random()
+    if roll < 0.12:
+        topic = rng.choice(TOPICS)
+        payload = f"{tag}:plain".encode()
+        _ok(http.post(f"/topics/{topic}/publish", json={"messages": [b64(payload)]}), 200)
+        with run.lock:
+            model.plain[topic].append(payload)
+    elif roll < 0.27:
+        topic = rng.choice(TOPICS)
+        sequence = sequences.get(topic, -1) + 1
+        payload = f"{tag}:idem:{sequence}".encode()
+        _ok(
+            http.post(
+                f"/topics/{topic}/publish",
+                json={"messages": [b64(payload)]},
+                headers={"Tidings-Producer-Id": pid, "Tidings-Sequence": str(sequence)},
+            ),
+            200,
+        )
+        sequences[topic] = sequence
+        with run.lock:
+            model.plain[topic].append(payload)
+            model.idempotent[(pid, topic)] = (sequence, payload)
+    elif roll < 0.42:
+        # A transaction of several calls: begin, publish to both topics, then end it.
+        began = _ok(httpx.post(run.url + "/v1/transactions", json={"timeout": LONG}), 200)
+        wp = began.json()["writePointer"]
+        with run.lock:
+            model.pointers[tag] = wp
+        answers: list[tuple[str, httpx.Response]] = []
+        for topic in TOPICS:
+            body = {"messages": [b64(f"{tag}:tx:{topic}".encode())], "transactionWritePointer": wp}
+            answers.append((topic, _ok(http.post(f"/topics/{topic}/publish", json=body), 200)))
+        end = rng.random()
+        if end < 0.6:
+            _ok(httpx.post(f"{run.url}/v1/transactions/{wp}/commit", json={}), 200)
+            with run.lock:
+                model.committed.add(tag)
+        elif end < 0.85:
+            # As the clients do: roll back first, else the abort shows the entries.
+            for topic, answer in answers:
+                _ok(http.post(f"/topics/{topic}/rollback", content=answer.content), 200)
+            _ok(httpx.post(f"{run.url}/v1/transactions/{wp}/abort", json={}), 200)
+            with run.lock:
+                model.aborted.add(tag)
+        # else: left open.
+    elif roll < 0.55:
+        # A transaction in one request, with a group commit and/or queue acks.
+        body: dict[str, Any] = {
+            "topics": [{"topic": t, "messages": [b64(f"{tag}:tx:{t}".encode())]} for t in TOPICS],
+            "timeout": LONG,
+        }
+        position = None
+        if rng.random() < 0.5:
+            page = _ok(
+                http.post(
+                    f"/topics/b/groups/{group}/poll", json={"memberId": member_id, "limit": 5}
+                ),
+                200,
+            )
+            if page.json():
+                position = page.json()[-1]["id"]
+                body["groupCommits"] = [
+                    {
+                        "topic": "b",
+                        "group": group,
+                        "memberId": member_id,
+                        "positions": [{"partition": 0, "id": position}],
+                    }
+                ]
+        acks = leased[: rng.randint(0, 2)] if rng.random() < 0.5 else []
+        if acks:
+            body["acks"] = [{"topic": "a", "queue": QUEUE, "consumerId": consumer, "ids": acks}]
+        answer = _ok(httpx.post(f"{run.url}{NS}/transactions/publish", json=body, timeout=30), 200)
+        del leased[: len(acks)]
+        with run.lock:
+            model.pointers[tag] = answer.json()["writePointer"]
+            model.committed.add(tag)
+            if position is not None:
+                model.positions[group] = hex_id(position)
+            for ack in acks:
+                model.acked[hex_id(ack)] = consumer
+    elif roll < 0.65:
+        page = _ok(
+            http.post(f"/topics/b/groups/{group}/poll", json={"memberId": member_id, "limit": 5}),
+            200,
+        )
+        if page.json():
+            position = page.json()[-1]["id"]
+            commit = {"memberId": member_id, "positions": [{"partition": 0, "id": position}]}
+            _ok(http.post(f"/topics/b/groups/{group}/commit", json=commit), 200)
+            with run.lock:
+                model.positions[group] = hex_id(position)
+    elif roll < 0.82:
+        popped = _ok(
+            http.post(
+                f"/topics/a/queues/{QUEUE}/pop",
+                json={"consumerId": consumer, "maxMessages": 3, "ackTimeoutMs": LONG * 1000},
+            ),
+            200,
+        )
+        leased.extend(m["id"] for m in popped.json())
+        if leased and rng.random() < 0.6:
+            ids = leased[: rng.randint(1, len(leased))]
+            del leased[: len(ids)]
+            if rng.random() < 0.7:
+                _ok(
+                    http.post(
+                        f"/topics/a/queues/{QUEUE}/ack", json={"consumerId": consumer, "ids": ids}
+                    ),
+                    200,
+                )
+                with run.lock:
+                    for m in ids:
+                        model.acked[hex_id(m)] = consumer
+            else:
+                _ok(
+                    http.post(
+                        f"/topics/a/queues/{QUEUE}/nack", json={"consumerId": consumer, "ids": ids}
+                    ),
+                    200,
+                )
+    elif roll < 0.92:
+        with run.lock:
+            mine = [t for t in model.created if t.startswith(f"c-{consumer}-")]
+        if mine and rng.random() < 0.5:
+            topic = rng.choice(mine)
+            with run.lock:
+                del model.created[topic]
+                model.deleting.add(topic)
+            _ok(http.delete(f"/topics/{topic}"), 200)
+            with run.lock:
+                model.deleted.add(topic)
+        else:
+            topic = f"c-{consumer}-{tag}"
+            _ok(http.put(f"/topics/{topic}"), 200)
+            payload = f"{tag}:churn".encode()
+            _ok(http.post(f"/topics/{topic}/publish", json={"messages": [b64(payload)]}), 200)
+            with run.lock:
+                model.created[topic] = payload
+    else:
+        _ok(http.post("/topics/r/publish", json={"messages": [b64(f"{tag}:ttl".encode())]}), 200)
+
+
+def _read_all(http: httpx.Client, topic: str) -> list[bytes]:
+    """Every committed message of the topic, in order."""
+    got: list[bytes] = []
+    after: str | None = None
+    for _ in range(10_000):
+        body: dict[str, Any] = {"limit": 1000}
+        if after is not None:
+            body.update(startFrom=after, inclusive=False)
+        page = _ok(http.post(f"/topics/{topic}/poll?isolation=read_committed", json=body), 200)
+        page = page.json()
+        if not page:
+            return got
+        got += [base64.b64decode(m["payload"]) for m in page]
+        after = page[-1]["id"]
+    raise AssertionError("the topic does not end")
+
+
+def _check_copy(restored: ServerProcess, before: Model, during: Model, after: Model) -> list[str]:
+    """What the copy breaks of the model: ``before`` as the backup began, ``during``
+    as it ended, ``after`` at the end of the run."""
+    wrong: list[str] = []
+    url = restored.url
+    with httpx.Client(base_url=url + NS, timeout=30) as http:
+        _ok(httpx.get(url + "/readyz"), 200)
+        state = _ok(httpx.get(url + "/v1/transactions"), 200).json()
+        open_ = {t["writePointer"] for t in state["inProgress"]}
+        ended = {before.pointers[t] for t in before.committed | before.aborted}
+        if open_ & ended:
+            wrong.append(f"ended before the backup, open in the copy: {sorted(open_ & ended)}")
+        # As an operator would: whatever was open at the backup ends here.
+        for wp in open_:
+            _ok(httpx.post(f"{url}/v1/transactions/{wp}/invalidate"), 200)
+
+        seen = {t: _read_all(http, t) for t in TOPICS}
+        for topic in TOPICS:
+            counts = Counter(seen[topic])
+            twice = [p for p, c in counts.items() if c > 1]
+            if twice:
+                wrong.append(f"{topic}: written twice: {twice[:5]}")
+            missing = [p for p in before.plain[topic] if p not in counts]
+            if missing:
+                wrong.append(f"{topic}: acknowledged before the backup, missing: {missing[:5]}")
+        shown = {t: {p.split(b":tx:")[0].decode() for p in seen[t] if b":tx:" in p} for t in TOPICS}
+        half = shown["a"] ^ shown["b"]
+        if half:
+            wrong.append(f"half a transaction: {sorted(half)[:5]}")
+        lost = before.committed - shown["a"]
+        if lost:
+            wrong.append(f"committed before the backup, missing: {sorted(lost)[:5]}")
+        back = before.aborted & (shown["a"] | shown["b"])
+        if back:
+            wrong.append(f"aborted before the backup, visible: {sorted(back)[:5]}")
+        never = (shown["a"] | shown["b"]) - after.committed
+        if never:
+            wrong.append(f"visible, never committed: {sorted(never)[:5]}")
+
+        newest_b = _ok(http.get("/topics/b/end"), 200).json()["newestId"]
+        for group, position in before.positions.items():
+            info = _ok(http.get(f"/topics/b/groups/{group}"), 200).json()
+            now = info["partitions"][0]["position"]
+            if now is None or now < position:
+                wrong.append(f"group {group}: position {now} before the acknowledged {position}")
+            elif newest_b is None or now > newest_b:
+                wrong.append(f"group {group}: position {now} past the newest message {newest_b}")
+
+        # Acks acknowledged before the backup stay acked: never delivered again, and
+        # an ack sent again is answered as done.
+        redelivered: list[str] = []
+        for _ in range(200):
+            popped = _ok(
+                http.post(
+                    f"/topics/a/queues/{QUEUE}/pop",
+                    json={"consumerId": "checker", "maxMessages": 100, "ackTimeoutMs": 600_000},
+                ),
+                200,
+            ).json()
+            if not popped:
+                break
+            redelivered += [hex_id(m["id"]) for m in popped if hex_id(m["id"]) in before.acked]
+        if redelivered:
+            wrong.append(f"acked before the backup, delivered again: {redelivered[:5]}")
+        for ack, consumer in list(before.acked.items())[:20]:
+            again = {"consumerId": consumer, "ids": [b64(bytes.fromhex(ack))]}
+            answer = http.post(f"/topics/a/queues/{QUEUE}/ack", json=again)
+            if answer.status_code != 200:
+                wrong.append(f"ack of {ack} sent again: {answer.status_code} {answer.text}")
+
+        for topic, payload in before.created.items():
+            if topic in during.deleting:
+                continue
+            if _read_all(http, topic) != [payload]:
+                wrong.append(f"topic {topic} created before the backup: not as it was")
+        for topic in before.deleted:
+            if http.get(f"/topics/{topic}").status_code != 404:
+                wrong.append(f"topic {topic} deleted before the backup is back")
+        _ok(http.post("/topics/r/poll", json={"limit": 10}), 200)
+
+        # Idempotent producers: a batch acknowledged before the backup, sent again, is
+        # not written again; the next after the last the run sent is written, or
+        # refused with OutOfOrderSequence (the copy's record is older) and not written.
+        extra: dict[str, list[bytes]] = {t: [] for t in TOPICS}
+        for (pid, topic), (sequence, payload) in before.idempotent.items():
+            headers = {"Tidings-Producer-Id": pid, "Tidings-Sequence": str(sequence)}
+            body = {"messages": [b64(payload)]}
+            _ok(http.post(f"/topics/{topic}/publish", json=body, headers=headers), 200)
+            last = after.idempotent[(pid, topic)][0]
+            headers["Tidings-Sequence"] = str(last + 1)
+            nxt = f"next:{pid}:{topic}".encode()
+            answer = _ok(
+                http.post(
+                    f"/topics/{topic}/publish", json={"messages": [b64(nxt)]}, headers=headers
+                ),
+                200,
+                409,
+            )
+            if answer.status_code == 200:
+                extra[topic].append(nxt)
+            elif answer.json().get("type") != "OutOfOrderSequence":
+                wrong.append(f"next idempotent publish: {answer.text}")
+
+        # New transactions get pointers above every one begun before the backup, and
+        # show nothing but their own messages.
+        highest = max(before.pointers.values(), default=0)
+        for i in range(20):
+            wp = _ok(httpx.post(url + "/v1/transactions", json={"timeout": LONG}), 200).json()[
+                "writePointer"
+            ]
+            if wp <= highest:
+                wrong.append(f"write pointer {wp} handed out again (one begun before: {highest})")
+            for topic in TOPICS:
+                body = {
+                    "messages": [b64(f"after{i}:tx:{topic}".encode())],
+                    "transactionWritePointer": wp,
+                }
+                _ok(http.post(f"/topics/{topic}/publish", json=body), 200)
+                extra[topic].append(f"after{i}:tx:{topic}".encode())
+            _ok(httpx.post(f"{url}/v1/transactions/{wp}/commit", json={}), 200)
+        for topic in TOPICS:
+            now = _read_all(http, topic)
+            if now != seen[topic] + extra[topic]:
+                wrong.append(
+                    f"{topic}: after new transactions: {set(now) ^ set(seen[topic] + extra[topic])}"
+                )
+    return wrong
+
+
+def _backup(data_dir: Path, dest: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tidings", "backup", str(data_dir), str(dest)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+
+
+def _round(start_server: Callable[..., ServerProcess], tmp_path: Path, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    tmp_path.mkdir(parents=True)
+    live = start_server(data_dir=tmp_path / "live")
+    for topic in TOPICS:
+        _ok(httpx.put(f"{live.url}{NS}/topics/{topic}"), 200)
+    _ok(httpx.put(f"{live.url}{NS}/topics/r", json={"ttl": 1}), 200)
+    run = Run(live.url)
+    workers = [
+        threading.Thread(target=_worker, args=(run, n, rng.randrange(1 << 30)), daemon=True)
+        for n in range(WORKERS)
+    ]
+    for worker in workers:
+        worker.start()
+    copies: list[tuple[Path, Model, Model]] = []
+    try:
+        for k in range(BACKUPS):
+            time.sleep(rng.uniform(0.2, 1.5))
+            with run.lock:
+                before = copy.deepcopy(run.model)
+            dest = tmp_path / f"copy{k}"
+            done = _backup(live.data_dir, dest)
+            with run.lock:
+                during = copy.deepcopy(run.model)
+            assert done.returncode == 0, done.stderr
+            assert "backed up" in done.stdout, done.stdout
+            copies.append((dest, before, during))
+        time.sleep(rng.uniform(0.0, 0.5))
+    finally:
+        run.stop.set()
+        for worker in workers:
+            worker.join(60)
+    assert not run.surprises, run.surprises[:5]
+    wrong: list[str] = []
+    for dest, before, during in copies:
+        restored = start_server(data_dir=dest)
+        wrong += [f"{dest.name}: {w}" for w in _check_copy(restored, before, during, run.model)]
+        restored.stop()
+        log = restored.log_path.read_text() if restored.log_path else ""
+        if "Traceback" in log:
+            wrong.append(f"{dest.name}: the restored server logged a traceback: {log[-2000:]}")
+    live.stop()
+    return wrong
+
+
+def test_backups_under_load_restore_what_was_acknowledged(
+    start_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    for r in range(ROUNDS):
+        wrong = _round(start_server, tmp_path / f"round{r}", SEED + r)
+        assert not wrong, f"seed {SEED} round {r}: {wrong}"
