@@ -1359,12 +1359,12 @@ def backup(data_dir: Path, dest: Path) -> None:
     DEST must not exist or be empty. Restore by starting a server on a directory
     holding DEST's store/ and tx/. See docs/operations.md.
     """
-    if dest.exists() and any(dest.iterdir()):
-        raise _UsageProblem(f"{dest} is not empty: give a new or empty directory")
     store_dir, tx_dir = data_dir / "store", data_dir / "tx"
-    if not (store_dir / "data.mdb").exists() and not tx_dir.is_dir():
-        raise click.ClickException(f"{data_dir} holds no store/ and no tx/ to back up")
     try:
+        if dest.exists() and any(dest.iterdir()):
+            raise _UsageProblem(f"{dest} is not empty: give a new or empty directory")
+        if not (store_dir / "data.mdb").exists() and not tx_dir.is_dir():
+            raise click.ClickException(f"{data_dir} holds no store/ and no tx/ to back up")
         logs, dropped = _backup(store_dir, tx_dir, dest)
     except OSError as exc:
         raise click.ClickException(f"cannot back up {data_dir} to {dest}: {exc}") from None
@@ -1375,9 +1375,40 @@ def backup(data_dir: Path, dest: Path) -> None:
 
 
 def _backup(store_dir: Path, tx_dir: Path, dest: Path) -> tuple[dict[int, int], int]:
+    """Copy into DEST/.incomplete, then move tx/ and store/ into DEST: a copy cut short
+    (no space, a kill) never leaves a store/ beside a tx/ that a server would start on
+    as if whole. A failure the command sees removes what it wrote."""
+    import shutil
+
+    created = not dest.exists()
+    dest.mkdir(parents=True, exist_ok=True)
+    work = dest / _BACKUP_WORK
+    try:
+        work.mkdir()
+        logs, dropped = _copy_data(store_dir, tx_dir, work)
+        # The store last: a DEST with its store/ in place holds the whole copy.
+        for part in ("tx", "store"):
+            if (work / part).exists():
+                (work / part).rename(dest / part)
+        work.rmdir()
+        return logs, dropped
+    except BaseException:
+        for written in (work, dest / "tx", dest / "store"):
+            shutil.rmtree(written, ignore_errors=True)
+        if created:
+            with contextlib.suppress(OSError):
+                dest.rmdir()
+        raise
+
+
+#: Where a backup is written before it is whole (a DEST holding it is not empty, so an
+#: interrupted backup is not taken for one, nor written over by the next).
+_BACKUP_WORK = ".incomplete"
+
+
+def _copy_data(store_dir: Path, tx_dir: Path, dest: Path) -> tuple[dict[int, int], int]:
     import lmdb
 
-    dest.mkdir(parents=True, exist_ok=True)
     # The transaction files first, then the store: the store then holds every message
     # of each transaction the copied log commits. The other order could give a log
     # committing transactions whose messages the store copy lacks.

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import errno
 import os
 import random
 import subprocess
@@ -36,15 +37,18 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
+import tidings.cli
 from tests.e2e.serverproc import ServerProcess
+from tidings.cli import main
 
 pytestmark = pytest.mark.e2e
 
@@ -498,3 +502,102 @@ def test_backups_under_load_restore_what_was_acknowledged(
     for r in range(ROUNDS):
         wrong = _round(start_server, tmp_path / f"round{r}", SEED + r)
         assert not wrong, f"seed {SEED} round {r}: {wrong}"
+
+
+# --- a backup that cannot be written -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A data directory with a store and a transaction log, its server stopped."""
+    live = ServerProcess(tmp_path_factory.mktemp("backup-source") / "data").start()
+    try:
+        _ok(httpx.put(f"{live.url}{NS}/topics/a"), 200)
+        body = {"messages": [b64(b"x")]}
+        _ok(httpx.post(f"{live.url}{NS}/topics/a/publish", json=body), 200)
+        began = _ok(httpx.post(live.url + "/v1/transactions", json={}), 200)
+        wp = began.json()["writePointer"]
+        _ok(httpx.post(f"{live.url}/v1/transactions/{wp}/commit", json={}), 200)
+    finally:
+        live.stop()
+    yield live.data_dir
+
+
+def _out_of_space(*_args: object, **_kwargs: object) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("fails", ["_copy_tx_files", "_trim_carried", "_fence_unknown_pointers"])
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_backup_that_runs_out_of_space_leaves_nothing_that_looks_whole(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: str, existing: bool
+) -> None:
+    dest = tmp_path / "dest"
+    if existing:
+        dest.mkdir()  # an empty directory (a mount point, say) is kept, empty
+    real = getattr(tidings.cli, fails)
+
+    def fail_after(*args: Any) -> Any:
+        real(*args)  # what it wrote stays behind unless the command clears it
+        _out_of_space()
+
+    monkeypatch.setattr(tidings.cli, fails, fail_after)
+    result = CliRunner().invoke(main, ["backup", str(data_dir), str(dest)])
+    assert result.exit_code == 1, (result.output, result.exception)
+    assert result.stderr.startswith("Error: cannot back up")
+    assert "No space left on device" in result.stderr and "Traceback" not in result.output
+    assert (list(dest.iterdir()) == []) if existing else not dest.exists()
+
+    # Nothing is in the way of the next attempt, and that one is whole.
+    monkeypatch.setattr(tidings.cli, fails, real)
+    again = CliRunner().invoke(main, ["backup", str(data_dir), str(dest)])
+    assert again.exit_code == 0, (again.output, again.exception)
+    assert sorted(p.name for p in dest.iterdir()) == ["store", "tx"]
+
+
+def test_a_backup_into_a_place_it_cannot_write_says_so(data_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    result = CliRunner().invoke(main, ["backup", str(data_dir), str(tmp_path / "file" / "dest")])
+    assert result.exit_code == 1, (result.output, result.exception)
+    assert result.stderr.startswith("Error: cannot back up") and "Traceback" not in result.output
+    assert (tmp_path / "file").read_text() == "x"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_a_backup_into_a_read_only_directory_says_so(data_dir: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    dest.chmod(0o555)
+    try:
+        result = CliRunner().invoke(main, ["backup", str(data_dir), str(dest)])
+    finally:
+        dest.chmod(0o755)
+    assert result.exit_code == 1, (result.output, result.exception)
+    assert result.stderr.startswith("Error: cannot back up") and "Traceback" not in result.output
+    assert list(dest.iterdir()) == []
+
+
+def test_an_interrupted_backup_is_not_taken_for_a_whole_one(data_dir: Path, tmp_path: Path) -> None:
+    # Killed before the copy was whole (kill -9, power loss: nothing cleans up), here
+    # just before its last step: DEST holds no store/ or tx/ a server would start on
+    # as a backup, and a new backup into it refuses.
+    dest = tmp_path / "dest"
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys, tidings.cli as c\n"
+            "c._fence_unknown_pointers = lambda *a: os._exit(9)\n"
+            "c.main(['backup', sys.argv[1], sys.argv[2]])\n",
+            str(data_dir),
+            str(dest),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert killed.returncode == 9, killed.stderr
+    assert not (dest / "store").exists() and not (dest / "tx").exists()
+    result = CliRunner().invoke(main, ["backup", str(data_dir), str(dest)])
+    assert result.exit_code == 2 and "is not empty" in result.stderr
