@@ -22,7 +22,9 @@ Each copy then starts as a server (docs/operations.md, "Backup and restore") and
 The run is random: its seed is printed on failure. When hunting bugs,
 ``TIDINGS_BACKUP_MODEL_SEED`` sets the seed, ``TIDINGS_BACKUP_MODEL_ROUNDS`` runs more
 rounds (a fresh live server each), ``TIDINGS_BACKUP_MODEL_BACKUPS`` takes more backups
-per round and ``TIDINGS_BACKUP_MODEL_WORKERS`` runs more clients.
+per round, ``TIDINGS_BACKUP_MODEL_WORKERS`` runs more clients and
+``TIDINGS_BACKUP_MODEL_SNAPSHOT_EVERY`` sets the live server's ``tx_snapshot_every``
+(else drawn from the seed).
 """
 
 from __future__ import annotations
@@ -184,19 +186,49 @@ def _step(
         for topic in TOPICS:
             body = {"messages": [b64(f"{tag}:tx:{topic}".encode())], "transactionWritePointer": wp}
             answers.append((topic, _ok(http.post(f"/topics/{topic}/publish", json=body), 200)))
+        # Its group position and queue acks count if and only if it commits.
+        changes: list[str] = []
+        position = None
+        if rng.random() < 0.4:
+            poll = {"memberId": member_id, "limit": 5}
+            page = _ok(http.post(f"/topics/b/groups/{group}/poll", json=poll), 200).json()
+            if page:
+                position = page[-1]["id"]
+                commit = {
+                    "memberId": member_id,
+                    "positions": [{"partition": 0, "id": position}],
+                    "transactionWritePointer": wp,
+                }
+                answer = _ok(http.post(f"/topics/b/groups/{group}/commit", json=commit), 200)
+                changes += answer.json()["changes"]
+        acks = leased[: rng.randint(0, 2)] if rng.random() < 0.4 else []
+        if acks:
+            del leased[: len(acks)]
+            ack = {"consumerId": consumer, "ids": acks, "transactionWritePointer": wp}
+            _ok(http.post(f"/topics/a/queues/{QUEUE}/ack", json=ack), 200)
         end = rng.random()
         if end < 0.6:
-            _ok(httpx.post(f"{run.url}/v1/transactions/{wp}/commit", json={}), 200)
+            commit_body = {"changes": changes}
+            _ok(httpx.post(f"{run.url}/v1/transactions/{wp}/commit", json=commit_body), 200)
             with run.lock:
                 model.committed.add(tag)
-        elif end < 0.85:
+                if position is not None:
+                    model.positions[group] = hex_id(position)
+                for m in acks:
+                    model.acked[hex_id(m)] = consumer
+        elif end < 0.85 or position is not None:
             # As the clients do: roll back first, else the abort shows the entries.
             for topic, answer in answers:
                 _ok(http.post(f"/topics/{topic}/rollback", content=answer.content), 200)
+            rollback = {"transactionWritePointer": wp, "memberId": member_id}
+            _ok(http.post(f"/topics/b/groups/{group}/rollback", json=rollback), 200)
+            if acks:
+                rollback = {"transactionWritePointer": wp}
+                _ok(http.post(f"/topics/a/queues/{QUEUE}/rollback", json=rollback), 200)
             _ok(httpx.post(f"{run.url}/v1/transactions/{wp}/abort", json={}), 200)
             with run.lock:
                 model.aborted.add(tag)
-        # else: left open.
+        # else: left open (never with a group position: it would hold the partition).
     elif roll < 0.55:
         # A transaction in one request, with a group commit and/or queue acks.
         body: dict[str, Any] = {
@@ -454,7 +486,12 @@ def _backup(data_dir: Path, dest: Path) -> subprocess.CompletedProcess[str]:
 def _round(start_server: Callable[..., ServerProcess], tmp_path: Path, seed: int) -> list[str]:
     rng = random.Random(seed)
     tmp_path.mkdir(parents=True)
-    live = start_server(data_dir=tmp_path / "live")
+    # Small values roll the log over to new generations (and delete the old files)
+    # while the backups copy it.
+    every = os.environ.get("TIDINGS_BACKUP_MODEL_SNAPSHOT_EVERY") or str(
+        rng.choice((20, 100, 10_000))
+    )
+    live = start_server(data_dir=tmp_path / "live", TIDINGS_TX_SNAPSHOT_EVERY=every)
     for topic in TOPICS:
         _ok(httpx.put(f"{live.url}{NS}/topics/{topic}"), 200)
     _ok(httpx.put(f"{live.url}{NS}/topics/r", json={"ttl": 1}), 200)
@@ -475,7 +512,7 @@ def _round(start_server: Callable[..., ServerProcess], tmp_path: Path, seed: int
             done = _backup(live.data_dir, dest)
             with run.lock:
                 during = copy.deepcopy(run.model)
-            assert done.returncode == 0, done.stderr
+            assert done.returncode == 0, f"seed {SEED}: {done.stderr}"
             assert "backed up" in done.stdout, done.stdout
             copies.append((dest, before, during))
         time.sleep(rng.uniform(0.0, 0.5))
