@@ -1435,32 +1435,54 @@ def _fence_unknown_pointers(store_dir: Path, tx_dir: Path) -> None:
     """Recover the copied log against the copied store, and keep hidden for good every
     write pointer the store's entries carry that the log does not know.
 
-    Transactions that began while the store was being copied left entries the copied
-    log cannot name; recovery invalidates only the pointers reserved when the log was
-    copied. Unnamed, a pointer would be handed out again after the restore, and its old
-    entries would show when the new transaction commits (a part of a transaction, or
-    one the copied log never committed). A reservation up to the highest pointer in the
-    store makes the restored server's recovery invalidate them all instead.
+    Transactions that began while the store was being copied left entries (messages,
+    group positions, queue acks) the copied log cannot name; recovery invalidates only
+    the pointers reserved when the log was copied. Unnamed, a pointer would be handed
+    out again after the restore, and its old entries would show when the new
+    transaction commits (a part of a transaction, or one the copied log never
+    committed); a group position or queue ack under it would count as committed at
+    once. Each such pointer is written to the copied log as begun and invalidated, so
+    the restored server hides its entries and hands out pointers above it. (Not one
+    reservation up to the highest: pointers follow the clock after a restart, and the
+    restored server's recovery would invalidate every pointer of that stretch, one by
+    one.)
     """
+    from tidings.codec import groups, queues
     from tidings.codec.values import read_write_pointer
     from tidings.store.backends.lmdb import LmdbStore
     from tidings.tx.durable import TxStorage
-    from tidings.tx.records import Reserve, encode_record
+    from tidings.tx.records import Begin, Invalidate, Outcome, encode_record
 
     store = LmdbStore(store_dir)
     try:
-        highest = 0
-        with store.read() as view:
-            for _key, value in view.scan("messages", b"", b"\xff" * 64):
-                wp = read_write_pointer(bytes(value[:9]))
-                if wp is not None:
-                    highest = max(highest, abs(wp))
         storage = TxStorage(tx_dir, store=store)
         state = storage.open()
         try:
-            if highest > state.last_write_pointer:
-                seq = storage.wal.append([encode_record(Reserve(state.reserved + 1, highest))])
-                storage.wal.sync(seq)
+            known = state.last_write_pointer
+            unknown: set[int] = set()
+            with store.read() as view:
+                for _key, value in view.scan("messages", b"", b"\xff" * 64):
+                    wp = read_write_pointer(bytes(value[:9]))
+                    if wp is not None and abs(wp) > known:
+                        unknown.add(abs(wp))
+                prefix = groups.POSITION_PREFIX
+                for key, _value in view.scan("metadata", prefix, prefix + b"\xff"):
+                    wp = abs(groups.write_pointer_of(bytes(key))[1])
+                    if wp > known:
+                        unknown.add(wp)
+                prefix = queues.LEASE_PREFIX
+                for _key, value in view.scan("metadata", prefix, prefix + b"\xff"):
+                    wp = abs(queues.decode_lease(bytes(value)).write_pointer)
+                    if wp > known:
+                        unknown.add(wp)
+            if unknown:
+                # In pointer order, as the log's records always are.
+                records = [
+                    encode_record(record)
+                    for wp in sorted(unknown)
+                    for record in (Begin(wp, 0), Invalidate(wp, Outcome.INVALIDATED))
+                ]
+                storage.wal.sync(storage.wal.append(records))
         finally:
             storage.close()
     finally:

@@ -638,3 +638,95 @@ def test_an_interrupted_backup_is_not_taken_for_a_whole_one(data_dir: Path, tmp_
     assert not (dest / "store").exists() and not (dest / "tx").exists()
     result = CliRunner().invoke(main, ["backup", str(data_dir), str(dest)])
     assert result.exit_code == 2 and "is not empty" in result.stderr
+
+
+# --- transactions the copied log does not know -------------------------------------
+
+
+def test_group_positions_and_acks_of_a_transaction_begun_during_the_backup_stay_uncommitted(
+    start_server: Callable[..., ServerProcess], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A transaction that began after the log was copied, past the log's reservation of
+    # pointers, and wrote no message, only a group position and queue acks: the store
+    # copy holds them under a pointer the copied log never names. The restored server
+    # counted them as committed (the group moved on, the messages were never delivered
+    # again) though the transaction never committed anywhere.
+    live = start_server(data_dir=tmp_path / "live")
+    url = live.url + NS
+    _ok(httpx.put(url + "/topics/t"), 200)
+    body = {"messages": [b64(b"m%d" % i) for i in range(3)]}
+    _ok(httpx.post(url + "/topics/t/publish", json=body), 200)
+    join = _ok(httpx.post(url + "/topics/t/groups/g/join", json={"partitions": 1}), 200)
+    member = join.json()["memberId"]
+    page = _ok(httpx.post(url + "/topics/t/groups/g/poll", json={"memberId": member}), 200)
+    pop = {"consumerId": "w", "maxMessages": 3, "ackTimeoutMs": 500}
+    popped = _ok(httpx.post(url + "/topics/t/queues/q/pop", json=pop), 200).json()
+    assert len(page.json()) == 3 and len(popped) == 3
+    copy_tx = tidings.cli._copy_tx_files
+
+    def copy_then_transact(source: Path, target: Path) -> dict[int, int]:
+        logs = copy_tx(source, target)
+        # Past the pointers the copied log reserved: those recovery invalidates anyway.
+        for _ in range(200):
+            wp = _ok(httpx.post(live.url + "/v1/transactions", json={}), 200).json()
+            _ok(httpx.post(f"{live.url}/v1/transactions/{wp['writePointer']}/commit"), 200)
+        began = _ok(httpx.post(live.url + "/v1/transactions", json={"timeout": LONG}), 200)
+        wp = began.json()["writePointer"]
+        position = [{"partition": 0, "id": page.json()[-1]["id"]}]
+        commit = {"memberId": member, "positions": position, "transactionWritePointer": wp}
+        _ok(httpx.post(url + "/topics/t/groups/g/commit", json=commit), 200)
+        ids = [m["id"] for m in popped]
+        ack = {"consumerId": "w", "ids": ids, "transactionWritePointer": wp}
+        _ok(httpx.post(url + "/topics/t/queues/q/ack", json=ack), 200)
+        return logs
+
+    monkeypatch.setattr(tidings.cli, "_copy_tx_files", copy_then_transact)
+    result = CliRunner().invoke(main, ["backup", str(live.data_dir), str(tmp_path / "copy")])
+    assert result.exit_code == 0, (result.output, result.exception)
+
+    restored = start_server(data_dir=tmp_path / "copy")
+    url = restored.url + NS
+    # A transaction committed after the restore: the old pointer is not taken for one.
+    began = _ok(httpx.post(restored.url + "/v1/transactions", json={}), 200).json()
+    _ok(httpx.post(f"{restored.url}/v1/transactions/{began['writePointer']}/commit"), 200)
+    group = _ok(httpx.get(url + "/topics/t/groups/g"), 200).json()
+    assert group["partitions"][0]["position"] is None
+    time.sleep(0.6)  # the leases run out: the messages are the queue's again
+    pop = {"consumerId": "x", "maxMessages": 3}
+    again = _ok(httpx.post(url + "/topics/t/queues/q/pop", json=pop), 200).json()
+    assert sorted(m["id"] for m in again) == sorted(m["id"] for m in popped)
+
+
+def test_a_copy_of_a_quiet_server_starts_after_a_transaction_began_during_its_backup(
+    start_server: Callable[..., ServerProcess], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No transaction since the server started: the first one's pointer follows the
+    # clock, far above the last one the copied log names. The copy fenced every pointer
+    # in between, and the restored server, invalidating them one by one, ran out of
+    # memory and did not start.
+    live = start_server(data_dir=tmp_path / "live")
+    url = live.url + NS
+    _ok(httpx.put(url + "/topics/t"), 200)
+    copy_tx = tidings.cli._copy_tx_files
+    began: list[int] = []
+
+    def copy_then_begin(source: Path, target: Path) -> dict[int, int]:
+        logs = copy_tx(source, target)
+        answer = _ok(httpx.post(live.url + "/v1/transactions", json={"timeout": LONG}), 200)
+        began.append(answer.json()["writePointer"])
+        body = {"messages": [b64(b"during")], "transactionWritePointer": began[0]}
+        _ok(httpx.post(url + "/topics/t/publish", json=body), 200)
+        return logs
+
+    monkeypatch.setattr(tidings.cli, "_copy_tx_files", copy_then_begin)
+    result = CliRunner().invoke(main, ["backup", str(live.data_dir), str(tmp_path / "copy")])
+    assert result.exit_code == 0, (result.output, result.exception)
+
+    restored = start_server(data_dir=tmp_path / "copy")
+    state = _ok(httpx.get(restored.url + "/v1/transactions"), 200).json()
+    assert began[0] in state["invalid"] and state["lastWritePointer"] >= began[0]
+    answer = _ok(httpx.post(restored.url + "/v1/transactions", json={}), 200).json()
+    assert answer["writePointer"] > began[0]
+    _ok(httpx.post(f"{restored.url}/v1/transactions/{answer['writePointer']}/commit"), 200)
+    with httpx.Client(base_url=restored.url + NS) as http:
+        assert _read_all(http, "t") == []
