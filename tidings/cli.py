@@ -17,7 +17,7 @@ import queue as _queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -37,7 +37,9 @@ if TYPE_CHECKING:
 
     from tidings.client import Client
     from tidings.store.backend import ReadView, WriteView
+    from tidings.store.backends.lmdb import LmdbStore
     from tidings.structs import Message
+    from tidings.tx.state import TxStateMachine
 
 __all__ = ["main"]
 
@@ -1412,9 +1414,11 @@ def _copy_data(store_dir: Path, tx_dir: Path, dest: Path) -> tuple[dict[int, int
     # The transaction files first, then the store: the store then holds every message
     # of each transaction the copied log commits. The other order could give a log
     # committing transactions whose messages the store copy lacks.
+    has_store = (store_dir / "data.mdb").exists()
+    positions = _group_positions(store_dir) if has_store and tx_dir.is_dir() else {}
     logs = _copy_tx_files(tx_dir, dest / "tx") if tx_dir.is_dir() else {}
     copied = dest / "store"
-    if (store_dir / "data.mdb").exists():
+    if has_store:
         copied.mkdir()
         try:
             env = lmdb.open(str(store_dir), readonly=True, lock=True, max_dbs=16)
@@ -1426,12 +1430,28 @@ def _copy_data(store_dir: Path, tx_dir: Path, dest: Path) -> tuple[dict[int, int
             raise click.ClickException(f"cannot copy the store {store_dir}: {exc}") from None
         dropped = _trim_carried(copied, logs)
         if logs:
-            _fence_unknown_pointers(copied, dest / "tx")
+            _fence_unknown_pointers(copied, dest / "tx", positions)
         return logs, dropped
     return logs, 0
 
 
-def _fence_unknown_pointers(store_dir: Path, tx_dir: Path) -> None:
+def _group_positions(store_dir: Path) -> dict[bytes, bytes]:
+    """Every group position record of the live store, read before the log is copied."""
+    from tidings.codec import groups
+    from tidings.store.backends.lmdb import LmdbStore
+
+    store = LmdbStore(store_dir, readonly=True)
+    try:
+        prefix = groups.POSITION_PREFIX
+        with store.read() as view:
+            return {bytes(k): bytes(v) for k, v in view.scan("metadata", prefix, prefix + b"\xff")}
+    finally:
+        store.close()
+
+
+def _fence_unknown_pointers(
+    store_dir: Path, tx_dir: Path, positions_before: Mapping[bytes, bytes]
+) -> None:
     """Recover the copied log against the copied store, and keep hidden for good every
     write pointer the store's entries carry that the log does not know.
 
@@ -1446,6 +1466,13 @@ def _fence_unknown_pointers(store_dir: Path, tx_dir: Path) -> None:
     reservation up to the highest: pointers follow the clock after a restart, and the
     restored server's recovery would invalidate every pointer of that stretch, one by
     one.)
+
+    A group position record the copied log counts may be gone from the store copy: a
+    newer one replaced it while the store was being copied, under a pointer the log
+    does not know. Each partition left without a record that counts gets back its
+    newest record that counted in ``positions_before`` (read before the log was
+    copied, so its transaction is one the copied log committed): the position the
+    group had when the backup began, not none.
     """
     from tidings.codec import groups, queues
     from tidings.codec.values import read_write_pointer
@@ -1475,6 +1502,7 @@ def _fence_unknown_pointers(store_dir: Path, tx_dir: Path) -> None:
                     wp = abs(queues.decode_lease(bytes(value)).write_pointer)
                     if wp > known:
                         unknown.add(wp)
+            _restore_replaced_positions(store, state, positions_before)
             if unknown:
                 # In pointer order, as the log's records always are.
                 records = [
@@ -1487,6 +1515,41 @@ def _fence_unknown_pointers(store_dir: Path, tx_dir: Path) -> None:
             storage.close()
     finally:
         store.close()
+
+
+def _restore_replaced_positions(
+    store: LmdbStore, state: TxStateMachine, positions_before: Mapping[bytes, bytes]
+) -> None:
+    from tidings.codec import groups
+
+    def counts(key: bytes) -> bool:
+        wp = groups.write_pointer_of(key)[1]
+        # 0: set by a reset, outside any transaction.
+        return wp == 0 or (
+            wp <= state.read_pointer and wp not in state.invalid and wp not in state.in_progress
+        )
+
+    def partition(key: bytes) -> bytes:
+        return key[:-8]  # a position key ends with its 8-byte write pointer
+
+    prefix = groups.POSITION_PREFIX
+    with store.read() as view:
+        now = [bytes(k) for k, _ in view.scan("metadata", prefix, prefix + b"\xff")]
+    settled = {partition(k) for k in now if counts(k)}
+    # Only partitions that still have records: a group or topic deleted meanwhile has
+    # none, and stays deleted.
+    replaced = {partition(k) for k in now} - settled
+    back: dict[bytes, bytes] = {}
+    for key in sorted(positions_before):  # a partition's newest record last
+        if partition(key) in replaced and counts(key):
+            back[partition(key)] = key
+    if back:
+
+        def put(view: WriteView) -> None:
+            for key in back.values():
+                view.put("metadata", key, positions_before[key])
+
+        store.apply(put)
 
 
 def _copy_tx_files(source: Path, target: Path) -> dict[int, int]:
