@@ -1415,7 +1415,10 @@ def _copy_data(store_dir: Path, tx_dir: Path, dest: Path) -> tuple[dict[int, int
     # of each transaction the copied log commits. The other order could give a log
     # committing transactions whose messages the store copy lacks.
     has_store = (store_dir / "data.mdb").exists()
-    positions = _group_positions(store_dir) if has_store and tx_dir.is_dir() else {}
+    positions: dict[bytes, bytes] = {}
+    tail: dict[bytes, bytes] = {}
+    if has_store and tx_dir.is_dir():
+        positions, tail = _read_before_log(store_dir)
     logs = _copy_tx_files(tx_dir, dest / "tx") if tx_dir.is_dir() else {}
     copied = dest / "store"
     if has_store:
@@ -1428,6 +1431,7 @@ def _copy_data(store_dir: Path, tx_dir: Path, dest: Path) -> tuple[dict[int, int
                 env.close()
         except lmdb.Error as exc:
             raise click.ClickException(f"cannot copy the store {store_dir}: {exc}") from None
+        _carry_again(copied, tail)
         dropped = _trim_carried(copied, logs)
         if logs:
             _fence_unknown_pointers(copied, dest / "tx", positions)
@@ -1435,16 +1439,48 @@ def _copy_data(store_dir: Path, tx_dir: Path, dest: Path) -> tuple[dict[int, int
     return logs, 0
 
 
-def _group_positions(store_dir: Path) -> dict[bytes, bytes]:
-    """Every group position record of the live store, read before the log is copied."""
+def _read_before_log(store_dir: Path) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
+    """Every group position record and every log record the store carries, read from
+    the live store before the log is copied."""
     from tidings.codec import groups
     from tidings.store.backends.lmdb import LmdbStore
+    from tidings.tx.log import TAIL_PREFIX
 
     store = LmdbStore(store_dir, readonly=True)
     try:
-        prefix = groups.POSITION_PREFIX
         with store.read() as view:
-            return {bytes(k): bytes(v) for k, v in view.scan("metadata", prefix, prefix + b"\xff")}
+            prefix = groups.POSITION_PREFIX
+            scan = view.scan("metadata", prefix, prefix + b"\xff")
+            positions = {bytes(k): bytes(v) for k, v in scan}
+            scan = view.scan("tx", TAIL_PREFIX, TAIL_PREFIX[:-1] + b"0")
+            tail = {bytes(k): bytes(v) for k, v in scan}
+        return positions, tail
+    finally:
+        store.close()
+
+
+def _carry_again(store_dir: Path, tail: Mapping[bytes, bytes]) -> None:
+    """Put back into the store copy the carried log records it lost.
+
+    A commit acknowledged before the backup began may be durable only as a record the
+    store carries, the log file getting it at a later flush, after the file was
+    copied. If the log then started a new generation before the store was copied, the
+    live store dropped that generation's carried records (the new snapshot covers
+    them), and neither copy held the commit. Read before the file was copied, they
+    precede the store copy, which therefore holds everything they commit."""
+    from tidings.store.backends.lmdb import LmdbStore
+
+    if not tail:
+        return
+    store = LmdbStore(store_dir)
+    try:
+
+        def put(view: WriteView) -> None:
+            for key, payload in tail.items():
+                if view.get("tx", key) is None:
+                    view.put("tx", key, payload)
+
+        store.apply(put)
     finally:
         store.close()
 
@@ -1466,6 +1502,10 @@ def _fence_unknown_pointers(
     reservation up to the highest: pointers follow the clock after a restart, and the
     restored server's recovery would invalidate every pointer of that stretch, one by
     one.)
+
+    Transactions the copied log has in progress are invalidated too: they may have
+    published after the log was copied, and the copy would show only their first part
+    if they committed on the restored server.
 
     A group position record the copied log counts may be gone from the store copy: a
     newer one replaced it while the store was being copied, under a pointer the log
@@ -1503,13 +1543,18 @@ def _fence_unknown_pointers(
                     if wp > known:
                         unknown.add(wp)
             _restore_replaced_positions(store, state, positions_before)
-            if unknown:
-                # In pointer order, as the log's records always are.
-                records = [
-                    encode_record(record)
-                    for wp in sorted(unknown)
-                    for record in (Begin(wp, 0), Invalidate(wp, Outcome.INVALIDATED))
-                ]
+            # Open when the log was copied: what they published after it is not in the
+            # copy, so a commit sent to the restored server would show a part of one.
+            records = [
+                encode_record(Invalidate(wp, Outcome.INVALIDATED)) for wp in state.in_progress
+            ]
+            # In pointer order, as the log's begins always are.
+            records += [
+                encode_record(record)
+                for wp in sorted(unknown)
+                for record in (Begin(wp, 0), Invalidate(wp, Outcome.INVALIDATED))
+            ]
+            if records:
                 storage.wal.sync(storage.wal.append(records))
         finally:
             storage.close()
