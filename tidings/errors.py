@@ -49,6 +49,7 @@
     │   ├── TooManyTransactions       503  the server's cap on open transactions is reached (retry)
     │   └── RoleUnavailable           503  this process's role does not run that service (final)
     ├── ConfigError                        a server setting is wrong; never sent on the wire
+    ├── BackupFailed                       ``tidings backup`` could not make a whole copy
     └── ClientError                        raised only by the client, never sent on the wire
         ├── TidingsConnectionError         cannot reach the server (retriable)
         ├── RequestTimeout                 no answer in time (retriable)
@@ -65,6 +66,7 @@ from typing import ClassVar
 
 __all__ = [
     "AckConflict",
+    "BackupFailed",
     "BadRequest",
     "BeginIdConflict",
     "ClientError",
@@ -385,6 +387,13 @@ class TooManyTransactions(ServiceUnavailable):
 class ConfigError(TidingsError):
     """A setting of ``tidings serve`` has a wrong type or value: it exits 2 without
     starting. Never sent on the wire."""
+
+    status = 0
+
+
+class BackupFailed(TidingsError):
+    """``tidings backup`` could not make a whole copy (the data directory kept changing,
+    or holds nothing to copy); it removed what it wrote. Never sent on the wire."""
 
     status = 0
 

@@ -48,7 +48,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-import tidings.cli
+import tidings.backup
 from tests.e2e.serverproc import ServerProcess
 from tidings.cli import main
 from tidings.store.backends.lmdb import LmdbStore
@@ -501,7 +501,7 @@ def _backup(data_dir: Path, dest: Path, pause: float | None) -> tuple[int, str, 
             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
         )
         return done.returncode, done.stdout, done.stderr
-    copy_tx = tidings.cli._copy_tx_files
+    copy_tx = tidings.backup._copy_tx_files
 
     def slow_copy(source: Path, target: Path) -> dict[int, int]:
         logs = copy_tx(source, target)
@@ -509,7 +509,7 @@ def _backup(data_dir: Path, dest: Path, pause: float | None) -> tuple[int, str, 
         return logs
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tidings.cli, "_copy_tx_files", slow_copy)
+        patch.setattr(tidings.backup, "_copy_tx_files", slow_copy)
         result = CliRunner().invoke(main, ["backup", str(data_dir), str(dest)])
     return result.exit_code, result.stdout, f"{result.stderr} {result.exception!r}"
 
@@ -606,13 +606,13 @@ def test_a_backup_that_runs_out_of_space_leaves_nothing_that_looks_whole(
     dest = tmp_path / "dest"
     if existing:
         dest.mkdir()  # an empty directory (a mount point, say) is kept, empty
-    real = getattr(tidings.cli, fails)
+    real = getattr(tidings.backup, fails)
 
     def fail_after(*args: Any) -> Any:
         real(*args)  # what it wrote stays behind unless the command clears it
         _out_of_space()
 
-    monkeypatch.setattr(tidings.cli, fails, fail_after)
+    monkeypatch.setattr(tidings.backup, fails, fail_after)
     result = CliRunner().invoke(main, ["backup", str(data_dir), str(dest)])
     assert result.exit_code == 1, (result.output, result.exception)
     assert result.stderr.startswith("Error: cannot back up")
@@ -620,7 +620,7 @@ def test_a_backup_that_runs_out_of_space_leaves_nothing_that_looks_whole(
     assert (list(dest.iterdir()) == []) if existing else not dest.exists()
 
     # Nothing is in the way of the next attempt, and that one is whole.
-    monkeypatch.setattr(tidings.cli, fails, real)
+    monkeypatch.setattr(tidings.backup, fails, real)
     again = CliRunner().invoke(main, ["backup", str(data_dir), str(dest)])
     assert again.exit_code == 0, (again.output, again.exception)
     assert sorted(p.name for p in dest.iterdir()) == ["store", "tx"]
@@ -657,8 +657,8 @@ def test_an_interrupted_backup_is_not_taken_for_a_whole_one(data_dir: Path, tmp_
         [
             sys.executable,
             "-c",
-            "import os, sys, tidings.cli as c\n"
-            "c._fence_unknown_pointers = lambda *a: os._exit(9)\n"
+            "import os, sys, tidings.backup as b, tidings.cli as c\n"
+            "b._fence_unknown_pointers = lambda *a: os._exit(9)\n"
             "c.main(['backup', sys.argv[1], sys.argv[2]])\n",
             str(data_dir),
             str(dest),
@@ -696,7 +696,7 @@ def test_group_positions_and_acks_of_a_transaction_begun_during_the_backup_stay_
     pop = {"consumerId": "w", "maxMessages": 3, "ackTimeoutMs": 500}
     popped = _ok(httpx.post(url + "/topics/t/queues/q/pop", json=pop), 200).json()
     assert len(page.json()) == 3 and len(popped) == 3
-    copy_tx = tidings.cli._copy_tx_files
+    copy_tx = tidings.backup._copy_tx_files
 
     def copy_then_transact(source: Path, target: Path) -> dict[int, int]:
         logs = copy_tx(source, target)
@@ -714,7 +714,7 @@ def test_group_positions_and_acks_of_a_transaction_begun_during_the_backup_stay_
         _ok(httpx.post(url + "/topics/t/queues/q/ack", json=ack), 200)
         return logs
 
-    monkeypatch.setattr(tidings.cli, "_copy_tx_files", copy_then_transact)
+    monkeypatch.setattr(tidings.backup, "_copy_tx_files", copy_then_transact)
     result = CliRunner().invoke(main, ["backup", str(live.data_dir), str(tmp_path / "copy")])
     assert result.exit_code == 0, (result.output, result.exception)
 
@@ -741,7 +741,7 @@ def test_a_copy_of_a_quiet_server_starts_after_a_transaction_began_during_its_ba
     live = start_server(data_dir=tmp_path / "live")
     url = live.url + NS
     _ok(httpx.put(url + "/topics/t"), 200)
-    copy_tx = tidings.cli._copy_tx_files
+    copy_tx = tidings.backup._copy_tx_files
     began: list[int] = []
 
     def copy_then_begin(source: Path, target: Path) -> dict[int, int]:
@@ -752,7 +752,7 @@ def test_a_copy_of_a_quiet_server_starts_after_a_transaction_began_during_its_ba
         _ok(httpx.post(url + "/topics/t/publish", json=body), 200)
         return logs
 
-    monkeypatch.setattr(tidings.cli, "_copy_tx_files", copy_then_begin)
+    monkeypatch.setattr(tidings.backup, "_copy_tx_files", copy_then_begin)
     result = CliRunner().invoke(main, ["backup", str(live.data_dir), str(tmp_path / "copy")])
     assert result.exit_code == 0, (result.output, result.exception)
 
@@ -785,7 +785,7 @@ def test_a_group_position_committed_again_during_the_backup_is_not_lost(
     first = _ok(httpx.post(url + "/topics/t/groups/g/poll", json=poll), 200).json()
     commit = {"memberId": member, "positions": [{"partition": 0, "id": first[-1]["id"]}]}
     _ok(httpx.post(url + "/topics/t/groups/g/commit", json=commit), 200)
-    copy_tx = tidings.cli._copy_tx_files
+    copy_tx = tidings.backup._copy_tx_files
 
     def copy_then_commit(source: Path, target: Path) -> dict[int, int]:
         logs = copy_tx(source, target)
@@ -796,7 +796,7 @@ def test_a_group_position_committed_again_during_the_backup_is_not_lost(
         _ok(httpx.post(url + "/topics/t/groups/g/commit", json=commit), 200)
         return logs
 
-    monkeypatch.setattr(tidings.cli, "_copy_tx_files", copy_then_commit)
+    monkeypatch.setattr(tidings.backup, "_copy_tx_files", copy_then_commit)
     result = CliRunner().invoke(main, ["backup", str(live.data_dir), str(tmp_path / "copy")])
     assert result.exit_code == 0, (result.output, result.exception)
 
@@ -842,7 +842,7 @@ def test_a_commit_the_log_file_got_only_after_it_was_copied_survives_a_new_gener
     _ok(httpx.put(url + "/topics/t"), 200)
     one = {"topics": [{"topic": "t", "messages": [b64(b"acked")]}]}
     _ok(httpx.post(url + "/transactions/publish", json=one), 200)
-    copy_tx = tidings.cli._copy_tx_files
+    copy_tx = tidings.backup._copy_tx_files
 
     def copy_lagging_file(source: Path, target: Path) -> dict[int, int]:
         logs = copy_tx(source, target)
@@ -862,7 +862,7 @@ def test_a_commit_the_log_file_got_only_after_it_was_copied_survives_a_new_gener
             _ok(httpx.post(url + "/transactions/publish", json=later), 200)
         return {**logs, newest: len(records)}
 
-    monkeypatch.setattr(tidings.cli, "_copy_tx_files", copy_lagging_file)
+    monkeypatch.setattr(tidings.backup, "_copy_tx_files", copy_lagging_file)
     result = CliRunner().invoke(main, ["backup", str(live.data_dir), str(tmp_path / "copy")])
     assert result.exit_code == 0, (result.output, result.exception)
 

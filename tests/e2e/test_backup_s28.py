@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import tidings.cli
+import tidings.backup
 from tests.e2e.serverproc import ServerProcess
 from tidings import Client
 from tidings.cli import main
@@ -49,7 +49,7 @@ def test_backup_while_publishing_restores_every_acknowledged_message(
                     tx.publish("orders", f"{tag}-long2-{i}".encode())
                 acked.extend([f"{tag}-long-{i}".encode(), f"{tag}-long2-{i}".encode()])
 
-    copy_tx = tidings.cli._copy_tx_files
+    copy_tx = tidings.backup._copy_tx_files
 
     def slow_copy(source: Path, target: Path) -> dict[int, int]:
         # Publishing goes on between the two copies, as it does on a busy server.
@@ -57,7 +57,7 @@ def test_backup_while_publishing_restores_every_acknowledged_message(
         time.sleep(2.0)
         return logs
 
-    monkeypatch.setattr(tidings.cli, "_copy_tx_files", slow_copy)
+    monkeypatch.setattr(tidings.backup, "_copy_tx_files", slow_copy)
     workers = [threading.Thread(target=publish, args=(tag,)) for tag in "abcd"]
     for worker in workers:
         worker.start()
