@@ -9,6 +9,7 @@ layered.  ``from pkg import sub`` counts as an edge to the submodule when
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import tidings
@@ -25,6 +26,13 @@ def _modules() -> dict[str, Path]:
             name = name[: -len(".__init__")]
         mods[name] = path
     return mods
+
+
+@cache
+def _package_graph() -> dict[str, set[str]]:
+    """The package's graph, built once: parsing every module is the file's whole cost,
+    and the tests only read it."""
+    return _graph(_modules())
 
 
 def _graph(mods: dict[str, Path]) -> dict[str, set[str]]:
@@ -96,17 +104,17 @@ def test_the_checker_finds_a_cycle() -> None:
 
 
 def test_the_graph_sees_type_checking_imports() -> None:
-    graph = _graph(_modules())
+    graph = _package_graph()
     # consumers depend on the Session protocol, not on the client classes
     assert "tidings.client._async.session" in graph["tidings.client._async.consumer"]
 
 
 def test_tidings_has_no_import_cycles() -> None:
-    assert _cycles(_graph(_modules())) == []
+    assert _cycles(_package_graph()) == []
 
 
 def test_client_classes_are_not_imported_by_their_helpers() -> None:
-    graph = _graph(_modules())
+    graph = _package_graph()
     helpers = ["consumer", "publisher", "txpublisher", "transactions", "session"]
     for side in ("_async", "_sync"):
         for helper in helpers:
