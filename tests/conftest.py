@@ -16,13 +16,17 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from tests.budget import PROFILE
 from tidings.store import MemoryStore, Store
 
 # The suite shares two cores with whatever else CI runs: a property's examples may take
 # longer than hypothesis's 200 ms deadline without anything being wrong, and timing is
 # not among the properties tested. Tests that set their own settings keep this default.
+# TIDINGS_HYPOTHESIS_PROFILE=long is the deep local run: ten times the examples, also
+# for the properties whose budget tests/budget.py scales.
 settings.register_profile("tidings", deadline=None)
-settings.load_profile("tidings")
+settings.register_profile("long", deadline=None, max_examples=1000)
+settings.load_profile(PROFILE)
 
 
 def _share_httpx_default_tls_context() -> None:

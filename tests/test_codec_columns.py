@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.budget import examples
 from tests.test_codec_wire_avro import ids
 from tidings.codec import avro, columns, wire
 from tidings.errors import BadRequest
@@ -38,7 +39,7 @@ messages = _messages(
 )
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(batch=messages)
 def test_round_trip_and_agreement_with_avro(batch: list[Message]) -> None:
     body = columns.write_messages(batch)
@@ -75,7 +76,7 @@ def _blocks_of(batch: list[Message], keyed: bool) -> columns.ColumnBlocks:
     )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(st.lists(st.tuples(_headerless, st.booleans()), max_size=4), st.data())
 def test_ranges_of_blocks_write_the_body_their_rows_make(
     blocks: list[tuple[list[Message], bool]], data: st.DataObject
@@ -103,7 +104,7 @@ def test_ranges_of_blocks_write_the_body_their_rows_make(
     assert columns.read_columns(body).messages() == rows
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(_headerless, st.booleans(), st.data())
 def test_a_cut_of_blocks_ends_at_the_row_that_reaches_the_budget(
     batch: list[Message], keyed: bool, data: st.DataObject
@@ -143,7 +144,7 @@ def test_columns_of_different_lengths_are_refused() -> None:
         columns.write_columns([bytes(20)], [b"p"], [None, None])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(batch=messages.filter(bool), data=st.data())
 def test_damaged_bodies_are_refused_or_read_whole(
     batch: list[Message], data: st.DataObject

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.budget import examples
 from tidings.codec import avro, wire
 from tidings.codec.media import AVRO, AVRO_EXT
 from tidings.codec.stored_publish import StoredBatch, read_stored_batch
@@ -65,7 +66,7 @@ def check(body: bytes, media: wire.Media) -> StoredBatch | None:
     return answers[0]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(pointers, st.lists(records, max_size=30))
 def test_client_bodies_are_read_straight_into_the_same_values(
     write_pointer: int | None, batch: list[Record]
@@ -80,7 +81,7 @@ def test_client_bodies_are_read_straight_into_the_same_values(
         assert len(stored) == len(batch)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(pointers, st.lists(records, max_size=10), st.booleans())
 def test_fastavro_bodies_agree(
     write_pointer: int | None, batch: list[Record], null_extras: bool
@@ -95,7 +96,7 @@ def test_fastavro_bodies_agree(
     assert check(avro.write(value, avro.PUBLISH_REQUEST_EXT), AVRO_EXT) is not None
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(pointers, st.lists(records, max_size=5), with_ttl, st.integers(0, 5))
 def test_a_ttl_leaves_the_body_to_the_general_path(
     write_pointer: int | None, batch: list[Record], expiring: Record, at: int
@@ -108,7 +109,7 @@ def test_a_ttl_leaves_the_body_to_the_general_path(
     )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     pointers,
     st.lists(records, min_size=1, max_size=4),
@@ -193,7 +194,7 @@ def test_plain_payloads_of_a_kilobyte_are_read_straight(
         assert request.records.values == general(large, media, store).values
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     pointers,
     st.lists(payloads, min_size=1, max_size=30),
@@ -241,7 +242,7 @@ def test_rows_with_one_header_of_one_layout_are_read_alike(
         refused_or_read_alike(damaged, AVRO_EXT)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     pointers,
     st.lists(

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.budget import examples
 from tidings.client.api import _transaction_body
 from tidings.codec import admin, avro, queue_bodies, tx_publish
 from tidings.codec.stored_publish import StoredBatch
@@ -59,7 +60,7 @@ def group_commits(draw: st.DrawFn) -> admin.TransactionGroupCommit:
     )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     st.dictionaries(names, st.lists(records, min_size=1, max_size=8), max_size=3),
     st.none() | st.floats(0.5, 3600),
@@ -166,7 +167,7 @@ def _write(envelope: dict[str, object]) -> bytes:
     )
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(envelopes)
 def test_the_hand_written_body_is_fastavros(envelope: dict[str, object]) -> None:
     body = avro.write(envelope, avro.TRANSACTION_PUBLISH_REQUEST)
@@ -180,7 +181,7 @@ def test_the_hand_written_body_is_fastavros(envelope: dict[str, object]) -> None
     assert tx_publish.read_transaction_publish(written) == envelope
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(envelopes, st.integers(0, 10**6), st.integers(0, 255), st.booleans())
 def test_a_damaged_body_reads_as_fastavro_reads_it(
     envelope: dict[str, object], where: int, byte: int, cut: bool

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.budget import examples
 from tidings.codec import groups as gkeys
 from tidings.codec import wire
 from tidings.codec.columns import read_columns
@@ -69,7 +70,7 @@ def snapshot(tx: TransactionManager) -> Transaction:
     return s
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.integers(1, 64),
     st.lists(st.text("abcdef", min_size=1, max_size=3), max_size=8, unique=True),
@@ -411,7 +412,7 @@ def test_a_page_counts_about_the_memory_it_holds() -> None:
     assert 0.9 * held <= Page(None, columns, True).size <= 1.1 * held
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     st.integers(1, 60),  # messages
     st.integers(1, 6),  # partitions
@@ -506,7 +507,7 @@ _records = st.builds(
 )
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(st.lists(_records, min_size=1, max_size=20), st.lists(_records, max_size=5))
 def test_a_page_has_the_ids_and_hashes_of_the_messages(
     published: list[Record], stored: list[Record]
@@ -594,7 +595,7 @@ def test_a_page_has_the_ids_and_hashes_of_the_messages(
 _pointers = st.integers(min_value=0, max_value=12)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     records=st.sets(st.tuples(st.integers(0, 3) | st.integers(0, 40), _pointers), max_size=24),
     read_pointer=st.integers(0, 12),
