@@ -335,15 +335,7 @@ class TransactionManager:
     ) -> Future[Transaction]:
         """:meth:`begin` without blocking: the future resolves once the begin is durable,
         or carries the error :meth:`begin` would raise."""
-        try:
-            timeout_ms = self._timeout_ms(timeout)
-        except TidingsError as exc:
-            return _failed(exc)
-        return self._run_future(
-            self._begin_op(timeout_ms, transactional_id, epoch, begin_id),
-            _transaction_of,
-            early=True,
-        )
+        return self._begin_as(_transaction_of, timeout, transactional_id, epoch, begin_id)
 
     def begin_once_future(
         self,
@@ -355,14 +347,22 @@ class TransactionManager:
     ) -> Future[Begun]:
         """:meth:`begin_future` that also says whether ``begin_id`` named a transaction
         begun before (nothing new was begun: the server counts no begin)."""
+        return self._begin_as(_begun, timeout, transactional_id, epoch, begin_id)
+
+    def _begin_as(
+        self,
+        answer: Callable[[Result], _T],
+        timeout: float | None,
+        transactional_id: str | None,
+        epoch: int | None,
+        begin_id: str | None,
+    ) -> Future[_T]:
         try:
             timeout_ms = self._timeout_ms(timeout)
         except TidingsError as exc:
             return _failed(exc)
         return self._run_future(
-            self._begin_op(timeout_ms, transactional_id, epoch, begin_id),
-            _begun,
-            early=True,
+            self._begin_op(timeout_ms, transactional_id, epoch, begin_id), answer, early=True
         )
 
     def _begin_op(
