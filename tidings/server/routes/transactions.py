@@ -50,6 +50,7 @@ from tidings.server.bodies import json_object, read_body, request_media, require
 from tidings.server.handlers import Api, json_response, principal_of
 from tidings.server.inbox import LoopInbox
 from tidings.server.routes.consumers import read_snapshot
+from tidings.server.routes.messaging import PRODUCER_HEADER, SEQUENCE_HEADER
 from tidings.store.backend import WriteView
 from tidings.structs import Record, Transaction, TransactionEnd
 from tidings.tx import TransactionManager
@@ -265,6 +266,13 @@ def routes(api: Api) -> list[Route]:
     async def publish(request: Request) -> Response:
         messaging, tx = api.messaging, api.tx  # 503 unless this process runs both
         ns = check_name(request.path_params["ns"], "namespace")
+        if PRODUCER_HEADER in request.headers or SEQUENCE_HEADER in request.headers:
+            # Not deduplicated by producer sequence (sent twice, it commits twice): the
+            # headers would promise what the server does not do, as on a store.
+            raise BadRequest(
+                f"{PRODUCER_HEADER} and {SEQUENCE_HEADER} belong to a non-transactional "
+                "publish, not to a transaction in one request"
+            )
         # The payloads medium: the Avro body with each topic's messages in that medium.
         frames = names_frames(request.headers.get("content-type"))
         media = AVRO_EXT if frames else request_media(request)
