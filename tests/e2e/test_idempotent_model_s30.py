@@ -350,6 +350,7 @@ class IdempotentModel(RuleBasedStateMachine):
             # documented (docs/api.md), a second copy after the first.
             self.twice[t].update(payloads)
             state.wrote(seq, sent_at)
+            event("retry after expiry written again")
         elif not state.kept():
             # It expired while the retry was on its way: one copy or two.
             self.maybe_twice[t].update(payloads)
@@ -446,6 +447,7 @@ class IdempotentModel(RuleBasedStateMachine):
             # The new topic knows no producer: the retry of a batch written to the
             # deleted one is written to it (docs/api.md).
             self.raw[t].pending = (pending[0], pending[1], False)
+            event("retry pending across a re-created topic")
 
     # ---- what must hold
 
