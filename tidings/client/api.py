@@ -160,6 +160,12 @@ def _answer(what: str = "") -> Iterator[None]:
         raise ServerError(f"malformed {kind}answer from the server: {exc}") from None
 
 
+def _ids(response: Response, media: Media) -> list[MessageId]:
+    """The ids of an ids-only poll's answer (``?fields=id``)."""
+    with _answer("poll"):
+        return wire.decode_message_ids(response.body, _response_media(response, media))
+
+
 def _out_of_range(value: object, path: str) -> tuple[str, int] | None:
     """Where in a request body an integer lies outside 64 bits (JSON's and the
     server's range), and how many bits it has; None if none does."""
@@ -902,11 +908,7 @@ class RestApi:
             topic, start, inclusive, limit, transaction, wait, isolation, ids_only=True
         )
 
-        def decode(response: Response) -> list[MessageId]:
-            with _answer("poll"):
-                return wire.decode_message_ids(response.body, _response_media(response, media))
-
-        return Call(request, decode, final)
+        return Call(request, lambda response: _ids(response, media), final)
 
     def poll_ids_page(
         self,
@@ -923,11 +925,9 @@ class RestApi:
             topic, start, inclusive, limit, transaction, None, None, ids_only=True
         )
 
-        def decode(response: Response) -> IdsPage:
-            ids = wire.decode_message_ids(response.body, _response_media(response, media))
-            return IdsPage(ids, _generation(response))
-
-        return Call(request, decode, final)
+        return Call(
+            request, lambda response: IdsPage(_ids(response, media), _generation(response)), final
+        )
 
     def _poll_request(
         self,
